@@ -1,0 +1,70 @@
+//! Pure rate-limiting algorithms.
+//!
+//! Every algorithm is a function of `(params, state, now, cost)`: it never reads a clock, never
+//! allocates on the decision path and never performs I/O. A decision is a value; a denial is not an
+//! error. Storage backends keep a [`State`] per key and apply the returned [`Transition`] only when
+//! they decide to commit the charge (a request with several limits commits all or none).
+//!
+//! Every algorithm keeps the same contract (each module documents its exact arithmetic):
+//! - a denied request, or one costing more than [`Params::capacity`], charges nothing
+//!   ([`Transition::Keep`]);
+//! - on denial `retry_after` is exact: if nothing else is charged, the same request is admitted at
+//!   `now + retry_after` and still denied one microsecond earlier;
+//! - `reset_after` is the time until the state behaves like [`State::empty`] again, which is
+//!   [`State::expires_at`] of the state after the decision;
+//! - all arithmetic is exact integer arithmetic on microseconds and saturates instead of
+//!   overflowing; time is assumed not to run backwards for a key (it never panics if it does).
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate_core::{decide, Algorithm, Params, State, Timestamp, Verdict};
+//!
+//! let params = Params::new(Algorithm::Gcra, 2, Duration::from_secs(1), None).unwrap();
+//! let mut state = State::empty(&params);
+//! let now = Timestamp::from_micros(1_700_000_000_000_000);
+//! for expected in [Verdict::Allowed, Verdict::Allowed, Verdict::Denied] {
+//!     let (decision, transition) = decide(&params, &state, now, 1);
+//!     assert_eq!(decision.verdict, expected);
+//!     state.apply(transition);
+//! }
+//! ```
+
+// The core's public API is its documentation: keep every public item documented.
+#![warn(missing_docs)]
+
+mod algorithm;
+mod decision;
+mod params;
+mod scaled;
+mod state;
+mod time;
+
+pub mod fixed_window;
+pub mod gcra;
+pub mod leaky_bucket;
+pub mod sliding_window_counter;
+pub mod sliding_window_log;
+pub mod token_bucket;
+
+pub use algorithm::{Algorithm, UnknownAlgorithm};
+pub use decision::{Decision, Verdict};
+pub use params::{MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD, MIN_PERIOD, Params, ParamsError};
+pub use state::{State, Transition};
+pub use time::Timestamp;
+
+/// Decides one request of weight `cost` against one limit.
+///
+/// Returns the decision and the transition that charges it. A denied request (or one whose cost
+/// exceeds what the limit can ever admit) returns [`Transition::Keep`]: it consumes nothing.
+/// `state` must have been created for the same algorithm (see [`State::empty`]); a state of
+/// another algorithm is treated as empty.
+pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Decision, Transition) {
+    match params.algorithm() {
+        Algorithm::FixedWindow => fixed_window::decide(params, state, now, cost),
+        Algorithm::SlidingWindowLog => sliding_window_log::decide(params, state, now, cost),
+        Algorithm::SlidingWindowCounter => sliding_window_counter::decide(params, state, now, cost),
+        Algorithm::TokenBucket => token_bucket::decide(params, state, now, cost),
+        Algorithm::LeakyBucket => leaky_bucket::decide(params, state, now, cost),
+        Algorithm::Gcra => gcra::decide(params, state, now, cost),
+    }
+}

@@ -1,0 +1,151 @@
+use std::fmt;
+use std::time::Duration;
+
+use crate::Algorithm;
+
+/// Largest limit or burst accepted. Far above any real quota, and small enough that every
+/// scaled computation (`limit * period_in_micros`) fits comfortably in `u128` and that the
+/// value is exact in a Lua double (below 2^53).
+pub const MAX_LIMIT: u64 = 1_000_000_000_000;
+/// Largest limit for `sliding_window_log`, whose state holds one entry per admitted request.
+pub const MAX_LOG_LIMIT: u64 = 100_000;
+/// Shortest period: one millisecond.
+pub const MIN_PERIOD: Duration = Duration::from_millis(1);
+/// Longest period: 400 days (a `year` unit is 365 days).
+pub const MAX_PERIOD: Duration = Duration::from_secs(400 * 86_400);
+
+/// Validated parameters of one limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Params {
+    algorithm: Algorithm,
+    limit: u64,
+    period_micros: u64,
+    burst: u64,
+}
+
+/// Why a set of parameters is impossible.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParamsError {
+    /// The limit is zero.
+    ZeroLimit,
+    /// The limit is above [`MAX_LIMIT`] (or [`MAX_LOG_LIMIT`] for the sliding log).
+    LimitTooLarge {
+        /// The limit asked for.
+        limit: u64,
+        /// The largest limit this algorithm accepts.
+        max: u64,
+    },
+    /// The period is outside [`MIN_PERIOD`]..=[`MAX_PERIOD`].
+    PeriodOutOfRange(Duration),
+    /// The period is not a whole number of microseconds.
+    PeriodNotWholeMicros(Duration),
+    /// `burst` is zero or above [`MAX_LIMIT`].
+    BadBurst(u64),
+    /// `burst` given for an algorithm that has no bucket.
+    BurstNotSupported(Algorithm),
+}
+
+impl fmt::Display for ParamsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ParamsError::ZeroLimit => f.write_str("limit must be at least 1"),
+            ParamsError::LimitTooLarge { limit, max } => {
+                write!(f, "limit {limit} is above the maximum of {max}")
+            }
+            ParamsError::PeriodOutOfRange(d) => write!(
+                f,
+                "period {d:?} is outside the supported range 1ms..=400 days"
+            ),
+            ParamsError::PeriodNotWholeMicros(d) => {
+                write!(f, "period {d:?} is not a whole number of microseconds")
+            }
+            ParamsError::BadBurst(b) => {
+                write!(f, "burst {b} must be between 1 and {MAX_LIMIT}")
+            }
+            ParamsError::BurstNotSupported(a) => write!(
+                f,
+                "burst is not supported by {a}; only token_bucket, leaky_bucket and gcra have a bucket"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ParamsError {}
+
+impl Params {
+    /// Validates and builds parameters. `burst` defaults to `limit`.
+    pub fn new(
+        algorithm: Algorithm,
+        limit: u64,
+        period: Duration,
+        burst: Option<u64>,
+    ) -> Result<Self, ParamsError> {
+        if limit == 0 {
+            return Err(ParamsError::ZeroLimit);
+        }
+        let max = if algorithm == Algorithm::SlidingWindowLog {
+            MAX_LOG_LIMIT
+        } else {
+            MAX_LIMIT
+        };
+        if limit > max {
+            return Err(ParamsError::LimitTooLarge { limit, max });
+        }
+        if !(MIN_PERIOD..=MAX_PERIOD).contains(&period) {
+            return Err(ParamsError::PeriodOutOfRange(period));
+        }
+        if !period.subsec_nanos().is_multiple_of(1_000) {
+            return Err(ParamsError::PeriodNotWholeMicros(period));
+        }
+        let burst = match burst {
+            None => limit,
+            Some(_) if !algorithm.uses_burst() => {
+                return Err(ParamsError::BurstNotSupported(algorithm));
+            }
+            Some(b) if b == 0 || b > MAX_LIMIT => return Err(ParamsError::BadBurst(b)),
+            Some(b) => b,
+        };
+        // In range by the checks above: at most 400 days in microseconds.
+        let period_micros = period.as_micros() as u64;
+        Ok(Params {
+            algorithm,
+            limit,
+            period_micros,
+            burst,
+        })
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// Requests (cost units) per period.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The period.
+    pub fn period(&self) -> Duration {
+        Duration::from_micros(self.period_micros)
+    }
+
+    /// The period in microseconds.
+    pub fn period_micros(&self) -> u64 {
+        self.period_micros
+    }
+
+    /// Bucket capacity for bucket algorithms; equal to `limit` for the others.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// The largest cost a single request can ever be admitted with.
+    pub fn capacity(&self) -> u64 {
+        if self.algorithm.uses_burst() {
+            self.burst
+        } else {
+            self.limit
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! Exact integer arithmetic shared by the algorithms.
+//!
+//! Everything is computed in `u128`: with `limit <= MAX_LIMIT` (< 2^40), periods of at most
+//! 400 days (< 2^45 microseconds) and timestamps below 2^64, every product the algorithms form
+//! (`now * limit`, `limit * period`, `count * period`) stays below 2^111. Results are converted
+//! back to `u64` microseconds with saturation, so a computation past the end of representable
+//! time yields [`Timestamp::MAX`] or a very long duration instead of a panic. Values read from a
+//! stored state can be anything, so sums involving them saturate too.
+
+use std::time::Duration;
+
+use crate::Timestamp;
+
+/// `x` as `u64`, saturating.
+pub(crate) fn saturate(x: u128) -> u64 {
+    u64::try_from(x).unwrap_or(u64::MAX)
+}
+
+/// `x` microseconds as a duration, saturating at `u64::MAX` microseconds.
+pub(crate) fn micros(x: u128) -> Duration {
+    Duration::from_micros(saturate(x))
+}
+
+/// `x` microseconds after the epoch, saturating at [`Timestamp::MAX`].
+pub(crate) fn instant(x: u128) -> Timestamp {
+    Timestamp::from_micros(saturate(x))
+}
+
+/// `ceil(n / d)`; `d` is a validated limit or period and never zero, but a zero divisor yields
+/// `u128::MAX` ("never") rather than a panic.
+pub(crate) fn div_ceil(n: u128, d: u128) -> u128 {
+    if d == 0 { u128::MAX } else { n.div_ceil(d) }
+}

@@ -1,0 +1,300 @@
+use std::collections::VecDeque;
+
+use crate::scaled::{div_ceil, instant};
+use crate::{Algorithm, Params, Timestamp};
+
+/// Stored state of one key. Which variant is used depends on the limit's algorithm.
+///
+/// Bucket algorithms keep time in *scaled* units, `micros * limit`, so that a drain or refill of
+/// `limit` units per `period` is exact integer arithmetic (one unit per scaled microsecond per
+/// token of period): a token is worth `period_micros` scaled units.
+///
+/// A state of a variant that does not match the limit's algorithm (left over after a policy
+/// changed the algorithm of a key) is treated as [`State::empty`] by [`crate::decide`] and by
+/// [`State::expires_at`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Count admitted in the window with index `window` (`now / period`).
+    FixedWindow {
+        /// Index of the window the count belongs to: `micros_since_epoch / period_micros`.
+        window: u64,
+        /// Cost admitted in that window.
+        count: u64,
+    },
+    /// Admitted requests `(time, cost)`, oldest first; never more than `limit` entries.
+    SlidingWindowLog {
+        /// `(admission time, cost)`, sorted by time; every cost is at least 1.
+        entries: VecDeque<(Timestamp, u64)>,
+    },
+    /// Counts of the window `window` and of the one before it.
+    SlidingWindowCounter {
+        /// Index of the current window: `micros_since_epoch / period_micros`.
+        window: u64,
+        /// Cost admitted in window `window`.
+        current: u64,
+        /// Cost admitted in window `window - 1`.
+        previous: u64,
+    },
+    /// Tokens times `period_micros` at time `updated`.
+    TokenBucket {
+        /// Tokens in the bucket at `updated`, times `period_micros`.
+        tokens_scaled: u128,
+        /// When `tokens_scaled` was computed.
+        updated: Timestamp,
+    },
+    /// Theoretical arrival time, in scaled units (`micros * limit`).
+    Gcra {
+        /// Theoretical arrival time of the next request, in `micros * limit`.
+        tat_scaled: u128,
+    },
+    /// Time at which the queue is empty, in scaled units (`micros * limit`).
+    LeakyBucket {
+        /// When the last admitted request has fully drained, in `micros * limit`.
+        empty_at_scaled: u128,
+    },
+}
+
+/// How to change a [`State`] to charge an admitted request. Produced by [`crate::decide`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transition {
+    /// Nothing changes (the request was denied, or it cost nothing).
+    Keep,
+    /// Replace the state (every algorithm but the sliding log).
+    Set(State),
+    /// Sliding log: drop entries whose time is before `evict_before` (they have expired), then
+    /// insert `(at, cost)` keeping the entries sorted by time.
+    ///
+    /// `evict_before` is `now + 1µs - period` (zero when that is negative): an entry expires when
+    /// `time + period <= now`, i.e. `time < evict_before`.
+    LogAppend {
+        /// Entries strictly before this instant have expired.
+        evict_before: Timestamp,
+        /// Admission time of the new entry (the decision's `now`).
+        at: Timestamp,
+        /// Cost of the new entry.
+        cost: u64,
+    },
+}
+
+impl State {
+    /// The state of a key that has never been charged: a full bucket, an empty window or log.
+    pub fn empty(params: &Params) -> State {
+        match params.algorithm() {
+            Algorithm::FixedWindow => State::FixedWindow {
+                window: 0,
+                count: 0,
+            },
+            Algorithm::SlidingWindowLog => State::SlidingWindowLog {
+                entries: VecDeque::new(),
+            },
+            Algorithm::SlidingWindowCounter => State::SlidingWindowCounter {
+                window: 0,
+                current: 0,
+                previous: 0,
+            },
+            Algorithm::TokenBucket => State::TokenBucket {
+                tokens_scaled: u128::from(params.burst()) * u128::from(params.period_micros()),
+                updated: Timestamp::EPOCH,
+            },
+            Algorithm::LeakyBucket => State::LeakyBucket { empty_at_scaled: 0 },
+            Algorithm::Gcra => State::Gcra { tat_scaled: 0 },
+        }
+    }
+
+    /// The algorithm this state belongs to.
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            State::FixedWindow { .. } => Algorithm::FixedWindow,
+            State::SlidingWindowLog { .. } => Algorithm::SlidingWindowLog,
+            State::SlidingWindowCounter { .. } => Algorithm::SlidingWindowCounter,
+            State::TokenBucket { .. } => Algorithm::TokenBucket,
+            State::Gcra { .. } => Algorithm::Gcra,
+            State::LeakyBucket { .. } => Algorithm::LeakyBucket,
+        }
+    }
+
+    /// Applies a transition returned by [`crate::decide`] for this state.
+    ///
+    /// This is the only place the sliding log grows. A [`Transition::LogAppend`] applied to a
+    /// state of another algorithm starts a new log; a zero-cost entry is never stored.
+    pub fn apply(&mut self, transition: Transition) {
+        match transition {
+            Transition::Keep => {}
+            Transition::Set(state) => *self = state,
+            Transition::LogAppend {
+                evict_before,
+                at,
+                cost,
+            } => {
+                if !matches!(self, State::SlidingWindowLog { .. }) {
+                    *self = State::SlidingWindowLog {
+                        entries: VecDeque::new(),
+                    };
+                }
+                if let State::SlidingWindowLog { entries } = self {
+                    while entries
+                        .front()
+                        .is_some_and(|&(time, _)| time < evict_before)
+                    {
+                        entries.pop_front();
+                    }
+                    if cost > 0 {
+                        // Appends at the back unless the clock went backwards.
+                        let at_index = entries.partition_point(|&(time, _)| time <= at);
+                        entries.insert(at_index, (at, cost));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The earliest instant from which this state behaves exactly like [`State::empty`]: any
+    /// decision at or after it is identical to the decision on an empty state. Stores may forget
+    /// the key from then on (a Redis TTL is derived from it).
+    ///
+    /// [`Timestamp::EPOCH`] when the state is already equivalent to empty (including a state of
+    /// another algorithm than `params`'); saturates at [`Timestamp::MAX`].
+    pub fn expires_at(&self, params: &Params) -> Timestamp {
+        if self.algorithm() != params.algorithm() {
+            return Timestamp::EPOCH;
+        }
+        let period = u128::from(params.period_micros());
+        let limit = u128::from(params.limit());
+        match self {
+            State::FixedWindow { window, count } => {
+                if *count == 0 {
+                    Timestamp::EPOCH
+                } else {
+                    instant((u128::from(*window) + 1) * period)
+                }
+            }
+            State::SlidingWindowLog { entries } => entries
+                .iter()
+                .filter(|&&(_, cost)| cost > 0)
+                .map(|&(time, _)| instant(u128::from(time.as_micros()) + period))
+                .max()
+                .unwrap_or(Timestamp::EPOCH),
+            State::SlidingWindowCounter {
+                window,
+                current,
+                previous,
+            } => {
+                // `current` weighs on the next window too; `previous` only until `window` ends.
+                let windows_left = if *current > 0 {
+                    2
+                } else if *previous > 0 {
+                    1
+                } else {
+                    return Timestamp::EPOCH;
+                };
+                instant((u128::from(*window) + windows_left) * period)
+            }
+            State::TokenBucket {
+                tokens_scaled,
+                updated,
+            } => {
+                let capacity = u128::from(params.burst()) * period;
+                let missing = capacity.saturating_sub(*tokens_scaled);
+                instant(u128::from(updated.as_micros()).saturating_add(div_ceil(missing, limit)))
+            }
+            State::Gcra { tat_scaled } => instant(div_ceil(*tat_scaled, limit)),
+            State::LeakyBucket { empty_at_scaled } => instant(div_ceil(*empty_at_scaled, limit)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn params(algorithm: Algorithm) -> Params {
+        Params::new(algorithm, 4, Duration::from_millis(10), None).unwrap()
+    }
+
+    fn t(micros: u64) -> Timestamp {
+        Timestamp::from_micros(micros)
+    }
+
+    #[test]
+    fn empty_states_have_expired() {
+        for algorithm in Algorithm::ALL {
+            let params = params(algorithm);
+            let empty = State::empty(&params);
+            assert_eq!(empty.algorithm(), algorithm);
+            assert_eq!(empty.expires_at(&params), Timestamp::EPOCH, "{algorithm}");
+        }
+    }
+
+    #[test]
+    fn log_append_evicts_expired_entries_and_keeps_order() {
+        let mut log = State::SlidingWindowLog {
+            entries: VecDeque::from([(t(100), 1), (t(200), 1), (t(300), 1)]),
+        };
+        log.apply(Transition::LogAppend {
+            evict_before: t(200),
+            at: t(250),
+            cost: 2,
+        });
+        log.apply(Transition::LogAppend {
+            evict_before: t(0),
+            at: t(400),
+            cost: 0,
+        });
+        let expected = VecDeque::from([(t(200), 1), (t(250), 2), (t(300), 1)]);
+        assert_eq!(log, State::SlidingWindowLog { entries: expected });
+        assert_eq!(
+            log.expires_at(&params(Algorithm::SlidingWindowLog)),
+            t(10_300)
+        );
+    }
+
+    #[test]
+    fn log_append_replaces_a_foreign_state() {
+        let mut state = State::Gcra { tat_scaled: 7 };
+        state.apply(Transition::LogAppend {
+            evict_before: t(0),
+            at: t(5),
+            cost: 1,
+        });
+        assert_eq!(
+            state,
+            State::SlidingWindowLog {
+                entries: VecDeque::from([(t(5), 1)])
+            }
+        );
+    }
+
+    #[test]
+    fn expiry_of_each_algorithm() {
+        let fixed = State::FixedWindow {
+            window: 3,
+            count: 1,
+        };
+        assert_eq!(fixed.expires_at(&params(Algorithm::FixedWindow)), t(40_000));
+        let counter = |current, previous| State::SlidingWindowCounter {
+            window: 3,
+            current,
+            previous,
+        };
+        let swc = params(Algorithm::SlidingWindowCounter);
+        assert_eq!(counter(1, 0).expires_at(&swc), t(50_000));
+        assert_eq!(counter(0, 1).expires_at(&swc), t(40_000));
+        assert_eq!(counter(0, 0).expires_at(&swc), Timestamp::EPOCH);
+        // 4 per 10ms: 10_000 scaled units per token, 4 scaled units per microsecond.
+        let bucket = State::TokenBucket {
+            tokens_scaled: 30_000,
+            updated: t(1_000),
+        };
+        assert_eq!(bucket.expires_at(&params(Algorithm::TokenBucket)), t(3_500));
+        let gcra = State::Gcra { tat_scaled: 4_001 };
+        assert_eq!(gcra.expires_at(&params(Algorithm::Gcra)), t(1_001));
+        let leaky = State::LeakyBucket {
+            empty_at_scaled: 4_000,
+        };
+        assert_eq!(leaky.expires_at(&params(Algorithm::LeakyBucket)), t(1_000));
+        assert_eq!(leaky.expires_at(&params(Algorithm::Gcra)), Timestamp::EPOCH);
+    }
+}
