@@ -1,0 +1,79 @@
+//! Where time comes from. Decisions never read a clock directly: they take a [`Clock`], so tests
+//! can drive time by hand.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tollgate_core::Timestamp;
+
+/// A source of [`Timestamp`]s (microseconds since the Unix epoch).
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    /// The current time.
+    fn now(&self) -> Timestamp;
+}
+
+/// Shared handle to a clock.
+pub type SharedClock = Arc<dyn Clock>;
+
+/// The real clock: wall time read once at start, then advanced by the monotonic clock, so a
+/// wall-clock step (NTP, an operator) never moves decisions backwards.
+#[derive(Debug)]
+pub struct SystemClock {
+    wall_at_start: Timestamp,
+    start: Instant,
+}
+
+impl SystemClock {
+    /// Anchors the monotonic clock to the current wall time.
+    #[allow(clippy::disallowed_methods)] // the one place that reads real time
+    pub fn new() -> Self {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        SystemClock {
+            wall_at_start: Timestamp::from_micros(u64::try_from(wall.as_micros()).unwrap_or(0)),
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        self.wall_at_start.saturating_add(self.start.elapsed())
+    }
+}
+
+/// A clock that moves only when told to; for tests.
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicU64);
+
+impl ManualClock {
+    /// A clock stopped at `at`.
+    pub fn new(at: Timestamp) -> Self {
+        ManualClock(AtomicU64::new(at.as_micros()))
+    }
+
+    /// Moves the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        let micros = u64::try_from(by.as_micros()).unwrap_or(u64::MAX);
+        self.0.fetch_add(micros, Ordering::SeqCst);
+    }
+
+    /// Sets the clock to `at`.
+    pub fn set(&self, at: Timestamp) {
+        self.0.store(at.as_micros(), Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_micros(self.0.load(Ordering::SeqCst))
+    }
+}

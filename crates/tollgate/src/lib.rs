@@ -1,0 +1,37 @@
+//! tollgate: rate-limit decisions from a policy file, over a pluggable store.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tollgate::clock::SystemClock;
+//! use tollgate::limiter::{CheckRequest, Limiter, RequestDescriptor};
+//! use tollgate::policy::Policy;
+//! use tollgate::store::{MemoryStore, StoreBackend};
+//!
+//! # tokio_test_block(async {
+//! let policy = Policy::from_yaml("inline.yaml", "
+//! domain: api
+//! descriptors:
+//!   - key: user
+//!     rate_limit: {unit: minute, requests_per_unit: 1}
+//! ").unwrap();
+//! let store = StoreBackend::Memory(MemoryStore::new(Arc::new(SystemClock::new())));
+//! let limiter = Limiter::new(policy, store);
+//! let alice = || {
+//!     let d = RequestDescriptor::new(vec![("user".into(), "alice".into())], 1, None).unwrap();
+//!     CheckRequest::new("api".into(), vec![d]).unwrap()
+//! };
+//! assert!(limiter.check(&alice()).await.unwrap().allowed());
+//! assert!(!limiter.check(&alice()).await.unwrap().allowed());
+//! # });
+//! # fn tokio_test_block(f: impl std::future::Future<Output = ()>) {
+//! #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+//! # }
+//! ```
+
+pub mod clock;
+pub mod limiter;
+pub mod metrics;
+pub mod policy;
+pub mod store;
+
+pub use tollgate_core as core;

@@ -1,0 +1,162 @@
+//! A validated check request. Transports decode their wire format into [`CheckRequest`]; past
+//! this point nothing is re-validated.
+
+use std::time::Duration;
+
+use tollgate_core::{Algorithm, Params};
+
+/// Largest cost (`hits_addend`) one descriptor may carry.
+pub const MAX_COST: u64 = 1_000_000_000;
+/// Most descriptors in one request.
+pub const MAX_DESCRIPTORS: usize = 64;
+/// Most entries in one descriptor.
+pub const MAX_ENTRIES: usize = 32;
+/// Longest domain, key or value, in bytes.
+pub const MAX_FIELD_LEN: usize = 1024;
+
+/// Why a request was refused before anything was counted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidRequest(pub String);
+
+/// A limit sent by the caller instead of the configured one (Envoy's per-descriptor `limit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOverride {
+    /// The limit as fixed-window parameters.
+    pub params: Params,
+}
+
+impl LimitOverride {
+    /// Validates `requests_per_unit` per `period`.
+    pub fn new(requests_per_unit: u64, period: Duration) -> Result<Self, InvalidRequest> {
+        Params::new(Algorithm::FixedWindow, requests_per_unit, period, None)
+            .map(|params| LimitOverride { params })
+            .map_err(|e| InvalidRequest(format!("invalid limit override: {e}")))
+    }
+}
+
+/// One descriptor: ordered entries, its cost and an optional limit override.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestDescriptor {
+    entries: Vec<(String, String)>,
+    cost: u64,
+    limit_override: Option<LimitOverride>,
+}
+
+impl RequestDescriptor {
+    /// Validates one descriptor. `cost` must be in `1..=MAX_COST` (transports resolve protocol
+    /// defaults such as Envoy's "0 means 1" before calling this).
+    pub fn new(
+        entries: Vec<(String, String)>,
+        cost: u64,
+        limit_override: Option<LimitOverride>,
+    ) -> Result<Self, InvalidRequest> {
+        if entries.is_empty() {
+            return Err(InvalidRequest("descriptor has no entries".into()));
+        }
+        if entries.len() > MAX_ENTRIES {
+            return Err(InvalidRequest(format!(
+                "descriptor has {} entries, at most {MAX_ENTRIES} are allowed",
+                entries.len()
+            )));
+        }
+        for (key, value) in &entries {
+            if key.is_empty() {
+                return Err(InvalidRequest("descriptor entry has an empty key".into()));
+            }
+            if key.len() > MAX_FIELD_LEN || value.len() > MAX_FIELD_LEN {
+                return Err(InvalidRequest(format!(
+                    "descriptor entry `{}` is longer than {MAX_FIELD_LEN} bytes",
+                    truncate(key)
+                )));
+            }
+        }
+        check_cost(cost)?;
+        Ok(RequestDescriptor {
+            entries,
+            cost,
+            limit_override,
+        })
+    }
+
+    /// The entries, in request order.
+    pub fn entries(&self) -> &[(String, String)] {
+        &self.entries
+    }
+
+    /// The cost of this descriptor.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// The caller's limit override, if any.
+    pub fn limit_override(&self) -> Option<&LimitOverride> {
+        self.limit_override.as_ref()
+    }
+}
+
+/// Checks that a cost is within `1..=MAX_COST`.
+pub fn check_cost(cost: u64) -> Result<u64, InvalidRequest> {
+    match cost {
+        0 => Err(InvalidRequest("hits_addend must be at least 1".into())),
+        c if c > MAX_COST => Err(InvalidRequest(format!(
+            "hits_addend {c} is above the maximum of {MAX_COST}"
+        ))),
+        c => Ok(c),
+    }
+}
+
+fn truncate(s: &str) -> &str {
+    let mut end = s.len().min(64);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// A whole request: a domain and at least one descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckRequest {
+    domain: String,
+    descriptors: Vec<RequestDescriptor>,
+}
+
+impl CheckRequest {
+    /// Validates a request.
+    pub fn new(
+        domain: String,
+        descriptors: Vec<RequestDescriptor>,
+    ) -> Result<Self, InvalidRequest> {
+        if domain.is_empty() {
+            return Err(InvalidRequest("domain must not be empty".into()));
+        }
+        if domain.len() > MAX_FIELD_LEN {
+            return Err(InvalidRequest(format!(
+                "domain is longer than {MAX_FIELD_LEN} bytes"
+            )));
+        }
+        if descriptors.is_empty() {
+            return Err(InvalidRequest("request has no descriptors".into()));
+        }
+        if descriptors.len() > MAX_DESCRIPTORS {
+            return Err(InvalidRequest(format!(
+                "request has {} descriptors, at most {MAX_DESCRIPTORS} are allowed",
+                descriptors.len()
+            )));
+        }
+        Ok(CheckRequest {
+            domain,
+            descriptors,
+        })
+    }
+
+    /// The domain.
+    pub fn domain(&self) -> &str {
+        &self.domain
+    }
+
+    /// The descriptors, in request order.
+    pub fn descriptors(&self) -> &[RequestDescriptor] {
+        &self.descriptors
+    }
+}

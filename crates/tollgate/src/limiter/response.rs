@@ -1,0 +1,124 @@
+//! The answer to a [`super::CheckRequest`], independent of any wire format.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::{Decision, Params, Verdict};
+
+use crate::policy::Rule;
+
+/// Outcome for one descriptor, or for the whole request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// Allowed.
+    Ok,
+    /// Denied.
+    OverLimit,
+}
+
+/// The limit a descriptor was checked against.
+#[derive(Debug, Clone)]
+pub enum AppliedLimit {
+    /// A rule from the policy file.
+    Rule(Arc<Rule>),
+    /// A limit the caller sent with the descriptor.
+    Override(Params),
+}
+
+impl AppliedLimit {
+    /// Name reported to callers (`current_limit.name`, `RateLimit-Policy`).
+    pub fn name(&self) -> &str {
+        match self {
+            AppliedLimit::Rule(rule) => &rule.name,
+            AppliedLimit::Override(_) => "override",
+        }
+    }
+
+    /// The limit's parameters.
+    pub fn params(&self) -> Option<&Params> {
+        match self {
+            AppliedLimit::Rule(rule) => rule.limit.as_ref(),
+            AppliedLimit::Override(params) => Some(params),
+        }
+    }
+}
+
+/// Result for one request descriptor.
+#[derive(Debug, Clone)]
+pub struct DescriptorStatus {
+    /// OK or OVER_LIMIT. A shadow-mode rule that would deny reports OK.
+    pub code: Code,
+    /// The limit applied; `None` when nothing matched, the rule is unlimited or was replaced.
+    pub limit: Option<AppliedLimit>,
+    /// The algorithm's decision; present exactly when `limit` is.
+    pub decision: Option<Decision>,
+    /// A shadow-mode rule that would have denied this request.
+    pub shadow_would_deny: bool,
+}
+
+impl DescriptorStatus {
+    pub(crate) fn unlimited() -> Self {
+        DescriptorStatus {
+            code: Code::Ok,
+            limit: None,
+            decision: None,
+            shadow_would_deny: false,
+        }
+    }
+
+    /// Whether the cost can never be admitted by this limit.
+    pub fn cost_exceeds_capacity(&self) -> bool {
+        self.decision
+            .is_some_and(|d| d.verdict == Verdict::CostExceedsCapacity)
+    }
+}
+
+/// Result for a whole request.
+#[derive(Debug, Clone)]
+pub struct CheckResponse {
+    /// OK when every enforced limit allowed.
+    pub overall: Code,
+    /// One per request descriptor, in request order.
+    pub statuses: Vec<DescriptorStatus>,
+}
+
+impl CheckResponse {
+    /// Whether the request is admitted.
+    pub fn allowed(&self) -> bool {
+        self.overall == Code::Ok
+    }
+
+    /// The status whose limit binds: when denied, the denial that lasts longest; when allowed,
+    /// the limit with the least remaining quota (what Envoy reports in `x-ratelimit-*`).
+    pub fn binding(&self) -> Option<&DescriptorStatus> {
+        let limited = self.statuses.iter().filter(|s| s.decision.is_some());
+        if self.allowed() {
+            limited.min_by_key(|s| s.decision.map_or(u64::MAX, |d| d.remaining))
+        } else {
+            limited
+                .filter(|s| s.code == Code::OverLimit)
+                .max_by_key(|s| {
+                    let d = s.decision;
+                    (s.cost_exceeds_capacity(), d.and_then(|d| d.retry_after))
+                })
+        }
+    }
+
+    /// When denied and retrying can help: how long to wait (the longest retry-after among the
+    /// denials, since all of them must clear).
+    pub fn retry_after(&self) -> Option<Duration> {
+        if self.allowed()
+            || self
+                .statuses
+                .iter()
+                .any(DescriptorStatus::cost_exceeds_capacity)
+        {
+            return None;
+        }
+        self.statuses
+            .iter()
+            .filter(|s| s.code == Code::OverLimit)
+            .filter_map(|s| s.decision.and_then(|d| d.retry_after))
+            .max()
+    }
+}

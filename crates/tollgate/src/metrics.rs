@@ -1,0 +1,90 @@
+//! Decision counters per rule, rendered in the Prometheus text format.
+//!
+//! Counters are allocated when a policy is compiled (one slot per rule), so counting on the
+//! request path is one atomic add. Labels are bounded: domain and rule name from the policy
+//! file, never a client-supplied value.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::policy::Policy;
+
+/// What happened to one descriptor checked against a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Allowed by the rule.
+    Allowed,
+    /// Denied by the rule.
+    Denied,
+    /// Shadow-mode rule that would have denied.
+    ShadowWouldDeny,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 3] = [Outcome::Allowed, Outcome::Denied, Outcome::ShadowWouldDeny];
+
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Denied => "denied",
+            Outcome::ShadowWouldDeny => "shadow_would_deny",
+        }
+    }
+}
+
+/// Counters for every rule of one policy.
+#[derive(Debug)]
+pub struct RuleCounters {
+    counts: Box<[[AtomicU64; 3]]>,
+}
+
+impl RuleCounters {
+    /// One zeroed slot per rule of `policy`.
+    pub fn for_policy(policy: &Policy) -> Self {
+        RuleCounters {
+            counts: policy.rules().iter().map(|_| Default::default()).collect(),
+        }
+    }
+
+    /// Counts one outcome for the rule at `index`.
+    pub fn record(&self, index: usize, outcome: Outcome) {
+        if let Some(slot) = self.counts.get(index) {
+            slot[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The count of `outcome` for the rule at `index`.
+    pub fn get(&self, index: usize, outcome: Outcome) -> u64 {
+        self.counts
+            .get(index)
+            .map_or(0, |slot| slot[outcome as usize].load(Ordering::Relaxed))
+    }
+
+    /// Appends `tollgate_decisions_total` in Prometheus text format.
+    pub fn render(&self, policy: &Policy, out: &mut String) {
+        out.push_str(
+            "# HELP tollgate_decisions_total Descriptors checked against a rule, by outcome.\n",
+        );
+        out.push_str("# TYPE tollgate_decisions_total counter\n");
+        for rule in policy.rules() {
+            for outcome in Outcome::ALL {
+                let _ = writeln!(
+                    out,
+                    "tollgate_decisions_total{{domain=\"{}\",rule=\"{}\",outcome=\"{}\"}} {}",
+                    escape_label(&rule.domain),
+                    escape_label(&rule.name),
+                    outcome.label(),
+                    self.get(rule.index, outcome)
+                );
+            }
+        }
+    }
+}
+
+/// Escapes a Prometheus label value.
+pub fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}

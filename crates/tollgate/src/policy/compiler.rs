@@ -1,0 +1,517 @@
+//! Turns parsed policy files into lookup tables and rules, collecting every problem with its
+//! location instead of stopping at the first one.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_saphyr::{MessageFormatter, Spanned, UserMessageFormatter};
+use tollgate_core::{Algorithm, MAX_LIMIT, MAX_LOG_LIMIT, Params};
+
+use super::document::{Count, DescriptorDoc, DomainDoc, RateLimitDoc, ReplacesDoc};
+use super::identity::{self, PathStep};
+use super::snapshot::DomainTable;
+use super::tree::{Level, Node, ValueMatch};
+use super::{Location, Policy, PolicyError, PolicyErrors, Rule, Unit};
+
+/// Accumulates sources (one domain each) into one policy.
+#[derive(Debug, Default)]
+pub(super) struct Compiler {
+    rules: Vec<Arc<Rule>>,
+    domains: Vec<DomainTable>,
+    /// Where each registered domain was defined, to name both files on a duplicate.
+    domain_origins: HashMap<String, Option<Location>>,
+    errors: Vec<PolicyError>,
+}
+
+impl Compiler {
+    /// Records a problem that is not inside a source (an unreadable file).
+    pub fn push_error(&mut self, error: PolicyError) {
+        self.errors.push(error);
+    }
+
+    /// Parses and validates one file's text. A YAML or structural error stops this file only.
+    pub fn add_source(&mut self, file: &str, text: &str) {
+        let doc: Spanned<DomainDoc> = match serde_saphyr::from_str(text) {
+            Ok(doc) => doc,
+            Err(error) => {
+                self.errors.push(yaml_error(file, &error));
+                return;
+            }
+        };
+        let mut source = SourceCompiler {
+            file,
+            domain: "",
+            errors: Vec::new(),
+            named: Vec::new(),
+        };
+        let root_location = source.location(&doc.referenced);
+        let domain = match &doc.value.domain {
+            None => {
+                source.error(root_location, "missing `domain`");
+                None
+            }
+            Some(domain) if domain.value.is_empty() => {
+                source.error(source.location(&domain.referenced), "empty `domain`");
+                None
+            }
+            Some(domain) => Some((domain.value.as_str(), source.location(&domain.referenced))),
+        };
+        source.domain = domain.as_ref().map_or("", |(name, _)| name);
+
+        let mut root = Level::default();
+        let mut path = Vec::new();
+        let descriptors = doc.value.descriptors.as_deref().unwrap_or_default();
+        source.descriptors(&mut self.rules, &mut root, &mut path, descriptors);
+        source.check_names();
+
+        if let Some((name, location)) = domain {
+            match self.domain_origins.entry(name.to_owned()) {
+                Entry::Occupied(first) => {
+                    let first = first
+                        .get()
+                        .as_ref()
+                        .map_or_else(|| "another file".to_owned(), ToString::to_string);
+                    source.error(
+                        location,
+                        format!("domain `{name}` is already defined at {first}"),
+                    );
+                }
+                Entry::Vacant(slot) => {
+                    slot.insert(location);
+                    self.domains.push(DomainTable {
+                        name: name.to_owned(),
+                        root,
+                    });
+                }
+            }
+        }
+
+        let mut errors = source.errors;
+        errors.sort_by_key(|e| e.location.as_ref().map(|l| (l.line, l.column)));
+        self.errors.extend(errors);
+    }
+
+    /// The policy, or every problem found in every source.
+    pub fn finish(self) -> Result<Policy, PolicyErrors> {
+        if !self.errors.is_empty() {
+            return Err(PolicyErrors(self.errors));
+        }
+        Ok(Policy::new(self.rules, self.domains))
+    }
+}
+
+/// The message of a serde-saphyr error without its snippet or location suffix.
+fn yaml_error(file: &str, error: &serde_saphyr::Error) -> PolicyError {
+    let mut inner = error;
+    while let serde_saphyr::Error::AliasError { error, .. }
+    | serde_saphyr::Error::WithSnippet { error, .. } = inner
+    {
+        inner = error;
+    }
+    let message = UserMessageFormatter.format_message(inner);
+    let location = error.location().and_then(|l| Location::from_yaml(file, &l));
+    PolicyError::new(location, message)
+}
+
+/// ` 123` for a number read exactly, nothing for one the parser only approximated.
+fn shown(count: Count) -> String {
+    if count.exact {
+        format!(" {}", count.number)
+    } else {
+        String::new()
+    }
+}
+
+/// A rule's name and `replaces`, checked once the whole domain is known.
+struct NamedRule {
+    name: String,
+    /// Given with `name`, rather than derived from the descriptor path.
+    explicit: bool,
+    /// The explicit `name`, or the `rate_limit` block for a derived name.
+    name_location: Option<Location>,
+    replaces: Vec<(String, Option<Location>)>,
+}
+
+/// State while compiling one source (one domain).
+struct SourceCompiler<'f> {
+    file: &'f str,
+    domain: &'f str,
+    errors: Vec<PolicyError>,
+    named: Vec<NamedRule>,
+}
+
+impl<'f> SourceCompiler<'f> {
+    fn location(&self, location: &serde_saphyr::Location) -> Option<Location> {
+        Location::from_yaml(self.file, location)
+    }
+
+    fn error(&mut self, location: Option<Location>, message: impl AsRef<str>) {
+        self.errors.push(PolicyError::new(location, message));
+    }
+
+    /// Compiles one `descriptors` list into `level`, recursing into nested lists.
+    fn descriptors<'d>(
+        &mut self,
+        rules: &mut Vec<Arc<Rule>>,
+        level: &mut Level,
+        path: &mut Vec<PathStep<'d>>,
+        docs: &'d [Spanned<DescriptorDoc>],
+    ) {
+        let mut seen: HashMap<(&'d str, Option<&'d str>), Option<Location>> = HashMap::new();
+        for doc in docs {
+            let descriptor = &doc.value;
+            let here = self.location(&doc.referenced);
+            let key = match &descriptor.key {
+                None => {
+                    self.error(here.clone(), "descriptor has no `key`");
+                    None
+                }
+                Some(key) if key.value.is_empty() => {
+                    self.error(self.location(&key.referenced), "empty descriptor `key`");
+                    None
+                }
+                Some(key) => Some(key.value.as_str()),
+            };
+            let value = descriptor
+                .value
+                .as_ref()
+                .map(|v| v.value.as_str())
+                .filter(|v| !v.is_empty());
+
+            // A descriptor that cannot be placed is still checked, in a scratch node, so that
+            // its own problems are reported too.
+            let mut scratch = Node::default();
+            let mut node = &mut scratch;
+            if let Some(key) = key {
+                match seen.entry((key, value)) {
+                    Entry::Occupied(first) => {
+                        let first = first
+                            .get()
+                            .as_ref()
+                            .map_or_else(String::new, |l| format!(", first defined at {l}"));
+                        let what = match value {
+                            Some(value) => format!("`{key}` with value `{value}`"),
+                            None => format!("`{key}` without a value"),
+                        };
+                        self.error(
+                            here.clone(),
+                            format!("duplicate descriptor {what} at this level{first}"),
+                        );
+                    }
+                    Entry::Vacant(slot) => {
+                        slot.insert(here.clone());
+                        node = level.insert(key, ValueMatch::from_written(value));
+                    }
+                }
+            }
+
+            path.push(PathStep {
+                key: key.unwrap_or_default(),
+                value,
+            });
+            match &descriptor.rate_limit {
+                Some(rate_limit) => {
+                    node.rule = Some(self.rule(rules, path, descriptor, rate_limit))
+                }
+                None => {
+                    if let Some(replaces) = &descriptor.replaces {
+                        self.error(
+                            self.location(&replaces.referenced),
+                            "`replaces` needs a `rate_limit` on the same descriptor",
+                        );
+                    }
+                }
+            }
+            if let Some(children) = &descriptor.descriptors {
+                self.descriptors(rules, &mut node.children, path, children);
+            }
+            path.pop();
+        }
+    }
+
+    /// Builds the rule of one `rate_limit` block; returns its index in `rules`.
+    fn rule(
+        &mut self,
+        rules: &mut Vec<Arc<Rule>>,
+        path: &[PathStep<'_>],
+        descriptor: &DescriptorDoc,
+        rate_limit: &Spanned<RateLimitDoc>,
+    ) -> usize {
+        let block = self.location(&rate_limit.referenced);
+        let doc = &rate_limit.value;
+        let (limit, unit) = self.limit(doc, &block);
+
+        let (name, name_location, explicit) =
+            match doc.name.as_ref().filter(|n| !n.value.is_empty()) {
+                Some(name) => (name.value.clone(), self.location(&name.referenced), true),
+                // An empty name means no name, as in envoyproxy/ratelimit.
+                None => (identity::display_name(path), block.clone(), false),
+            };
+
+        let replaces_doc = match (&descriptor.replaces, &doc.replaces) {
+            (Some(_), Some(inner)) => {
+                self.error(
+                    self.location(&inner.referenced),
+                    "`replaces` is given both on the descriptor and in its `rate_limit`; keep one",
+                );
+                None
+            }
+            (outer, inner) => outer.as_ref().or(inner.as_ref()),
+        };
+        let replaces = replaces_doc
+            .map(|r| self.replaces(&r.value))
+            .unwrap_or_default();
+
+        let index = rules.len();
+        rules.push(Arc::new(Rule {
+            index,
+            domain: self.domain.to_owned(),
+            name: name.clone(),
+            identity: identity::encode(self.domain, path),
+            limit,
+            unit,
+            shadow: descriptor.shadow_mode.unwrap_or(false),
+            detailed_metric: descriptor.detailed_metric.unwrap_or(false),
+            replaces: replaces.iter().map(|(name, _)| name.clone()).collect(),
+            location: block.clone().unwrap_or_else(|| Location {
+                file: self.file.to_owned(),
+                line: 0,
+                column: 0,
+            }),
+        }));
+        self.named.push(NamedRule {
+            name,
+            explicit,
+            name_location,
+            replaces,
+        });
+        index
+    }
+
+    fn replaces(&mut self, entries: &[Spanned<ReplacesDoc>]) -> Vec<(String, Option<Location>)> {
+        let mut names = Vec::with_capacity(entries.len());
+        for entry in entries {
+            match entry.value.name.as_ref().filter(|n| !n.value.is_empty()) {
+                Some(name) => names.push((name.value.clone(), self.location(&name.referenced))),
+                None => self.error(
+                    self.location(&entry.referenced),
+                    "`replaces` entry has no `name`",
+                ),
+            }
+        }
+        names
+    }
+
+    /// Validates the limit fields, reporting every bad field. Each field is checked on its own
+    /// through `Params::new` (with harmless values for the others), so its message is the core's.
+    fn limit(
+        &mut self,
+        doc: &RateLimitDoc,
+        block: &Option<Location>,
+    ) -> (Option<Params>, Option<Unit>) {
+        if let Some(unlimited) = doc.unlimited.as_ref().filter(|u| u.value) {
+            let conflicts: Vec<&str> = [
+                ("requests_per_unit", doc.requests_per_unit.is_some()),
+                ("unit", doc.unit.is_some()),
+                ("period", doc.period.is_some()),
+                ("algorithm", doc.algorithm.is_some()),
+                ("burst", doc.burst.is_some()),
+            ]
+            .into_iter()
+            .filter_map(|(field, present)| present.then_some(field))
+            .collect();
+            if !conflicts.is_empty() {
+                self.error(
+                    self.location(&unlimited.referenced),
+                    format!(
+                        "`unlimited: true` cannot be combined with `{}`",
+                        conflicts.join("`, `")
+                    ),
+                );
+            }
+            return (None, None);
+        }
+
+        let algorithm = match &doc.algorithm {
+            None => Some(Algorithm::FixedWindow),
+            Some(name) => match name.value.parse::<Algorithm>() {
+                Ok(algorithm) => Some(algorithm),
+                Err(e) => {
+                    self.error(self.location(&name.referenced), e.to_string());
+                    None
+                }
+            },
+        };
+        let probe = algorithm.unwrap_or(Algorithm::FixedWindow);
+        const PROBE_PERIOD: Duration = Duration::from_secs(1);
+
+        let mut unit = None;
+        let period = match (&doc.unit, &doc.period) {
+            (Some(_), Some(period)) => {
+                self.error(
+                    self.location(&period.referenced),
+                    "give either `unit` or `period`, not both",
+                );
+                None
+            }
+            (None, None) => {
+                self.error(
+                    block.clone(),
+                    "`rate_limit` needs `unit` or `period` (or `unlimited: true`)",
+                );
+                None
+            }
+            (Some(name), None) => match Unit::from_name(&name.value) {
+                Some(found) => {
+                    unit = Some(found);
+                    Some(found.period())
+                }
+                None => {
+                    let expected: Vec<&str> = Unit::ALL.iter().map(|u| u.name()).collect();
+                    self.error(
+                        self.location(&name.referenced),
+                        format!(
+                            "unknown unit `{}`, expected one of: {}",
+                            name.value,
+                            expected.join(", ")
+                        ),
+                    );
+                    None
+                }
+            },
+            (None, Some(text)) => match humantime::parse_duration(text.value.trim()) {
+                Ok(period) => match Params::new(probe, 1, period, None) {
+                    Ok(_) => Some(period),
+                    Err(e) => {
+                        self.error(self.location(&text.referenced), e.to_string());
+                        None
+                    }
+                },
+                Err(e) => {
+                    self.error(
+                        self.location(&text.referenced),
+                        format!("invalid period `{}`: {e}", text.value),
+                    );
+                    None
+                }
+            },
+        };
+
+        let limit = match &doc.requests_per_unit {
+            None => {
+                self.error(block.clone(), "missing `requests_per_unit`");
+                None
+            }
+            Some(count) => {
+                let at = self.location(&count.referenced);
+                // Negative counts are reported like zero: "limit must be at least 1".
+                match u64::try_from(count.value.number.max(0)) {
+                    Ok(n) => match Params::new(probe, n, PROBE_PERIOD, None) {
+                        Ok(_) => Some(n),
+                        Err(e) => {
+                            self.error(at, format!("invalid `requests_per_unit`: {e}"));
+                            None
+                        }
+                    },
+                    Err(_) => {
+                        let max = if probe == Algorithm::SlidingWindowLog {
+                            MAX_LOG_LIMIT
+                        } else {
+                            MAX_LIMIT
+                        };
+                        let n = shown(count.value);
+                        self.error(at, format!("invalid `requests_per_unit`: limit{n} is above the maximum of {max}"));
+                        None
+                    }
+                }
+            }
+        };
+
+        let burst = match (&doc.burst, algorithm) {
+            (None, _) => Some(None),
+            // Whether a burst is allowed depends on the algorithm, which is already reported.
+            (Some(_), None) => None,
+            (Some(count), Some(algorithm)) => {
+                let at = self.location(&count.referenced);
+                match u64::try_from(count.value.number) {
+                    Ok(n) => match Params::new(algorithm, 1, PROBE_PERIOD, Some(n)) {
+                        Ok(_) => Some(Some(n)),
+                        Err(e) => {
+                            self.error(at, e.to_string());
+                            None
+                        }
+                    },
+                    Err(_) => {
+                        let n = shown(count.value);
+                        self.error(at, format!("burst{n} must be between 1 and {MAX_LIMIT}"));
+                        None
+                    }
+                }
+            }
+        };
+
+        let (Some(algorithm), Some(period), Some(limit), Some(burst)) =
+            (algorithm, period, limit, burst)
+        else {
+            return (None, unit);
+        };
+        match Params::new(algorithm, limit, period, burst) {
+            Ok(params) => (Some(params), unit),
+            Err(e) => {
+                self.error(block.clone(), e.to_string());
+                (None, unit)
+            }
+        }
+    }
+
+    /// An explicit `name` is unique in its domain (derived names may coincide, as envoy's
+    /// `key_value` paths can); every `replaces` names some rule of the domain other than itself.
+    fn check_names(&mut self) {
+        let named = std::mem::take(&mut self.named);
+        let mut first_by_name: HashMap<&str, &NamedRule> = HashMap::new();
+        for rule in &named {
+            match first_by_name.entry(rule.name.as_str()) {
+                Entry::Occupied(first) => {
+                    let first = *first.get();
+                    if !rule.explicit && !first.explicit {
+                        continue;
+                    }
+                    let at = first
+                        .name_location
+                        .as_ref()
+                        .map_or_else(String::new, |l| format!(" at {l}"));
+                    let name = &rule.name;
+                    let message = match (first.explicit, rule.explicit) {
+                        (true, true) => {
+                            format!("two rules are named `{name}` in this domain; the other is{at}")
+                        }
+                        (false, _) => format!(
+                            "name `{name}` is already the default name (descriptor path) of the rule{at}"
+                        ),
+                        (true, false) => format!(
+                            "this rule's default name `{name}` (its descriptor path) is the `name` of the rule{at}; give one of them another `name`"
+                        ),
+                    };
+                    self.error(rule.name_location.clone(), message);
+                }
+                Entry::Vacant(slot) => {
+                    slot.insert(rule);
+                }
+            }
+        }
+        for rule in &named {
+            for (replaced, at) in &rule.replaces {
+                if *replaced == rule.name {
+                    self.error(
+                        at.clone(),
+                        format!("rule `{replaced}` cannot replace itself"),
+                    );
+                } else if !first_by_name.contains_key(replaced.as_str()) {
+                    self.error(at.clone(), format!("`replaces` names `{replaced}`, but no rule in this domain has that name"));
+                }
+            }
+        }
+    }
+}

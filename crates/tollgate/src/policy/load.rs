@@ -1,0 +1,84 @@
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::compiler::Compiler;
+use super::{Policy, PolicyError, PolicyErrors};
+
+impl Policy {
+    /// Loads a policy file, or every `*.yaml`/`*.yml` file of a directory (not recursive, files
+    /// whose name starts with `.` skipped) in sorted name order, each file one domain.
+    ///
+    /// Every problem of every file is reported, each with its file, line and column. A directory
+    /// without policy files is an error.
+    pub fn load(path: &Path) -> Result<Policy, PolicyErrors> {
+        let metadata = fs::metadata(path)
+            .map_err(|e| one_error(format!("cannot read {}: {e}", path.display())))?;
+        if !metadata.is_dir() {
+            let name = path.display().to_string();
+            let text = fs::read_to_string(path)
+                .map_err(|e| one_error(format!("cannot read {name}: {e}")))?;
+            return Policy::from_yaml(&name, &text);
+        }
+
+        let files = policy_files(path)?;
+        if files.is_empty() {
+            return Err(one_error(format!(
+                "no *.yaml or *.yml policy files in {}",
+                path.display()
+            )));
+        }
+        let mut compiler = Compiler::default();
+        for file in files {
+            let name = file.display().to_string();
+            match fs::read_to_string(&file) {
+                Ok(text) => compiler.add_source(&name, &text),
+                Err(e) => {
+                    compiler.push_error(PolicyError::new(None, format!("cannot read {name}: {e}")))
+                }
+            }
+        }
+        compiler.finish()
+    }
+
+    /// Parses one file's text; `source_name` is the file name used in locations.
+    pub fn from_yaml(source_name: &str, text: &str) -> Result<Policy, PolicyErrors> {
+        let mut compiler = Compiler::default();
+        compiler.add_source(source_name, text);
+        compiler.finish()
+    }
+
+    /// Parses several files' texts, as `(name, text)` pairs in load order, like a directory:
+    /// each is one domain and no domain may appear twice.
+    pub fn from_sources(sources: &[(String, String)]) -> Result<Policy, PolicyErrors> {
+        let mut compiler = Compiler::default();
+        for (name, text) in sources {
+            compiler.add_source(name, text);
+        }
+        compiler.finish()
+    }
+}
+
+fn one_error(message: String) -> PolicyErrors {
+    PolicyErrors(vec![PolicyError::new(None, message)])
+}
+
+/// The directory's policy files, sorted by name.
+fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, PolicyErrors> {
+    let cannot_list = |e: std::io::Error| one_error(format!("cannot list {}: {e}", dir.display()));
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir).map_err(cannot_list)? {
+        let path = entry.map_err(cannot_list)?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        // Dot files are editor and tooling leftovers (`.#a.yaml`, `.a.yaml.swp`).
+        let is_policy =
+            !name.starts_with('.') && (name.ends_with(".yaml") || name.ends_with(".yml"));
+        // `metadata` follows symlinks, as Kubernetes ConfigMap mounts need.
+        if is_policy && fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}

@@ -1,0 +1,23 @@
+//! The policy file: parsing, validation and descriptor matching.
+//!
+//! A policy is envoyproxy/ratelimit's YAML configuration (one `domain` per file, nested
+//! `descriptors` with `key`/`value`, `rate_limit {unit, requests_per_unit, name, unlimited,
+//! replaces}`, `shadow_mode`, `detailed_metric`), extended with `period`, `algorithm` and `burst`
+//! inside `rate_limit`. [`Policy::load`] validates everything once and reports every problem
+//! with its file, line and column; [`Policy::find`] then matches request descriptors without
+//! allocating.
+
+mod compiler;
+mod document;
+mod error;
+mod identity;
+mod load;
+mod rule;
+mod snapshot;
+mod tree;
+mod unit;
+
+pub use error::{Location, PolicyError, PolicyErrors};
+pub use rule::Rule;
+pub use snapshot::Policy;
+pub use unit::Unit;

@@ -1,0 +1,188 @@
+//! The limiter over the memory store: matching, replaces, unlimited, overrides, metrics.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::clock::ManualClock;
+use tollgate::limiter::{CheckRequest, Code, LimitOverride, Limiter, RequestDescriptor};
+use tollgate::metrics::Outcome;
+use tollgate::policy::Policy;
+use tollgate::store::{MemoryStore, StoreBackend};
+use tollgate_core::Timestamp;
+
+const POLICY: &str = r#"
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, unit: minute, requests_per_unit: 2}
+  - key: user
+    value: vip
+    rate_limit: {name: vip, unit: minute, requests_per_unit: 5, replaces: [{name: per_ip}]}
+  - key: ip
+    rate_limit: {name: per_ip, unit: minute, requests_per_unit: 1}
+  - key: api_key
+    value: internal
+    rate_limit: {unlimited: true}
+"#;
+
+fn limiter() -> (Arc<ManualClock>, Limiter) {
+    // Aligned to a minute so the window does not roll over during a test.
+    let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
+        1_700_000_040_000_000,
+    )));
+    let policy = Policy::from_yaml("test.yaml", POLICY).unwrap();
+    let store = StoreBackend::Memory(MemoryStore::new(clock.clone()));
+    (clock, Limiter::new(policy, store))
+}
+
+fn request(descriptors: &[&[(&str, &str)]]) -> CheckRequest {
+    let descriptors = descriptors
+        .iter()
+        .map(|entries| {
+            let entries = entries
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            RequestDescriptor::new(entries, 1, None).unwrap()
+        })
+        .collect();
+    CheckRequest::new("api".into(), descriptors).unwrap()
+}
+
+#[tokio::test]
+async fn distinct_values_of_a_key_only_rule_have_distinct_counters() {
+    let (_clock, limiter) = limiter();
+    for _ in 0..2 {
+        assert!(
+            limiter
+                .check(&request(&[&[("user", "alice")]]))
+                .await
+                .unwrap()
+                .allowed()
+        );
+    }
+    assert!(
+        !limiter
+            .check(&request(&[&[("user", "alice")]]))
+            .await
+            .unwrap()
+            .allowed()
+    );
+    assert!(
+        limiter
+            .check(&request(&[&[("user", "bob")]]))
+            .await
+            .unwrap()
+            .allowed()
+    );
+}
+
+#[tokio::test]
+async fn a_limit_replaced_by_another_matched_limit_is_skipped() {
+    let (_clock, limiter) = limiter();
+    // per_ip alone: 1 per minute.
+    assert!(
+        limiter
+            .check(&request(&[&[("ip", "1.2.3.4")]]))
+            .await
+            .unwrap()
+            .allowed()
+    );
+    assert!(
+        !limiter
+            .check(&request(&[&[("ip", "1.2.3.4")]]))
+            .await
+            .unwrap()
+            .allowed()
+    );
+    // With the vip rule matched in the same request, per_ip no longer applies.
+    let r = limiter
+        .check(&request(&[&[("user", "vip")], &[("ip", "1.2.3.4")]]))
+        .await
+        .unwrap();
+    assert!(r.allowed());
+    assert!(r.statuses[1].limit.is_none(), "replaced");
+    assert_eq!(r.statuses[0].limit.as_ref().unwrap().name(), "vip");
+}
+
+#[tokio::test]
+async fn unlimited_rules_and_unknown_domains_always_allow() {
+    let (_clock, limiter) = limiter();
+    for _ in 0..10 {
+        let r = limiter
+            .check(&request(&[&[("api_key", "internal")]]))
+            .await
+            .unwrap();
+        assert!(r.allowed());
+        assert!(r.statuses[0].limit.is_none());
+    }
+    let d = RequestDescriptor::new(vec![("user".into(), "x".into())], 1, None).unwrap();
+    let other = CheckRequest::new("elsewhere".into(), vec![d]).unwrap();
+    for _ in 0..5 {
+        assert!(limiter.check(&other).await.unwrap().allowed());
+    }
+    assert_eq!(
+        tollgate::store::Store::key_count(limiter.store()),
+        0,
+        "nothing was stored"
+    );
+}
+
+#[tokio::test]
+async fn windows_reset_on_the_clock() {
+    let (clock, limiter) = limiter();
+    let alice = request(&[&[("user", "alice")]]);
+    limiter.check(&alice).await.unwrap();
+    limiter.check(&alice).await.unwrap();
+    let denied = limiter.check(&alice).await.unwrap();
+    assert_eq!(denied.overall, Code::OverLimit);
+    assert_eq!(denied.retry_after(), Some(Duration::from_secs(60)));
+    clock.advance(Duration::from_secs(59));
+    assert!(!limiter.check(&alice).await.unwrap().allowed());
+    clock.advance(Duration::from_secs(1));
+    assert!(limiter.check(&alice).await.unwrap().allowed());
+}
+
+#[tokio::test]
+async fn an_override_gets_its_own_counter() {
+    let (_clock, limiter) = limiter();
+    let o = LimitOverride::new(3, Duration::from_secs(60)).unwrap();
+    let d = RequestDescriptor::new(vec![("user".into(), "carol".into())], 1, Some(o)).unwrap();
+    let with_override = CheckRequest::new("api".into(), vec![d]).unwrap();
+    for _ in 0..3 {
+        assert!(limiter.check(&with_override).await.unwrap().allowed());
+    }
+    assert!(!limiter.check(&with_override).await.unwrap().allowed());
+    // The configured per_user counter for carol was never touched.
+    let r = limiter
+        .check(&request(&[&[("user", "carol")]]))
+        .await
+        .unwrap();
+    assert_eq!(r.statuses[0].decision.unwrap().remaining, 1);
+}
+
+#[tokio::test]
+async fn outcomes_are_counted_per_rule() {
+    let (_clock, limiter) = limiter();
+    for _ in 0..3 {
+        limiter
+            .check(&request(&[&[("user", "dave")]]))
+            .await
+            .unwrap();
+    }
+    let policy = limiter.policy();
+    let per_user = policy
+        .rules()
+        .iter()
+        .find(|r| r.name == "per_user")
+        .unwrap();
+    assert_eq!(limiter.rule_count(per_user, Outcome::Allowed), 2);
+    assert_eq!(limiter.rule_count(per_user, Outcome::Denied), 1);
+    let text = limiter.render_metrics();
+    assert!(
+        text.contains(
+            r#"tollgate_decisions_total{domain="api",rule="per_user",outcome="denied"} 1"#
+        )
+    );
+}

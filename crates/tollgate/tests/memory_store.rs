@@ -1,0 +1,126 @@
+//! The embedded store's contract: atomic all-or-nothing charges, repeated keys, expiry.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::clock::ManualClock;
+use tollgate::store::{Charge, MemoryStore, Store};
+use tollgate_core::{Algorithm, Params, Timestamp, Verdict};
+
+fn params(algorithm: Algorithm, limit: u64, period: Duration) -> Params {
+    Params::new(algorithm, limit, period, None).unwrap()
+}
+
+fn store() -> (Arc<ManualClock>, MemoryStore) {
+    let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
+        1_700_000_000_000_000,
+    )));
+    let store = MemoryStore::new(clock.clone());
+    (clock, store)
+}
+
+fn charge<'a>(key: &'a str, params: &'a Params, cost: u64) -> Charge<'a> {
+    Charge {
+        key: key.as_bytes(),
+        params,
+        cost,
+        enforce: true,
+    }
+}
+
+#[tokio::test]
+async fn a_denied_limit_leaves_no_charge_on_the_others() {
+    let (_clock, store) = store();
+    let wide = params(Algorithm::FixedWindow, 10, Duration::from_secs(60));
+    let narrow = params(Algorithm::TokenBucket, 1, Duration::from_secs(60));
+    let first = store
+        .apply(&[charge("user", &wide, 1), charge("ip", &narrow, 1)])
+        .await
+        .unwrap();
+    assert!(first.iter().all(|d| d.is_allowed()));
+    assert_eq!(first[0].remaining, 9);
+    for _ in 0..3 {
+        let d = store
+            .apply(&[charge("user", &wide, 1), charge("ip", &narrow, 1)])
+            .await
+            .unwrap();
+        assert!(d[0].is_allowed(), "the wide limit alone would allow");
+        assert_eq!(d[1].verdict, Verdict::Denied);
+    }
+    let alone = store.apply(&[charge("user", &wide, 1)]).await.unwrap();
+    assert_eq!(
+        alone[0].remaining, 8,
+        "the three denied requests charged nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_shadow_charge_never_blocks_the_others() {
+    let (_clock, store) = store();
+    let p = params(Algorithm::FixedWindow, 1, Duration::from_secs(60));
+    let shadow = |key| Charge {
+        key,
+        params: &p,
+        cost: 1,
+        enforce: false,
+    };
+    store.apply(&[shadow(b"s")]).await.unwrap();
+    let d = store
+        .apply(&[charge("real", &p, 1), shadow(b"s")])
+        .await
+        .unwrap();
+    assert_eq!(d[1].verdict, Verdict::Denied);
+    assert!(d[0].is_allowed());
+    let again = store.apply(&[charge("real", &p, 1)]).await.unwrap();
+    assert_eq!(
+        again[0].verdict,
+        Verdict::Denied,
+        "the request was admitted and charged"
+    );
+}
+
+#[tokio::test]
+async fn the_same_key_twice_in_one_request_sees_its_own_charge() {
+    for algorithm in Algorithm::ALL {
+        let (_clock, store) = store();
+        let p = params(algorithm, 3, Duration::from_secs(60));
+        let d = store
+            .apply(&[charge("k", &p, 2), charge("k", &p, 2)])
+            .await
+            .unwrap();
+        assert!(d[0].is_allowed(), "{algorithm}");
+        assert_eq!(d[1].verdict, Verdict::Denied, "{algorithm}: 2 + 2 > 3");
+        let d = store.apply(&[charge("k", &p, 3)]).await.unwrap();
+        assert!(
+            d[0].is_allowed(),
+            "{algorithm}: the denied request charged nothing"
+        );
+    }
+}
+
+#[tokio::test]
+async fn expired_keys_are_swept_so_memory_follows_live_keys() {
+    for algorithm in Algorithm::ALL {
+        let (clock, store) = store();
+        let p = params(algorithm, 5, Duration::from_secs(10));
+        for i in 0..100 {
+            let key = format!("user-{i}");
+            store.apply(&[charge(&key, &p, 1)]).await.unwrap();
+        }
+        assert_eq!(store.key_count(), 100, "{algorithm}");
+        assert_eq!(store.sweep_now(), 0, "{algorithm}: nothing has expired yet");
+        clock.advance(Duration::from_secs(21));
+        assert_eq!(store.sweep_now(), 100, "{algorithm}");
+        assert_eq!(store.key_count(), 0, "{algorithm}");
+    }
+}
+
+#[tokio::test]
+async fn a_denied_request_on_a_new_key_stores_nothing() {
+    let (_clock, store) = store();
+    let p = params(Algorithm::Gcra, 2, Duration::from_secs(1));
+    let d = store.apply(&[charge("big", &p, 3)]).await.unwrap();
+    assert_eq!(d[0].verdict, Verdict::CostExceedsCapacity);
+    assert_eq!(store.key_count(), 0);
+}

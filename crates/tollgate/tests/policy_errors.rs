@@ -1,0 +1,547 @@
+//! Every bad policy is rejected with its file, line and column, and every problem of a file is
+//! reported at once. Line and column numbers below can be checked against the YAML next to them
+//! (the first YAML line is line 1; columns count characters from 1).
+
+// Helpers outside `#[test]` functions are test code too; the workspace lints aim at library code.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+use tollgate::policy::{Location, Policy};
+
+/// The displayed errors of one file named `t.yaml`, one per line.
+fn errors(yaml: &str) -> Vec<String> {
+    match Policy::from_yaml("t.yaml", yaml) {
+        Ok(policy) => panic!("expected errors, got {policy:?}"),
+        Err(errors) => {
+            let text = errors.to_string();
+            assert_eq!(
+                text.lines().count(),
+                errors.0.len(),
+                "one line per error:\n{text}"
+            );
+            text.lines().map(str::to_owned).collect()
+        }
+    }
+}
+
+/// The single error of `yaml`.
+fn error(yaml: &str) -> String {
+    let mut all = errors(yaml);
+    assert_eq!(all.len(), 1, "{all:#?}");
+    all.remove(0)
+}
+
+const BURST_WINDOW: &str = "only token_bucket, leaky_bucket and gcra have a bucket";
+
+#[test]
+fn yaml_syntax_errors_have_a_position() {
+    assert_eq!(
+        error("domain: 'unterminated\n"),
+        "t.yaml:1:9: unclosed quote"
+    );
+    assert_eq!(
+        error("domain: a\n  bad: indentation\n"),
+        "t.yaml:2:6: mapping values are not allowed in this context"
+    );
+    assert_eq!(
+        error("domain: a\n---\ndomain: b\n"),
+        "t.yaml:3:1: only single YAML document expected but multiple found"
+    );
+}
+
+#[test]
+fn unknown_fields_are_errors_at_the_field() {
+    assert_eq!(
+        error("domian: a\n"),
+        "t.yaml:1:1: unknown field `domian`, expected one of domain, descriptors"
+    );
+    assert_eq!(
+        error(
+            "domain: a
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 1}
+    shadowmode: true
+"
+        ),
+        "t.yaml:5:5: unknown field `shadowmode`, expected one of key, value, rate_limit, descriptors, \
+         shadow_mode, detailed_metric, replaces"
+    );
+    // `shadow_mode` belongs to the descriptor, not to `rate_limit`.
+    let misplaced = error(
+        "domain: a
+descriptors:
+  - key: k
+    rate_limit:
+      unit: second
+      requests_per_unit: 1
+      shadow_mode: true
+",
+    );
+    assert!(
+        misplaced.starts_with("t.yaml:7:7: unknown field `shadow_mode`, expected one of unit,"),
+        "{misplaced}"
+    );
+}
+
+#[test]
+fn duplicate_mapping_keys_are_errors() {
+    assert_eq!(
+        error(
+            "domain: a
+descriptors:
+  - key: k
+    key: j
+"
+        ),
+        "t.yaml:4:5: duplicate mapping key `key` is not allowed here"
+    );
+}
+
+#[test]
+fn wrong_types_are_errors() {
+    assert_eq!(
+        error(
+            "domain: a
+descriptors:
+  - key: k
+    shadow_mode: maybe
+"
+        ),
+        "t.yaml:4:18: invalid boolean"
+    );
+    assert_eq!(
+        error("domain: a\ndescriptors: {key: k}\n"),
+        "t.yaml:2:14: expected sequence start"
+    );
+    assert_eq!(
+        error(
+            "domain: a
+descriptors:
+  - key: k
+    rate_limit:
+      unit: second
+      requests_per_unit: lots
+"
+        ),
+        "t.yaml:6:7: invalid type: string \"lots\", expected a whole number"
+    );
+    assert_eq!(
+        error(
+            "domain: a
+descriptors:
+  - key: k
+    rate_limit:
+      unit: second
+      requests_per_unit: 2.5
+"
+        ),
+        "t.yaml:6:7: invalid type: floating point `2.5`, expected a whole number"
+    );
+}
+
+#[test]
+fn missing_or_empty_domain() {
+    assert_eq!(error("descriptors: []\n"), "t.yaml:1:1: missing `domain`");
+    assert_eq!(
+        error("domain: \"\"\ndescriptors: []\n"),
+        "t.yaml:1:9: empty `domain`"
+    );
+}
+
+#[test]
+fn missing_or_empty_descriptor_key() {
+    assert_eq!(
+        errors(
+            "domain: a
+descriptors:
+  - value: v
+  - key: ''
+    value: w
+"
+        ),
+        [
+            "t.yaml:3:5: descriptor has no `key`",
+            "t.yaml:4:10: empty descriptor `key`"
+        ]
+    );
+}
+
+#[test]
+fn requests_per_unit_is_validated_by_params() {
+    let yaml = |n: &str, algorithm: &str| {
+        format!(
+            "domain: a
+descriptors:
+  - key: k
+    rate_limit:
+      unit: second
+      algorithm: {algorithm}
+      requests_per_unit: {n}
+"
+        )
+    };
+    assert_eq!(
+        error(&yaml("0", "fixed_window")),
+        "t.yaml:7:26: invalid `requests_per_unit`: limit must be at least 1"
+    );
+    assert_eq!(
+        error(&yaml("-5", "fixed_window")),
+        "t.yaml:7:26: invalid `requests_per_unit`: limit must be at least 1"
+    );
+    assert_eq!(
+        error(&yaml("10000000000000", "gcra")),
+        "t.yaml:7:26: invalid `requests_per_unit`: limit 10000000000000 is above the maximum of 1000000000000"
+    );
+    assert_eq!(
+        error(&yaml("200000", "sliding_window_log")),
+        "t.yaml:7:26: invalid `requests_per_unit`: limit 200000 is above the maximum of 100000"
+    );
+    // Beyond 64 bits the parser only approximates the number, so the message does not repeat it.
+    assert_eq!(
+        error(&yaml("100000000000000000000000", "fixed_window")),
+        "t.yaml:7:26: invalid `requests_per_unit`: limit is above the maximum of 1000000000000"
+    );
+    assert_eq!(
+        error(
+            "domain: a
+descriptors:
+  - key: k
+    rate_limit: {unit: second}
+"
+        ),
+        "t.yaml:4:17: missing `requests_per_unit`"
+    );
+}
+
+#[test]
+fn unit_and_period_are_exclusive_and_one_is_required() {
+    assert_eq!(
+        error(
+            "domain: a
+descriptors:
+  - key: k
+    rate_limit:
+      unit: second
+      period: 10s
+      requests_per_unit: 5
+"
+        ),
+        "t.yaml:6:15: give either `unit` or `period`, not both"
+    );
+    assert_eq!(
+        error(
+            "domain: a
+descriptors:
+  - key: k
+    rate_limit:
+      requests_per_unit: 5
+"
+        ),
+        "t.yaml:5:7: `rate_limit` needs `unit` or `period` (or `unlimited: true`)"
+    );
+}
+
+#[test]
+fn unlimited_takes_no_limit() {
+    assert_eq!(
+        error(
+            "domain: a
+descriptors:
+  - key: k
+    rate_limit:
+      unit: second
+      unlimited: true
+      requests_per_unit: 5
+"
+        ),
+        "t.yaml:6:18: `unlimited: true` cannot be combined with `requests_per_unit`, `unit`"
+    );
+    // `unlimited: false` is just a limited rule.
+    let policy = Policy::from_yaml(
+        "t.yaml",
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: false, unit: day, requests_per_unit: 5}\n",
+    )
+    .unwrap();
+    assert_eq!(policy.rules()[0].limit.map(|p| p.limit()), Some(5));
+}
+
+#[test]
+fn burst_only_for_bucket_algorithms() {
+    let yaml = |algorithm: &str, burst: &str| {
+        format!(
+            "domain: a
+descriptors:
+  - key: k
+    rate_limit: {{unit: second, requests_per_unit: 5, algorithm: {algorithm}, burst: {burst}}}
+"
+        )
+    };
+    let window = error(&yaml("sliding_window_counter", "10"));
+    assert_eq!(
+        window,
+        format!("t.yaml:4:96: burst is not supported by sliding_window_counter; {BURST_WINDOW}")
+    );
+    assert_eq!(
+        error(&yaml("gcra", "0")),
+        "t.yaml:4:78: burst 0 must be between 1 and 1000000000000"
+    );
+    assert_eq!(
+        error(&yaml("gcra", "-2")),
+        "t.yaml:4:78: burst -2 must be between 1 and 1000000000000"
+    );
+    assert!(Policy::from_yaml("t.yaml", &yaml("leaky_bucket", "10")).is_ok());
+    // Without `algorithm` the rule is a fixed window, which has no bucket.
+    assert_eq!(
+        error(
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5, burst: 9}\n"
+        ),
+        format!("t.yaml:4:61: burst is not supported by fixed_window; {BURST_WINDOW}")
+    );
+}
+
+#[test]
+fn unknown_algorithm_unit_and_bad_period() {
+    assert_eq!(
+        error(
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: GCRA}\n"
+        ),
+        "t.yaml:4:65: unknown algorithm `GCRA`, expected one of: fixed_window, sliding_window_log, \
+         sliding_window_counter, token_bucket, leaky_bucket, gcra"
+    );
+    assert_eq!(
+        error(
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 5}\n"
+        ),
+        "t.yaml:4:24: unknown unit `fortnight`, expected one of: second, minute, hour, day, week, month, year"
+    );
+    assert_eq!(
+        error(
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 30, requests_per_unit: 5}\n"
+        ),
+        "t.yaml:4:26: invalid period `30`: time unit needed, for example 30sec or 30ms"
+    );
+    assert_eq!(
+        error(
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 0s, requests_per_unit: 5}\n"
+        ),
+        "t.yaml:4:26: period 0ns is outside the supported range 1ms..=400 days"
+    );
+    assert_eq!(
+        error(
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 500days, requests_per_unit: 5}\n"
+        ),
+        "t.yaml:4:26: period 43200000s is outside the supported range 1ms..=400 days"
+    );
+}
+
+#[test]
+fn the_same_key_and_value_twice_at_one_level() {
+    assert_eq!(
+        errors(
+            "domain: a
+descriptors:
+  - key: ip
+    value: \"10.*\"
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: ip
+    value: \"10.*\"
+    rate_limit: {unit: second, requests_per_unit: 6}
+  - key: ip
+  - key: ip
+    value: \"\"
+"
+        ),
+        [
+            "t.yaml:6:5: duplicate descriptor `ip` with value `10.*` at this level, first defined at t.yaml:3:5",
+            "t.yaml:10:5: duplicate descriptor `ip` without a value at this level, first defined at t.yaml:9:5",
+        ]
+    );
+    // The same pair under different parents, or the same key with different values, is fine.
+    let policy = Policy::from_yaml(
+        "t.yaml",
+        "domain: a
+descriptors:
+  - key: x
+    descriptors: [{key: ip, rate_limit: {unit: second, requests_per_unit: 1}}]
+  - key: y
+    descriptors: [{key: ip, rate_limit: {unit: second, requests_per_unit: 1}}]
+  - {key: ip, value: '10.*', rate_limit: {unit: second, requests_per_unit: 1}}
+  - {key: ip, value: '10.', rate_limit: {unit: second, requests_per_unit: 1}}
+  - {key: ip, rate_limit: {unit: second, requests_per_unit: 1}}
+",
+    )
+    .unwrap();
+    assert_eq!(policy.rules().len(), 5);
+}
+
+#[test]
+fn replaces_must_name_an_existing_other_rule() {
+    assert_eq!(
+        error(
+            "domain: a
+descriptors:
+  - key: k
+    rate_limit:
+      unit: second
+      requests_per_unit: 5
+      replaces: [{name: nowhere}]
+"
+        ),
+        "t.yaml:7:25: `replaces` names `nowhere`, but no rule in this domain has that name"
+    );
+    assert_eq!(
+        errors(
+            "domain: a
+descriptors:
+  - key: k
+    rate_limit: {name: me, unit: second, requests_per_unit: 5, replaces: [{name: me}]}
+  - key: j
+    replaces: [{name: me}]
+  - key: i
+    rate_limit: {unit: second, requests_per_unit: 5, replaces: [{}]}
+  - key: h
+    replaces: [{name: me}]
+    rate_limit: {unit: second, requests_per_unit: 5, replaces: [{name: me}]}
+"
+        ),
+        [
+            "t.yaml:4:82: rule `me` cannot replace itself",
+            "t.yaml:6:15: `replaces` needs a `rate_limit` on the same descriptor",
+            "t.yaml:8:65: `replaces` entry has no `name`",
+            "t.yaml:11:64: `replaces` is given both on the descriptor and in its `rate_limit`; keep one",
+        ]
+    );
+}
+
+#[test]
+fn replaces_may_name_a_rule_defined_later_or_by_its_default_name() {
+    let policy = Policy::from_yaml(
+        "t.yaml",
+        "domain: a
+descriptors:
+  - key: user
+    replaces: [{name: late}, {name: tenant}]
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: other
+    rate_limit: {name: late, unit: second, requests_per_unit: 5}
+",
+    )
+    .unwrap();
+    assert_eq!(policy.rules()[0].replaces, ["late", "tenant"]);
+}
+
+#[test]
+fn names_are_unique_in_a_domain() {
+    assert_eq!(
+        error(
+            "domain: a
+descriptors:
+  - key: k
+    rate_limit: {name: shared, unit: second, requests_per_unit: 5}
+  - key: j
+    rate_limit:
+      name: shared
+      unit: second
+      requests_per_unit: 5
+"
+        ),
+        "t.yaml:7:13: two rules are named `shared` in this domain; the other is at t.yaml:4:24"
+    );
+    assert_eq!(
+        error(
+            "domain: a
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: j
+    rate_limit: {name: k, unit: second, requests_per_unit: 5}
+"
+        ),
+        "t.yaml:6:24: name `k` is already the default name (descriptor path) of the rule at t.yaml:4:17"
+    );
+}
+
+#[test]
+fn all_errors_of_a_file_are_reported_in_order() {
+    let text = include_str!("fixtures/many_errors.yaml");
+    let errors = Policy::from_yaml("many_errors.yaml", text).unwrap_err();
+    let lines: Vec<String> = errors.to_string().lines().map(str::to_owned).collect();
+    let period_error = humantime::parse_duration("soon").unwrap_err();
+    let expected = [
+        "many_errors.yaml:3:10: empty descriptor `key`".to_owned(),
+        "many_errors.yaml:6:24: unknown unit `fortnight`, expected one of: second, minute, hour, day, week, month, year".to_owned(),
+        "many_errors.yaml:6:54: invalid `requests_per_unit`: limit must be at least 1".to_owned(),
+        "many_errors.yaml:7:5: duplicate descriptor `user` without a value at this level, first defined at many_errors.yaml:5:5".to_owned(),
+        "many_errors.yaml:8:40: give either `unit` or `period`, not both".to_owned(),
+        "many_errors.yaml:11:29: `unlimited: true` cannot be combined with `requests_per_unit`".to_owned(),
+        format!("many_errors.yaml:14:30: invalid period `soon`: {period_error}"),
+        "many_errors.yaml:14:55: invalid `requests_per_unit`: limit must be at least 1".to_owned(),
+        format!("many_errors.yaml:14:66: burst is not supported by fixed_window; {BURST_WINDOW}"),
+        "many_errors.yaml:15:9: duplicate descriptor `path` without a value at this level, first defined at many_errors.yaml:13:9".to_owned(),
+        "many_errors.yaml:16:21: `rate_limit` needs `unit` or `period` (or `unlimited: true`)".to_owned(),
+        format!("many_errors.yaml:23:14: burst is not supported by sliding_window_counter; {BURST_WINDOW}"),
+        "many_errors.yaml:26:13: two rules are named `plan_limit` in this domain; the other is at many_errors.yaml:19:13".to_owned(),
+        "many_errors.yaml:29:18: unknown algorithm `bucket`, expected one of: fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket, gcra".to_owned(),
+        "many_errors.yaml:31:17: `replaces` names `missing_limit`, but no rule in this domain has that name".to_owned(),
+    ];
+    assert_eq!(lines, expected);
+    // The structured form carries the same positions.
+    assert_eq!(
+        errors.0[0].location,
+        Some(Location {
+            file: "many_errors.yaml".into(),
+            line: 3,
+            column: 10
+        })
+    );
+    assert_eq!(errors.0[0].message, "empty descriptor `key`");
+}
+
+#[test]
+fn errors_of_every_source_are_reported_together() {
+    let sources = [
+        (
+            "bad_syntax.yaml".to_owned(),
+            "domain: [unclosed\n".to_owned(),
+        ),
+        (
+            "good.yaml".to_owned(),
+            "domain: fine\ndescriptors: []\n".to_owned(),
+        ),
+        (
+            "bad_rule.yaml".to_owned(),
+            "domain: b\ndescriptors:\n  - key: ''\n".to_owned(),
+        ),
+    ];
+    let errors = Policy::from_sources(&sources).unwrap_err();
+    let files: Vec<&str> = errors
+        .iter()
+        .map(|e| e.location.as_ref().unwrap().file.as_str())
+        .collect();
+    assert_eq!(files, ["bad_syntax.yaml", "bad_rule.yaml"]);
+    assert!(
+        errors
+            .to_string()
+            .ends_with("bad_rule.yaml:3:10: empty descriptor `key`"),
+        "{errors}"
+    );
+}
+
+#[test]
+fn a_value_with_a_newline_cannot_split_an_error_line() {
+    let lines = errors(
+        "domain: a
+descriptors:
+  - {key: k, value: \"x\\ny\"}
+  - {key: k, value: \"x\\ny\"}
+",
+    );
+    assert_eq!(
+        lines,
+        [
+            "t.yaml:4:5: duplicate descriptor `k` with value `x\\ny` at this level, first defined at t.yaml:3:5"
+        ]
+    );
+}
