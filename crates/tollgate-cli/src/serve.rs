@@ -1,0 +1,168 @@
+//! `tollgate serve`: load the policy, start both transports, stop cleanly on SIGTERM/Ctrl-C.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tollgate::clock::SystemClock;
+use tollgate::limiter::Limiter;
+use tollgate::policy::Policy;
+use tollgate::store::{MemoryStore, StoreBackend};
+use tollgate_server::grpc::RlsService;
+use tracing::{info, warn};
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Policy file, or a directory of `*.yaml` / `*.yml` files.
+    #[arg(long, value_name = "PATH")]
+    config: PathBuf,
+    /// Address of the HTTP/JSON API (`/v1/check`, `/json`, `/healthz`, `/readyz`, `/metrics`).
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
+    http_addr: SocketAddr,
+    /// Address of the Envoy RLS v3 gRPC service.
+    #[arg(long, default_value = "127.0.0.1:8081", value_name = "ADDR")]
+    grpc_addr: SocketAddr,
+    /// How often expired counters are dropped from the in-memory store.
+    #[arg(long, default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
+    sweep_interval: Duration,
+}
+
+fn humantime_duration(s: &str) -> Result<Duration, String> {
+    let parsed = humantime::parse_duration(s)
+        .map_err(|e| format!("`{s}` is not a duration such as 500ms or 2s: {e}"))?;
+    if parsed.is_zero() {
+        return Err("the interval must be greater than zero".into());
+    }
+    Ok(parsed)
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    init_logging();
+    let policy = match Policy::load(&args.config) {
+        Ok(policy) => policy,
+        Err(errors) => {
+            eprintln!("{errors}");
+            eprintln!(
+                "{}: {} problem(s); not starting",
+                args.config.display(),
+                errors.0.len()
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    for rule in policy.rules() {
+        info!(domain = %rule.domain, rule = %rule.name, at = %rule.location, "Loaded rule");
+    }
+    info!(
+        path = %args.config.display(),
+        domains = policy.domains().count(),
+        rules = policy.rules().len(),
+        "Loaded policy"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve(args, policy))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
+async fn serve(args: ServeArgs, policy: Policy) -> anyhow::Result<()> {
+    let clock = Arc::new(SystemClock::new());
+    let memory = MemoryStore::new(clock);
+    let limiter = Arc::new(Limiter::new(policy, StoreBackend::Memory(memory)));
+
+    let http = TcpListener::bind(args.http_addr)
+        .await
+        .with_context(|| format!("cannot listen on {} for HTTP", args.http_addr))?;
+    let grpc = TcpListener::bind(args.grpc_addr)
+        .await
+        .with_context(|| format!("cannot listen on {} for gRPC", args.grpc_addr))?;
+    // Printed on stdout, one line each, so scripts and tests can find ports chosen with `:0`.
+    println!("http listening on {}", http.local_addr()?);
+    println!("grpc listening on {}", grpc.local_addr()?);
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    let sweeper = {
+        let limiter = limiter.clone();
+        let mut rx = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(args.sweep_interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        let StoreBackend::Memory(m) = limiter.store();
+                        m.sweep_now();
+                    }
+                    _ = rx.wait_for(|stop| *stop) => break,
+                }
+            }
+        })
+    };
+
+    let http_server = axum::serve(http, tollgate_server::http::router(limiter.clone()))
+        .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(RlsService::new(limiter.clone()).into_server())
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(grpc),
+            stopped(stop_rx.clone()),
+        );
+
+    let http_task = tokio::spawn(async move { http_server.await });
+    let grpc_task = tokio::spawn(grpc_server);
+
+    shutdown_signal().await;
+    info!("Shutting down: finishing requests in flight");
+    let _ = stop_tx.send(true);
+    if let Err(e) = http_task.await? {
+        warn!(error = %e, "HTTP server stopped with an error");
+    }
+    if let Err(e) = grpc_task.await? {
+        warn!(error = %e, "gRPC server stopped with an error");
+    }
+    let _ = sweeper.await;
+    info!("Stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

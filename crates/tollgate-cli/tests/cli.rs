@@ -1,0 +1,165 @@
+//! The binary's subcommands as a user runs them.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::process::Command;
+
+use support::{Server, binary};
+
+const GOOD: &str = "domain: api
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, unit: day, requests_per_unit: 2}
+  - key: api_key
+    rate_limit: {algorithm: gcra, period: 30s, requests_per_unit: 10, burst: 4}
+";
+
+const BAD: &str = "domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: ip
+    rate_limit: {unit: fortnight, requests_per_unit: 5}
+";
+
+fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> std::path::PathBuf {
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn validate_summarises_a_good_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "good.yaml", GOOD);
+    let out = Command::new(binary())
+        .arg("validate")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("1 domain(s), 2 rule(s)"), "{stdout}");
+    assert!(
+        stdout.contains("per_user: fixed_window 2 per 86400s"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("gcra 10 per 30s burst 4"), "{stdout}");
+}
+
+#[test]
+fn validate_reports_every_problem_with_its_location() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "bad.yaml", BAD);
+    let out = Command::new(binary())
+        .arg("validate")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let file = path.display().to_string();
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with(&file)).collect();
+    assert!(
+        lines.iter().any(|l| l.starts_with(&format!("{file}:4:"))),
+        "{stderr}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with(&format!("{file}:6:")) && l.contains("fortnight")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("2 problem(s) found"), "{stderr}");
+}
+
+#[test]
+fn serve_refuses_an_invalid_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "bad.yaml", BAD);
+    let out = Command::new(binary())
+        .args([
+            "serve",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("fortnight") && stderr.contains("not starting"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for sub in ["serve", "check", "validate"] {
+        let out = Command::new(binary())
+            .args([sub, "--help"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{sub} --help");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("Usage: tollgate"),
+            "{sub}"
+        );
+    }
+}
+
+#[test]
+fn check_prints_the_decision_and_exits_by_verdict() {
+    let server = Server::start(GOOD);
+    let addr = server.url("");
+    let run = || {
+        Command::new(binary())
+            .args([
+                "check",
+                "--domain",
+                "api",
+                "--descriptor",
+                "user=zoe",
+                "--addr",
+                &addr,
+            ])
+            .output()
+            .unwrap()
+    };
+    let first = run();
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    assert_eq!(first.status.code(), Some(0), "{stdout}");
+    assert!(stdout.starts_with("OK (HTTP 200)"), "{stdout}");
+    assert!(
+        stdout.contains("limit `per_user` fixed_window 2 per 86400s, 1 remaining"),
+        "{stdout}"
+    );
+    run();
+    let denied = run();
+    let stdout = String::from_utf8_lossy(&denied.stdout);
+    assert_eq!(denied.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.starts_with("OVER_LIMIT (HTTP 429), retry after"),
+        "{stdout}"
+    );
+
+    let malformed = Command::new(binary())
+        .args([
+            "check",
+            "--domain",
+            "api",
+            "--descriptor",
+            "novalue",
+            "--addr",
+            &addr,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(malformed.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&malformed.stderr).contains("is not key=value"));
+}

@@ -1,0 +1,274 @@
+//! Envoy RLS v3 over a real gRPC socket against the built binary, with tonic's client.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use support::{Server, descriptor};
+use tollgate_core::Algorithm;
+
+const POLICY: &str = r#"
+domain: edge
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, unit: day, requests_per_unit: 5}
+  - key: tenant
+    rate_limit: {name: per_tenant, unit: hour, requests_per_unit: 100}
+    descriptors:
+      - key: path
+        rate_limit: {name: tenant_path, unit: week, requests_per_unit: 2}
+  - key: plan
+    shadow_mode: true
+    rate_limit: {name: candidate, unit: day, requests_per_unit: 1}
+"#;
+
+/// A descriptor's entries and its optional `hits_addend`.
+type Desc<'a> = (&'a [(&'a str, &'a str)], Option<u64>);
+
+fn request(descriptors: Vec<Desc<'_>>, hits: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: descriptors
+            .into_iter()
+            .map(|(entries, hits)| {
+                let mut d = descriptor(entries);
+                d.hits_addend = hits.map(|value| UInt64Value { value });
+                d
+            })
+            .collect(),
+        hits_addend: hits,
+    }
+}
+
+#[tokio::test]
+async fn statuses_come_back_in_order_with_limits_filled() {
+    let server = Server::start(POLICY);
+    let mut client = server.grpc_client().await;
+    let r = client
+        .should_rate_limit(request(
+            vec![
+                (&[("nothing", "x")], None),
+                (&[("tenant", "acme"), ("path", "/a")], None),
+                (&[("user", "u1")], None),
+            ],
+            0,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses.len(), 3);
+    assert!(r.statuses[0].current_limit.is_none());
+    let tenant_path = r.statuses[1].current_limit.as_ref().unwrap();
+    assert_eq!(tenant_path.name, "tenant_path");
+    assert_eq!(tenant_path.requests_per_unit, 2);
+    assert_eq!(tenant_path.unit, 7, "WEEK is 7 in Envoy's enum");
+    assert_eq!(r.statuses[1].limit_remaining, 1);
+    let user = r.statuses[2].current_limit.as_ref().unwrap();
+    assert_eq!((user.name.as_str(), user.unit), ("per_user", 4));
+    assert_eq!(r.statuses[2].limit_remaining, 4);
+    let reset = r.statuses[2].duration_until_reset.unwrap();
+    assert!((0..=86_400).contains(&reset.seconds));
+    // Headers for the binding limit: the one with the least remaining (tenant_path, 1 left).
+    let headers: Vec<(String, String)> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect();
+    assert!(
+        headers.contains(&("x-ratelimit-limit".into(), "2".into())),
+        "{headers:?}"
+    );
+    assert!(headers.contains(&("x-ratelimit-remaining".into(), "1".into())));
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k == "ratelimit-policy" && v == "\"tenant_path\";q=2;w=604800")
+    );
+}
+
+#[tokio::test]
+async fn hits_addend_zero_means_one_and_descriptor_hits_override_the_request() {
+    let server = Server::start(POLICY);
+    let mut client = server.grpc_client().await;
+    let remaining = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        r.statuses[0].limit_remaining
+    };
+    let r = client
+        .should_rate_limit(request(vec![(&[("user", "h")], None)], 0))
+        .await
+        .unwrap();
+    assert_eq!(remaining(r.get_ref()), 4, "0 means 1");
+    let r = client
+        .should_rate_limit(request(vec![(&[("user", "h")], None)], 2))
+        .await
+        .unwrap();
+    assert_eq!(remaining(r.get_ref()), 2, "request-level hits_addend");
+    let r = client
+        .should_rate_limit(request(vec![(&[("user", "h")], Some(1))], 2))
+        .await
+        .unwrap();
+    assert_eq!(remaining(r.get_ref()), 1, "descriptor hits_addend wins");
+    let r = client
+        .should_rate_limit(request(vec![(&[("user", "h")], Some(2))], 0))
+        .await
+        .unwrap();
+    assert_eq!(r.get_ref().overall_code, Code::OverLimit as i32);
+    assert_eq!(remaining(r.get_ref()), 1, "a denial consumes nothing");
+}
+
+#[tokio::test]
+async fn any_denied_descriptor_denies_the_request_and_charges_none() {
+    let server = Server::start(POLICY);
+    let mut client = server.grpc_client().await;
+    // Exhaust tenant_path (2 per week) for acme:/x.
+    for _ in 0..2 {
+        client
+            .should_rate_limit(request(
+                vec![(&[("tenant", "acme"), ("path", "/x")], None)],
+                1,
+            ))
+            .await
+            .unwrap();
+    }
+    let r = client
+        .should_rate_limit(request(
+            vec![
+                (&[("user", "all-or-nothing")], None),
+                (&[("tenant", "acme"), ("path", "/x")], None),
+            ],
+            1,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].code, Code::Ok as i32);
+    assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
+    // The user limit was not charged by the denied request.
+    let r = client
+        .should_rate_limit(request(vec![(&[("user", "all-or-nothing")], None)], 1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+}
+
+#[tokio::test]
+async fn shadow_mode_never_denies() {
+    let server = Server::start(POLICY);
+    let mut client = server.grpc_client().await;
+    for _ in 0..3 {
+        let r = client
+            .should_rate_limit(request(vec![(&[("plan", "free")], None)], 1))
+            .await
+            .unwrap();
+        assert_eq!(r.get_ref().overall_code, Code::Ok as i32);
+        assert_eq!(r.get_ref().statuses[0].code, Code::Ok as i32);
+    }
+}
+
+#[tokio::test]
+async fn limit_overrides_from_the_request_apply() {
+    let server = Server::start(POLICY);
+    let mut client = server.grpc_client().await;
+    let mut req = request(vec![(&[("user", "vip")], None)], 1);
+    req.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 4,
+    });
+    let r = client
+        .should_rate_limit(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (1, 4));
+    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+}
+
+#[tokio::test]
+async fn invalid_requests_are_invalid_argument() {
+    let server = Server::start(POLICY);
+    let mut client = server.grpc_client().await;
+    let cases = [
+        (
+            RateLimitRequest {
+                domain: String::new(),
+                ..request(vec![(&[("user", "a")], None)], 1)
+            },
+            "domain",
+        ),
+        (request(vec![], 1), "no descriptors"),
+        (request(vec![(&[("", "a")], None)], 1), "empty key"),
+        (
+            request(vec![(&[("user", "a")], Some(5_000_000_000))], 1),
+            "above the maximum",
+        ),
+    ];
+    for (req, expected) in cases {
+        let status = client.should_rate_limit(req).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains(expected), "{}", status.message());
+    }
+    let r = client
+        .should_rate_limit(request(vec![(&[("user", "a")], None)], 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.get_ref().statuses[0].limit_remaining,
+        4,
+        "nothing was charged before"
+    );
+}
+
+/// 64 concurrent callers on one key with a limit of 100 get exactly 100 allowed, for every
+/// algorithm, through the real server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_the_limit_is_admitted_under_concurrency_for_every_algorithm() {
+    let mut policy = String::from("domain: race\ndescriptors:\n");
+    for algorithm in Algorithm::ALL {
+        policy.push_str(&format!(
+            "  - key: {algorithm}\n    rate_limit: {{algorithm: {algorithm}, unit: day, requests_per_unit: 100}}\n"
+        ));
+    }
+    let server = Server::start(&policy);
+    for algorithm in Algorithm::ALL {
+        let allowed = Arc::new(AtomicU64::new(0));
+        let mut callers = Vec::new();
+        for _ in 0..64 {
+            let mut client = server.grpc_client().await;
+            let allowed = allowed.clone();
+            let key = algorithm.name();
+            callers.push(tokio::spawn(async move {
+                for _ in 0..4 {
+                    let req = RateLimitRequest {
+                        domain: "race".into(),
+                        descriptors: vec![descriptor(&[(key, "hot")])],
+                        hits_addend: 1,
+                    };
+                    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+                    if r.overall_code == Code::Ok as i32 {
+                        allowed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }));
+        }
+        for c in callers {
+            c.await.unwrap();
+        }
+        assert_eq!(
+            allowed.load(Ordering::SeqCst),
+            100,
+            "{algorithm}: 256 requests, limit 100"
+        );
+    }
+}

@@ -1,0 +1,274 @@
+//! The HTTP API over a real socket against the built binary.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use serde_json::{Value, json};
+use support::Server;
+
+const POLICY: &str = r#"
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, unit: day, requests_per_unit: 3}
+  - key: backend
+    rate_limit: {name: shaper, algorithm: leaky_bucket, unit: second, requests_per_unit: 2, burst: 4}
+  - key: plan
+    shadow_mode: true
+    rate_limit: {name: candidate, unit: day, requests_per_unit: 1}
+"#;
+
+fn check_body(key: &str, value: &str, hits: Option<u64>) -> Value {
+    let mut body =
+        json!({"domain": "api", "descriptors": [{"entries": [{"key": key, "value": value}]}]});
+    if let Some(h) = hits {
+        body["hits_addend"] = json!(h);
+    }
+    body
+}
+
+async fn post(server: &Server, path: &str, body: &Value) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(server.url(path))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn header<'a>(r: &'a reqwest::Response, name: &str) -> Option<&'a str> {
+    r.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+#[tokio::test]
+async fn allows_up_to_the_limit_then_answers_429_with_headers() {
+    let server = Server::start(POLICY);
+    for expected_remaining in ["2", "1", "0"] {
+        let r = post(&server, "/v1/check", &check_body("user", "alice", None)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-ratelimit-limit"), Some("3"));
+        assert_eq!(
+            header(&r, "x-ratelimit-remaining"),
+            Some(expected_remaining)
+        );
+        assert_eq!(
+            header(&r, "ratelimit-policy"),
+            Some("\"per_user\";q=3;w=86400")
+        );
+        assert!(header(&r, "retry-after").is_none());
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["allowed"], true);
+        assert_eq!(body["overall_code"], "OK");
+        assert_eq!(body["statuses"][0]["limit_name"], "per_user");
+    }
+    let r = post(&server, "/v1/check", &check_body("user", "alice", None)).await;
+    assert_eq!(r.status(), 429);
+    let retry: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
+    let reset: u64 = header(&r, "x-ratelimit-reset").unwrap().parse().unwrap();
+    assert!((1..=86_400).contains(&retry), "retry-after {retry}");
+    assert_eq!(retry, reset, "a fixed window clears when it resets");
+    let rl = header(&r, "ratelimit").unwrap().to_owned();
+    assert_eq!(rl, format!("\"per_user\";r=0;t={reset}"));
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["allowed"], false);
+    assert_eq!(body["overall_code"], "OVER_LIMIT");
+    assert_eq!(body["statuses"][0]["code"], "OVER_LIMIT");
+    assert_eq!(body["statuses"][0]["remaining"], 0);
+    let retry_ms = body["statuses"][0]["retry_after_ms"].as_u64().unwrap();
+    assert!(retry_ms <= retry * 1000 && retry_ms > (retry - 1) * 1000);
+
+    // Another user has a counter of their own.
+    let r = post(&server, "/v1/check", &check_body("user", "bob", None)).await;
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn bad_input_is_a_400_that_names_the_problem_and_counts_nothing() {
+    let server = Server::start(POLICY);
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"{not json".to_vec(), "invalid JSON"),
+        (br#"{"domain": "", "descriptors": [{"entries": [{"key": "user", "value": "a"}]}]}"#.to_vec(), "domain must not be empty"),
+        (br#"{"domain": "api", "descriptors": [{"entries": [{"key": "", "value": "a"}]}]}"#.to_vec(), "empty key"),
+        (br#"{"domain": "api", "descriptors": []}"#.to_vec(), "no descriptors"),
+        (br#"{"domain": "api", "descriptors": [{"entries": []}]}"#.to_vec(), "no entries"),
+        (br#"{"domain": "api", "hits_addend": 0, "descriptors": [{"entries": [{"key": "user", "value": "a"}]}]}"#.to_vec(), "at least 1"),
+        (br#"{"domain": "api", "hits_addend": -5, "descriptors": [{"entries": [{"key": "user", "value": "a"}]}]}"#.to_vec(), "invalid value: integer `-5`"),
+        (br#"{"domain": "api", "descriptors": [{"hits_addend": 99999999999, "entries": [{"key": "user", "value": "a"}]}]}"#.to_vec(), "above the maximum"),
+        (br#"{"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "a"}]}], "colour": "red"}"#.to_vec(), "unknown field `colour`"),
+    ];
+    for (body, expected) in cases {
+        let r = reqwest::Client::new()
+            .post(server.url("/v1/check"))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "body {}", String::from_utf8_lossy(&body));
+        let answer: Value = r.json().await.unwrap();
+        let message = answer["error"].as_str().unwrap();
+        assert!(
+            message.contains(expected),
+            "`{message}` should mention `{expected}`"
+        );
+    }
+    // Nothing was charged: user `a` still has the full quota.
+    let r = post(&server, "/v1/check", &check_body("user", "a", None)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-ratelimit-remaining"), Some("2"));
+}
+
+#[tokio::test]
+async fn cost_above_capacity_is_a_distinct_denial_without_retry_after() {
+    let server = Server::start(POLICY);
+    let r = post(&server, "/v1/check", &check_body("user", "carol", Some(4))).await;
+    assert_eq!(r.status(), 429);
+    assert!(
+        header(&r, "retry-after").is_none(),
+        "retrying can never help"
+    );
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["statuses"][0]["reason"], "cost_exceeds_capacity");
+    assert!(body["statuses"][0]["retry_after_ms"].is_null());
+    // Nothing was consumed: a cost of 3 still fits.
+    let r = post(&server, "/v1/check", &check_body("user", "carol", Some(3))).await;
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn leaky_bucket_answers_carry_the_shaping_delay() {
+    let server = Server::start(POLICY);
+    let mut delays = Vec::new();
+    for _ in 0..4 {
+        let r = post(
+            &server,
+            "/v1/check",
+            &check_body("backend", "reports", None),
+        )
+        .await;
+        assert_eq!(r.status(), 200);
+        let body: Value = r.json().await.unwrap();
+        delays.push(body["statuses"][0]["delay_ms"].as_u64().unwrap());
+    }
+    // Output spaced at 2 per second: each request waits ~500 ms more than the one before.
+    assert_eq!(delays[0], 0);
+    for pair in delays.windows(2) {
+        let step = pair[1] as i64 - pair[0] as i64;
+        assert!((400..=500).contains(&step), "delays {delays:?}");
+    }
+    let r = post(
+        &server,
+        "/v1/check",
+        &check_body("backend", "reports", None),
+    )
+    .await;
+    assert_eq!(r.status(), 429, "the queue of 4 is full");
+}
+
+#[tokio::test]
+async fn shadow_rules_count_but_never_deny() {
+    let server = Server::start(POLICY);
+    for i in 0..3 {
+        let r = post(&server, "/v1/check", &check_body("plan", "free", None)).await;
+        assert_eq!(r.status(), 200);
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(
+            body["statuses"][0]["shadow_would_deny"]
+                .as_bool()
+                .unwrap_or(false),
+            i > 0
+        );
+    }
+    let metrics = reqwest::get(server.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"tollgate_decisions_total{domain="api",rule="candidate",outcome="shadow_would_deny"} 2"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains(
+        r#"tollgate_decisions_total{domain="api",rule="candidate",outcome="allowed"} 1"#
+    ));
+}
+
+#[tokio::test]
+async fn unmatched_descriptors_are_allowed_without_rate_limit_headers() {
+    let server = Server::start(POLICY);
+    let r = post(&server, "/v1/check", &check_body("nothing", "here", None)).await;
+    assert_eq!(r.status(), 200);
+    assert!(header(&r, "x-ratelimit-limit").is_none());
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["statuses"][0]["code"], "OK");
+    assert!(body["statuses"][0].get("limit_name").is_none());
+}
+
+#[tokio::test]
+async fn envoy_json_endpoint_speaks_proto3_json() {
+    let server = Server::start(POLICY);
+    let body = json!({
+        "domain": "api",
+        "descriptors": [
+            {"entries": [{"key": "user", "value": "dave"}], "hitsAddend": "2"},
+            {"entries": [{"key": "nothing", "value": "x"}]}
+        ]
+    });
+    let r = post(&server, "/json", &body).await;
+    assert_eq!(r.status(), 200);
+    let answer: Value = r.json().await.unwrap();
+    assert_eq!(answer["overallCode"], "OK");
+    assert_eq!(answer["statuses"][0]["currentLimit"]["name"], "per_user");
+    assert_eq!(answer["statuses"][0]["currentLimit"]["unit"], "DAY");
+    assert_eq!(answer["statuses"][0]["limitRemaining"], 1);
+    assert!(
+        answer["statuses"][0]["durationUntilReset"]
+            .as_str()
+            .unwrap()
+            .ends_with('s')
+    );
+    assert!(answer["statuses"][1].get("currentLimit").is_none());
+    let r = post(&server, "/json", &json!({"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "dave"}], "hits_addend": 2}]})).await;
+    assert_eq!(r.status(), 429);
+    let answer: Value = r.json().await.unwrap();
+    assert_eq!(answer["overallCode"], "OVER_LIMIT");
+    let r = post(&server, "/json", &json!({"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "x"}], "bogus": 1}]})).await;
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics() {
+    let server = Server::start(POLICY);
+    let r = reqwest::get(server.url("/healthz")).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = reqwest::get(server.url("/readyz")).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("3 rules"));
+    post(&server, "/v1/check", &check_body("user", "erin", None)).await;
+    let metrics = reqwest::get(server.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            r#"tollgate_decisions_total{domain="api",rule="per_user",outcome="allowed"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            r#"tollgate_decisions_total{domain="api",rule="per_user",outcome="denied"} 0"#
+        )
+    );
+    assert!(metrics.contains("tollgate_store_keys 1"));
+}
+
+#[test]
+fn sigterm_stops_the_server_cleanly() {
+    let server = Server::start(POLICY);
+    let status = server.stop();
+    assert!(status.success(), "exit status {status:?}");
+}

@@ -1,0 +1,41 @@
+//! A real third-party Envoy RLS client (Python grpcio + envoy-data-plane) against the binary.
+//!
+//! The interpreter is `$TOLLGATE_PYTHON` (the test command points it at a virtualenv with
+//! `tests/interop/requirements.txt`), else `python3`. Missing packages fail the test; they are
+//! never a silent skip.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use support::Server;
+
+const POLICY: &str = r#"
+domain: interop
+descriptors:
+  - key: client
+    rate_limit: {name: per_client, unit: day, requests_per_unit: 3}
+"#;
+
+#[test]
+fn python_grpcio_client_gets_envoy_semantics() {
+    let server = Server::start(POLICY);
+    let python = std::env::var("TOLLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/envoy_rls_client.py");
+    let output = Command::new(&python)
+        .arg(&script)
+        .arg(server.grpc.to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "interop client failed ({}):\n{stdout}\n{stderr}\n(install with: pip install -r tests/interop/requirements.txt)",
+        output.status
+    );
+    assert!(stdout.contains("interop ok"), "{stdout}");
+}

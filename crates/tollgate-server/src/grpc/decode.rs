@@ -1,0 +1,54 @@
+//! Wire request → [`CheckRequest`].
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tollgate::limiter::{
+    CheckRequest, InvalidRequest, LimitOverride, RequestDescriptor, check_cost,
+};
+
+use crate::units::period_of_unit;
+
+/// Validates an RLS request.
+pub fn decode_request(request: &RateLimitRequest) -> Result<CheckRequest, InvalidRequest> {
+    // proto3 cannot tell 0 from unset: Envoy documents 0 as "1 hit".
+    let request_cost = u64::from(request.hits_addend.max(1));
+    let mut descriptors = Vec::with_capacity(request.descriptors.len());
+    for (i, d) in request.descriptors.iter().enumerate() {
+        if d.is_negative_hits {
+            // Refunds arrive with the Redis work; refusing is better than silently charging.
+            return Err(InvalidRequest(format!(
+                "descriptor {i}: is_negative_hits is not supported"
+            )));
+        }
+        // A per-descriptor hits_addend overrides the request's; its 0 also means 1.
+        let cost = match &d.hits_addend {
+            Some(v) => v.value.max(1),
+            None => request_cost,
+        };
+        let cost = check_cost(cost).map_err(|e| InvalidRequest(format!("descriptor {i}: {e}")))?;
+        let limit_override = match &d.limit {
+            None => None,
+            Some(l) => {
+                let period = period_of_unit(l.unit).ok_or_else(|| {
+                    InvalidRequest(format!(
+                        "descriptor {i}: limit override has unknown unit {}",
+                        l.unit
+                    ))
+                })?;
+                Some(
+                    LimitOverride::new(u64::from(l.requests_per_unit), period)
+                        .map_err(|e| InvalidRequest(format!("descriptor {i}: {e}")))?,
+                )
+            }
+        };
+        let entries = d
+            .entries
+            .iter()
+            .map(|e| (e.key.clone(), e.value.clone()))
+            .collect();
+        descriptors.push(
+            RequestDescriptor::new(entries, cost, limit_override)
+                .map_err(|e| InvalidRequest(format!("descriptor {i}: {e}")))?,
+        );
+    }
+    CheckRequest::new(request.domain.clone(), descriptors)
+}

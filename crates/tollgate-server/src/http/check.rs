@@ -1,0 +1,184 @@
+//! `POST /v1/check`: tollgate's own JSON API.
+//!
+//! Request: `{"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "alice"}],
+//! "hits_addend": 1}], "hits_addend": 1}`. `hits_addend` is optional at both levels (default 1;
+//! the descriptor's wins); an explicit 0 is an error here, unlike in proto3 where 0 means unset.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use tollgate::limiter::{
+    CheckRequest, CheckResponse, Code, DescriptorStatus, InvalidRequest, LimitOverride, Limiter,
+    RequestDescriptor, check_cost,
+};
+use tollgate_core::Verdict;
+
+use super::{add_rate_limit_headers, decision_status, error_response, limit_error_response};
+use crate::units::{period_of_unit, unit_from_name};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireRequest {
+    domain: String,
+    descriptors: Vec<WireDescriptor>,
+    #[serde(default)]
+    hits_addend: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireDescriptor {
+    entries: Vec<WireEntry>,
+    #[serde(default)]
+    hits_addend: Option<u64>,
+    #[serde(default)]
+    limit: Option<WireLimit>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireEntry {
+    key: String,
+    value: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireLimit {
+    requests_per_unit: u64,
+    unit: String,
+}
+
+impl TryFrom<WireRequest> for CheckRequest {
+    type Error = InvalidRequest;
+
+    fn try_from(wire: WireRequest) -> Result<Self, Self::Error> {
+        let request_cost = check_cost(wire.hits_addend.unwrap_or(1))?;
+        let descriptors = wire
+            .descriptors
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let at = |e: InvalidRequest| InvalidRequest(format!("descriptor {i}: {e}"));
+                let cost = d.hits_addend.map(check_cost).transpose().map_err(at)?;
+                let limit_override = d
+                    .limit
+                    .map(|l| {
+                        let period = unit_from_name(&l.unit)
+                            .and_then(period_of_unit)
+                            .ok_or_else(|| InvalidRequest(format!("unknown unit `{}`", l.unit)))?;
+                        LimitOverride::new(l.requests_per_unit, period)
+                    })
+                    .transpose()
+                    .map_err(at)?;
+                let entries = d.entries.into_iter().map(|e| (e.key, e.value)).collect();
+                RequestDescriptor::new(entries, cost.unwrap_or(request_cost), limit_override)
+                    .map_err(at)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        CheckRequest::new(wire.domain, descriptors)
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct WireResponse<'a> {
+    allowed: bool,
+    overall_code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
+    statuses: Vec<WireStatus<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct WireStatus<'a> {
+    code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit_name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    algorithm: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    period_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remaining: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reset_after_ms: Option<u64>,
+    retry_after_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delay_ms: Option<u64>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    shadow_would_deny: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'static str>,
+}
+
+pub(super) fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::OverLimit => "OVER_LIMIT",
+    }
+}
+
+/// Milliseconds, rounded up so a caller waiting that long is never early.
+fn ceil_ms(d: std::time::Duration) -> u64 {
+    let ms = d.as_millis() + u128::from(!d.as_nanos().is_multiple_of(1_000_000));
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+fn wire_status(status: &DescriptorStatus) -> WireStatus<'_> {
+    let decision = status.decision;
+    let params = status.limit.as_ref().and_then(|l| l.params());
+    WireStatus {
+        code: code_name(status.code),
+        limit_name: status.limit.as_ref().map(|l| l.name()),
+        algorithm: params.map(|p| p.algorithm().name()),
+        limit: decision.map(|d| d.limit),
+        period_ms: params.map(|p| ceil_ms(p.period())),
+        remaining: decision.map(|d| d.remaining),
+        reset_after_ms: decision.map(|d| ceil_ms(d.reset_after)),
+        retry_after_ms: decision.and_then(|d| d.retry_after).map(ceil_ms),
+        delay_ms: decision.map(|d| ceil_ms(d.delay)),
+        shadow_would_deny: status.shadow_would_deny,
+        reason: match decision.map(|d| d.verdict) {
+            Some(Verdict::CostExceedsCapacity) => Some("cost_exceeds_capacity"),
+            Some(Verdict::Denied) if status.code == Code::OverLimit => Some("over_limit"),
+            _ => None,
+        },
+    }
+}
+
+fn encode(decided: &CheckResponse) -> WireResponse<'_> {
+    WireResponse {
+        allowed: decided.allowed(),
+        overall_code: code_name(decided.overall),
+        retry_after_ms: decided.retry_after().map(ceil_ms),
+        statuses: decided.statuses.iter().map(wire_status).collect(),
+    }
+}
+
+pub async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
+    let wire: WireRequest = match serde_json::from_slice(&body) {
+        Ok(w) => w,
+        Err(e) => {
+            return error_response(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}"));
+        }
+    };
+    let request = match CheckRequest::try_from(wire) {
+        Ok(r) => r,
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, format!("invalid request: {e}")),
+    };
+    match limiter.check(&request).await {
+        Ok(decided) => {
+            let mut response =
+                (decision_status(&decided), axum::Json(encode(&decided))).into_response();
+            add_rate_limit_headers(response.headers_mut(), &decided);
+            response
+        }
+        Err(e) => limit_error_response(&e),
+    }
+}

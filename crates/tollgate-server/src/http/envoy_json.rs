@@ -1,0 +1,245 @@
+//! `POST /json`: envoyproxy/ratelimit's HTTP endpoint. The body is a `RateLimitRequest` in
+//! proto3 JSON (lowerCamelCase or original field names; 64-bit integers as numbers or strings;
+//! enums by name or number); the answer is a `RateLimitResponse` in proto3 JSON with `200` when
+//! OK and `429` when over the limit. The JSON is mapped onto the protobuf types and then goes
+//! through exactly the same decoder and encoder as gRPC.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use serde::{Deserialize, Deserializer};
+use serde_json::{Value, json};
+use tollgate::limiter::Limiter;
+
+use super::{add_rate_limit_headers, decision_status, error_response, limit_error_response};
+use crate::grpc::{decode_request, encode_response};
+use crate::units::{unit_from_name, unit_name};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonRequest {
+    #[serde(default)]
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<JsonDescriptor>,
+    #[serde(
+        default,
+        alias = "hits_addend",
+        rename = "hitsAddend",
+        deserialize_with = "uint"
+    )]
+    hits_addend: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonDescriptor {
+    #[serde(default)]
+    entries: Vec<JsonEntry>,
+    #[serde(default)]
+    limit: Option<JsonOverride>,
+    #[serde(
+        default,
+        alias = "hits_addend",
+        rename = "hitsAddend",
+        deserialize_with = "uint"
+    )]
+    hits_addend: Option<u64>,
+    #[serde(default, alias = "is_negative_hits", rename = "isNegativeHits")]
+    is_negative_hits: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEntry {
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonOverride {
+    #[serde(
+        default,
+        alias = "requests_per_unit",
+        rename = "requestsPerUnit",
+        deserialize_with = "uint"
+    )]
+    requests_per_unit: Option<u64>,
+    #[serde(default)]
+    unit: Option<Value>,
+}
+
+/// proto3 JSON integers: a number or a decimal string.
+fn uint<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    use serde::de::Error;
+    match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| D::Error::custom(format!("`{n}` is not an unsigned integer"))),
+        Some(Value::String(s)) => s
+            .parse()
+            .map(Some)
+            .map_err(|_| D::Error::custom(format!("`{s}` is not an unsigned integer"))),
+        Some(other) => Err(D::Error::custom(format!(
+            "expected an unsigned integer, got {other}"
+        ))),
+    }
+}
+
+fn u32_field(name: &str, v: Option<u64>) -> Result<u32, String> {
+    u32::try_from(v.unwrap_or(0)).map_err(|_| format!("{name} does not fit in uint32"))
+}
+
+fn unit_number(unit: Option<&Value>) -> Result<i32, String> {
+    match unit {
+        None => Ok(0),
+        Some(Value::String(s)) => unit_from_name(s).ok_or_else(|| format!("unknown unit `{s}`")),
+        Some(Value::Number(n)) => n
+            .as_i64()
+            .and_then(|n| i32::try_from(n).ok())
+            .ok_or_else(|| format!("unknown unit `{n}`")),
+        Some(other) => Err(format!("unknown unit `{other}`")),
+    }
+}
+
+impl TryFrom<JsonRequest> for RateLimitRequest {
+    type Error = String;
+
+    fn try_from(json: JsonRequest) -> Result<Self, String> {
+        let descriptors = json
+            .descriptors
+            .into_iter()
+            .map(|d| {
+                let limit = d
+                    .limit
+                    .map(|l| -> Result<_, String> {
+                        Ok(RateLimitOverride {
+                            requests_per_unit: u32_field("requestsPerUnit", l.requests_per_unit)?,
+                            unit: unit_number(l.unit.as_ref())?,
+                        })
+                    })
+                    .transpose()?;
+                Ok(RateLimitDescriptor {
+                    entries: d
+                        .entries
+                        .into_iter()
+                        .map(|e| Entry {
+                            key: e.key,
+                            value: e.value,
+                        })
+                        .collect(),
+                    limit,
+                    hits_addend: d.hits_addend.map(|value| UInt64Value { value }),
+                    is_negative_hits: d.is_negative_hits,
+                })
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(RateLimitRequest {
+            domain: json.domain,
+            descriptors,
+            hits_addend: u32_field("hitsAddend", json.hits_addend)?,
+        })
+    }
+}
+
+/// Renders the protobuf response in proto3 JSON.
+fn response_json(
+    response: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse,
+) -> Value {
+    let code = |c: i32| match c {
+        1 => "OK",
+        2 => "OVER_LIMIT",
+        _ => "UNKNOWN",
+    };
+    let statuses: Vec<Value> = response
+        .statuses
+        .iter()
+        .map(|s| {
+            let mut v = json!({ "code": code(s.code) });
+            if let Some(l) = &s.current_limit {
+                v["currentLimit"] = json!({
+                    "name": l.name,
+                    "requestsPerUnit": l.requests_per_unit,
+                    "unit": unit_name(l.unit),
+                });
+                v["limitRemaining"] = json!(s.limit_remaining);
+            }
+            if let Some(d) = &s.duration_until_reset {
+                v["durationUntilReset"] = json!(proto_duration(d.seconds, d.nanos));
+            }
+            v
+        })
+        .collect();
+    let headers: Vec<Value> = response
+        .response_headers_to_add
+        .iter()
+        .map(|h| json!({ "key": h.key, "value": h.value }))
+        .collect();
+    json!({
+        "overallCode": code(response.overall_code),
+        "statuses": statuses,
+        "responseHeadersToAdd": headers,
+    })
+}
+
+/// proto3 JSON `Duration`: seconds with up to nine fractional digits and an `s` suffix.
+fn proto_duration(seconds: i64, nanos: i32) -> String {
+    if nanos == 0 {
+        format!("{seconds}s")
+    } else {
+        let frac = format!("{nanos:09}");
+        format!("{seconds}.{}s", frac.trim_end_matches('0'))
+    }
+}
+
+pub async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
+    let json: JsonRequest = match serde_json::from_slice(&body) {
+        Ok(j) => j,
+        Err(e) => {
+            return error_response(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}"));
+        }
+    };
+    let wire = match RateLimitRequest::try_from(json) {
+        Ok(w) => w,
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, format!("invalid request: {e}")),
+    };
+    let request = match decode_request(&wire) {
+        Ok(r) => r,
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, format!("invalid request: {e}")),
+    };
+    match limiter.check(&request).await {
+        Ok(decided) => {
+            let body = response_json(&encode_response(&decided));
+            let mut response = (decision_status(&decided), axum::Json(body)).into_response();
+            add_rate_limit_headers(response.headers_mut(), &decided);
+            response
+        }
+        Err(e) => limit_error_response(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_use_proto3_json_form() {
+        assert_eq!(proto_duration(59, 0), "59s");
+        assert_eq!(proto_duration(1, 500_000_000), "1.5s");
+        assert_eq!(proto_duration(0, 1), "0.000000001s");
+    }
+}

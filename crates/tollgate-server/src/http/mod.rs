@@ -1,0 +1,73 @@
+//! The HTTP/JSON API.
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /v1/check` | tollgate's JSON API: `200` allowed, `429` denied, `400` invalid |
+//! | `POST /json` | envoyproxy/ratelimit's proto3-JSON endpoint, for drop-in users |
+//! | `GET /healthz` | the process is up |
+//! | `GET /readyz` | a policy is loaded and the store answers |
+//! | `GET /metrics` | Prometheus text |
+
+mod check;
+mod envoy_json;
+mod ops;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+use tollgate::limiter::{CheckResponse, LimitError, Limiter};
+
+use crate::ErrorClass;
+use crate::headers::rate_limit_headers;
+
+/// Largest accepted request body.
+const MAX_BODY: usize = 64 * 1024;
+
+/// The HTTP routes over a shared [`Limiter`].
+pub fn router(limiter: Arc<Limiter>) -> Router {
+    Router::new()
+        .route("/v1/check", post(check::check))
+        .route("/json", post(envoy_json::check))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(limiter)
+}
+
+/// A JSON error body: `{"error": "..."}`.
+#[derive(Debug, Serialize)]
+struct ErrorBody {
+    error: String,
+}
+
+/// An error response with the status from the shared error table.
+fn error_response(status: StatusCode, message: String) -> Response {
+    (status, axum::Json(ErrorBody { error: message })).into_response()
+}
+
+fn limit_error_response(error: &LimitError) -> Response {
+    error_response(ErrorClass::of(error).http_status(), error.to_string())
+}
+
+/// Adds the rate-limit headers of `decided` to `headers`.
+fn add_rate_limit_headers(headers: &mut HeaderMap, decided: &CheckResponse) {
+    for (name, value) in rate_limit_headers(decided) {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    }
+}
+
+/// 200 when allowed, 429 when denied.
+fn decision_status(decided: &CheckResponse) -> StatusCode {
+    if decided.allowed() {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    }
+}

@@ -1,0 +1,14 @@
+//! Transports for tollgate. Each handler is decode → [`tollgate::limiter::Limiter::check`] →
+//! encode; protocol quirks live in the decoders.
+//!
+//! - [`grpc`]: serves `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
+//! - [`http`]: serves `POST /v1/check`, `POST /json` (envoyproxy/ratelimit's proto3-JSON), health and
+//!   Prometheus metrics.
+
+mod error_map;
+pub mod grpc;
+mod headers;
+pub mod http;
+mod units;
+
+pub use error_map::ErrorClass;

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs what the tests need, then runs format,
+# lint and every test. Usage: scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Build output lives outside the clone so repeated runs (and CI on the same machine) reuse it.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/tollgate-target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "Python interop client (grpcio + envoy-data-plane) in /var/tmp/tollgate-venv"
+venv=/var/tmp/tollgate-venv
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/interop/requirements.txt
+export TOLLGATE_PYTHON="$venv/bin/python"
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked

@@ -1,0 +1,81 @@
+"""Drives tollgate's gRPC API with a third-party Envoy RLS v3 client.
+
+grpcio carries the calls; the message classes come from the `envoy-data-plane` package
+(generated from Envoy's own protos), so the bytes on the wire are exactly what any other RLS
+client would send. Usage: envoy_rls_client.py HOST:PORT. The policy the server runs is in
+crates/tollgate-cli/tests/e2e_python_grpcio.rs. Exits non-zero with a message on any mismatch.
+"""
+
+import sys
+
+import grpc
+from envoy_data_plane.envoy.extensions.common.ratelimit.v3 import (
+    RateLimitDescriptor,
+    RateLimitDescriptorEntry,
+)
+from envoy_data_plane.envoy.service.ratelimit.v3 import (
+    RateLimitRequest,
+    RateLimitResponseCode,
+    RateLimitServiceSyncStub,
+)
+
+
+def check(stub, entries, hits=0):
+    request = RateLimitRequest(
+        domain="interop",
+        descriptors=[
+            RateLimitDescriptor(entries=[RateLimitDescriptorEntry(key=k, value=v) for k, v in e])
+            for e in entries
+        ],
+        hits_addend=hits,
+    )
+    return stub.should_rate_limit(request)
+
+
+def expect(condition, message):
+    if not condition:
+        print("FAIL:", message, file=sys.stderr)
+        sys.exit(1)
+
+
+def main():
+    target = sys.argv[1]
+    with grpc.insecure_channel(target) as channel:
+        grpc.channel_ready_future(channel).result(timeout=10)
+        stub = RateLimitServiceSyncStub(channel)
+
+        codes = []
+        for _ in range(4):
+            response = check(stub, [[("client", "py")]])
+            codes.append(response.overall_code)
+            status = response.statuses[0]
+            expect(status.current_limit.name == "per_client", f"limit name {status.current_limit.name!r}")
+            expect(status.current_limit.requests_per_unit == 3, "requests_per_unit")
+        expect(
+            codes == [RateLimitResponseCode.OK] * 3 + [RateLimitResponseCode.OVER_LIMIT],
+            f"codes {codes}",
+        )
+        denied = check(stub, [[("client", "py")]])
+        expect(denied.statuses[0].limit_remaining == 0, "remaining after the limit")
+        reset = denied.statuses[0].duration_until_reset
+        expect(reset is not None and reset.total_seconds() > 0, f"duration_until_reset {reset}")
+        headers = {h.key: h.value for h in denied.response_headers_to_add}
+        expect(headers.get("x-ratelimit-limit") == "3", f"headers {headers}")
+        expect(int(headers.get("retry-after", "0")) >= 1, f"headers {headers}")
+
+        # Two descriptors, statuses in request order; hits_addend weighs the request.
+        response = check(stub, [[("unknown", "x")], [("client", "heavy")]], hits=2)
+        expect(response.overall_code == RateLimitResponseCode.OK, "weighted request allowed")
+        expect(response.statuses[0].current_limit is None, "unmatched descriptor has no limit")
+        expect(response.statuses[1].limit_remaining == 1, f"remaining {response.statuses[1].limit_remaining}")
+
+        try:
+            check(stub, [[("", "empty key")]])
+            expect(False, "an empty key must be rejected")
+        except grpc.RpcError as error:
+            expect(error.code() == grpc.StatusCode.INVALID_ARGUMENT, f"code {error.code()}")
+    print("interop ok: 4 checks, 1 weighted request, 1 invalid request")
+
+
+if __name__ == "__main__":
+    main()
