@@ -10,6 +10,14 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 step() { printf '\n==> %s\n' "$*"; }
 
+step "redis-server and redis-cli (Redis and Redis Cluster tests start real servers)"
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools >/dev/null
+fi
+redis-server --version
+
 step "Python interop client (grpcio + envoy-data-plane) in /var/tmp/tollgate-venv"
 venv=/var/tmp/tollgate-venv
 if [ ! -x "$venv/bin/python" ]; then
