@@ -42,6 +42,7 @@ mod cluster;
 mod deadline;
 mod node;
 mod port;
+mod proxy;
 mod resp;
 mod server;
 mod slot;
@@ -50,5 +51,6 @@ pub use binary::{redis_binary, redis_cli_binary};
 pub use cluster::{
     ClusterNode, DEFAULT_CLUSTER_TIMEOUT, NodeRole, RedisCluster, RedisClusterBuilder,
 };
+pub use proxy::{FaultProxy, Mode};
 pub use server::{DEFAULT_READY_TIMEOUT, RedisServer, RedisServerBuilder};
 pub use slot::{SLOT_COUNT, key_slot};
