@@ -11,9 +11,10 @@ use clap::Args;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tollgate::clock::SystemClock;
-use tollgate::limiter::Limiter;
+use tollgate::limiter::{FailureSettings, Limiter};
 use tollgate::policy::Policy;
-use tollgate::store::{MemoryStore, StoreBackend};
+use tollgate::resilience::{BreakerConfig, Posture};
+use tollgate::store::{RedisOptions, StoreBackend, StoreUrl};
 use tollgate_server::grpc::RlsService;
 use tracing::{info, warn};
 
@@ -28,9 +29,48 @@ pub struct ServeArgs {
     /// Address of the Envoy RLS v3 gRPC service.
     #[arg(long, default_value = "127.0.0.1:8081", value_name = "ADDR")]
     grpc_addr: SocketAddr,
+    /// Where counters live: `memory` (embedded, the default), `redis://[user:pass@]host:port[/db]`,
+    /// `rediss://...` (TLS), or `redis+cluster://host:port[,host:port...]`.
+    #[arg(
+        long,
+        default_value = "memory",
+        value_name = "URL",
+        env = "TOLLGATE_STORE"
+    )]
+    store: StoreUrl,
+    /// Deadline of every Redis call; keep it well under Envoy's 20 ms request timeout.
+    #[arg(long, default_value = "10ms", value_parser = humantime_duration, value_name = "DURATION")]
+    store_timeout: Duration,
+    /// Time allowed to open a Redis connection.
+    #[arg(long, default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
+    store_connect_timeout: Duration,
+    /// Decisions allowed to wait on Redis at once; more are answered by the failure posture.
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    store_max_in_flight: usize,
+    /// Failure posture of limits without `on_store_error`: open (allow, marked degraded),
+    /// closed (deny as unavailable, HTTP 503) or local (in-process with `--local-share`).
+    #[arg(long, default_value = "open", value_name = "POSTURE")]
+    on_store_error: Posture,
+    /// Share of each limit enforced in-process by the `local` posture, for limits without
+    /// `local_share` (e.g. 0.25 with four replicas).
+    #[arg(long, default_value_t = 1.0, value_parser = share, value_name = "FRACTION")]
+    local_share: f64,
+    /// Consecutive store failures that open a node's circuit breaker.
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    breaker_failures: u32,
+    /// How long an open breaker refuses calls before it lets a probe through.
+    #[arg(long, default_value = "500ms", value_parser = humantime_duration, value_name = "DURATION")]
+    breaker_open_for: Duration,
     /// How often expired counters are dropped from the in-memory store.
     #[arg(long, default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
     sweep_interval: Duration,
+}
+
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a share above 0 and at most 1")),
+    }
 }
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
@@ -82,10 +122,56 @@ fn init_logging() {
         .init();
 }
 
-async fn serve(args: ServeArgs, policy: Policy) -> anyhow::Result<()> {
+async fn serve(args: ServeArgs, policy: Policy) -> anyhow::Result<ExitCode> {
     let clock = Arc::new(SystemClock::new());
-    let memory = MemoryStore::new(clock);
-    let limiter = Arc::new(Limiter::new(policy, StoreBackend::Memory(memory)));
+    let options = RedisOptions {
+        connect_timeout: args.store_connect_timeout,
+        command_timeout: args.store_timeout,
+        max_in_flight: args.store_max_in_flight,
+        breaker: BreakerConfig {
+            consecutive_failures: args.breaker_failures,
+            open_for: args.breaker_open_for,
+            ..BreakerConfig::default()
+        },
+    };
+    let store = StoreBackend::open(&args.store, options, clock.clone())
+        .await
+        .with_context(|| format!("cannot open the store {}", args.store))?;
+    let unsupported: Vec<String> = policy
+        .rules()
+        .iter()
+        .filter_map(|rule| {
+            let params = rule.limit.as_ref()?;
+            store
+                .supports(params)
+                .err()
+                .map(|why| format!("{}: rule `{}`: {why}", rule.location, rule.name))
+        })
+        .collect();
+    if !unsupported.is_empty() {
+        for line in &unsupported {
+            eprintln!("{line}");
+        }
+        eprintln!(
+            "{} rule(s) cannot run on the {} store; not starting",
+            unsupported.len(),
+            store.kind()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    if store.wait_ready(args.store_connect_timeout).await {
+        info!(store = %args.store, "Store ready");
+    } else {
+        warn!(store = %args.store, "Store not reachable yet; serving with the failure posture and reconnecting in the background");
+    }
+    let settings = FailureSettings {
+        posture: args.on_store_error,
+        local_share: args.local_share,
+        ..FailureSettings::default()
+    };
+    let limiter = Arc::new(Limiter::with_failure_settings(
+        policy, store, settings, clock,
+    ));
 
     let http = TcpListener::bind(args.http_addr)
         .await
@@ -111,8 +197,11 @@ async fn serve(args: ServeArgs, policy: Policy) -> anyhow::Result<()> {
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
-                        let StoreBackend::Memory(m) = limiter.store();
-                        m.sweep_now();
+                        // Redis expires keys itself (every key has a TTL).
+                        if let StoreBackend::Memory(m) = limiter.store() {
+                            m.sweep_now();
+                        }
+                        limiter.local_store().sweep_now();
                     }
                     _ = rx.wait_for(|stop| *stop) => break,
                 }
@@ -143,7 +232,7 @@ async fn serve(args: ServeArgs, policy: Policy) -> anyhow::Result<()> {
     }
     let _ = sweeper.await;
     info!("Stopped");
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn shutdown_signal() {

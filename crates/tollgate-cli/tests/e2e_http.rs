@@ -263,7 +263,10 @@ async fn health_readiness_and_metrics() {
             r#"tollgate_decisions_total{domain="api",rule="per_user",outcome="denied"} 0"#
         )
     );
-    assert!(metrics.contains("tollgate_store_keys 1"));
+    assert!(
+        metrics.contains("tollgate_store_keys{store=\"memory\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[test]

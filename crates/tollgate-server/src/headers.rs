@@ -17,6 +17,9 @@ pub const RESET: &str = "x-ratelimit-reset";
 pub const POLICY: &str = "ratelimit-policy";
 pub const RATELIMIT: &str = "ratelimit";
 pub const RETRY_AFTER: &str = "retry-after";
+/// Set when the store could not decide and a failure posture answered: `open`, `local` or
+/// `closed`.
+pub const DEGRADED: &str = "x-tollgate-degraded";
 
 /// Whole seconds, rounded up.
 pub fn ceil_secs(d: Duration) -> u64 {
@@ -25,7 +28,17 @@ pub fn ceil_secs(d: Duration) -> u64 {
 
 /// The headers for a response, in a fixed order.
 pub fn rate_limit_headers(response: &CheckResponse) -> Vec<(&'static str, String)> {
-    let mut headers = Vec::with_capacity(6);
+    let mut headers = Vec::with_capacity(7);
+    if let Some(posture) = response.degraded() {
+        headers.push((DEGRADED, posture.name().to_owned()));
+    }
+    if response.unavailable() {
+        // Not a real limit: no quota headers, only when to try again.
+        if let Some(retry) = response.retry_after() {
+            headers.push((RETRY_AFTER, ceil_secs(retry).max(1).to_string()));
+        }
+        return headers;
+    }
     let Some(status) = response.binding() else {
         return headers;
     };

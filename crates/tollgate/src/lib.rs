@@ -32,6 +32,7 @@ pub mod clock;
 pub mod limiter;
 pub mod metrics;
 pub mod policy;
+pub mod resilience;
 pub mod store;
 
 pub use tollgate_core as core;

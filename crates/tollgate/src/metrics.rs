@@ -8,6 +8,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::policy::Policy;
+use crate::resilience::Posture;
 
 /// What happened to one descriptor checked against a rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,10 +33,17 @@ impl Outcome {
     }
 }
 
+/// Slots per rule: the three outcomes, then one per failure posture.
+const SLOTS: usize = 3 + Posture::ALL.len();
+
+fn posture_slot(posture: Posture) -> usize {
+    3 + posture as usize
+}
+
 /// Counters for every rule of one policy.
 #[derive(Debug)]
 pub struct RuleCounters {
-    counts: Box<[[AtomicU64; 3]]>,
+    counts: Box<[[AtomicU64; SLOTS]]>,
 }
 
 impl RuleCounters {
@@ -51,6 +59,20 @@ impl RuleCounters {
         if let Some(slot) = self.counts.get(index) {
             slot[outcome as usize].fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Counts one decision the rule's failure posture made because the store could not.
+    pub fn record_degraded(&self, index: usize, posture: Posture) {
+        if let Some(slot) = self.counts.get(index) {
+            slot[posture_slot(posture)].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The count of degraded decisions made with `posture` for the rule at `index`.
+    pub fn degraded(&self, index: usize, posture: Posture) -> u64 {
+        self.counts.get(index).map_or(0, |slot| {
+            slot[posture_slot(posture)].load(Ordering::Relaxed)
+        })
     }
 
     /// The count of `outcome` for the rule at `index`.
@@ -75,6 +97,20 @@ impl RuleCounters {
                     escape_label(&rule.name),
                     outcome.label(),
                     self.get(rule.index, outcome)
+                );
+            }
+        }
+        out.push_str("# HELP tollgate_degraded_decisions_total Decisions made by a rule's failure posture because the store could not decide.\n");
+        out.push_str("# TYPE tollgate_degraded_decisions_total counter\n");
+        for rule in policy.rules().iter().filter(|r| r.limit.is_some()) {
+            for posture in Posture::ALL {
+                let _ = writeln!(
+                    out,
+                    "tollgate_degraded_decisions_total{{domain=\"{}\",rule=\"{}\",posture=\"{}\"}} {}",
+                    escape_label(&rule.domain),
+                    escape_label(&rule.name),
+                    posture,
+                    self.degraded(rule.index, posture)
                 );
             }
         }

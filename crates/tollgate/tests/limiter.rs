@@ -123,7 +123,9 @@ async fn unlimited_rules_and_unknown_domains_always_allow() {
         assert!(limiter.check(&other).await.unwrap().allowed());
     }
     assert_eq!(
-        tollgate::store::Store::key_count(limiter.store()),
+        tollgate::store::Store::key_count(limiter.store())
+            .await
+            .unwrap(),
         0,
         "nothing was stored"
     );
@@ -179,7 +181,7 @@ async fn outcomes_are_counted_per_rule() {
         .unwrap();
     assert_eq!(limiter.rule_count(per_user, Outcome::Allowed), 2);
     assert_eq!(limiter.rule_count(per_user, Outcome::Denied), 1);
-    let text = limiter.render_metrics();
+    let text = limiter.render_metrics().await;
     assert!(
         text.contains(
             r#"tollgate_decisions_total{domain="api",rule="per_user",outcome="denied"} 1"#

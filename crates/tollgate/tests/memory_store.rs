@@ -108,11 +108,11 @@ async fn expired_keys_are_swept_so_memory_follows_live_keys() {
             let key = format!("user-{i}");
             store.apply(&[charge(&key, &p, 1)]).await.unwrap();
         }
-        assert_eq!(store.key_count(), 100, "{algorithm}");
+        assert_eq!(store.len(), 100, "{algorithm}");
         assert_eq!(store.sweep_now(), 0, "{algorithm}: nothing has expired yet");
         clock.advance(Duration::from_secs(21));
         assert_eq!(store.sweep_now(), 100, "{algorithm}");
-        assert_eq!(store.key_count(), 0, "{algorithm}");
+        assert_eq!(store.len(), 0, "{algorithm}");
     }
 }
 
@@ -122,5 +122,5 @@ async fn a_denied_request_on_a_new_key_stores_nothing() {
     let p = params(Algorithm::Gcra, 2, Duration::from_secs(1));
     let d = store.apply(&[charge("big", &p, 3)]).await.unwrap();
     assert_eq!(d[0].verdict, Verdict::CostExceedsCapacity);
-    assert_eq!(store.key_count(), 0);
+    assert_eq!(store.len(), 0);
 }

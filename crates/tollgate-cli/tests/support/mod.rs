@@ -29,17 +29,23 @@ pub struct Server {
 impl Server {
     /// Starts a server on the given policy text.
     pub fn start(policy: &str) -> Server {
+        Self::start_with_args(policy, &[])
+    }
+
+    /// Starts a server on the given policy text with extra `serve` arguments.
+    pub fn start_with_args(policy: &str, args: &[&str]) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("policy.yaml");
         std::fs::write(&path, policy).unwrap();
-        Self::start_with(&path, dir)
+        Self::spawn(&path, args, dir)
     }
 
-    fn start_with(config: &Path, dir: tempfile::TempDir) -> Server {
+    fn spawn(config: &Path, args: &[&str], dir: tempfile::TempDir) -> Server {
         let mut child = Command::new(binary())
             .args(["serve", "--config"])
             .arg(config)
             .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+            .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

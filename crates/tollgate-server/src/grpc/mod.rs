@@ -13,6 +13,7 @@ use tollgate::limiter::Limiter;
 use tonic::{Request, Response, Status};
 
 use crate::ErrorClass;
+use crate::headers::DEGRADED;
 
 pub use decode::decode_request;
 pub use encode::encode_response;
@@ -44,7 +45,17 @@ impl RateLimitService for RlsService {
         let check = decode_request(request.get_ref())
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         match self.limiter.check(&check).await {
-            Ok(decided) => Ok(Response::new(encode_response(&decided))),
+            Ok(decided) => {
+                let mut response = Response::new(encode_response(&decided));
+                // Also as gRPC metadata, for callers that read it rather than the headers.
+                if let Some(posture) = decided.degraded() {
+                    response.metadata_mut().insert(
+                        DEGRADED,
+                        tonic::metadata::MetadataValue::from_static(posture.name()),
+                    );
+                }
+                Ok(response)
+            }
             Err(e) => Err(Status::new(ErrorClass::of(&e).grpc_code(), e.to_string())),
         }
     }

@@ -15,6 +15,7 @@ use tollgate::limiter::{
     CheckRequest, CheckResponse, Code, DescriptorStatus, InvalidRequest, LimitOverride, Limiter,
     RequestDescriptor, check_cost,
 };
+use tollgate::resilience::Posture;
 use tollgate_core::Verdict;
 
 use super::{add_rate_limit_headers, decision_status, error_response, limit_error_response};
@@ -90,6 +91,9 @@ struct WireResponse<'a> {
     overall_code: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     retry_after_ms: Option<u64>,
+    /// Set when the store could not decide: the most severe posture that answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    degraded: Option<&'static str>,
     statuses: Vec<WireStatus<'a>>,
 }
 
@@ -115,6 +119,8 @@ struct WireStatus<'a> {
     shadow_would_deny: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    degraded: Option<&'static str>,
 }
 
 pub(super) fn code_name(code: Code) -> &'static str {
@@ -144,11 +150,15 @@ fn wire_status(status: &DescriptorStatus) -> WireStatus<'_> {
         retry_after_ms: decision.and_then(|d| d.retry_after).map(ceil_ms),
         delay_ms: decision.map(|d| ceil_ms(d.delay)),
         shadow_would_deny: status.shadow_would_deny,
-        reason: match decision.map(|d| d.verdict) {
-            Some(Verdict::CostExceedsCapacity) => Some("cost_exceeds_capacity"),
-            Some(Verdict::Denied) if status.code == Code::OverLimit => Some("over_limit"),
+        reason: match (decision.map(|d| d.verdict), status.degraded) {
+            (Some(Verdict::Denied), Some(Posture::Closed)) if status.code == Code::OverLimit => {
+                Some("store_unavailable")
+            }
+            (Some(Verdict::CostExceedsCapacity), _) => Some("cost_exceeds_capacity"),
+            (Some(Verdict::Denied), _) if status.code == Code::OverLimit => Some("over_limit"),
             _ => None,
         },
+        degraded: status.degraded.map(Posture::name),
     }
 }
 
@@ -157,6 +167,7 @@ fn encode(decided: &CheckResponse) -> WireResponse<'_> {
         allowed: decided.allowed(),
         overall_code: code_name(decided.overall),
         retry_after_ms: decided.retry_after().map(ceil_ms),
+        degraded: decided.degraded().map(Posture::name),
         statuses: decided.statuses.iter().map(wire_status).collect(),
     }
 }

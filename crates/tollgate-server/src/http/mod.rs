@@ -63,10 +63,13 @@ fn add_rate_limit_headers(headers: &mut HeaderMap, decided: &CheckResponse) {
     }
 }
 
-/// 200 when allowed, 429 when denied.
+/// 200 when allowed, 429 when denied by a limit, 503 when denied because the limiter is
+/// unavailable (a `closed` failure posture).
 fn decision_status(decided: &CheckResponse) -> StatusCode {
     if decided.allowed() {
         StatusCode::OK
+    } else if decided.unavailable() {
+        StatusCode::SERVICE_UNAVAILABLE
     } else {
         StatusCode::TOO_MANY_REQUESTS
     }

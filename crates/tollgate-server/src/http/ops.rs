@@ -1,5 +1,6 @@
 //! Health, readiness and metrics.
 
+use std::fmt::Write;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -12,14 +13,42 @@ pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
+/// Ready when a policy is loaded: every decision gets an answer, from the store or, while it
+/// is unreachable, from the failure postures (reported as `degraded`). The body details the
+/// store's health and each circuit breaker.
 pub async fn readyz(State(limiter): State<Arc<Limiter>>) -> impl IntoResponse {
     let policy = limiter.policy();
-    let body = format!(
-        "ready\npolicy: {} domains, {} rules\nstore: memory, {} keys\n",
-        policy.domains().count(),
-        policy.rules().len(),
-        limiter.store().key_count()
+    let mut body = String::new();
+    let store = limiter.store();
+    let health = match store.key_count().await {
+        Ok(keys) => format!("ok, {keys} keys"),
+        Err(e) => format!("degraded ({e}); failure postures answer"),
+    };
+    let degraded = health.starts_with("degraded");
+    let _ = writeln!(
+        body,
+        "{}",
+        if degraded {
+            "ready (degraded)"
+        } else {
+            "ready"
+        }
     );
+    let _ = writeln!(
+        body,
+        "policy: {} domains, {} rules",
+        policy.domains().count(),
+        policy.rules().len()
+    );
+    let _ = writeln!(body, "store: {}, {health}", store.kind());
+    let _ = writeln!(
+        body,
+        "default posture: {}",
+        limiter.failure_settings().posture
+    );
+    for (node, state) in store.breakers() {
+        let _ = writeln!(body, "breaker {node}: {}", state.name());
+    }
     (StatusCode::OK, body)
 }
 
@@ -29,6 +58,6 @@ pub async fn metrics(State(limiter): State<Arc<Limiter>>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        limiter.render_metrics(),
+        limiter.render_metrics().await,
     )
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tollgate_core::{Decision, Params, Verdict};
 
 use crate::policy::Rule;
+use crate::resilience::Posture;
 
 /// Outcome for one descriptor, or for the whole request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +55,8 @@ pub struct DescriptorStatus {
     pub decision: Option<Decision>,
     /// A shadow-mode rule that would have denied this request.
     pub shadow_would_deny: bool,
+    /// Set when the store could not decide and this limit's failure posture answered.
+    pub degraded: Option<Posture>,
 }
 
 impl DescriptorStatus {
@@ -63,6 +66,7 @@ impl DescriptorStatus {
             limit: None,
             decision: None,
             shadow_would_deny: false,
+            degraded: None,
         }
     }
 
@@ -102,6 +106,29 @@ impl CheckResponse {
                     (s.cost_exceeds_capacity(), d.and_then(|d| d.retry_after))
                 })
         }
+    }
+
+    /// The most severe posture that answered for this request (`closed` over `local` over
+    /// `open`), or `None` when the store decided everything.
+    pub fn degraded(&self) -> Option<Posture> {
+        let severity = |p: &Posture| match p {
+            Posture::Closed => 2,
+            Posture::Local => 1,
+            Posture::Open => 0,
+        };
+        self.statuses
+            .iter()
+            .filter_map(|s| s.degraded)
+            .max_by_key(severity)
+    }
+
+    /// Denied because the limiter is unavailable (a `closed` posture), not by a real limit.
+    pub fn unavailable(&self) -> bool {
+        !self.allowed()
+            && self
+                .statuses
+                .iter()
+                .any(|s| s.code == Code::OverLimit && s.degraded == Some(Posture::Closed))
     }
 
     /// When denied and retrying can help: how long to wait (the longest retry-after among the

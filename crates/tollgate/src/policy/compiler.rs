@@ -14,6 +14,7 @@ use super::identity::{self, PathStep};
 use super::snapshot::DomainTable;
 use super::tree::{Level, Node, ValueMatch};
 use super::{Location, Policy, PolicyError, PolicyErrors, Rule, Unit};
+use crate::resilience::Posture;
 
 /// Accumulates sources (one domain each) into one policy.
 #[derive(Debug, Default)]
@@ -242,6 +243,7 @@ impl<'f> SourceCompiler<'f> {
         let block = self.location(&rate_limit.referenced);
         let doc = &rate_limit.value;
         let (limit, unit) = self.limit(doc, &block);
+        let (on_store_error, local_share) = self.failure_posture(doc);
 
         let (name, name_location, explicit) =
             match doc.name.as_ref().filter(|n| !n.value.is_empty()) {
@@ -275,6 +277,8 @@ impl<'f> SourceCompiler<'f> {
             shadow: descriptor.shadow_mode.unwrap_or(false),
             detailed_metric: descriptor.detailed_metric.unwrap_or(false),
             replaces: replaces.iter().map(|(name, _)| name.clone()).collect(),
+            on_store_error,
+            local_share,
             location: block.clone().unwrap_or_else(|| Location {
                 file: self.file.to_owned(),
                 line: 0,
@@ -302,6 +306,36 @@ impl<'f> SourceCompiler<'f> {
             }
         }
         names
+    }
+
+    /// Validates `on_store_error` and `local_share`.
+    fn failure_posture(&mut self, doc: &RateLimitDoc) -> (Option<Posture>, Option<f64>) {
+        let unlimited = doc.unlimited.as_ref().is_some_and(|u| u.value);
+        let posture = doc.on_store_error.as_ref().and_then(|p| {
+            if unlimited {
+                self.error(
+                    self.location(&p.referenced),
+                    "`on_store_error` has no meaning with `unlimited: true`",
+                );
+                return None;
+            }
+            p.value
+                .parse::<Posture>()
+                .map_err(|e| self.error(self.location(&p.referenced), e))
+                .ok()
+        });
+        let share = doc.local_share.as_ref().and_then(|s| {
+            if s.value > 0.0 && s.value <= 1.0 {
+                Some(s.value)
+            } else {
+                self.error(
+                    self.location(&s.referenced),
+                    format!("`local_share` {} must be above 0 and at most 1", s.value),
+                );
+                None
+            }
+        });
+        (posture, share)
     }
 
     /// Validates the limit fields, reporting every bad field. Each field is checked on its own

@@ -64,6 +64,14 @@ pub(super) struct RateLimitDoc {
     /// Extension: bucket size for `token_bucket`, `leaky_bucket` and `gcra`; defaults to the
     /// limit.
     pub burst: Option<Spanned<Count>>,
+    /// Extension: what happens when the store cannot decide: `open` (allow, marked degraded),
+    /// `closed` (deny as unavailable) or `local` (decide in-process with `local_share` of the
+    /// limit). Defaults to the server's `--on-store-error` (itself `open` by default).
+    pub on_store_error: Option<Spanned<String>>,
+    /// Extension: the share of the limit (and burst) one replica enforces on its own while the
+    /// store is unavailable and the posture is `local`; for example `0.25` with four replicas.
+    /// Between 0 (exclusive) and 1; defaults to the server's `--local-share`.
+    pub local_share: Option<Spanned<f64>>,
 }
 
 /// One `replaces` entry: `{name: other_limit}`.

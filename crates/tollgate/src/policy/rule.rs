@@ -1,9 +1,10 @@
 use tollgate_core::Params;
 
 use super::{Location, Unit};
+use crate::resilience::Posture;
 
 /// One limit defined by a descriptor's `rate_limit` block, validated.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
     /// Position in [`Policy::rules`](super::Policy::rules).
     pub index: usize,
@@ -26,6 +27,10 @@ pub struct Rule {
     pub detailed_metric: bool,
     /// Names of the rules this one replaces when both match one request.
     pub replaces: Vec<String>,
+    /// `on_store_error`; `None` means the server's default posture.
+    pub on_store_error: Option<Posture>,
+    /// `local_share`; `None` means the server's default share.
+    pub local_share: Option<f64>,
     /// Where the rule's `rate_limit` block is.
     pub location: Location,
 }

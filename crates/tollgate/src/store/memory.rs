@@ -60,6 +60,16 @@ impl MemoryStore {
         removed
     }
 
+    /// Number of entries, live or not yet swept.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// Whether the store holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Removes expired entries using the store's own clock.
     pub fn sweep_now(&self) -> usize {
         self.sweep(self.clock.now())
@@ -137,7 +147,7 @@ impl Store for MemoryStore {
         Ok(self.apply_locked(charges))
     }
 
-    fn key_count(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+    async fn key_count(&self) -> Result<usize, StoreError> {
+        Ok(self.len())
     }
 }

@@ -1,12 +1,17 @@
 //! Where counters live. One async [`Store`] trait; backends are selected by [`StoreBackend`].
 
 mod memory;
+pub mod redis;
+mod url;
 
 use std::future::Future;
+use std::time::Duration;
 
 use tollgate_core::{Decision, Params};
 
+pub use self::redis::{RedisOptions, RedisStore};
 pub use memory::MemoryStore;
+pub use url::{InvalidStoreUrl, StoreUrl, redact};
 
 /// One limit to charge within a request.
 #[derive(Debug, Clone, Copy)]
@@ -53,7 +58,7 @@ pub trait Store: Send + Sync {
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
     /// Number of live keys (for metrics and tests).
-    fn key_count(&self) -> usize;
+    fn key_count(&self) -> impl Future<Output = Result<usize, StoreError>> + Send;
 }
 
 /// The configured backend.
@@ -61,18 +66,73 @@ pub trait Store: Send + Sync {
 pub enum StoreBackend {
     /// In-process, the embedded default.
     Memory(MemoryStore),
+    /// Redis or Redis Cluster (boxed: it is much larger than the memory store's handle).
+    Redis(Box<RedisStore>),
+}
+
+impl StoreBackend {
+    /// Opens the store named by `url`. `clock` drives the memory store.
+    pub async fn open(
+        url: &StoreUrl,
+        options: RedisOptions,
+        clock: crate::clock::SharedClock,
+    ) -> Result<Self, StoreError> {
+        match url {
+            StoreUrl::Memory => Ok(StoreBackend::Memory(MemoryStore::new(clock))),
+            _ => {
+                let redis = RedisStore::connect(url, options, clock).await?;
+                Ok(StoreBackend::Redis(Box::new(redis)))
+            }
+        }
+    }
+
+    /// Waits until the store answers, at most `within`. Returns whether it does.
+    pub async fn wait_ready(&self, within: Duration) -> bool {
+        let attempts = async {
+            while self.key_count().await.is_err() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(within, attempts).await.is_ok()
+    }
+
+    /// The state of each circuit breaker, by node (none for the memory store).
+    pub fn breakers(&self) -> Vec<(String, crate::resilience::BreakerState)> {
+        match self {
+            StoreBackend::Memory(_) => Vec::new(),
+            StoreBackend::Redis(r) => r.breakers(),
+        }
+    }
+
+    /// Short name for logs and metrics: `memory` or `redis`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreBackend::Memory(_) => "memory",
+            StoreBackend::Redis(_) => "redis",
+        }
+    }
+
+    /// Checks that this store can decide a limit exactly (Redis scripts work on doubles).
+    pub fn supports(&self, params: &tollgate_core::Params) -> Result<(), String> {
+        match self {
+            StoreBackend::Memory(_) => Ok(()),
+            StoreBackend::Redis(_) => RedisStore::supports(params),
+        }
+    }
 }
 
 impl Store for StoreBackend {
     async fn apply(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
         match self {
             StoreBackend::Memory(m) => m.apply(charges).await,
+            StoreBackend::Redis(r) => r.apply(charges).await,
         }
     }
 
-    fn key_count(&self) -> usize {
+    async fn key_count(&self) -> Result<usize, StoreError> {
         match self {
-            StoreBackend::Memory(m) => m.key_count(),
+            StoreBackend::Memory(m) => m.key_count().await,
+            StoreBackend::Redis(r) => r.key_count().await,
         }
     }
 }

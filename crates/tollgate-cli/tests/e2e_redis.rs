@@ -1,0 +1,223 @@
+//! The binary on shared Redis state: several replicas, one quota.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use support::{Server, descriptor};
+use tollgate_core::Algorithm;
+use tollgate_testkit::{RedisCluster, RedisServer};
+
+fn race_policy() -> String {
+    let mut policy = String::from("domain: race\ndescriptors:\n");
+    for algorithm in Algorithm::ALL {
+        policy.push_str(&format!(
+            "  - key: {algorithm}\n    rate_limit: {{algorithm: {algorithm}, unit: day, requests_per_unit: 100}}\n"
+        ));
+    }
+    policy
+}
+
+fn replicas(store: &str, count: usize) -> Vec<Server> {
+    let policy = race_policy();
+    (0..count)
+        .map(|_| Server::start_with_args(&policy, &["--store", store, "--store-timeout", "2s"]))
+        .collect()
+}
+
+/// 64 concurrent callers spread over the replicas, 4 requests each, on one key per algorithm
+/// with a limit of 100: exactly 100 are admitted.
+async fn exactly_the_limit_across(servers: &[Server], key_value: &str) {
+    for algorithm in Algorithm::ALL {
+        let allowed = Arc::new(AtomicU64::new(0));
+        let mut callers = Vec::new();
+        for caller in 0..64 {
+            let mut client = servers[caller % servers.len()].grpc_client().await;
+            let allowed = allowed.clone();
+            let value = key_value.to_owned();
+            callers.push(tokio::spawn(async move {
+                for _ in 0..4 {
+                    let req = RateLimitRequest {
+                        domain: "race".into(),
+                        descriptors: vec![descriptor(&[(algorithm.name(), &value)])],
+                        hits_addend: 1,
+                    };
+                    let r = client
+                        .should_rate_limit(req)
+                        .await
+                        .expect("decided")
+                        .into_inner();
+                    if r.overall_code == Code::Ok as i32 {
+                        allowed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }));
+        }
+        for c in callers {
+            c.await.unwrap();
+        }
+        assert_eq!(
+            allowed.load(Ordering::SeqCst),
+            100,
+            "{algorithm}: 256 requests over {} replicas",
+            servers.len()
+        );
+    }
+}
+
+fn keys_without_ttl(cli: impl Fn(&[&str]) -> String) -> Vec<String> {
+    cli(&["--scan"])
+        .lines()
+        .filter(|k| !k.is_empty())
+        .filter(|k| cli(&["PTTL", k]).trim() == "-1")
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_replicas_on_one_redis_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    let servers = replicas(&redis.url(), 3);
+    exactly_the_limit_across(&servers, "hot").await;
+    assert!(
+        keys_without_ttl(|args| redis.cli(args)).is_empty(),
+        "every key has a TTL"
+    );
+    assert!(
+        !redis.cli(&["--scan"]).trim().is_empty(),
+        "the counters live in Redis"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_replicas_on_a_cluster_admit_exactly_the_limit() {
+    let cluster = RedisCluster::start(3, 1);
+    let seeds: Vec<String> = cluster
+        .primary_ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let servers = replicas(&format!("redis+cluster://{}", seeds.join(",")), 3);
+    exactly_the_limit_across(&servers, "hot").await;
+    for port in cluster.primary_ports() {
+        assert!(
+            keys_without_ttl(|args| cluster.cli(port, args)).is_empty(),
+            "node {port}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_script_cache_is_reloaded_without_a_failed_decision() {
+    let redis = RedisServer::start();
+    let servers = replicas(&redis.url(), 1);
+    let mut client = servers[0].grpc_client().await;
+    let req = || RateLimitRequest {
+        domain: "race".into(),
+        descriptors: vec![descriptor(&[("gcra", "flush")])],
+        hits_addend: 1,
+    };
+    for round in 0..3 {
+        let r = client
+            .should_rate_limit(req())
+            .await
+            .expect("decided before the flush");
+        assert_eq!(r.get_ref().statuses[0].limit_remaining, 99 - 2 * round);
+        assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+        let r = client
+            .should_rate_limit(req())
+            .await
+            .expect("NOSCRIPT is absorbed");
+        assert_eq!(r.get_ref().statuses[0].limit_remaining, 98 - 2 * round);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_redis_is_reconnected_and_its_scripts_reloaded() {
+    let redis = RedisServer::start();
+    let servers = replicas(&redis.url(), 1);
+    let mut client = servers[0].grpc_client().await;
+    let req = || RateLimitRequest {
+        domain: "race".into(),
+        descriptors: vec![descriptor(&[("token_bucket", "restart")])],
+        hits_addend: 1,
+    };
+    client.should_rate_limit(req()).await.expect("decided");
+    redis.restart();
+    // While Redis is away the `open` posture answers; once it is back, Redis decides again.
+    let degraded = |r: &tonic::Response<_>| r.metadata().get("x-tollgate-degraded").is_some();
+    let mut attempts = 0;
+    loop {
+        let r = client
+            .should_rate_limit(req())
+            .await
+            .expect("always answered");
+        if !degraded(&r) {
+            // Data did not survive the restart (no persistence): a fresh bucket.
+            assert_eq!(r.get_ref().statuses[0].limit_remaining, 99);
+            break;
+        }
+        attempts += 1;
+        assert!(attempts < 50, "Redis not deciding again within 5 s");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    for _ in 0..20 {
+        let r = client.should_rate_limit(req()).await.expect("decided");
+        assert!(
+            !degraded(&r),
+            "every decision after reconnecting is Redis's"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_value_at_our_key_takes_the_posture_for_that_request_only() {
+    let redis = RedisServer::start();
+    let servers = replicas(&redis.url(), 1);
+    let mut client = servers[0].grpc_client().await;
+    let req = |value: &str| RateLimitRequest {
+        domain: "race".into(),
+        descriptors: vec![descriptor(&[("gcra", value)])],
+        hits_addend: 1,
+    };
+    client
+        .should_rate_limit(req("victim"))
+        .await
+        .expect("decided");
+    let keys = redis.cli(&["--scan"]);
+    let key = keys
+        .lines()
+        .find(|k| k.contains("victim"))
+        .expect("the counter key")
+        .to_owned();
+    assert_eq!(redis.cli(&["SET", &key, "hand-written"]), "OK");
+    // The default posture (`open`) answers for that counter, and says so.
+    let r = client
+        .should_rate_limit(req("victim"))
+        .await
+        .expect("answered by the posture");
+    let posture = r
+        .metadata()
+        .get("x-tollgate-degraded")
+        .map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(posture.as_deref(), Some("open"));
+    assert_eq!(r.get_ref().overall_code, Code::Ok as i32);
+    assert_eq!(
+        redis.cli(&["GET", &key]),
+        "hand-written",
+        "the foreign value is left alone"
+    );
+    let other = client
+        .should_rate_limit(req("bystander"))
+        .await
+        .expect("other keys still work");
+    assert_eq!(other.get_ref().statuses[0].limit_remaining, 99);
+    assert!(
+        other.metadata().get("x-tollgate-degraded").is_none(),
+        "decided by Redis"
+    );
+}

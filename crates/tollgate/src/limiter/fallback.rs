@@ -1,0 +1,232 @@
+//! Decisions when the store cannot decide: each limit's failure posture answers instead.
+//!
+//! - `closed`: an enforced limit with this posture denies the whole request as *unavailable*
+//!   (never a plain over-limit): nothing else is charged anywhere.
+//! - `local`: decided on this replica's own in-memory store with `local_share` of the limit
+//!   (and of the burst), all-or-nothing among the local limits of the request.
+//! - `open`: allowed; the remaining quota is unknown and reported as the full limit.
+
+use std::time::Duration;
+
+use tollgate_core::{Decision, Params, Verdict};
+
+use crate::clock::SharedClock;
+use crate::resilience::Posture;
+use crate::store::{Charge, MemoryStore, Store};
+
+/// Server-wide failure settings; a rule's `on_store_error` / `local_share` override them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FailureSettings {
+    /// Posture of limits that do not set `on_store_error`.
+    pub posture: Posture,
+    /// `local_share` of limits that do not set it.
+    pub local_share: f64,
+    /// `Retry-After` given with a denial because the limiter is unavailable.
+    pub unavailable_retry_after: Duration,
+}
+
+impl Default for FailureSettings {
+    fn default() -> Self {
+        FailureSettings {
+            posture: Posture::Open,
+            local_share: 1.0,
+            unavailable_retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The posture machinery of one limiter.
+#[derive(Debug)]
+pub(super) struct Fallback {
+    pub settings: FailureSettings,
+    local: MemoryStore,
+}
+
+impl Fallback {
+    pub fn new(settings: FailureSettings, clock: SharedClock) -> Self {
+        Fallback {
+            settings,
+            local: MemoryStore::new(clock),
+        }
+    }
+
+    /// The in-process store used by the `local` posture.
+    pub fn local_store(&self) -> &MemoryStore {
+        &self.local
+    }
+
+    /// Decides every charge by its posture. `postures[i]` and `shares[i]` belong to
+    /// `charges[i]`.
+    pub async fn decide(
+        &self,
+        charges: &[Charge<'_>],
+        postures: &[Posture],
+        shares: &[f64],
+    ) -> Vec<Decision> {
+        let closed = charges
+            .iter()
+            .zip(postures)
+            .any(|(c, p)| c.enforce && *p == Posture::Closed);
+        if closed {
+            return charges
+                .iter()
+                .zip(postures)
+                .map(|(c, p)| match p {
+                    Posture::Closed => self.unavailable(c.params),
+                    _ => unknown(c.params),
+                })
+                .collect();
+        }
+        let local_params: Vec<Option<Params>> = charges
+            .iter()
+            .zip(postures.iter().zip(shares))
+            .map(|(c, (p, share))| (*p == Posture::Local).then(|| scaled(c.params, *share)))
+            .collect();
+        let local_charges: Vec<Charge<'_>> = charges
+            .iter()
+            .zip(&local_params)
+            .filter_map(|(c, params)| {
+                Some(Charge {
+                    params: params.as_ref()?,
+                    ..*c
+                })
+            })
+            .collect();
+        let mut local = match self.local.apply(&local_charges).await {
+            Ok(d) => d.into_iter(),
+            // The memory store cannot fail; if it ever did, allowing is the open default.
+            Err(_) => Vec::new().into_iter(),
+        };
+        charges
+            .iter()
+            .zip(&local_params)
+            .map(|(c, params)| match params {
+                Some(_) => local.next().unwrap_or_else(|| unknown(c.params)),
+                None => unknown(c.params),
+            })
+            .collect()
+    }
+
+    fn unavailable(&self, params: &Params) -> Decision {
+        Decision {
+            verdict: Verdict::Denied,
+            limit: params.limit(),
+            remaining: 0,
+            reset_after: Duration::ZERO,
+            retry_after: Some(self.settings.unavailable_retry_after),
+            delay: Duration::ZERO,
+        }
+    }
+}
+
+/// An allowed decision whose counters are unknown.
+fn unknown(params: &Params) -> Decision {
+    Decision {
+        verdict: Verdict::Allowed,
+        limit: params.limit(),
+        remaining: params.limit(),
+        reset_after: Duration::ZERO,
+        retry_after: None,
+        delay: Duration::ZERO,
+    }
+}
+
+/// `params` with `share` of the limit and burst, at least 1 of each.
+fn scaled(params: &Params, share: f64) -> Params {
+    let part = |n: u64| ((n as f64 * share).floor() as u64).max(1);
+    let burst = params
+        .algorithm()
+        .uses_burst()
+        .then(|| part(params.burst()));
+    Params::new(
+        params.algorithm(),
+        part(params.limit()),
+        params.period(),
+        burst,
+    )
+    .unwrap_or(*params)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tollgate_core::Algorithm;
+
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn fallback() -> Fallback {
+        Fallback::new(FailureSettings::default(), Arc::new(ManualClock::default()))
+    }
+
+    #[test]
+    fn a_share_scales_limit_and_burst_down_to_at_least_one() {
+        let p = Params::new(Algorithm::Gcra, 100, Duration::from_secs(1), Some(40)).unwrap();
+        let s = scaled(&p, 0.25);
+        assert_eq!(
+            (s.limit(), s.burst(), s.period()),
+            (25, 10, Duration::from_secs(1))
+        );
+        let tiny = Params::new(Algorithm::FixedWindow, 3, Duration::from_secs(1), None).unwrap();
+        assert_eq!(scaled(&tiny, 0.1).limit(), 1);
+    }
+
+    #[tokio::test]
+    async fn local_enforces_the_share_and_open_allows() {
+        let f = fallback();
+        let p = Params::new(Algorithm::FixedWindow, 8, Duration::from_secs(60), None).unwrap();
+        let charge = |key: &'static [u8]| Charge {
+            key,
+            params: &p,
+            cost: 1,
+            enforce: true,
+        };
+        let mut allowed = 0;
+        for _ in 0..10 {
+            let d = f.decide(&[charge(b"k")], &[Posture::Local], &[0.25]).await;
+            allowed += u32::from(d[0].is_allowed());
+        }
+        assert_eq!(allowed, 2, "a quarter of 8");
+        let d = f
+            .decide(
+                &[charge(b"k"), charge(b"o")],
+                &[Posture::Local, Posture::Open],
+                &[0.25, 1.0],
+            )
+            .await;
+        assert_eq!(d[0].verdict, Verdict::Denied);
+        assert!(d[1].is_allowed());
+    }
+
+    #[tokio::test]
+    async fn one_enforced_closed_limit_denies_as_unavailable_and_charges_nothing() {
+        let f = fallback();
+        let p = Params::new(Algorithm::FixedWindow, 1, Duration::from_secs(60), None).unwrap();
+        let local = Charge {
+            key: b"l",
+            params: &p,
+            cost: 1,
+            enforce: true,
+        };
+        let closed = Charge {
+            key: b"c",
+            params: &p,
+            cost: 1,
+            enforce: true,
+        };
+        let d = f
+            .decide(
+                &[local, closed],
+                &[Posture::Local, Posture::Closed],
+                &[1.0, 1.0],
+            )
+            .await;
+        assert_eq!(d[1].verdict, Verdict::Denied);
+        assert_eq!(d[1].retry_after, Some(Duration::from_secs(1)));
+        assert!(
+            f.local_store().is_empty(),
+            "the local limit was not charged"
+        );
+    }
+}

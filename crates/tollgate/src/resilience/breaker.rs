@@ -1,0 +1,329 @@
+//! A circuit breaker: stop calling a sick store at once, probe it, and come back when it heals.
+//!
+//! Closed: calls go through; the breaker opens after `consecutive_failures` failures in a row,
+//! or when at least `min_calls` calls in the current `window` failed at `failure_ratio` or more.
+//! Open: calls are refused without touching the store (the posture answers) for `open_for`.
+//! Half-open: one probe call at a time goes through; a success closes the breaker, a failure
+//! opens it again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tollgate_core::Timestamp;
+
+use crate::clock::SharedClock;
+
+/// Breaker settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BreakerConfig {
+    /// Failures in a row that open the breaker.
+    pub consecutive_failures: u32,
+    /// Failure ratio in a window that opens the breaker.
+    pub failure_ratio: f64,
+    /// Calls a window needs before the ratio counts.
+    pub min_calls: u32,
+    /// Length of the window the ratio is measured over.
+    pub window: Duration,
+    /// How long the breaker stays open before it lets a probe through.
+    pub open_for: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            consecutive_failures: 5,
+            failure_ratio: 0.5,
+            min_calls: 20,
+            window: Duration::from_secs(5),
+            open_for: Duration::from_millis(500),
+        }
+    }
+}
+
+/// The breaker's state, as reported in metrics and `/readyz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Calls go through.
+    Closed,
+    /// One probe at a time goes through.
+    HalfOpen,
+    /// Calls are refused.
+    Open,
+}
+
+impl BreakerState {
+    /// Name for `/readyz` and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::HalfOpen => "half_open",
+            BreakerState::Open => "open",
+        }
+    }
+
+    /// Gauge value: 0 closed, 1 half-open, 2 open.
+    pub fn gauge(self) -> u8 {
+        match self {
+            BreakerState::Closed => 0,
+            BreakerState::HalfOpen => 1,
+            BreakerState::Open => 2,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: BreakerState,
+    consecutive: u32,
+    window_start: Timestamp,
+    calls: u32,
+    failures: u32,
+    opened_at: Timestamp,
+    probe_in_flight: bool,
+}
+
+/// One circuit breaker.
+#[derive(Debug)]
+pub struct Breaker {
+    config: BreakerConfig,
+    clock: SharedClock,
+    inner: Mutex<Inner>,
+}
+
+/// Permission to make one call. Report the outcome with [`Permit::succeeded`] or
+/// [`Permit::failed`]; a permit dropped without either (the call was cancelled, typically by a
+/// deadline) counts as a failure.
+#[derive(Debug)]
+#[must_use = "report the call's outcome"]
+pub struct Permit {
+    breaker: Arc<Breaker>,
+    probe: bool,
+    reported: bool,
+}
+
+impl Permit {
+    /// The call succeeded (the store answered, even if the answer was an error about data).
+    pub fn succeeded(mut self) -> Option<BreakerState> {
+        self.reported = true;
+        self.breaker.record(self.probe, true)
+    }
+
+    /// The call failed: unreachable, timed out, overloaded.
+    pub fn failed(mut self) -> Option<BreakerState> {
+        self.reported = true;
+        self.breaker.record(self.probe, false)
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if !self.reported {
+            self.breaker.record(self.probe, false);
+        }
+    }
+}
+
+impl Breaker {
+    /// A closed breaker.
+    pub fn new(config: BreakerConfig, clock: SharedClock) -> Self {
+        let now = clock.now();
+        Breaker {
+            config,
+            clock,
+            inner: Mutex::new(Inner {
+                state: BreakerState::Closed,
+                consecutive: 0,
+                window_start: now,
+                calls: 0,
+                failures: 0,
+                opened_at: now,
+                probe_in_flight: false,
+            }),
+        }
+    }
+
+    /// The current state (an open breaker whose wait is over reports half-open).
+    pub fn state(&self) -> BreakerState {
+        let inner = self.inner.lock();
+        if inner.state == BreakerState::Open && self.wait_is_over(&inner) {
+            BreakerState::HalfOpen
+        } else {
+            inner.state
+        }
+    }
+
+    fn wait_is_over(&self, inner: &Inner) -> bool {
+        self.clock.now() >= inner.opened_at.saturating_add(self.config.open_for)
+    }
+
+    /// Asks to make a call. `None` means the breaker is open: do not touch the store.
+    pub fn try_call(self: &Arc<Self>) -> Option<Permit> {
+        let permit = |probe| Permit {
+            breaker: self.clone(),
+            probe,
+            reported: false,
+        };
+        let mut inner = self.inner.lock();
+        match inner.state {
+            BreakerState::Closed => Some(permit(false)),
+            BreakerState::Open if !self.wait_is_over(&inner) => None,
+            BreakerState::Open | BreakerState::HalfOpen => {
+                if inner.probe_in_flight {
+                    return None;
+                }
+                inner.state = BreakerState::HalfOpen;
+                inner.probe_in_flight = true;
+                Some(permit(true))
+            }
+        }
+    }
+
+    /// Records how a permitted call went. Returns the new state if it changed.
+    fn record(&self, probe: bool, success: bool) -> Option<BreakerState> {
+        let now = self.clock.now();
+        let mut inner = self.inner.lock();
+        let before = inner.state;
+        if probe {
+            inner.probe_in_flight = false;
+        }
+        match (inner.state, success) {
+            (BreakerState::HalfOpen, true) if probe => self.close(&mut inner, now),
+            (BreakerState::HalfOpen, false) if probe => self.open(&mut inner, now),
+            (BreakerState::Closed, _) => {
+                if now.saturating_since(inner.window_start) >= self.config.window {
+                    inner.window_start = now;
+                    inner.calls = 0;
+                    inner.failures = 0;
+                }
+                inner.calls += 1;
+                if success {
+                    inner.consecutive = 0;
+                } else {
+                    inner.consecutive += 1;
+                    inner.failures += 1;
+                }
+                let ratio_tripped = inner.calls >= self.config.min_calls
+                    && f64::from(inner.failures)
+                        >= self.config.failure_ratio * f64::from(inner.calls);
+                if inner.consecutive >= self.config.consecutive_failures || ratio_tripped {
+                    self.open(&mut inner, now);
+                }
+            }
+            // A call that started before the breaker opened: its outcome changes nothing.
+            _ => {}
+        }
+        (inner.state != before).then_some(inner.state)
+    }
+
+    fn open(&self, inner: &mut Inner, now: Timestamp) {
+        inner.state = BreakerState::Open;
+        inner.opened_at = now;
+    }
+
+    fn close(&self, inner: &mut Inner, now: Timestamp) {
+        inner.state = BreakerState::Closed;
+        inner.consecutive = 0;
+        inner.calls = 0;
+        inner.failures = 0;
+        inner.window_start = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn breaker() -> (Arc<ManualClock>, Arc<Breaker>) {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_micros(1_000_000)));
+        (
+            clock.clone(),
+            Arc::new(Breaker::new(BreakerConfig::default(), clock)),
+        )
+    }
+
+    fn call(b: &Arc<Breaker>, ok: bool) -> Option<BreakerState> {
+        let permit = b.try_call().expect("permitted");
+        if ok {
+            permit.succeeded()
+        } else {
+            permit.failed()
+        }
+    }
+
+    #[test]
+    fn opens_after_consecutive_failures_and_refuses_calls() {
+        let (_clock, b) = breaker();
+        for _ in 0..4 {
+            assert_eq!(call(&b, false), None);
+        }
+        assert_eq!(call(&b, false), Some(BreakerState::Open));
+        assert!(b.try_call().is_none());
+        assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    #[test]
+    fn a_success_resets_the_run_of_failures() {
+        let (_clock, b) = breaker();
+        for _ in 0..4 {
+            call(&b, false);
+        }
+        call(&b, true);
+        for _ in 0..4 {
+            assert_eq!(call(&b, false), None);
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn opens_on_the_failure_ratio_of_a_window() {
+        let (_clock, b) = breaker();
+        // Alternating: never 5 in a row, but half of 20 calls failed.
+        for i in 0..19 {
+            assert_eq!(call(&b, i % 2 == 0), None, "call {i}");
+        }
+        assert_eq!(call(&b, false), Some(BreakerState::Open));
+    }
+
+    #[test]
+    fn half_open_lets_one_probe_through_and_closes_on_success() {
+        let (clock, b) = breaker();
+        for _ in 0..5 {
+            call(&b, false);
+        }
+        clock.advance(Duration::from_millis(499));
+        assert!(b.try_call().is_none(), "still open");
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        let probe = b.try_call().expect("one probe");
+        assert!(b.try_call().is_none(), "only one probe at a time");
+        assert_eq!(probe.succeeded(), Some(BreakerState::Closed));
+        assert!(b.try_call().is_some());
+    }
+
+    #[test]
+    fn a_cancelled_call_counts_as_a_failure() {
+        let (_clock, b) = breaker();
+        for _ in 0..5 {
+            drop(b.try_call().expect("permitted"));
+        }
+        assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    #[test]
+    fn a_failed_probe_opens_it_again() {
+        let (clock, b) = breaker();
+        for _ in 0..5 {
+            call(&b, false);
+        }
+        clock.advance(Duration::from_millis(500));
+        let probe = b.try_call().expect("probe");
+        assert_eq!(probe.failed(), Some(BreakerState::Open));
+        assert!(b.try_call().is_none());
+        clock.advance(Duration::from_millis(500));
+        assert!(b.try_call().is_some(), "probes again after another wait");
+    }
+}

@@ -1,0 +1,118 @@
+-- Twin of tollgate_core::gcra, and the meter arithmetic that token_bucket.lua and
+-- leaky_bucket.lua share with it. Hash state: x, y = the theoretical arrival time as a scaled
+-- pair (tat = x * limit + y, 0 <= y < limit).
+--
+-- Rust keeps tat_scaled = micros * limit in u128; here it is (whole µs, remainder in 1/limit
+-- µs), so now_scaled is (now, 0) for free. The tolerance burst * period and the increment
+-- cost * period become pairs through muldivmod; `remaining` needs one more muldivmod.
+
+local meter_ahead, meter_decide, meter_refund
+local gcra_decide, gcra_expires, gcra_refund
+
+-- Builds the meter (see state.lua). Returns ahead, decide, refund.
+local function meter_twin(fmod, divmod, muldivmod, ceil_us)
+  -- How far the scaled instant (w, f) is ahead of `at`: the pair max(w * limit + f - at * limit,
+  -- 0). `w` is nil for an empty state; a remainder >= limit (only after the limit of a live key
+  -- changed) is carried into whole microseconds first.
+  local function ahead(w, f, at, limit)
+    if not w then
+      return 0, 0
+    end
+    if f >= limit then
+      local q
+      q, f = divmod(f, limit)
+      w = w + q
+    end
+    if w < at then
+      return 0, 0
+    end
+    return w - at, f
+  end
+
+  -- floor((tolerance - ahead) / period), 0 once ahead reaches the tolerance: the whole tokens
+  -- (free queue units) left.
+  local function remaining(aw, af, tw, tf, limit, period)
+    local xw, xf = tw - aw, tf - af
+    if xf < 0 then
+      xw, xf = xw - 1, xf + limit
+    end
+    if xw < 0 then
+      return 0
+    end
+    local q, r = muldivmod(xw, limit, period)
+    local s = r + xf -- below period + limit
+    return q + (s - fmod(s, period)) / period
+  end
+
+  -- Decides `cost` against a meter whose backlog is `ahead` = (aw, af) scaled units, with room
+  -- for burst * period. Returns verdict, remaining, ceil(ahead / limit) (reset), retry_after,
+  -- and the new backlog (nw, nf) when allowed.
+  local function decide(aw, af, limit, period, burst, cost)
+    local tw, tf = muldivmod(burst, period, limit)
+    if cost > burst then
+      return 2, remaining(aw, af, tw, tf, limit, period), ceil_us(aw, af), -1
+    end
+    local cw, cf = muldivmod(cost, period, limit)
+    local nw, nf = aw + cw, af + cf
+    if nf >= limit then
+      nw, nf = nw + 1, nf - limit
+    end
+    if nw < tw or (nw == tw and nf <= tf) then
+      return 0, remaining(nw, nf, tw, tf, limit, period), ceil_us(nw, nf), -1, nw, nf
+    end
+    local rw, rf = nw - tw, nf - tf
+    if rf < 0 then
+      rw, rf = rw - 1, rf + limit
+    end
+    return 1, remaining(aw, af, tw, tf, limit, period), ceil_us(aw, af), ceil_us(rw, rf)
+  end
+
+  -- Moves the scaled instant (w, f) back by cost * period, but not before (floor_w, 0). Returns
+  -- the new pair, or nil when nothing changes. A cost above burst moves it no further than
+  -- burst does (the instant is never more than burst * period past its floor).
+  local function refund(w, f, floor_w, limit, period, burst, cost)
+    if cost <= 0 or w < floor_w or (w == floor_w and f == 0) then
+      return nil
+    end
+    if cost > burst then
+      cost = burst
+    end
+    local cw, cf = muldivmod(cost, period, limit)
+    local nw, nf = w - cw, f - cf
+    if nf < 0 then
+      nw, nf = nw - 1, nf + limit
+    end
+    if nw < floor_w then
+      nw, nf = floor_w, 0
+    end
+    return nw, nf
+  end
+
+  return ahead, decide, refund
+end
+
+-- Builds the twin on the meter. Returns decide, expires, refund.
+local function gcra_twin(ahead, meter, rewind, ceil_us)
+  -- Returns verdict, remaining, reset_after, retry_after, delay, then the new (x, y) if
+  -- allowed.
+  local function decide(tat_w, tat_f, now, limit, period, burst, cost)
+    local aw, af = ahead(tat_w, tat_f, now, limit)
+    local verdict, remaining, reset, retry, nw, nf = meter(aw, af, limit, period, burst, cost)
+    if verdict == 0 then
+      return 0, remaining, reset, -1, 0, now + nw, nf
+    end
+    return verdict, remaining, reset, retry, 0
+  end
+
+  -- State::expires_at: ceil(tat_scaled / limit).
+  local function expires(tat_w, tat_f)
+    return ceil_us(tat_w, tat_f)
+  end
+
+  -- Moves the arrival time back by the charge's increment, never before the charge instant.
+  local function refund(tat_w, tat_f, now, limit, period, burst, cost)
+    return rewind(tat_w, tat_f, now, limit, period, burst, cost)
+  end
+
+  return decide, expires, refund
+end

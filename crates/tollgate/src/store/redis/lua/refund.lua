@@ -1,0 +1,118 @@
+-- tollgate REFUND: takes back charges a DECIDE call committed (Redis Cluster: a request whose
+-- limits span several slots is refunded on the slots that charged when another slot denied).
+--
+-- KEYS     the keys to refund (the same key may appear more than once).
+-- ARGV[1]  the now_us the DECIDE call used when it charged.
+-- then 5 per key i, from ARGV[2 + 5 * (i - 1)]: algorithm, limit, period_us, burst, cost.
+--
+-- Undoes one charge of `cost` made at that instant: exactly when nothing else touched the key
+-- since, conservatively otherwise. Fixed window and sliding counter decrement the window the
+-- charge landed in (the counter's previous one if the window has rolled, nothing if older);
+-- the sliding log takes `cost` back from its entries at that instant (newest first); the token
+-- bucket gets the tokens back (capped at burst); GCRA and the leaky bucket move their time
+-- back by cost * period, never before the charge instant. TTLs follow the new state (a state
+-- that has expired is deleted). A key of another algorithm is left alone; a key of a foreign
+-- Redis type fails the call before anything is written.
+--
+-- Returns the number of distinct keys whose state changed.
+
+local now = tonumber(ARGV[1])
+if not now or now < 0 or now >= TWO52 or fmod(now, 1) ~= 0 then
+  return redis.error_reply('ERR tollgate: now must be whole microseconds in [0, 2^52)')
+end
+
+local contexts = {}
+local opened = {}
+for i = 1, #KEYS do
+  local a = 5 * i - 3
+  local alg, limit, period = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local burst, cost = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local key = KEYS[i]
+  -- Build the twin the first time this call meets its algorithm (see state.lua).
+  if alg == 1 then
+    if not fixed_window_decide then
+      fixed_window_decide, fixed_window_expires, fixed_window_refund =
+        fixed_window_twin(divmod, nonneg)
+    end
+  elseif alg == 2 then
+    if not sliding_window_log_decide then
+      sliding_window_log_set_last, sliding_window_log_decide, sliding_window_log_apply,
+        sliding_window_log_prepare, sliding_window_log_commit,
+        sliding_window_log_refund_prepare, sliding_window_log_refund_commit =
+        sliding_window_log_twin(fmod, format, sub, int, nonneg, div_ceil)
+    end
+  elseif alg == 3 then
+    if not sliding_window_counter_decide then
+      sliding_window_counter_decide, sliding_window_counter_expires,
+        sliding_window_counter_refund = sliding_window_counter_twin(divmod, muldivmod, nonneg)
+    end
+  elseif alg == 4 or alg == 5 or alg == 6 then
+    if not meter_decide then
+      meter_ahead, meter_decide, meter_refund = meter_twin(fmod, divmod, muldivmod, ceil_us)
+    end
+    if alg == 4 and not token_bucket_decide then
+      token_bucket_decide, token_bucket_expires, token_bucket_refund =
+        token_bucket_twin(meter_ahead, meter_decide, meter_refund, ceil_us)
+    elseif alg == 5 and not leaky_bucket_decide then
+      leaky_bucket_decide, leaky_bucket_expires, leaky_bucket_refund =
+        leaky_bucket_twin(meter_ahead, meter_decide, meter_refund, ceil_us)
+    elseif alg == 6 and not gcra_decide then
+      gcra_decide, gcra_expires, gcra_refund =
+        gcra_twin(meter_ahead, meter_decide, meter_refund, ceil_us)
+    end
+  end
+  local c
+  for j = 1, i - 1 do
+    if KEYS[j] == key then
+      c = contexts[j]
+      break
+    end
+  end
+  if not c then
+    c = state_open(key, alg == 2)
+    opened[#opened + 1] = c
+  end
+  contexts[i] = c
+
+  if c.tag == alg then
+    local nx, ny, nz
+    if alg == 2 then
+      if cost > 0 then
+        c.R, c.ep = (c.R or 0) + cost, period
+      end
+    elseif alg == 1 then
+      nx, ny = fixed_window_refund(c.x, c.y, now, period, cost)
+    elseif alg == 3 then
+      nx, ny, nz = sliding_window_counter_refund(c.x, c.y, c.z, now, period, cost)
+    elseif alg == 4 then
+      nx, ny, nz = token_bucket_refund(c.x, c.y, c.z, limit, period, burst, cost)
+    elseif alg == 5 then
+      nx, ny = leaky_bucket_refund(c.x, c.y, now, limit, period, burst, cost)
+    elseif alg == 6 then
+      nx, ny = gcra_refund(c.x, c.y, now, limit, period, burst, cost)
+    end
+    if nx then
+      c.x, c.y, c.z, c.dirty, c.ep = nx, ny, nz, true, period
+    end
+  end
+end
+
+for k = 1, #opened do
+  local c = opened[k]
+  if c.R and c.base then
+    sliding_window_log_refund_prepare(c, now)
+  end
+end
+local refunded = 0
+for k = 1, #opened do
+  local c = opened[k]
+  if c.R and c.base then
+    if sliding_window_log_refund_commit(c, now) then
+      refunded = refunded + 1
+    end
+  elseif c.dirty then
+    state_commit_hash(c, now)
+    refunded = refunded + 1
+  end
+end
+return refunded

@@ -1,0 +1,94 @@
+-- Per-key context shared by the DECIDE and REFUND drivers: one table per distinct key of a
+-- call, holding what was read and the tentative state the call's charges leave behind.
+--
+-- Hash layout (every algorithm but the sliding log): t = algorithm code, then x, y[, z] as
+-- each twin documents. A hash of another algorithm (a policy switched algorithm on a live key)
+-- is an empty state, as in Rust; so is a ZSET (a sliding log) read by a hash algorithm and the
+-- other way round. Any other Redis type at a key is an error, raised before anything is written.
+--
+-- Fields: key; kind = 'h' (hash or missing) or 'z' (ZSET or missing); tag, x, y, z = the
+-- tentative state (tag 0 = empty, 2 = the sliding log); base = the stored ZSET is part of the
+-- log; T = cost appended to the log by this call; dirty = a transition was applied; ep = the
+-- period of the last charge that applied one (its expires_at sets the TTL, as in Rust).
+--
+-- Twins are built per call: EVALSHA runs the whole script body on every call, and creating a
+-- closure costs ~30 ns plus a walk of the captured-variable list for each variable it captures
+-- (Lua 5.1's luaF_findupval), so defining every function of every twin up front cost ~3 µs per
+-- call. Each twin is a function without upvalues that takes its helpers as arguments and returns
+-- its functions; the drivers build a twin (main-chunk code, no closure) the first time a call
+-- meets its algorithm. Keep closures that capture many variables out of the main chunk.
+
+local function state_load_hash(c, reply)
+  c.kind = 'h'
+  c.tag = tonumber(reply[1]) or 0
+  c.x, c.y, c.z = tonumber(reply[2]), tonumber(reply[3]), tonumber(reply[4])
+end
+
+-- Raises the read error unless the key holds `other` (the other type tollgate writes).
+local function state_other_type(c, reply, other)
+  if redis.call('TYPE', c.key).ok ~= other then
+    error(reply)
+  end
+end
+
+-- Opens key `key`, reading it the way its first charge's algorithm does (`as_log`), so the
+-- common case costs one command.
+local function state_open(key, as_log)
+  local c = { key = key, kind = 'h', tag = 0, base = false, T = 0, dirty = false }
+  if as_log then
+    local r = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if r.err then
+      state_other_type(c, r, 'hash')
+      state_load_hash(c, redis.call('HMGET', key, 't', 'x', 'y', 'z'))
+    else
+      c.kind, c.tag, c.base = 'z', 2, true
+      sliding_window_log_set_last(c, r)
+    end
+  else
+    local r = redis.pcall('HMGET', key, 't', 'x', 'y', 'z')
+    if r.err then
+      state_other_type(c, r, 'zset')
+      c.kind, c.tag, c.base = 'z', 2, true
+    else
+      state_load_hash(c, r)
+    end
+  end
+  return c
+end
+
+-- State::expires_at of the context's hash state.
+local function state_expires(c)
+  local tag = c.tag
+  if tag == 1 then
+    return fixed_window_expires(c.x, c.y, c.ep)
+  elseif tag == 3 then
+    return sliding_window_counter_expires(c.x, c.y, c.z, c.ep)
+  elseif tag == 4 then
+    return token_bucket_expires(c.y, c.z)
+  elseif tag == 5 then
+    return leaky_bucket_expires(c.x, c.y)
+  end
+  return gcra_expires(c.x, c.y)
+end
+
+-- Writes the context's hash state with its TTL, or deletes the key when the state has already
+-- expired at `now` (it then decides exactly like an empty one).
+local function state_commit_hash(c, now)
+  local key = c.key
+  if c.kind == 'z' then
+    redis.call('DEL', key) -- a sliding log replaced by this call
+  end
+  local expires = state_expires(c)
+  if expires <= now then
+    if c.kind ~= 'z' then
+      redis.call('DEL', key)
+    end
+    return
+  end
+  if c.tag == 3 or c.tag == 4 then
+    redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y, 'z', c.z)
+  else
+    redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y)
+  end
+  redis.call('PEXPIREAT', key, int(div_ceil(expires, 1000)))
+end

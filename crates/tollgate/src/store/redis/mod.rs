@@ -1,0 +1,543 @@
+//! Redis and Redis Cluster backends: one Lua script call decides and charges all of a
+//! request's limits that live on one node.
+//!
+//! - Keys are tagged by the service ([`slot`]), so each counter lives on one slot and a client
+//!   value can never choose it.
+//! - The script ([`script`]) reads `TIME` on the server, so replicas with skewed clocks agree.
+//!   It is run with `EVALSHA`; `NOSCRIPT` (restart, `SCRIPT FLUSH`, failover) reloads it and
+//!   retries transparently.
+//! - Every decision has one deadline for all its store calls; connections are multiplexed
+//!   and reconnect with backoff; calls in flight are capped and the excess is shed at once.
+//! - A circuit breaker per node ([`topology`]) stops calling a sick node; the limiter's
+//!   failure posture answers instead.
+//!
+//! ## All-or-nothing on a cluster
+//!
+//! On one Redis server a request is one atomic script call. On a cluster, a request whose
+//! counters span several slots is decided in two steps: first every slot is asked without
+//! writing; if any enforced limit denies, the request is denied and nothing is written
+//! anywhere. Otherwise every slot charges in its own atomic call; if a concurrent request took
+//! the last quota of one slot in between, that slot denies and the slots that charged are
+//! refunded. A refund is exact when nothing else charged that counter in between and never
+//! credits more than was charged, so the race can only under-admit, by at most the request's
+//! own cost, never over-admit.
+
+pub mod script;
+mod slot;
+mod topology;
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use futures_util::future::try_join_all;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tollgate_core::{Decision, Params, Verdict};
+use tracing::{info, warn};
+
+use self::script::algorithm_code;
+use self::topology::Topology;
+use super::url::StoreUrl;
+use super::{Charge, Store, StoreError};
+use crate::clock::SharedClock;
+use crate::resilience::{BreakerConfig, BreakerState};
+
+/// Connection and failure settings for the Redis backends.
+#[derive(Debug, Clone, Copy)]
+pub struct RedisOptions {
+    /// Time allowed to open a connection.
+    pub connect_timeout: Duration,
+    /// Deadline of one decision's store work (every call it needs, on a cluster too).
+    pub command_timeout: Duration,
+    /// Decisions allowed to wait on the store at once; more are shed to the failure posture.
+    pub max_in_flight: usize,
+    /// The circuit breaker of each node.
+    pub breaker: BreakerConfig,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        // Envoy waits 20 ms for the whole decision by default; the store gets half of it.
+        RedisOptions {
+            connect_timeout: Duration::from_secs(1),
+            command_timeout: Duration::from_millis(10),
+            max_in_flight: 1024,
+            breaker: BreakerConfig::default(),
+        }
+    }
+}
+
+enum Connection {
+    Single(ConnectionManager),
+    /// Filled by a background task once a seed node answers, so the service starts (and the
+    /// posture answers) while the cluster is unreachable.
+    Cluster(Arc<ArcSwapOption<ClusterConnection>>),
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Connection::Single(_) => "Single",
+            Connection::Cluster(_) => "Cluster",
+        })
+    }
+}
+
+/// A Redis or Redis Cluster store.
+#[derive(Debug)]
+pub struct RedisStore {
+    connection: Connection,
+    topology: Arc<Topology>,
+    decide: redis::Script,
+    refund: redis::Script,
+    options: RedisOptions,
+    in_flight: Semaphore,
+    background: Option<JoinHandle<()>>,
+    /// Tests only: pass this clock's time to the script instead of the server's `TIME`.
+    pinned_clock: Option<SharedClock>,
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        if let Some(task) = &self.background {
+            task.abort();
+        }
+    }
+}
+
+fn unavailable(context: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("{context}: {e}"))
+}
+
+fn store_error(e: redis::RedisError) -> StoreError {
+    use redis::ErrorKind;
+    // A foreign value at one of our keys fails that call only; retrying will not help and the
+    // store itself is healthy.
+    let foreign = e.to_string().contains("WRONGTYPE")
+        || matches!(e.kind(), ErrorKind::UnexpectedReturnType | ErrorKind::Parse);
+    if foreign {
+        StoreError::InvalidData(e.to_string())
+    } else {
+        // Unreachable, out of memory, cluster reconfiguring, script cache lost twice...
+        unavailable("redis", e)
+    }
+}
+
+/// One script call's worth of charges: indexes into the request's charges, all on `slot`.
+struct Group {
+    slot: u16,
+    indexes: Vec<usize>,
+}
+
+/// What one DECIDE call answered.
+struct Reply {
+    now_micros: i64,
+    admitted: bool,
+    decisions: Vec<Decision>,
+}
+
+impl RedisStore {
+    /// Connects to the store named by `url` (which must be a Redis or cluster URL). `clock`
+    /// drives the circuit breakers.
+    ///
+    /// Connections are opened in the background: the service starts even while Redis is down,
+    /// answers with the failure posture meanwhile, and reconnects with backoff.
+    pub async fn connect(
+        url: &StoreUrl,
+        options: RedisOptions,
+        clock: SharedClock,
+    ) -> Result<Self, StoreError> {
+        let (connection, topology, background) = match url {
+            StoreUrl::Memory => {
+                return Err(StoreError::Unavailable("memory is not a Redis URL".into()));
+            }
+            StoreUrl::Redis(url) => {
+                let client = redis::Client::open(url.as_str())
+                    .map_err(|e| unavailable("invalid Redis URL", e))?;
+                let node = format!("{}", client.get_connection_info().addr());
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(options.connect_timeout))
+                    .set_response_timeout(Some(options.command_timeout))
+                    .set_min_delay(Duration::from_millis(10))
+                    .set_max_delay(Duration::from_secs(1))
+                    // Few retries per command: the deadline and the breaker handle outages.
+                    .set_number_of_retries(1);
+                let manager = ConnectionManager::new_lazy_with_config(client, config)
+                    .map_err(|e| unavailable("cannot create Redis connection", e))?;
+                let topology = Arc::new(Topology::new(&node, options.breaker, clock));
+                (Connection::Single(manager), topology, None)
+            }
+            StoreUrl::Cluster(seeds) => {
+                let client = ClusterClient::builder(seeds.iter().map(String::as_str))
+                    .connection_timeout(options.connect_timeout)
+                    .response_timeout(options.command_timeout)
+                    .retries(2)
+                    .build()
+                    .map_err(|e| unavailable("invalid cluster URL", e))?;
+                let slot = Arc::new(ArcSwapOption::empty());
+                let topology = Arc::new(Topology::new("cluster", options.breaker, clock));
+                let task = tokio::spawn(maintain_cluster(
+                    client,
+                    Arc::downgrade(&slot),
+                    Arc::downgrade(&topology),
+                    options.connect_timeout,
+                ));
+                (Connection::Cluster(slot), topology, Some(task))
+            }
+        };
+        Ok(RedisStore {
+            connection,
+            topology,
+            decide: redis::Script::new(script::DECIDE_SCRIPT),
+            refund: redis::Script::new(script::REFUND_SCRIPT),
+            options,
+            in_flight: Semaphore::new(options.max_in_flight),
+            background,
+            pinned_clock: None,
+        })
+    }
+
+    /// The state of every node's circuit breaker.
+    pub fn breakers(&self) -> Vec<(String, BreakerState)> {
+        self.topology.states()
+    }
+
+    /// Tests only: decide at this clock's time instead of the Redis server's.
+    pub fn pin_clock(mut self, clock: SharedClock) -> Self {
+        self.pinned_clock = Some(clock);
+        self
+    }
+
+    /// Checks that a limit can be decided exactly by the script (Lua numbers are doubles).
+    pub fn supports(params: &Params) -> Result<(), String> {
+        script::fits_lua(params)
+    }
+
+    async fn with_deadline<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.options.command_timeout, call).await {
+            Ok(result) => result.map_err(store_error),
+            Err(_) => Err(unavailable(what, "deadline exceeded")),
+        }
+    }
+
+    async fn run_decide(
+        &self,
+        connection: &mut impl ConnectionLike,
+        charges: &[Charge<'_>],
+        keys: &[u8],
+        spans: &[Range<usize>],
+        group: &Group,
+        commit: bool,
+    ) -> Result<Reply, StoreError> {
+        let mut invocation = self.decide.prepare_invoke();
+        for &i in &group.indexes {
+            invocation.key(&keys[spans[i].clone()]);
+        }
+        invocation.arg(if commit { "1" } else { "0" });
+        match &self.pinned_clock {
+            Some(clock) => invocation.arg(clock.now().as_micros()),
+            None => invocation.arg(""),
+        };
+        for &i in &group.indexes {
+            let c = &charges[i];
+            invocation
+                .arg(algorithm_code(c.params.algorithm()))
+                .arg(c.params.limit())
+                .arg(c.params.period_micros())
+                .arg(c.params.burst())
+                .arg(c.cost)
+                .arg(if c.enforce { "1" } else { "0" });
+        }
+        let (node, breaker) = self.topology.breaker_for(group.slot);
+        let permit = breaker
+            .try_call()
+            .ok_or_else(|| StoreError::Unavailable(format!("circuit open for {node}")))?;
+        // The decision's deadline wraps this call; a cancelled permit counts as a failure.
+        let answer = invocation
+            .invoke_async::<Vec<i64>>(connection)
+            .await
+            .map_err(store_error);
+        let changed = match &answer {
+            Ok(_) | Err(StoreError::InvalidData(_)) => permit.succeeded(),
+            Err(_) => permit.failed(),
+        };
+        if let Some(state) = changed {
+            info!(node = %node, state = state.name(), "Circuit breaker changed state");
+        }
+        parse_reply(&answer?, group.indexes.iter().map(|&i| &charges[i]))
+    }
+
+    async fn run_refund(
+        &self,
+        connection: &mut impl ConnectionLike,
+        charges: &[Charge<'_>],
+        keys: &[u8],
+        spans: &[Range<usize>],
+        group: &Group,
+        reply: &Reply,
+    ) -> Result<(), StoreError> {
+        let mut invocation = self.refund.prepare_invoke();
+        invocation.arg(reply.now_micros);
+        let mut any = false;
+        for (&i, decision) in group.indexes.iter().zip(&reply.decisions) {
+            if !decision.is_allowed() {
+                continue; // denied charges were never written
+            }
+            any = true;
+            let c = &charges[i];
+            invocation.key(&keys[spans[i].clone()]);
+            invocation
+                .arg(algorithm_code(c.params.algorithm()))
+                .arg(c.params.limit())
+                .arg(c.params.period_micros())
+                .arg(c.params.burst())
+                .arg(c.cost);
+        }
+        if !any {
+            return Ok(());
+        }
+        let _: i64 = self
+            .with_deadline("redis refund", invocation.invoke_async(connection))
+            .await?;
+        Ok(())
+    }
+
+    async fn apply_cluster(
+        &self,
+        connection: &ClusterConnection,
+        charges: &[Charge<'_>],
+        keys: &[u8],
+        spans: &[Range<usize>],
+        groups: &[Group],
+    ) -> Result<Vec<Decision>, StoreError> {
+        let mut decisions = vec![None; charges.len()];
+        let gather = |decisions: &mut Vec<Option<Decision>>, replies: &[Reply]| {
+            for (group, reply) in groups.iter().zip(replies) {
+                for (&i, d) in group.indexes.iter().zip(&reply.decisions) {
+                    decisions[i] = Some(*d);
+                }
+            }
+        };
+        // Step 1: ask every slot without writing.
+        let peeks = try_join_all(groups.iter().map(|g| {
+            let mut c = connection.clone();
+            async move {
+                self.run_decide(&mut c, charges, keys, spans, g, false)
+                    .await
+            }
+        }))
+        .await?;
+        if peeks.iter().any(|r| !r.admitted) {
+            gather(&mut decisions, &peeks);
+            return Ok(decisions.into_iter().flatten().collect());
+        }
+        // Step 2: charge every slot; refund the ones that charged if another one lost a race.
+        let commits = try_join_all(groups.iter().map(|g| {
+            let mut c = connection.clone();
+            async move { self.run_decide(&mut c, charges, keys, spans, g, true).await }
+        }))
+        .await?;
+        if commits.iter().any(|r| !r.admitted) {
+            for (group, reply) in groups.iter().zip(&commits).filter(|(_, r)| r.admitted) {
+                let mut c = connection.clone();
+                if let Err(e) = self
+                    .run_refund(&mut c, charges, keys, spans, group, reply)
+                    .await
+                {
+                    warn!(error = %e, "Refund after a lost cluster race failed; the charge stays");
+                }
+            }
+        }
+        gather(&mut decisions, &commits);
+        Ok(decisions.into_iter().flatten().collect())
+    }
+}
+
+fn parse_reply<'a>(
+    raw: &[i64],
+    charges: impl ExactSizeIterator<Item = &'a Charge<'a>>,
+) -> Result<Reply, StoreError> {
+    let n = charges.len();
+    if raw.len() != 2 + 5 * n {
+        return Err(StoreError::InvalidData(format!(
+            "script answered {} numbers for {n} charges",
+            raw.len()
+        )));
+    }
+    let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
+    let decisions = charges
+        .zip(raw[2..].chunks_exact(5))
+        .map(|(charge, r)| {
+            let verdict = match r[0] {
+                0 => Verdict::Allowed,
+                1 => Verdict::Denied,
+                2 => Verdict::CostExceedsCapacity,
+                other => {
+                    return Err(StoreError::InvalidData(format!("unknown verdict {other}")));
+                }
+            };
+            Ok(Decision {
+                verdict,
+                limit: charge.params.limit(),
+                remaining: u64::try_from(r[1]).unwrap_or(0),
+                reset_after: micros(r[2]),
+                retry_after: (r[3] >= 0).then(|| micros(r[3])),
+                delay: micros(r[4]),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Reply {
+        now_micros: raw[0],
+        admitted: raw[1] == 1,
+        decisions,
+    })
+}
+
+impl RedisStore {
+    async fn apply_within_deadline(
+        &self,
+        charges: &[Charge<'_>],
+        keys: &[u8],
+        spans: &[Range<usize>],
+        slots: &[u16],
+    ) -> Result<Vec<Decision>, StoreError> {
+        match &self.connection {
+            Connection::Single(manager) => {
+                let all = Group {
+                    slot: 0,
+                    indexes: (0..charges.len()).collect(),
+                };
+                let mut connection = manager.clone();
+                let reply = self
+                    .run_decide(&mut connection, charges, keys, spans, &all, true)
+                    .await?;
+                Ok(reply.decisions)
+            }
+            Connection::Cluster(slot) => {
+                let Some(cluster) = slot.load_full() else {
+                    return Err(StoreError::Unavailable(
+                        "not connected to the cluster yet".into(),
+                    ));
+                };
+                let mut groups: Vec<Group> = Vec::new();
+                for (i, slot) in slots.iter().enumerate() {
+                    match groups.iter_mut().find(|g| g.slot == *slot) {
+                        Some(g) => g.indexes.push(i),
+                        None => groups.push(Group {
+                            slot: *slot,
+                            indexes: vec![i],
+                        }),
+                    }
+                }
+                if let [only] = groups.as_slice() {
+                    let mut connection = (*cluster).clone();
+                    let reply = self
+                        .run_decide(&mut connection, charges, keys, spans, only, true)
+                        .await?;
+                    return Ok(reply.decisions);
+                }
+                self.apply_cluster(&cluster, charges, keys, spans, &groups)
+                    .await
+            }
+        }
+    }
+}
+
+impl Store for RedisStore {
+    async fn apply(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
+        for c in charges {
+            script::fits_lua(c.params).map_err(StoreError::InvalidData)?;
+        }
+        // No queue: when the cap is reached, excess decisions go to the posture at once.
+        let _in_flight = self.in_flight.try_acquire().map_err(|_| {
+            StoreError::Unavailable(format!(
+                "{} store calls already in flight; shedding",
+                self.options.max_in_flight
+            ))
+        })?;
+        let mut keys = Vec::with_capacity(charges.len() * 96);
+        let mut spans = Vec::with_capacity(charges.len());
+        let mut slots = Vec::with_capacity(charges.len());
+        for c in charges {
+            let start = keys.len();
+            slots.push(slot::redis_key(&mut keys, c.key));
+            spans.push(start..keys.len());
+        }
+        let work = self.apply_within_deadline(charges, &keys, &spans, &slots);
+        match tokio::time::timeout(self.options.command_timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(unavailable("redis", "deadline exceeded")),
+        }
+    }
+
+    async fn key_count(&self) -> Result<usize, StoreError> {
+        let cmd = redis::cmd("DBSIZE");
+        match &self.connection {
+            Connection::Single(m) => {
+                self.with_deadline("redis DBSIZE", cmd.query_async(&mut m.clone()))
+                    .await
+            }
+            Connection::Cluster(slot) => {
+                let Some(cluster) = slot.load_full() else {
+                    return Err(StoreError::Unavailable(
+                        "not connected to the cluster yet".into(),
+                    ));
+                };
+                let mut connection = (*cluster).clone();
+                self.with_deadline("redis DBSIZE", cmd.query_async(&mut connection))
+                    .await
+            }
+        }
+    }
+}
+
+/// Connects to the cluster (retrying with backoff until a seed answers), then keeps the slot
+/// map of the per-node breakers fresh. Ends when the store is dropped.
+async fn maintain_cluster(
+    client: ClusterClient,
+    slot: std::sync::Weak<ArcSwapOption<ClusterConnection>>,
+    topology: std::sync::Weak<Topology>,
+    connect_timeout: Duration,
+) {
+    let mut backoff = Duration::from_millis(50);
+    let mut connection = loop {
+        match tokio::time::timeout(connect_timeout, client.get_async_connection()).await {
+            Ok(Ok(connection)) => break connection,
+            Ok(Err(e)) => warn!(error = %e, "Cannot connect to the Redis cluster yet"),
+            Err(_) => warn!("Connecting to the Redis cluster timed out"),
+        }
+        if slot.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    };
+    match slot.upgrade() {
+        Some(slot) => slot.store(Some(Arc::new(connection.clone()))),
+        None => return,
+    }
+    info!("Connected to the Redis cluster");
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(topology) = topology.upgrade() else {
+            return;
+        };
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let query = cmd.query_async::<redis::Value>(&mut connection);
+        if let Ok(Ok(reply)) = tokio::time::timeout(connect_timeout, query).await {
+            topology.update(&reply);
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The Lua twins of the core algorithms, assembled into the two scripts the Redis store runs.
+//!
+//! Each algorithm of `tollgate-core` has one Lua twin in `lua/` that gives identical decisions
+//! (verdict, remaining, reset_after, retry_after, delay, in integer microseconds) for any
+//! sequence of requests; `tests/lua_twin.rs` checks that on a real `redis-server`. The files are
+//! concatenated at compile time: helpers first (`exact.lua`), then the twins, the per-key state
+//! (`state.lua`), and a driver (`decide.lua` or `refund.lua`).
+//!
+//! # DECIDE ([`DECIDE_SCRIPT`])
+//!
+//! One call per request covers all of its limits (on a cluster: all of them on one slot).
+//!
+//! - `KEYS[i]`: the counter key of charge `i`. All keys share a hash slot; the same key may
+//!   appear more than once; no undeclared key is touched.
+//! - `ARGV[1]`: `"1"` commits if admitted, `"0"` decides only and never writes.
+//! - `ARGV[2]`: `now` in microseconds since the epoch (tests), or `""` for the server's `TIME`.
+//!   Must be below [`MAX_NOW_MICROS`].
+//! - then 6 per charge, from `ARGV[3 + 6 * (i - 1)]`: [`algorithm_code`], limit, period in
+//!   microseconds, burst, cost, enforce (`"1"` / `"0"`).
+//!
+//! Every charge is decided against the current state; charges on the same key are decided in
+//! order, each seeing the tentative effect of the earlier ones. The call is admitted when every
+//! enforced charge is allowed; then (with `ARGV[1] == "1"`) every allowed charge is committed,
+//! denied ones consume nothing; otherwise nothing is written. All reads happen before the first
+//! write, so a key holding a foreign Redis type fails the call (`WRONGTYPE`) with every key
+//! unchanged. Every key written gets `PEXPIREAT ceil(expires_at / 1000)` ms, `expires_at` being
+//! [`tollgate_core::State::expires_at`] of its new state; a state already expired at `now` is
+//! deleted instead.
+//!
+//! Reply: a flat integer array `[now_us, admitted (1/0)]`, then per charge `verdict` (0
+//! allowed, 1 denied, 2 cost exceeds capacity), `remaining`, `reset_after_us`,
+//! `retry_after_us` (-1 when none), `delay_us`.
+//!
+//! # REFUND ([`REFUND_SCRIPT`])
+//!
+//! Takes back charges a DECIDE call committed, for a cluster request whose other slot denied.
+//!
+//! - `KEYS`: the keys to refund. `ARGV[1]`: the `now_us` the DECIDE call answered.
+//! - then 5 per key, from `ARGV[2 + 5 * (i - 1)]`: algorithm code, limit, period, burst, cost.
+//!
+//! Undoes one charge of `cost` made at that instant: exactly when nothing else touched the key
+//! since (later decisions are those of a key that never saw the charge), conservatively
+//! otherwise. Fixed window and sliding counter decrement the window the charge landed in (the
+//! counter's previous window once it has rolled, nothing if older); the sliding log takes
+//! `cost` back from its entries at that instant; the token bucket gets its tokens back, capped
+//! at burst; GCRA and the leaky bucket move their time back by `cost * period / limit`, never
+//! before the charge instant. TTLs follow the new state. Replies the number of distinct keys
+//! whose state changed.
+//!
+//! # Storage
+//!
+//! - Sliding log: a ZSET, score = admission time (µs), member = `"%016d:%d"` of `(S, cost)`
+//!   where `S` is the total cost of the entries before it, so a decision reads two entries (a
+//!   denial of a weighted request: a binary search by rank), not the whole log. Entries of one
+//!   call are stored as one entry; `S` restarts at 0 when the log empties or passes 2^50.
+//! - Every other algorithm: a hash, `t` = algorithm code, then `x`, `y`, `z`:
+//!   fixed window `x` = window index, `y` = count; sliding counter `x` = window, `y` = current,
+//!   `z` = previous; token bucket `x` = updated (µs), `y`,`z` = the instant the bucket is full
+//!   again; leaky bucket `x`,`y` = the instant the queue is empty; GCRA `x`,`y` = the
+//!   theoretical arrival time. An instant is a pair `(w, f)` = `w * limit + f` in Rust's scaled
+//!   units (`micros * limit`), `0 <= f < limit`.
+//!
+//! A hash of another algorithm, or a ZSET read by a hash algorithm (and the other way round),
+//! is an empty state, as in Rust (a policy that switches a live key's algorithm).
+//!
+//! # Where the scripts and the core may differ
+//!
+//! - Params changed on a live key. The windows and the log store counts and instants, which mean
+//!   the same under any params: they stay identical to the core. The bucket algorithms store an
+//!   instant (µs and a remainder in 1/limit µs) where the core stores the number `micros * limit`
+//!   (token bucket: `tokens * period`) and reinterprets it under the new params: one request at
+//!   1000/s then a reload to 10/s leaves the core's key denied for ~5600 years. The scripts keep
+//!   the instant instead. Keys that include the params (as override keys do) avoid both.
+//! - `now` at or past [`MAX_NOW_MICROS`] is an error, and a bucket whose refill time fails
+//!   [`fits_lua`] must not reach the script.
+//! - A state that has expired when written is deleted: the same from then on (the core's
+//!   contract), but if the clock later runs backwards past that instant the script sees an empty
+//!   key where the memory store still holds the old state.
+//!
+//! Redis expires keys by its own wall clock: tests that pin `now` must pin it in the future, or
+//! the keys the script writes vanish at once.
+
+use tollgate_core::{Algorithm, Params};
+
+/// The DECIDE script. See the [module documentation](self) for its contract.
+pub const DECIDE_SCRIPT: &str = concat!(
+    include_str!("lua/exact.lua"),
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/sliding_window_counter.lua"),
+    include_str!("lua/gcra.lua"),
+    include_str!("lua/token_bucket.lua"),
+    include_str!("lua/leaky_bucket.lua"),
+    include_str!("lua/sliding_window_log.lua"),
+    include_str!("lua/state.lua"),
+    include_str!("lua/decide.lua"),
+);
+
+/// The REFUND script. See the [module documentation](self) for its contract.
+pub const REFUND_SCRIPT: &str = concat!(
+    include_str!("lua/exact.lua"),
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/sliding_window_counter.lua"),
+    include_str!("lua/gcra.lua"),
+    include_str!("lua/token_bucket.lua"),
+    include_str!("lua/leaky_bucket.lua"),
+    include_str!("lua/sliding_window_log.lua"),
+    include_str!("lua/state.lua"),
+    include_str!("lua/refund.lua"),
+);
+
+/// The scripts refuse a `now` at or past this (2^52 µs, in the year 2112): every instant they
+/// form must stay below 2^53 to be exact in a Lua double.
+pub const MAX_NOW_MICROS: u64 = 1 << 52;
+
+/// The longest time a bucket algorithm may take to refill (drain) a whole burst:
+/// `burst * period / limit`, 2^50 µs (about 35.7 years).
+pub const MAX_REFILL_MICROS: u64 = 1 << 50;
+
+/// The code an algorithm has in the scripts' arguments and in the stored hashes.
+pub fn algorithm_code(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::FixedWindow => 1,
+        Algorithm::SlidingWindowLog => 2,
+        Algorithm::SlidingWindowCounter => 3,
+        Algorithm::TokenBucket => 4,
+        Algorithm::LeakyBucket => 5,
+        Algorithm::Gcra => 6,
+    }
+}
+
+/// Whether the scripts decide `params` exactly like the core.
+///
+/// Validated [`Params`] already bound limit, burst (`<= 1e12`) and period (`<= 400 days`);
+/// the windows and the log need nothing more. The bucket algorithms keep instants up to
+/// `burst * period / limit` ahead of now, which must stay far enough below 2^53 µs: that refill
+/// time must be at most [`MAX_REFILL_MICROS`]. Costs need no bound (anything above the
+/// capacity is answered "cost exceeds capacity" even once rounded to a double).
+pub fn fits_lua(params: &Params) -> Result<(), String> {
+    if !params.algorithm().uses_burst() {
+        return Ok(());
+    }
+    let refill = u128::from(params.burst()) * u128::from(params.period_micros());
+    if refill > u128::from(MAX_REFILL_MICROS) * u128::from(params.limit()) {
+        return Err(format!(
+            "{} with burst {} and limit {} per {:?} takes longer than {} years to refill, \
+             which the Redis store cannot represent exactly",
+            params.algorithm(),
+            params.burst(),
+            params.limit(),
+            params.period(),
+            MAX_REFILL_MICROS / 31_557_600_000_000
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn scripts_end_with_their_driver() {
+        assert!(DECIDE_SCRIPT.trim_end().ends_with("return out"));
+        assert!(REFUND_SCRIPT.trim_end().ends_with("return refunded"));
+    }
+
+    #[test]
+    fn refill_time_bounds_the_buckets_only() -> Result<(), String> {
+        let year = Duration::from_secs(365 * 86_400);
+        let params = |algorithm, limit, burst| {
+            Params::new(algorithm, limit, year, burst).map_err(|e| e.to_string())
+        };
+        // 35 bursts of one per year fit; 36 do not.
+        fits_lua(&params(Algorithm::Gcra, 1, Some(35))?)?;
+        assert!(fits_lua(&params(Algorithm::TokenBucket, 1, Some(36))?).is_err());
+        assert!(fits_lua(&params(Algorithm::LeakyBucket, 1, Some(1_000_000))?).is_err());
+        fits_lua(&params(Algorithm::FixedWindow, 1, None)?)?;
+        fits_lua(&params(
+            Algorithm::SlidingWindowCounter,
+            1_000_000_000_000,
+            None,
+        )?)?;
+        Ok(())
+    }
+}

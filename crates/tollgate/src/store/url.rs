@@ -1,0 +1,167 @@
+//! `--store` URLs: `memory`, `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS), and
+//! `redis+cluster://host:port[,host:port...]` (or `rediss+cluster://`) for Redis Cluster.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Where counters live, as given on the command line.
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// The embedded in-memory store.
+    Memory,
+    /// One Redis server (`redis://` or `rediss://`).
+    Redis(String),
+    /// A Redis Cluster, given by one or more seed nodes as `redis://` / `rediss://` URLs.
+    Cluster(Vec<String>),
+}
+
+/// A `--store` value that is not one of the accepted forms.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid store URL `{url}`: {reason}")]
+pub struct InvalidStoreUrl {
+    url: String,
+    reason: &'static str,
+}
+
+impl FromStr for StoreUrl {
+    type Err = InvalidStoreUrl;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let invalid = |reason| InvalidStoreUrl {
+            url: redact(s),
+            reason,
+        };
+        if s == "memory" {
+            return Ok(StoreUrl::Memory);
+        }
+        for (prefix, scheme) in [
+            ("redis+cluster://", "redis"),
+            ("rediss+cluster://", "rediss"),
+        ] {
+            if let Some(rest) = s.strip_prefix(prefix) {
+                // Credentials, if any, apply to every seed node.
+                let (auth, hosts) = match rest.rsplit_once('@') {
+                    Some((auth, hosts)) => (format!("{auth}@"), hosts),
+                    None => (String::new(), rest),
+                };
+                let hosts = hosts.trim_end_matches('/');
+                let seeds: Vec<String> = hosts
+                    .split(',')
+                    .map(|h| h.trim())
+                    .filter(|h| !h.is_empty())
+                    .map(|h| format!("{scheme}://{auth}{h}"))
+                    .collect();
+                if seeds.is_empty() {
+                    return Err(invalid("a cluster URL needs at least one host:port"));
+                }
+                if hosts
+                    .split(',')
+                    .any(|h| !h.contains(':') || h.contains('/'))
+                {
+                    return Err(invalid(
+                        "cluster seed nodes must be written host:port, comma-separated",
+                    ));
+                }
+                return Ok(StoreUrl::Cluster(seeds));
+            }
+        }
+        if s.starts_with("redis://") || s.starts_with("rediss://") {
+            if s.contains(',') {
+                return Err(invalid("several hosts need redis+cluster://"));
+            }
+            return Ok(StoreUrl::Redis(s.to_owned()));
+        }
+        Err(invalid(
+            "expected memory, redis://, rediss:// or redis+cluster://",
+        ))
+    }
+}
+
+/// The URL with any password replaced by `***`, for logs and errors.
+pub fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    match (rest.rfind('@'), rest.find(':')) {
+        (Some(at), Some(colon)) if colon < at => {
+            format!(
+                "{}{}:***{}",
+                &url[..scheme_end + 3],
+                &rest[..colon],
+                &rest[at..]
+            )
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreUrl::Memory => f.write_str("memory"),
+            StoreUrl::Redis(url) => f.write_str(&redact(url)),
+            StoreUrl::Cluster(seeds) => {
+                let seeds: Vec<String> = seeds.iter().map(|s| redact(s)).collect();
+                write!(f, "cluster [{}]", seeds.join(", "))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_form() {
+        assert_eq!("memory".parse(), Ok(StoreUrl::Memory));
+        assert_eq!(
+            "redis://127.0.0.1:6379/2".parse(),
+            Ok(StoreUrl::Redis("redis://127.0.0.1:6379/2".into()))
+        );
+        assert_eq!(
+            "redis+cluster://u:p@a:1,b:2".parse(),
+            Ok(StoreUrl::Cluster(vec![
+                "redis://u:p@a:1".into(),
+                "redis://u:p@b:2".into()
+            ]))
+        );
+        assert_eq!(
+            "rediss+cluster://a:1".parse(),
+            Ok(StoreUrl::Cluster(vec!["rediss://a:1".into()]))
+        );
+    }
+
+    #[test]
+    fn rejects_what_it_cannot_use() {
+        for bad in [
+            "",
+            "redis",
+            "http://x:1",
+            "redis+cluster://",
+            "redis+cluster://a",
+            "redis://a:1,b:2",
+        ] {
+            assert!(bad.parse::<StoreUrl>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn passwords_never_reach_logs() {
+        assert_eq!(
+            redact("redis://user:secret@h:1/0"),
+            "redis://user:***@h:1/0"
+        );
+        let url: StoreUrl = "redis+cluster://u:secret@a:1".parse().unwrap();
+        assert!(!url.to_string().contains("secret"));
+        let err = "redis://u:secret@a:1,b:2".parse::<StoreUrl>().unwrap_err();
+        assert!(!err.to_string().contains("secret"));
+    }
+}

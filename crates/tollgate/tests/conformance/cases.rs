@@ -1,0 +1,255 @@
+//! The cases every backend must pass. Each gets a fresh backend.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tollgate::clock::Clock;
+use tollgate::store::{Charge, Store, StoreBackend};
+use tollgate_core::{Algorithm, Decision, Params, State, Verdict, decide};
+
+use super::Backend;
+
+type Case = fn(Backend) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+
+macro_rules! cases {
+    ($($name:ident),* $(,)?) => {
+        pub const ALL: &[(&str, Case)] = &[$((stringify!($name), |b| Box::pin($name(b)))),*];
+    };
+}
+
+cases!(
+    every_algorithm_admits_its_limit_then_denies_until_retry_after,
+    weighted_costs_and_costs_beyond_capacity,
+    layered_limits_are_all_or_nothing,
+    shadow_charges_never_block,
+    the_same_key_twice_in_one_request,
+    decisions_equal_the_pure_algorithms,
+    every_key_expires,
+);
+
+fn params(algorithm: Algorithm, limit: u64, period: Duration, burst: Option<u64>) -> Params {
+    Params::new(algorithm, limit, period, burst).unwrap()
+}
+
+fn charge<'a>(key: &'a [u8], params: &'a Params, cost: u64) -> Charge<'a> {
+    Charge {
+        key,
+        params,
+        cost,
+        enforce: true,
+    }
+}
+
+async fn one(store: &StoreBackend, key: &[u8], params: &Params, cost: u64) -> Decision {
+    store.apply(&[charge(key, params, cost)]).await.unwrap()[0]
+}
+
+async fn every_algorithm_admits_its_limit_then_denies_until_retry_after(b: Backend) {
+    for algorithm in Algorithm::ALL {
+        let p = params(algorithm, 5, Duration::from_secs(10), None);
+        let key = format!("limit-{algorithm}");
+        for expected in (0..5).rev() {
+            let d = one(&b.store, key.as_bytes(), &p, 1).await;
+            assert_eq!(d.verdict, Verdict::Allowed, "{algorithm}");
+            assert_eq!(d.remaining, expected, "{algorithm}");
+            assert_eq!(d.limit, 5);
+        }
+        let denied = one(&b.store, key.as_bytes(), &p, 1).await;
+        assert_eq!(denied.verdict, Verdict::Denied, "{algorithm}");
+        let retry = denied
+            .retry_after
+            .expect("a denial that can clear has a retry-after");
+        // Within two periods: the sliding counter waits for its current window to age out.
+        assert!(
+            retry > Duration::ZERO && retry <= Duration::from_secs(20),
+            "{algorithm}: {retry:?}"
+        );
+        b.clock.advance(retry - Duration::from_micros(1));
+        assert_eq!(
+            one(&b.store, key.as_bytes(), &p, 1).await.verdict,
+            Verdict::Denied,
+            "{algorithm}: 1µs early"
+        );
+        b.clock.advance(Duration::from_micros(1));
+        assert_eq!(
+            one(&b.store, key.as_bytes(), &p, 1).await.verdict,
+            Verdict::Allowed,
+            "{algorithm}: on time"
+        );
+    }
+}
+
+async fn weighted_costs_and_costs_beyond_capacity(b: Backend) {
+    for algorithm in Algorithm::ALL {
+        let burst = algorithm.uses_burst().then_some(8);
+        let p = params(algorithm, 5, Duration::from_secs(60), burst);
+        let capacity = p.capacity();
+        let key = format!("weighted-{algorithm}");
+        let d = one(&b.store, key.as_bytes(), &p, capacity + 1).await;
+        assert_eq!(d.verdict, Verdict::CostExceedsCapacity, "{algorithm}");
+        assert_eq!(d.retry_after, None, "{algorithm}");
+        let d = one(&b.store, key.as_bytes(), &p, capacity - 1).await;
+        assert_eq!(
+            d.verdict,
+            Verdict::Allowed,
+            "{algorithm}: nothing was consumed before"
+        );
+        assert_eq!(d.remaining, 1, "{algorithm}");
+        assert_eq!(
+            one(&b.store, key.as_bytes(), &p, 2).await.verdict,
+            Verdict::Denied,
+            "{algorithm}"
+        );
+        assert_eq!(
+            one(&b.store, key.as_bytes(), &p, 1).await.verdict,
+            Verdict::Allowed,
+            "{algorithm}"
+        );
+    }
+}
+
+async fn layered_limits_are_all_or_nothing(b: Backend) {
+    let user = params(Algorithm::FixedWindow, 10, Duration::from_secs(60), None);
+    let tenant = params(Algorithm::Gcra, 10, Duration::from_secs(60), None);
+    let ip = params(
+        Algorithm::SlidingWindowLog,
+        1,
+        Duration::from_secs(60),
+        None,
+    );
+    let request = |ip_key: &'static [u8]| {
+        [
+            charge(b"user:u1", &user, 1),
+            charge(b"tenant:t1", &tenant, 1),
+            charge(ip_key, &ip, 1),
+        ]
+    };
+    let first = b.store.apply(&request(b"ip:1")).await.unwrap();
+    assert!(first.iter().all(Decision::is_allowed));
+    for _ in 0..4 {
+        let d = b.store.apply(&request(b"ip:1")).await.unwrap();
+        assert!(
+            d[0].is_allowed() && d[1].is_allowed(),
+            "the others would allow"
+        );
+        assert_eq!(d[2].verdict, Verdict::Denied);
+    }
+    // The four denied requests left no charge on user or tenant.
+    let d = b.store.apply(&request(b"ip:2")).await.unwrap();
+    assert!(d.iter().all(Decision::is_allowed));
+    assert_eq!(d[0].remaining, 8, "user charged twice in all");
+    assert_eq!(d[1].remaining, 8, "tenant charged twice in all");
+}
+
+async fn shadow_charges_never_block(b: Backend) {
+    let p = params(Algorithm::TokenBucket, 1, Duration::from_secs(60), None);
+    let shadow = Charge {
+        key: b"shadow",
+        params: &p,
+        cost: 1,
+        enforce: false,
+    };
+    b.store.apply(&[shadow]).await.unwrap();
+    let d = b
+        .store
+        .apply(&[charge(b"real", &p, 1), shadow])
+        .await
+        .unwrap();
+    assert!(d[0].is_allowed());
+    assert_eq!(d[1].verdict, Verdict::Denied, "the shadow limit would deny");
+    assert_eq!(
+        one(&b.store, b"real", &p, 1).await.verdict,
+        Verdict::Denied,
+        "the request was charged"
+    );
+}
+
+async fn the_same_key_twice_in_one_request(b: Backend) {
+    for algorithm in Algorithm::ALL {
+        let p = params(algorithm, 3, Duration::from_secs(60), None);
+        let key = format!("twice-{algorithm}");
+        let d = b
+            .store
+            .apply(&[charge(key.as_bytes(), &p, 2), charge(key.as_bytes(), &p, 2)])
+            .await
+            .unwrap();
+        assert!(d[0].is_allowed(), "{algorithm}");
+        assert_eq!(d[1].verdict, Verdict::Denied, "{algorithm}: 2 + 2 > 3");
+        assert!(
+            one(&b.store, key.as_bytes(), &p, 3).await.is_allowed(),
+            "{algorithm}: nothing charged"
+        );
+    }
+}
+
+/// A fixed pseudo-random walk of time steps and costs, checked decision by decision against
+/// `tollgate_core::decide` applied to a local state.
+async fn decisions_equal_the_pure_algorithms(b: Backend) {
+    for algorithm in Algorithm::ALL {
+        let burst = algorithm.uses_burst().then_some(7);
+        let p = params(algorithm, 5, Duration::from_millis(1_500), burst);
+        let key = format!("walk-{algorithm}");
+        let mut state = State::empty(&p);
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        for step in 0..60 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            b.clock.advance(Duration::from_micros(seed % 400_000));
+            let cost = 1 + (seed >> 20) % 3;
+            let now = b.clock.now();
+            let (expected, transition) = decide(&p, &state, now, cost);
+            let got = one(&b.store, key.as_bytes(), &p, cost).await;
+            assert_eq!(got, expected, "{algorithm}, step {step}, cost {cost}");
+            state.apply(transition);
+        }
+    }
+}
+
+async fn every_key_expires(b: Backend) {
+    // Start just after a window boundary, so no window ends while the keys are written.
+    let period = Duration::from_millis(500);
+    let period_us = period.as_micros() as u64;
+    let now = b.clock.now().as_micros();
+    b.clock.set(tollgate_core::Timestamp::from_micros(
+        (now / period_us + 1) * period_us + 1_000,
+    ));
+    let wait_real = Duration::from_micros(b.clock.now().as_micros() - now) + 2 * period;
+    for algorithm in Algorithm::ALL {
+        let p = params(algorithm, 2, period, None);
+        for i in 0..5 {
+            let key = format!("ttl-{algorithm}-{i}");
+            assert!(one(&b.store, key.as_bytes(), &p, 1).await.is_allowed());
+        }
+    }
+    assert_eq!(b.store.key_count().await.unwrap(), 30);
+    for output in (b.redis_cli)(&["--scan"]) {
+        for key in output.lines().filter(|k| !k.is_empty()) {
+            // On a cluster only the owner answers with a number; the others answer MOVED.
+            let ttls: Vec<i64> = (b.redis_cli)(&["PTTL", key])
+                .iter()
+                .filter_map(|t| t.trim().parse().ok())
+                .collect();
+            assert_eq!(ttls.len(), 1, "{key}: {ttls:?}");
+            assert!(ttls[0] > 0 || ttls[0] == -2, "{key} has TTL {}", ttls[0]);
+        }
+    }
+    // Real time must pass for Redis to expire keys; the pinned clock follows it.
+    tokio::time::sleep(wait_real).await;
+    b.clock.advance(2 * period);
+    for _ in 0..50 {
+        if let StoreBackend::Memory(m) = &b.store {
+            m.sweep_now();
+        }
+        if b.store.key_count().await.unwrap() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "{}: {} keys still present after their TTL",
+        b.name,
+        b.store.key_count().await.unwrap()
+    );
+}

@@ -1,0 +1,134 @@
+//! One behaviour suite, run unchanged against every store backend: the embedded memory store,
+//! a single Redis server and a 3+3 Redis Cluster (real servers, started by the test kit).
+//!
+//! Time is a manual clock; the Redis backends pass it to the script instead of the server's
+//! `TIME`, so every backend sees exactly the same instants. The clock starts at the real wall
+//! time so that Redis TTLs (absolute, derived from the pinned time) are meaningful.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    missing_debug_implementations
+)]
+
+mod cases;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::clock::{Clock, ManualClock, SystemClock};
+use tollgate::store::{MemoryStore, RedisOptions, RedisStore, StoreBackend, StoreUrl};
+use tollgate_testkit::{RedisCluster, RedisServer};
+
+/// Runs one `redis-cli` command on each data node; returns each node's output.
+pub type RedisCli = Box<dyn Fn(&[&str]) -> Vec<String> + Send + Sync>;
+
+/// A backend under test plus the handles a case needs.
+pub struct Backend {
+    pub name: &'static str,
+    pub clock: Arc<ManualClock>,
+    pub store: StoreBackend,
+    /// Runs a `redis-cli` command on every node that holds data (empty for memory).
+    pub redis_cli: RedisCli,
+}
+
+/// A manual clock starting at the real time: Redis expires keys in real time, at instants the
+/// script derives from the pinned time, so the two must not drift apart by more than a TTL.
+fn wall_clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::new(SystemClock::new().now()))
+}
+
+fn options() -> RedisOptions {
+    // Generous deadlines: these tests check behaviour, not latency.
+    RedisOptions {
+        connect_timeout: Duration::from_secs(5),
+        command_timeout: Duration::from_secs(2),
+        ..RedisOptions::default()
+    }
+}
+
+async fn run_suite(make: impl AsyncFn() -> Backend) {
+    for (name, case) in cases::ALL {
+        let backend = make().await;
+        eprintln!("[{}] {name}", backend.name);
+        case(backend).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_conforms() {
+    run_suite(async || {
+        let clock = wall_clock();
+        Backend {
+            name: "memory",
+            store: StoreBackend::Memory(MemoryStore::new(clock.clone())),
+            clock,
+            redis_cli: Box::new(|_| Vec::new()),
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_redis_conforms() {
+    let server = Arc::new(RedisServer::start());
+    run_suite(async || {
+        server.cli(&["FLUSHALL"]);
+        let clock = wall_clock();
+        let url: StoreUrl = server.url().parse().unwrap();
+        let store = RedisStore::connect(&url, options(), clock.clone())
+            .await
+            .unwrap()
+            .pin_clock(clock.clone());
+        let server = server.clone();
+        Backend {
+            name: "redis",
+            store: StoreBackend::Redis(Box::new(store)),
+            clock,
+            redis_cli: Box::new(move |args| vec![server.cli(args)]),
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_conforms() {
+    let cluster = Arc::new(RedisCluster::start(3, 1));
+    run_suite(async || {
+        for port in cluster.primary_ports() {
+            cluster.cli(port, &["FLUSHALL"]);
+        }
+        let clock = wall_clock();
+        let seeds = cluster
+            .primary_ports()
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect::<Vec<_>>();
+        let url: StoreUrl = format!("redis+cluster://{}", seeds.join(","))
+            .parse()
+            .unwrap();
+        let store = RedisStore::connect(&url, options(), clock.clone())
+            .await
+            .unwrap()
+            .pin_clock(clock.clone());
+        let store = StoreBackend::Redis(Box::new(store));
+        assert!(
+            store.wait_ready(Duration::from_secs(10)).await,
+            "cluster connection"
+        );
+        let cluster = cluster.clone();
+        Backend {
+            name: "cluster",
+            store,
+            clock,
+            redis_cli: Box::new(move |args| {
+                cluster
+                    .primary_ports()
+                    .iter()
+                    .map(|p| cluster.cli(*p, args))
+                    .collect()
+            }),
+        }
+    })
+    .await;
+}

@@ -1,0 +1,1134 @@
+//! The Lua twins (`store/redis/lua/`) against the core, on a real `redis-server`.
+//!
+//! Every test drives the DECIDE and REFUND scripts with a pinned clock and a Rust reference
+//! built from `tollgate_core::decide` and `State::apply`, composed exactly like the memory store
+//! composes a request (charges on one key see the earlier ones; all-or-nothing commit), plus
+//! the one thing Redis adds: a state already expired at `now` is deleted. Decisions must be
+//! identical, TTLs must be `ceil(expires_at / 1000)` ms, and calls that commit nothing must leave
+//! every key byte-for-byte unchanged.
+//!
+//! The pinned clock starts in 2033: Redis expires keys by its own wall clock, so a pinned time
+//! in the past would delete what the script just wrote.
+
+// Test code: a broken expectation should panic.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
+use redis::{Connection, Script, Value};
+use tollgate::store::redis::script::{
+    DECIDE_SCRIPT, MAX_NOW_MICROS, MAX_REFILL_MICROS, REFUND_SCRIPT, algorithm_code, fits_lua,
+};
+use tollgate_core::{
+    Algorithm, Decision, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD, Params, State, Timestamp,
+    Transition, Verdict, decide,
+};
+use tollgate_testkit::RedisServer;
+
+/// 23148 days after the epoch (in 2033): a whole number of days, so windows of a second, a
+/// minute, an hour or a day start on it, and later than any real clock running these tests.
+const BASE: u64 = 23_148 * 86_400_000_000;
+
+const MAX_PERIOD_US: u64 = MAX_PERIOD.as_micros() as u64;
+
+// ---------------------------------------------------------------------------------------------
+// Redis side
+
+/// A redis-server for one test and a connection to it.
+struct Redis {
+    _server: RedisServer,
+    con: Connection,
+    decide: Script,
+    refund: Script,
+}
+
+impl Redis {
+    fn start() -> Self {
+        let server = RedisServer::start();
+        let con = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        Redis {
+            _server: server,
+            con,
+            decide: Script::new(DECIDE_SCRIPT),
+            refund: Script::new(REFUND_SCRIPT),
+        }
+    }
+
+    /// Runs DECIDE. `now`: pinned, or `None` for the server's clock.
+    fn decide(
+        &mut self,
+        charges: &[Charge],
+        now: Option<u64>,
+        commit: bool,
+    ) -> redis::RedisResult<Answer> {
+        let mut call = self.decide.prepare_invoke();
+        for c in charges {
+            call.key(&c.key);
+        }
+        call.arg(if commit { "1" } else { "0" });
+        call.arg(now.map_or_else(String::new, |n| n.to_string()));
+        for c in charges {
+            call.arg(algorithm_code(c.params.algorithm()))
+                .arg(c.params.limit())
+                .arg(c.params.period_micros())
+                .arg(c.params.burst())
+                .arg(c.cost)
+                .arg(if c.enforce { "1" } else { "0" });
+        }
+        let raw: Vec<i64> = call.invoke(&mut self.con)?;
+        assert_eq!(raw.len(), 2 + 5 * charges.len(), "reply shape: {raw:?}");
+        Ok(Answer {
+            now: raw[0] as u64,
+            admitted: raw[1] == 1,
+            decisions: raw[2..]
+                .chunks(5)
+                .map(|c| [c[0], c[1], c[2], c[3], c[4]])
+                .collect(),
+        })
+    }
+
+    /// Runs REFUND of `(charge, cost)` pairs made at `now`.
+    fn refund(&mut self, charges: &[Charge], now: u64) -> redis::RedisResult<i64> {
+        let mut call = self.refund.prepare_invoke();
+        for c in charges {
+            call.key(&c.key);
+        }
+        call.arg(now);
+        for c in charges {
+            call.arg(algorithm_code(c.params.algorithm()))
+                .arg(c.params.limit())
+                .arg(c.params.period_micros())
+                .arg(c.params.burst())
+                .arg(c.cost);
+        }
+        call.invoke(&mut self.con)
+    }
+
+    fn cmd<T: redis::FromRedisValue>(&mut self, args: &[&str]) -> T {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut self.con).unwrap()
+    }
+
+    /// Everything observable about `keys`: serialized value and absolute expiry.
+    fn snapshot(&mut self, keys: &[&str]) -> Vec<(Value, i64)> {
+        let mut pipe = redis::pipe();
+        for k in keys {
+            pipe.cmd("DUMP").arg(*k).cmd("PEXPIRETIME").arg(*k);
+        }
+        let values: Vec<Value> = pipe.query(&mut self.con).unwrap();
+        values
+            .chunks(2)
+            .map(|p| {
+                let expiry = match &p[1] {
+                    Value::Int(i) => *i,
+                    other => panic!("PEXPIRETIME answered {other:?}"),
+                };
+                (p[0].clone(), expiry)
+            })
+            .collect()
+    }
+
+    /// Every key the reference holds has exactly the TTL its `expires_at` gives, and still has
+    /// time to live; every other key is gone.
+    fn check_ttls(&mut self, reference: &Reference, keys: &[&str]) -> Result<(), TestCaseError> {
+        let mut pipe = redis::pipe();
+        for k in keys {
+            pipe.cmd("PEXPIRETIME").arg(*k).cmd("PTTL").arg(*k);
+        }
+        let values: Vec<i64> = pipe.query(&mut self.con).unwrap();
+        for (k, v) in keys.iter().zip(values.chunks(2)) {
+            match reference.states.get(*k) {
+                Some((_, expires_at)) => {
+                    let want = expires_at.as_micros().div_ceil(1000) as i64;
+                    prop_assert_eq!(v[0], want, "PEXPIRETIME of {}", k);
+                    prop_assert!(v[1] > 0, "PTTL of {} is {}", k, v[1]);
+                }
+                None => prop_assert_eq!(v[0], -2, "{} should not exist", k),
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rust side
+
+#[derive(Debug, Clone)]
+struct Charge {
+    key: String,
+    params: Params,
+    cost: u64,
+    enforce: bool,
+}
+
+impl Charge {
+    fn new(key: &str, params: Params, cost: u64) -> Self {
+        Charge {
+            key: key.to_owned(),
+            params,
+            cost,
+            enforce: true,
+        }
+    }
+}
+
+/// One call's answer: the script's reply, or the reference's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Answer {
+    now: u64,
+    admitted: bool,
+    /// verdict, remaining, reset_after, retry_after (-1: none), delay; µs.
+    decisions: Vec<[i64; 5]>,
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap()
+}
+
+fn wire(d: &Decision) -> [i64; 5] {
+    let verdict = match d.verdict {
+        Verdict::Allowed => 0,
+        Verdict::Denied => 1,
+        Verdict::CostExceedsCapacity => 2,
+    };
+    [
+        verdict,
+        i64::try_from(d.remaining).unwrap(),
+        micros(d.reset_after),
+        d.retry_after.map_or(-1, micros),
+        micros(d.delay),
+    ]
+}
+
+/// The store the script should behave like: the memory store's composition of the core, plus
+/// Redis deleting a state that has expired when it is written.
+#[derive(Debug, Default, Clone)]
+struct Reference {
+    /// State and `expires_at` (from the params of the last charge that changed it).
+    states: HashMap<String, (State, Timestamp)>,
+}
+
+impl Reference {
+    fn decide(&mut self, charges: &[Charge], now: u64, commit: bool) -> Answer {
+        let at = Timestamp::from_micros(now);
+        let mut decisions = Vec::new();
+        let mut transitions: Vec<Transition> = Vec::new();
+        for (i, charge) in charges.iter().enumerate() {
+            let stored = self.states.get(&charge.key).map(|(s, _)| s);
+            let repeated = charges[..i].iter().any(|c| c.key == charge.key);
+            let (decision, transition) = if repeated {
+                let mut scratch = stored
+                    .cloned()
+                    .unwrap_or_else(|| State::empty(&charge.params));
+                for (prev, t) in charges[..i].iter().zip(&transitions) {
+                    if prev.key == charge.key {
+                        scratch.apply(t.clone());
+                    }
+                }
+                decide(&charge.params, &scratch, at, charge.cost)
+            } else {
+                let empty = State::empty(&charge.params);
+                decide(&charge.params, stored.unwrap_or(&empty), at, charge.cost)
+            };
+            decisions.push(decision);
+            transitions.push(transition);
+        }
+        let admitted = charges
+            .iter()
+            .zip(&decisions)
+            .all(|(c, d)| !c.enforce || d.is_allowed());
+        if admitted && commit {
+            let mut written = Vec::new();
+            for (charge, transition) in charges.iter().zip(transitions) {
+                if transition == Transition::Keep {
+                    continue;
+                }
+                let entry = self
+                    .states
+                    .entry(charge.key.clone())
+                    .or_insert_with(|| (State::empty(&charge.params), at));
+                entry.0.apply(transition);
+                entry.1 = entry.0.expires_at(&charge.params);
+                written.push(charge.key.clone());
+            }
+            for key in written {
+                if self.states.get(&key).is_some_and(|(_, e)| *e <= at) {
+                    self.states.remove(&key);
+                }
+            }
+        }
+        Answer {
+            now,
+            admitted,
+            decisions: decisions.iter().map(wire).collect(),
+        }
+    }
+
+    /// The REFUND contract, on the core's states. Returns the number of keys changed.
+    fn refund(&mut self, charges: &[Charge], now: u64) -> i64 {
+        let mut changed: Vec<String> = Vec::new();
+        for charge in charges {
+            let Some((state, expires)) = self.states.get_mut(&charge.key) else {
+                continue;
+            };
+            if state.algorithm() != charge.params.algorithm() {
+                continue;
+            }
+            if refund_state(state, &charge.params, now, charge.cost) {
+                *expires = state.expires_at(&charge.params);
+                if !changed.contains(&charge.key) {
+                    changed.push(charge.key.clone());
+                }
+            }
+        }
+        let at = Timestamp::from_micros(now);
+        for key in &changed {
+            if self.states.get(key).is_some_and(|(_, e)| *e <= at) {
+                self.states.remove(key);
+            }
+        }
+        changed.len() as i64
+    }
+}
+
+/// Undoes one charge of `cost` made at `now` (see `script.rs`, REFUND). Returns whether the
+/// state changed.
+fn refund_state(state: &mut State, params: &Params, now: u64, cost: u64) -> bool {
+    if cost == 0 {
+        return false;
+    }
+    let p = u128::from(params.period_micros());
+    let l = u128::from(params.limit());
+    let window = now / params.period_micros();
+    let take = |count: &mut u64| {
+        let before = *count;
+        *count = count.saturating_sub(cost);
+        before != *count
+    };
+    match state {
+        State::FixedWindow { window: w, count } => *w == window && take(count),
+        State::SlidingWindowCounter {
+            window: w,
+            current,
+            previous,
+        } => {
+            if *w == window {
+                take(current)
+            } else if *w == window + 1 {
+                take(previous)
+            } else {
+                false
+            }
+        }
+        State::TokenBucket { tokens_scaled, .. } => {
+            let capacity = u128::from(params.burst()) * p;
+            let refilled = (*tokens_scaled + u128::from(cost) * p).min(capacity);
+            let changed = refilled != *tokens_scaled;
+            *tokens_scaled = refilled;
+            changed
+        }
+        State::Gcra { tat_scaled: t } | State::LeakyBucket { empty_at_scaled: t } => {
+            let floor = u128::from(now) * l;
+            if *t <= floor {
+                return false;
+            }
+            *t = t.saturating_sub(u128::from(cost) * p).max(floor);
+            true
+        }
+        State::SlidingWindowLog { entries } => {
+            let mut left = cost;
+            let before = entries.clone();
+            for j in (0..entries.len()).rev() {
+                if left == 0 {
+                    break;
+                }
+                let (time, c) = entries[j];
+                if time.as_micros() != now {
+                    continue;
+                }
+                let taken = c.min(left);
+                entries[j].1 = c - taken;
+                left -= taken;
+            }
+            entries.retain(|&(_, c)| c > 0);
+            *entries != before
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Drivers
+
+static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
+
+fn fresh_key(prefix: &str) -> String {
+    format!("{prefix}:{}", NEXT_KEY.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A clock step: `advance` µs (negative: backwards), kept within [BASE, MAX_NOW_MICROS).
+fn step_clock(now: u64, advance: i64) -> u64 {
+    let next = (now as i128 + i128::from(advance)).clamp(BASE as i128, MAX_NOW_MICROS as i128 - 1);
+    next as u64
+}
+
+/// Decides `charges` on both sides and requires identical answers; commits on both. Calls that
+/// commit nothing must leave `watch` untouched; after a commit every watched key has the TTL
+/// the reference says. Every denial is probed at `now + retry_after` and 1µs before.
+fn both(
+    redis: &mut Redis,
+    reference: &mut Reference,
+    charges: &[Charge],
+    now: u64,
+    commit: bool,
+    watch: &[&str],
+) -> Result<Answer, TestCaseError> {
+    let before = redis.snapshot(watch);
+    let expected = reference.decide(charges, now, commit);
+    let got = redis
+        .decide(charges, Some(now), commit)
+        .map_err(|e| TestCaseError::fail(format!("script failed: {e}")))?;
+    prop_assert_eq!(&got, &expected, "charges {:?}", charges);
+    if commit && expected.admitted {
+        redis.check_ttls(reference, watch)?;
+    } else {
+        prop_assert_eq!(
+            redis.snapshot(watch),
+            before,
+            "a call that commits nothing wrote"
+        );
+    }
+    for (i, d) in expected.decisions.iter().enumerate() {
+        if d[0] != 1 {
+            continue;
+        }
+        let retry = u64::try_from(d[3]).unwrap();
+        let probe = [Charge {
+            enforce: true,
+            ..charges[i].clone()
+        }];
+        for (at, verdict) in [(now + retry, 0), (now + retry - 1, 1)] {
+            if at >= MAX_NOW_MICROS || charges.len() > 1 {
+                continue; // a later charge of this call may have changed the key
+            }
+            let expected = reference.decide(&probe, at, false);
+            let got = redis
+                .decide(&probe, Some(at), false)
+                .map_err(|e| TestCaseError::fail(format!("probe failed: {e}")))?;
+            prop_assert_eq!(
+                &got,
+                &expected,
+                "probe at now + {} - {}",
+                retry,
+                now + retry - at
+            );
+            prop_assert_eq!(got.decisions[0][0], verdict, "retry_after is not exact");
+        }
+    }
+    Ok(got)
+}
+
+/// `cases` cases, or `PROPTEST_CASES` of them for a longer run.
+fn config(cases: u32) -> Config {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(cases);
+    Config {
+        cases,
+        source_file: Some(file!()),
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..Config::default()
+    }
+}
+
+/// Runs a proptest whose body needs the shared server.
+fn check<S: Strategy>(
+    redis: &RefCell<Redis>,
+    cases: u32,
+    strategy: S,
+    test: impl Fn(&mut Redis, S::Value) -> Result<(), TestCaseError>,
+) where
+    S::Value: std::fmt::Debug,
+{
+    let mut runner = TestRunner::new(config(cases));
+    if let Err(e) = runner.run(&strategy, |value| test(&mut redis.borrow_mut(), value)) {
+        panic!("{e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strategies
+
+fn limit(max: u64) -> BoxedStrategy<u64> {
+    prop_oneof![
+        6 => 1..=10u64.min(max),
+        2 => 1..=1_000u64.min(max),
+        1 => 1..=max,
+        1 => Just(max),
+    ]
+    .boxed()
+}
+
+/// Periods in µs: short (windows fill and roll), a second to a day, up to the 400-day maximum.
+fn period() -> BoxedStrategy<u64> {
+    prop_oneof![
+        4 => 1_000..=4_000u64,
+        1 => Just(1_000u64),
+        2 => 1_000_000..=86_400_000_000u64,
+        1 => 86_400_000_000..=MAX_PERIOD_US,
+        1 => Just(MAX_PERIOD_US),
+    ]
+    .boxed()
+}
+
+/// Parameters the script accepts: a bucket's burst is capped to the longest refill it can
+/// represent (the cap itself is a common draw, through `limit`'s `Just(max)`).
+fn params(algorithm: Algorithm) -> BoxedStrategy<Params> {
+    let max = if algorithm == Algorithm::SlidingWindowLog {
+        MAX_LOG_LIMIT
+    } else {
+        MAX_LIMIT
+    };
+    let burst = if algorithm.uses_burst() {
+        prop_oneof![Just(None), limit(MAX_LIMIT).prop_map(Some)].boxed()
+    } else {
+        Just(None).boxed()
+    };
+    (limit(max), period(), burst)
+        .prop_map(move |(limit, period, burst)| {
+            let burst = if algorithm.uses_burst() {
+                let cap = u128::from(MAX_REFILL_MICROS) * u128::from(limit) / u128::from(period);
+                let cap = u64::try_from(cap).unwrap_or(u64::MAX).min(MAX_LIMIT);
+                Some(burst.unwrap_or(limit).min(cap))
+            } else {
+                None
+            };
+            let params =
+                Params::new(algorithm, limit, Duration::from_micros(period), burst).unwrap();
+            fits_lua(&params).unwrap();
+            params
+        })
+        .boxed()
+}
+
+/// A clock step and a cost, drawn relative to the limit they will meet.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    advance: (u8, u64),
+    cost: (u8, u64),
+}
+
+impl Step {
+    fn advance(&self, period: u64) -> i64 {
+        let (kind, seed) = self.advance;
+        let up_to = |n: u64| i64::try_from(seed % (n + 1)).unwrap();
+        match kind % 14 {
+            0..=2 => 0,
+            3..=8 => up_to(period / 8),
+            9..=11 => up_to(period),
+            12 => up_to(3 * period),
+            _ => -up_to(period / 4), // the clock runs backwards (a failover to a skewed replica)
+        }
+    }
+
+    fn cost(&self, capacity: u64) -> u64 {
+        let (kind, seed) = self.cost;
+        match kind % 12 {
+            0..=7 => 1 + seed % capacity.min(3),
+            8 | 9 => 1 + seed % capacity,
+            10 => 0,
+            _ => capacity + seed % 3,
+        }
+    }
+}
+
+fn steps(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<Step>> {
+    proptest::collection::vec(
+        ((any::<u8>(), any::<u64>()), (any::<u8>(), any::<u64>()))
+            .prop_map(|(advance, cost)| Step { advance, cost }),
+        len,
+    )
+}
+
+fn start() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(BASE), BASE..=BASE + 100_000_000_000_000]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+
+/// The hand-written vectors in `fixtures/lua_twin_vectors.txt`.
+#[test]
+fn shared_vectors_decide_like_the_core() {
+    let mut redis = Redis::start();
+    let text = include_str!("fixtures/lua_twin_vectors.txt");
+    let mut count = 0;
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [name, algorithm, limit, period, burst, start, steps @ ..] = fields.as_slice() else {
+            panic!("bad vector line: {line}");
+        };
+        let burst = (*burst != "-").then(|| burst.parse::<u64>().unwrap());
+        let params = Params::new(
+            algorithm.parse().unwrap(),
+            limit.parse().unwrap(),
+            Duration::from_micros(period.parse().unwrap()),
+            burst,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        fits_lua(&params).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let key = fresh_key(name);
+        let mut reference = Reference::default();
+        let mut now = BASE + start.parse::<u64>().unwrap();
+        for (i, step) in steps.iter().enumerate() {
+            let (advance, cost) = step.split_once(':').unwrap();
+            now = step_clock(now, advance.parse().unwrap());
+            let charge = [Charge::new(&key, params, cost.parse().unwrap())];
+            both(&mut redis, &mut reference, &charge, now, true, &[&key])
+                .unwrap_or_else(|e| panic!("{name}, step {i} ({step}): {e}"));
+        }
+        count += 1;
+    }
+    assert!(count >= 20, "only {count} vectors");
+}
+
+/// Random parameters (limits up to 1e12, periods from 1ms to 400 days, bursts up to the
+/// representable bound) and random request sequences, for every algorithm.
+#[test]
+fn random_sequences_decide_like_the_core() {
+    let redis = RefCell::new(Redis::start());
+    for algorithm in Algorithm::ALL {
+        let strategy = (params(algorithm), start(), steps(1..40));
+        check(&redis, 64, strategy, |redis, (params, start, steps)| {
+            let key = fresh_key(algorithm.name());
+            let mut reference = Reference::default();
+            let mut now = start;
+            for step in &steps {
+                now = step_clock(now, step.advance(params.period_micros()));
+                let charge = [Charge::new(&key, params, step.cost(params.capacity()))];
+                both(redis, &mut reference, &charge, now, true, &[&key])?;
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Several limits per call: all-or-nothing, shadow (`enforce = 0`) charges, the same key twice
+/// in one call, decide-only calls, and keys that switch algorithm (a policy reload), including
+/// between the hash and the ZSET layouts. The windows and the log keep counts and instants, so
+/// they also stay exact when a key's limit or period changes: they get a second variant (the
+/// meters keep Rust's scaled units, which a new limit reinterprets; see script.rs).
+#[test]
+fn multi_charge_calls_are_all_or_nothing() {
+    let redis = RefCell::new(Redis::start());
+    let by_algorithm = (
+        Algorithm::ALL.map(params),
+        [
+            params(Algorithm::FixedWindow),
+            params(Algorithm::SlidingWindowLog),
+            params(Algorithm::SlidingWindowCounter),
+        ],
+    )
+        .prop_map(|(main, variants)| {
+            let mut all = main.to_vec();
+            all.extend(variants);
+            all
+        });
+    #[derive(Debug, Clone)]
+    struct Call {
+        picks: Vec<(usize, u8, (u8, u64), bool)>, // key, algorithm draw, cost draw, enforce
+        advance: (u8, u64),
+        commit: bool,
+    }
+    let call = (
+        proptest::collection::vec(
+            (
+                0..3usize,
+                any::<u8>(),
+                (any::<u8>(), any::<u64>()),
+                prop::bool::weighted(0.8),
+            ),
+            1..4,
+        ),
+        (any::<u8>(), any::<u64>()),
+        prop::bool::weighted(0.85),
+    )
+        .prop_map(|(picks, advance, commit)| Call {
+            picks,
+            advance,
+            commit,
+        });
+    let strategy = (
+        by_algorithm,
+        proptest::array::uniform3(0..6usize),
+        start(),
+        proptest::collection::vec(call, 1..25),
+    );
+    check(
+        &redis,
+        64,
+        strategy,
+        |redis, (by_algorithm, homes, start, calls)| {
+            let keys: Vec<String> = (0..3).map(|_| fresh_key("multi")).collect();
+            let watch: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let mut reference = Reference::default();
+            let mut now = start;
+            for call in &calls {
+                let charges: Vec<Charge> = call
+                    .picks
+                    .iter()
+                    .map(|&(k, algorithm, cost, enforce)| {
+                        // Mostly the key's own algorithm; sometimes another one (a policy switch).
+                        let a = if algorithm % 8 == 0 {
+                            usize::from(algorithm / 8) % by_algorithm.len()
+                        } else {
+                            homes[k]
+                        };
+                        let params = by_algorithm[a];
+                        let step = Step {
+                            advance: (0, 0),
+                            cost,
+                        };
+                        Charge {
+                            key: keys[k].clone(),
+                            params,
+                            cost: step.cost(params.capacity()),
+                            enforce,
+                        }
+                    })
+                    .collect();
+                let step = Step {
+                    advance: call.advance,
+                    cost: (0, 0),
+                };
+                now = step_clock(now, step.advance(charges[0].params.period_micros()));
+                both(redis, &mut reference, &charges, now, call.commit, &watch)?;
+            }
+            Ok(())
+        },
+    );
+}
+
+/// Charge then refund at the same instant, nothing in between: every later decision is the one
+/// a key that never saw the charge gets. The charge comes at the latest instant seen so far: a
+/// charge behind the clock can overwrite newer state (a fixed window charged into an earlier
+/// window replaces the later one), which no refund can bring back.
+#[test]
+fn refund_undoes_a_charge_exactly() {
+    let redis = RefCell::new(Redis::start());
+    for algorithm in Algorithm::ALL {
+        let strategy = (
+            params(algorithm),
+            start(),
+            steps(0..20),
+            (any::<u8>(), any::<u64>()),
+            steps(1..15),
+        );
+        check(
+            &redis,
+            48,
+            strategy,
+            |redis, (params, start, before, refunded, after)| {
+                let charged = fresh_key("refund");
+                let untouched = fresh_key("control");
+                let mut with_charge = Reference::default();
+                let mut without = Reference::default();
+                let (mut now, mut latest) = (start, start);
+                for step in &before {
+                    now = step_clock(now, step.advance(params.period_micros()));
+                    latest = latest.max(now);
+                    let cost = step.cost(params.capacity());
+                    both(
+                        redis,
+                        &mut with_charge,
+                        &[Charge::new(&charged, params, cost)],
+                        now,
+                        true,
+                        &[&charged],
+                    )?;
+                    both(
+                        redis,
+                        &mut without,
+                        &[Charge::new(&untouched, params, cost)],
+                        now,
+                        true,
+                        &[&untouched],
+                    )?;
+                }
+                now = latest;
+                let step = Step {
+                    advance: (0, 0),
+                    cost: refunded,
+                };
+                let charge = [Charge::new(
+                    &charged,
+                    params,
+                    step.cost(params.capacity()).max(1),
+                )];
+                let answer = both(redis, &mut with_charge, &charge, now, true, &[&charged])?;
+                if answer.admitted {
+                    let count = redis
+                        .refund(&charge, now)
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    prop_assert_eq!(count, with_charge.refund(&charge, now), "refunded keys");
+                    prop_assert_eq!(count, 1);
+                    redis.check_ttls(&with_charge, &[&charged])?;
+                }
+                // From here on, the refunded key answers like the key that never saw the charge.
+                for step in &after {
+                    now = step_clock(now, step.advance(params.period_micros()).max(0));
+                    let cost = step.cost(params.capacity());
+                    let a = both(
+                        redis,
+                        &mut with_charge,
+                        &[Charge::new(&charged, params, cost)],
+                        now,
+                        true,
+                        &[&charged],
+                    )?;
+                    let b = both(
+                        redis,
+                        &mut without,
+                        &[Charge::new(&untouched, params, cost)],
+                        now,
+                        true,
+                        &[&untouched],
+                    )?;
+                    prop_assert_eq!(a, b, "refunded key and control differ");
+                }
+                Ok(())
+            },
+        );
+    }
+}
+
+/// Refunds that come late (other charges in between, the clock moved on or back) follow the
+/// conservative contract, as the Rust reference of it says; repeated keys in one refund too.
+#[test]
+fn late_refunds_follow_the_contract() {
+    let redis = RefCell::new(Redis::start());
+    for algorithm in Algorithm::ALL {
+        let strategy = (
+            params(algorithm),
+            start(),
+            steps(1..40),
+            proptest::collection::vec(any::<u8>(), 40),
+        );
+        check(
+            &redis,
+            48,
+            strategy,
+            |redis, (params, start, steps, refunds)| {
+                let key = fresh_key("late");
+                let mut reference = Reference::default();
+                let mut charged: Vec<(u64, u64)> = Vec::new(); // (now, cost) of allowed charges
+                let mut now = start;
+                for (step, refund) in steps.iter().zip(&refunds) {
+                    now = step_clock(now, step.advance(params.period_micros()));
+                    let charge = [Charge::new(&key, params, step.cost(params.capacity()))];
+                    let answer = both(redis, &mut reference, &charge, now, true, &[&key])?;
+                    if answer.admitted && charge[0].cost > 0 {
+                        charged.push((now, charge[0].cost));
+                    }
+                    if refund % 3 == 0 && !charged.is_empty() {
+                        // Refund one of the last few charges, sometimes twice in one call.
+                        let (at, cost) = charged.remove(
+                            charged.len() - 1 - usize::from(refund / 3) % charged.len().min(3),
+                        );
+                        let twice = refund % 2 == 0;
+                        let mut refunds = vec![Charge::new(&key, params, cost)];
+                        if twice {
+                            refunds.push(Charge::new(&key, params, cost / 2 + 1));
+                        }
+                        let expected = reference.refund(&refunds, at);
+                        let got = redis
+                            .refund(&refunds, at)
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        prop_assert_eq!(got, expected, "refunded keys");
+                        redis.check_ttls(&reference, &[&key])?;
+                    }
+                }
+                Ok(())
+            },
+        );
+    }
+}
+
+/// A key of a foreign Redis type fails the call before anything is written, wherever it is
+/// among the call's keys, for both layouts; REFUND too.
+#[test]
+fn foreign_types_fail_without_writing() {
+    let mut redis = Redis::start();
+    let now = BASE + 123_456_789;
+    let gcra = Params::new(Algorithm::Gcra, 5, Duration::from_secs(1), None).unwrap();
+    let log = Params::new(Algorithm::SlidingWindowLog, 5, Duration::from_secs(1), None).unwrap();
+    let window = Params::new(Algorithm::FixedWindow, 5, Duration::from_secs(1), None).unwrap();
+    for (foreign, setup) in [
+        ("string", &["SET", "{f}:foreign", "x"][..]),
+        ("list", &["RPUSH", "{f}:foreign", "x"][..]),
+        ("set", &["SADD", "{f}:foreign", "x"][..]),
+    ] {
+        for params in [gcra, log, window] {
+            for foreign_first in [false, true] {
+                let _: i64 = redis.cmd(&["DEL", "{f}:a", "{f}:b", "{f}:foreign"]);
+                let _: Value = redis.cmd(setup);
+                // {f}:a holds state already; {f}:b does not exist.
+                redis
+                    .decide(&[Charge::new("{f}:a", params, 1)], Some(now), true)
+                    .unwrap();
+                let watch = ["{f}:a", "{f}:b", "{f}:foreign"];
+                let before = redis.snapshot(&watch);
+                let mut charges = vec![
+                    Charge::new("{f}:a", params, 1),
+                    Charge::new("{f}:b", log, 1),
+                ];
+                let foreign_charge = Charge::new("{f}:foreign", params, 1);
+                if foreign_first {
+                    charges.insert(0, foreign_charge.clone());
+                } else {
+                    charges.push(foreign_charge.clone());
+                }
+                let err = redis.decide(&charges, Some(now + 1), true).unwrap_err();
+                assert!(
+                    err.to_string().contains("WRONGTYPE"),
+                    "{foreign} at a {} key: {err}",
+                    params.algorithm()
+                );
+                assert_eq!(
+                    redis.snapshot(&watch),
+                    before,
+                    "{foreign}, {}",
+                    params.algorithm()
+                );
+                let err = redis.refund(&charges, now).unwrap_err();
+                assert!(err.to_string().contains("WRONGTYPE"), "refund: {err}");
+                assert_eq!(redis.snapshot(&watch), before, "refund wrote");
+            }
+        }
+    }
+}
+
+/// Decide-only calls (`ARGV[1] = "0"`) never write, even when every charge is allowed and the
+/// keys do not exist yet.
+#[test]
+fn decide_only_never_writes() {
+    let mut redis = Redis::start();
+    let now = BASE + 42;
+    for algorithm in Algorithm::ALL {
+        let params = Params::new(algorithm, 3, Duration::from_millis(10), None).unwrap();
+        let fresh = fresh_key("only");
+        let used = fresh_key("only");
+        redis
+            .decide(&[Charge::new(&used, params, 1)], Some(now), true)
+            .unwrap();
+        let watch = [fresh.as_str(), used.as_str()];
+        let before = redis.snapshot(&watch);
+        for cost in [1, 2, 3] {
+            let charges = [
+                Charge::new(&fresh, params, cost),
+                Charge::new(&used, params, 1),
+            ];
+            let answer = redis.decide(&charges, Some(now + 5), false).unwrap();
+            assert!(answer.admitted, "{algorithm}");
+            assert_eq!(redis.snapshot(&watch), before, "{algorithm}");
+        }
+        assert_eq!(before[0], (Value::Nil, -2), "{algorithm}");
+    }
+}
+
+/// With `ARGV[2] = ""` the script reads the server's TIME.
+#[test]
+fn unpinned_calls_use_the_server_clock() {
+    let mut redis = Redis::start();
+    let params = Params::new(Algorithm::TokenBucket, 3, Duration::from_secs(60), None).unwrap();
+    let key = fresh_key("time");
+    let answer = redis
+        .decide(&[Charge::new(&key, params, 1)], None, true)
+        .unwrap();
+    let (seconds, micros): (u64, u64) = redis::cmd("TIME").query(&mut redis.con).unwrap();
+    let server_now = seconds * 1_000_000 + micros;
+    assert!(
+        answer.now <= server_now && server_now - answer.now < 5_000_000,
+        "{answer:?}"
+    );
+    assert_eq!(answer.decisions, vec![[0, 2, 20_000_000, -1, 0]]);
+    let ttl: i64 = redis.cmd(&["PTTL", &key]);
+    assert!((19_000..=20_001).contains(&ttl), "PTTL {ttl}");
+}
+
+/// Bad arguments are errors, not decisions.
+#[test]
+fn bad_arguments_are_errors() {
+    let mut redis = Redis::start();
+    let params = Params::new(Algorithm::Gcra, 3, Duration::from_secs(1), None).unwrap();
+    let charge = [Charge::new("bad", params, 1)];
+    for now in [MAX_NOW_MICROS, u64::MAX] {
+        let err = redis.decide(&charge, Some(now), true).unwrap_err();
+        assert!(err.to_string().contains("now must be"), "{err}");
+    }
+    let err: redis::RedisError = redis::cmd("EVAL")
+        .arg(DECIDE_SCRIPT)
+        .arg(1)
+        .arg("bad")
+        .arg("1")
+        .arg(BASE)
+        .arg(9)
+        .arg(3)
+        .arg(1_000_000)
+        .arg(3)
+        .arg(1)
+        .arg("1")
+        .query::<Value>(&mut redis.con)
+        .unwrap_err();
+    assert!(err.to_string().contains("unknown algorithm"), "{err}");
+}
+
+/// The sliding log's running sums are rewritten from 0 once they pass 2^50, and a log written
+/// by hand in the documented layout decides like the same entries in the core.
+#[test]
+fn sliding_log_rebases_its_running_sums() {
+    let mut redis = Redis::start();
+    let params = Params::new(
+        Algorithm::SlidingWindowLog,
+        10,
+        Duration::from_secs(1),
+        None,
+    )
+    .unwrap();
+    let key = fresh_key("rebase");
+    let now = BASE + 5_000_000;
+    let start = (1u64 << 50) - 3;
+    // (time, cost): one expired, three live.
+    let entries = [
+        (now - 1_500_000, 2),
+        (now - 900_000, 1),
+        (now - 500_000, 3),
+        (now - 1, 1),
+    ];
+    let mut s = start;
+    for (time, cost) in entries {
+        let member = format!("{s:016}:{cost}");
+        let _: i64 = redis.cmd(&["ZADD", &key, &time.to_string(), &member]);
+        s += cost;
+    }
+    let _: i64 = redis.cmd(&["PEXPIREAT", &key, &((now + 1_000_000) / 1000).to_string()]);
+    let mut reference = Reference::default();
+    let state = State::SlidingWindowLog {
+        entries: entries
+            .iter()
+            .map(|&(t, c)| (Timestamp::from_micros(t), c))
+            .collect::<VecDeque<_>>(),
+    };
+    let expires = state.expires_at(&params);
+    reference.states.insert(key.clone(), (state, expires));
+    let mut now = now;
+    for (advance, cost) in [
+        (0, 4),
+        (0, 2),
+        (1, 1),
+        (100_000, 3),
+        (400_000, 3),
+        (1_000_000, 10),
+    ] {
+        now += advance;
+        let charge = [Charge::new(&key, params, cost)];
+        both(&mut redis, &mut reference, &charge, now, true, &[&key]).unwrap();
+        let members: Vec<String> = redis.cmd(&["ZRANGE", &key, "0", "-1"]);
+        let first: u64 = members[0][..16].parse().unwrap();
+        assert!(first < 100, "running sums not rebased: {members:?}");
+    }
+}
+
+/// `muldivmod`, `divmod` and `div_ceil` of `exact.lua` against u128, at and near every bound.
+#[test]
+fn exact_arithmetic_matches_u128() {
+    let redis = RefCell::new(Redis::start());
+    const TWO53: u64 = 1 << 53;
+    const BODY: &str = "
+local out = {}
+for i = 1, #ARGV, 3 do
+  local a, b, m = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local q, r = muldivmod(a, b, m)
+  local q2, r2 = divmod(a, m)
+  out[#out + 1] = int(q) .. ' ' .. int(r) .. ' ' .. int(q2) .. ' ' .. int(r2) .. ' ' .. int(div_ceil(a, m))
+end
+return out";
+    let script = Script::new(&format!(
+        "{}{BODY}",
+        include_str!("../src/store/redis/lua/exact.lua")
+    ));
+    let special = |max: u64| {
+        prop_oneof![
+            Just(0u64),
+            Just(1),
+            Just(2),
+            Just(max),
+            Just(max - 1),
+            Just(max / 2 + 1),
+            (1..=max),
+            (0..=1_000u64),
+        ]
+    };
+    let modulus = prop_oneof![
+        Just(1u64),
+        Just(3),
+        Just(1_000_000_000_000),
+        Just(MAX_PERIOD_US),
+        Just(1u64 << 46),
+        Just((1u64 << 46) - 1),
+        1..=(1u64 << 46),
+        1..=1_000_000u64,
+    ];
+    let triple = (special(TWO53 - 1), special(TWO53 - 1), modulus);
+    check(
+        &redis,
+        64,
+        proptest::collection::vec(triple, 64),
+        |redis, triples| {
+            let mut call = script.prepare_invoke();
+            let mut kept = Vec::new();
+            for (a, b, m) in triples {
+                // The contract: a quotient below 2^53 (and so is every dividend here).
+                if u128::from(a) * u128::from(b) / u128::from(m) >= u128::from(TWO53) {
+                    continue;
+                }
+                call.arg(a).arg(b).arg(m);
+                kept.push((a, b, m));
+            }
+            if kept.is_empty() {
+                return Ok(());
+            }
+            let lines: Vec<String> = call.invoke(&mut redis.con).unwrap();
+            for ((a, b, m), line) in kept.into_iter().zip(lines) {
+                let product = u128::from(a) * u128::from(b);
+                let (m128, a128) = (u128::from(m), u128::from(a));
+                let want = format!(
+                    "{} {} {} {} {}",
+                    product / m128,
+                    product % m128,
+                    a128 / m128,
+                    a128 % m128,
+                    a128.div_ceil(m128)
+                );
+                prop_assert_eq!(line, want, "muldivmod({}, {}, {})", a, b, m);
+            }
+            Ok(())
+        },
+    );
+}

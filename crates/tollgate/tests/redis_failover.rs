@@ -1,0 +1,198 @@
+//! A cluster failover: the promoted replica never saw our script (Redis replicates script
+//! effects, not scripts), so the first call there answers NOSCRIPT, which must be absorbed.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::clock::SystemClock;
+
+use tollgate::store::{Charge, RedisOptions, Store, StoreBackend, StoreUrl};
+use tollgate_core::{Algorithm, Params};
+use tollgate_testkit::RedisCluster;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_resume_on_the_promoted_replica() {
+    let cluster = RedisCluster::start(3, 1);
+    let url: StoreUrl = format!(
+        "redis+cluster://{}",
+        cluster.seed_url().trim_start_matches("redis://")
+    )
+    .parse()
+    .unwrap();
+    let options = RedisOptions {
+        connect_timeout: Duration::from_secs(2),
+        command_timeout: Duration::from_secs(2),
+        ..RedisOptions::default()
+    };
+    let store = StoreBackend::open(&url, options, Arc::new(SystemClock::new()))
+        .await
+        .unwrap();
+    assert!(store.wait_ready(Duration::from_secs(10)).await);
+    let params = Params::new(
+        Algorithm::TokenBucket,
+        1_000,
+        Duration::from_secs(3600),
+        None,
+    )
+    .unwrap();
+    let charge = [Charge {
+        key: b"failover",
+        params: &params,
+        cost: 1,
+        enforce: true,
+    }];
+    assert!(store.apply(&charge).await.unwrap()[0].is_allowed());
+
+    let keys = cluster.cli(cluster.primary_ports()[0], &["-c", "--scan"]);
+    let owner = cluster
+        .primary_ports()
+        .into_iter()
+        .find(|p| !cluster.cli(*p, &["--scan"]).is_empty());
+    let owner = owner.unwrap_or_else(|| panic!("no node holds the key: {keys}"));
+    let slot: u16 = cluster
+        .cli(
+            owner,
+            &["CLUSTER", "KEYSLOT", cluster.cli(owner, &["--scan"]).trim()],
+        )
+        .parse()
+        .unwrap();
+    cluster.kill_node(owner);
+    let promoted = tokio::task::spawn_blocking({
+        let cluster = std::sync::Arc::new(cluster);
+        move || {
+            let port = cluster.wait_for_slot_owner_change(slot, owner, Duration::from_secs(20));
+            (cluster, port)
+        }
+    });
+    let (cluster, promoted) = promoted.await.unwrap();
+    assert_ne!(promoted, owner);
+    let sha = redis::Script::new(tollgate::store::redis::script::DECIDE_SCRIPT)
+        .get_hash()
+        .to_owned();
+    assert_eq!(
+        cluster.cli(promoted, &["SCRIPT", "EXISTS", &sha]),
+        "0",
+        "the replica never loaded it"
+    );
+
+    // Requests may fail while the client learns the new topology, then all succeed.
+    let mut recovered = false;
+    for _ in 0..50 {
+        if store.apply(&charge).await.is_ok() {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(recovered, "no decision within 5 s of the failover");
+    assert_eq!(
+        cluster.cli(promoted, &["SCRIPT", "EXISTS", &sha]),
+        "1",
+        "reloaded after NOSCRIPT"
+    );
+    for _ in 0..20 {
+        let d = store
+            .apply(&charge)
+            .await
+            .expect("every decision after recovery succeeds");
+        assert!(d[0].is_allowed());
+    }
+}
+
+/// A coordinated failover (`CLUSTER FAILOVER` on the replica) while traffic runs: the client
+/// follows the MOVED redirects, absorbs NOSCRIPT on the new primary, and no request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_failover_under_traffic_fails_no_request() {
+    let cluster = std::sync::Arc::new(RedisCluster::start(3, 1));
+    let url: StoreUrl = format!(
+        "redis+cluster://{}",
+        cluster.seed_url().trim_start_matches("redis://")
+    )
+    .parse()
+    .unwrap();
+    let options = RedisOptions {
+        connect_timeout: Duration::from_secs(2),
+        command_timeout: Duration::from_secs(5),
+        ..RedisOptions::default()
+    };
+    let store = StoreBackend::open(&url, options, Arc::new(SystemClock::new()))
+        .await
+        .unwrap();
+    assert!(store.wait_ready(Duration::from_secs(10)).await);
+    let store = Arc::new(store);
+    let params = Params::new(
+        Algorithm::FixedWindow,
+        1_000_000,
+        Duration::from_secs(3600),
+        None,
+    )
+    .unwrap();
+    assert!(store.apply(&hot(&params)).await.unwrap()[0].is_allowed());
+
+    let owner = cluster
+        .primary_ports()
+        .into_iter()
+        .find(|p| !cluster.cli(*p, &["--scan"]).is_empty())
+        .unwrap();
+    let slot: u16 = cluster
+        .cli(
+            owner,
+            &["CLUSTER", "KEYSLOT", cluster.cli(owner, &["--scan"]).trim()],
+        )
+        .parse()
+        .unwrap();
+    let replica = cluster
+        .nodes()
+        .into_iter()
+        .find(|n| n.primary_port == Some(owner))
+        .expect("the hot key's primary has a replica")
+        .port;
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = tokio::spawn({
+        let (store, stop) = (store.clone(), stop.clone());
+        async move {
+            let mut decided = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let d = store
+                    .apply(&hot(&params))
+                    .await
+                    .expect("no request fails during the failover");
+                assert!(d[0].is_allowed());
+                decided += 1;
+            }
+            decided
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(cluster.cli(replica, &["CLUSTER", "FAILOVER"]), "OK");
+    let promoted = tokio::task::spawn_blocking({
+        let cluster = cluster.clone();
+        move || cluster.wait_for_slot_owner_change(slot, owner, Duration::from_secs(20))
+    })
+    .await
+    .unwrap();
+    assert_eq!(promoted, replica);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let decided = traffic.await.unwrap();
+    assert!(decided > 20, "traffic ran throughout ({decided} decisions)");
+    let sha = redis::Script::new(tollgate::store::redis::script::DECIDE_SCRIPT)
+        .get_hash()
+        .to_owned();
+    assert_eq!(
+        cluster.cli(promoted, &["SCRIPT", "EXISTS", &sha]),
+        "1",
+        "loaded on the new primary"
+    );
+}
+
+fn hot(params: &Params) -> [Charge<'_>; 1] {
+    [Charge {
+        key: b"hot-key",
+        params,
+        cost: 1,
+        enforce: true,
+    }]
+}
