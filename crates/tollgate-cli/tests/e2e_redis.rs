@@ -221,3 +221,72 @@ async fn a_foreign_value_at_our_key_takes_the_posture_for_that_request_only() {
         "decided by Redis"
     );
 }
+
+/// Started while Redis is down: the service serves from the start, with the postures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn started_with_redis_down_the_postures_answer_over_http() {
+    // A port nobody listens on: bind one, then let it go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let store = format!("redis://127.0.0.1:{port}");
+    let policy = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: soft\n    rate_limit: {unit: day, requests_per_unit: 5, on_store_error: open}\n";
+    let server = Server::start_with_args(
+        policy,
+        &[
+            "--store",
+            &store,
+            "--store-connect-timeout",
+            "200ms",
+            "--on-store-error",
+            "closed",
+        ],
+    );
+    let http = reqwest::Client::new();
+    let check = |key: &str| {
+        let body = serde_json::json!({"domain": "d", "descriptors": [{"entries": [{"key": key, "value": "a"}]}]});
+        http.post(server.url("/v1/check")).json(&body).send()
+    };
+
+    let r = check("user").await.unwrap();
+    assert_eq!(r.status(), 503, "closed: unavailable, never a 429");
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert_eq!(r.headers()["x-tollgate-degraded"], "closed");
+    assert!(
+        r.headers().get("x-ratelimit-remaining").is_none(),
+        "no made-up quota"
+    );
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["statuses"][0]["reason"], "store_unavailable");
+    assert_eq!(body["degraded"], "closed");
+
+    let r = check("soft").await.unwrap();
+    assert_eq!(r.status(), 200, "this rule's own posture is open");
+    assert_eq!(r.headers()["x-tollgate-degraded"], "open");
+
+    let ready = reqwest::get(server.url("/readyz")).await.unwrap();
+    assert_eq!(
+        ready.status(),
+        200,
+        "degraded is still ready: the postures answer"
+    );
+    let text = ready.text().await.unwrap();
+    assert!(text.starts_with("ready (degraded)"), "{text}");
+    assert!(text.contains("default posture: closed"), "{text}");
+
+    let metrics = reqwest::get(server.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            r#"tollgate_degraded_decisions_total{domain="d",rule="user",posture="closed"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(metrics.contains("tollgate_fail_open_total 1"), "{metrics}");
+}

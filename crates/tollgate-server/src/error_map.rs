@@ -1,4 +1,5 @@
-//! One table mapping every error to an HTTP status and a gRPC code.
+//! One table mapping every error to an HTTP status and a gRPC code. (A store failure is not an
+//! error: the failure postures answer it; see `tollgate::limiter::FailureSettings`.)
 
 use axum::http::StatusCode;
 use tollgate::limiter::LimitError;
@@ -8,8 +9,6 @@ use tollgate::limiter::LimitError;
 pub enum ErrorClass {
     /// The caller sent something wrong; nothing was counted.
     InvalidRequest,
-    /// The limiter could not decide (store failure).
-    Unavailable,
 }
 
 impl ErrorClass {
@@ -17,7 +16,6 @@ impl ErrorClass {
     pub fn of(error: &LimitError) -> Self {
         match error {
             LimitError::Invalid(_) => ErrorClass::InvalidRequest,
-            LimitError::Store(_) => ErrorClass::Unavailable,
         }
     }
 
@@ -25,7 +23,6 @@ impl ErrorClass {
     pub fn http_status(self) -> StatusCode {
         match self {
             ErrorClass::InvalidRequest => StatusCode::BAD_REQUEST,
-            ErrorClass::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -33,7 +30,6 @@ impl ErrorClass {
     pub fn grpc_code(self) -> tonic::Code {
         match self {
             ErrorClass::InvalidRequest => tonic::Code::InvalidArgument,
-            ErrorClass::Unavailable => tonic::Code::Unavailable,
         }
     }
 }

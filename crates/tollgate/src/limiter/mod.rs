@@ -28,15 +28,13 @@ use crate::policy::{Policy, Rule};
 use crate::resilience::Posture;
 use crate::store::{Charge, Store, StoreBackend, StoreError};
 
-/// Why a request could not be decided.
+/// Why a request could not be decided. A store failure is not one of them: the failure
+/// postures answer instead (see [`FailureSettings`]).
 #[derive(Debug, thiserror::Error)]
 pub enum LimitError {
     /// The request is malformed; nothing was counted.
     #[error("invalid request: {0}")]
     Invalid(#[from] InvalidRequest),
-    /// The store failed; nothing is known about the counters.
-    #[error(transparent)]
-    Store(#[from] StoreError),
 }
 
 /// A policy together with its per-rule counters, swapped as one unit.

@@ -9,7 +9,8 @@
 //! - Every decision has one deadline for all its store calls; connections are multiplexed
 //!   and reconnect with backoff; calls in flight are capped and the excess is shed at once.
 //! - A circuit breaker per node ([`topology`]) stops calling a sick node; the limiter's
-//!   failure posture answers instead.
+//!   failure posture answers instead. On a cluster, tollgate routes to each node over its own
+//!   connection ([`cluster`]) so that one dead primary cannot stall the others' slots.
 //!
 //! ## All-or-nothing on a cluster
 //!
@@ -22,6 +23,7 @@
 //! credits more than was charged, so the race can only under-admit, by at most the request's
 //! own cost, never over-admit.
 
+mod cluster;
 pub mod script;
 mod slot;
 mod topology;
@@ -30,16 +32,14 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
 use futures_util::future::try_join_all;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
+use redis::aio::ConnectionManager;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tollgate_core::{Decision, Params, Verdict};
 use tracing::{info, warn};
 
+use self::cluster::ClusterRouter;
 use self::script::algorithm_code;
 use self::topology::Topology;
 use super::url::StoreUrl;
@@ -74,9 +74,7 @@ impl Default for RedisOptions {
 
 enum Connection {
     Single(ConnectionManager),
-    /// Filled by a background task once a seed node answers, so the service starts (and the
-    /// posture answers) while the cluster is unreachable.
-    Cluster(Arc<ArcSwapOption<ClusterConnection>>),
+    Cluster(Arc<ClusterRouter>),
 }
 
 impl std::fmt::Debug for Connection {
@@ -145,8 +143,8 @@ impl RedisStore {
     /// Connects to the store named by `url` (which must be a Redis or cluster URL). `clock`
     /// drives the circuit breakers.
     ///
-    /// Connections are opened in the background: the service starts even while Redis is down,
-    /// answers with the failure posture meanwhile, and reconnects with backoff.
+    /// Connections are opened lazily and re-opened with backoff: the service starts even while
+    /// Redis is down, and the failure posture answers meanwhile.
     pub async fn connect(
         url: &StoreUrl,
         options: RedisOptions,
@@ -159,35 +157,24 @@ impl RedisStore {
             StoreUrl::Redis(url) => {
                 let client = redis::Client::open(url.as_str())
                     .map_err(|e| unavailable("invalid Redis URL", e))?;
-                let node = format!("{}", client.get_connection_info().addr());
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(options.connect_timeout))
-                    .set_response_timeout(Some(options.command_timeout))
-                    .set_min_delay(Duration::from_millis(10))
-                    .set_max_delay(Duration::from_secs(1))
-                    // Few retries per command: the deadline and the breaker handle outages.
-                    .set_number_of_retries(1);
-                let manager = ConnectionManager::new_lazy_with_config(client, config)
-                    .map_err(|e| unavailable("cannot create Redis connection", e))?;
-                let topology = Arc::new(Topology::new(&node, options.breaker, clock));
+                let node = client.get_connection_info().addr().to_string();
+                let manager = ConnectionManager::new_lazy_with_config(
+                    client,
+                    cluster::manager_config(&options),
+                )
+                .map_err(|e| unavailable("cannot create Redis connection", e))?;
+                let topology = Arc::new(Topology::single(&node, options.breaker, clock));
                 (Connection::Single(manager), topology, None)
             }
             StoreUrl::Cluster(seeds) => {
-                let client = ClusterClient::builder(seeds.iter().map(String::as_str))
-                    .connection_timeout(options.connect_timeout)
-                    .response_timeout(options.command_timeout)
-                    .retries(2)
-                    .build()
-                    .map_err(|e| unavailable("invalid cluster URL", e))?;
-                let slot = Arc::new(ArcSwapOption::empty());
-                let topology = Arc::new(Topology::new("cluster", options.breaker, clock));
-                let task = tokio::spawn(maintain_cluster(
-                    client,
-                    Arc::downgrade(&slot),
-                    Arc::downgrade(&topology),
-                    options.connect_timeout,
-                ));
-                (Connection::Cluster(slot), topology, Some(task))
+                for seed in seeds {
+                    redis::Client::open(seed.as_str())
+                        .map_err(|e| unavailable("invalid cluster seed URL", e))?;
+                }
+                let topology = Arc::new(Topology::cluster(options.breaker, clock));
+                let router = Arc::new(ClusterRouter::new(seeds.clone(), topology.clone(), options));
+                let task = tokio::spawn(cluster::maintain(Arc::downgrade(&router)));
+                (Connection::Cluster(router), topology, Some(task))
             }
         };
         Ok(RedisStore {
@@ -218,20 +205,53 @@ impl RedisStore {
         script::fits_lua(params)
     }
 
-    async fn with_deadline<T>(
-        &self,
-        what: &str,
-        call: impl Future<Output = redis::RedisResult<T>>,
-    ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.options.command_timeout, call).await {
-            Ok(result) => result.map_err(store_error),
-            Err(_) => Err(unavailable(what, "deadline exceeded")),
+    fn connection_to(&self, node: &str) -> Result<ConnectionManager, StoreError> {
+        match &self.connection {
+            Connection::Single(manager) => Ok(manager.clone()),
+            Connection::Cluster(router) => router.connection(node),
         }
+    }
+
+    /// Runs a script invocation on the node that owns `slot`, through that node's breaker,
+    /// following one `MOVED` redirect.
+    async fn invoke_on_slot(
+        &self,
+        slot: u16,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let (node, breaker) = self
+            .topology
+            .breaker_for(slot)
+            .ok_or_else(|| StoreError::Unavailable("cluster slot map not known yet".into()))?;
+        let permit = breaker
+            .try_call()
+            .ok_or_else(|| StoreError::Unavailable(format!("circuit open for {node}")))?;
+        // The decision's deadline wraps this call; a cancelled permit counts as a failure.
+        let mut answer = invocation
+            .invoke_async::<Vec<i64>>(&mut self.connection_to(&node)?)
+            .await;
+        if let (Err(e), Connection::Cluster(router)) = (&answer, &self.connection)
+            && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved)
+            && let Some((to, moved_slot)) = e.redirect_node()
+        {
+            let to = to.to_owned();
+            self.topology.moved(moved_slot, &to);
+            router.refresh_soon();
+            answer = invocation.invoke_async(&mut self.connection_to(&to)?).await;
+        }
+        let answer = answer.map_err(store_error);
+        let changed = match &answer {
+            Ok(_) | Err(StoreError::InvalidData(_)) => permit.succeeded(),
+            Err(_) => permit.failed(),
+        };
+        if let Some(state) = changed {
+            info!(node = %node, state = state.name(), "Circuit breaker changed state");
+        }
+        answer
     }
 
     async fn run_decide(
         &self,
-        connection: &mut impl ConnectionLike,
         charges: &[Charge<'_>],
         keys: &[u8],
         spans: &[Range<usize>],
@@ -257,28 +277,12 @@ impl RedisStore {
                 .arg(c.cost)
                 .arg(if c.enforce { "1" } else { "0" });
         }
-        let (node, breaker) = self.topology.breaker_for(group.slot);
-        let permit = breaker
-            .try_call()
-            .ok_or_else(|| StoreError::Unavailable(format!("circuit open for {node}")))?;
-        // The decision's deadline wraps this call; a cancelled permit counts as a failure.
-        let answer = invocation
-            .invoke_async::<Vec<i64>>(connection)
-            .await
-            .map_err(store_error);
-        let changed = match &answer {
-            Ok(_) | Err(StoreError::InvalidData(_)) => permit.succeeded(),
-            Err(_) => permit.failed(),
-        };
-        if let Some(state) = changed {
-            info!(node = %node, state = state.name(), "Circuit breaker changed state");
-        }
-        parse_reply(&answer?, group.indexes.iter().map(|&i| &charges[i]))
+        let raw = self.invoke_on_slot(group.slot, &invocation).await?;
+        parse_reply(&raw, group.indexes.iter().map(|&i| &charges[i]))
     }
 
     async fn run_refund(
         &self,
-        connection: &mut impl ConnectionLike,
         charges: &[Charge<'_>],
         keys: &[u8],
         spans: &[Range<usize>],
@@ -302,63 +306,81 @@ impl RedisStore {
                 .arg(c.params.burst())
                 .arg(c.cost);
         }
-        if !any {
-            return Ok(());
+        if any {
+            self.invoke_on_slot(group.slot, &invocation).await?;
         }
-        let _: i64 = self
-            .with_deadline("redis refund", invocation.invoke_async(connection))
-            .await?;
         Ok(())
     }
 
-    async fn apply_cluster(
+    /// A request whose counters span several slots: peek everywhere, then charge everywhere,
+    /// refunding the slots that charged if another lost a race (see the module docs).
+    async fn apply_across_slots(
         &self,
-        connection: &ClusterConnection,
         charges: &[Charge<'_>],
         keys: &[u8],
         spans: &[Range<usize>],
         groups: &[Group],
     ) -> Result<Vec<Decision>, StoreError> {
-        let mut decisions = vec![None; charges.len()];
-        let gather = |decisions: &mut Vec<Option<Decision>>, replies: &[Reply]| {
+        let gather = |replies: &[Reply]| {
+            let mut decisions = vec![None; charges.len()];
             for (group, reply) in groups.iter().zip(replies) {
                 for (&i, d) in group.indexes.iter().zip(&reply.decisions) {
                     decisions[i] = Some(*d);
                 }
             }
+            decisions.into_iter().flatten().collect()
         };
-        // Step 1: ask every slot without writing.
-        let peeks = try_join_all(groups.iter().map(|g| {
-            let mut c = connection.clone();
-            async move {
-                self.run_decide(&mut c, charges, keys, spans, g, false)
-                    .await
-            }
-        }))
-        .await?;
+        let all = |commit: bool| {
+            try_join_all(
+                groups
+                    .iter()
+                    .map(move |g| self.run_decide(charges, keys, spans, g, commit)),
+            )
+        };
+        let peeks = all(false).await?;
         if peeks.iter().any(|r| !r.admitted) {
-            gather(&mut decisions, &peeks);
-            return Ok(decisions.into_iter().flatten().collect());
+            return Ok(gather(&peeks));
         }
-        // Step 2: charge every slot; refund the ones that charged if another one lost a race.
-        let commits = try_join_all(groups.iter().map(|g| {
-            let mut c = connection.clone();
-            async move { self.run_decide(&mut c, charges, keys, spans, g, true).await }
-        }))
-        .await?;
+        let commits = all(true).await?;
         if commits.iter().any(|r| !r.admitted) {
             for (group, reply) in groups.iter().zip(&commits).filter(|(_, r)| r.admitted) {
-                let mut c = connection.clone();
-                if let Err(e) = self
-                    .run_refund(&mut c, charges, keys, spans, group, reply)
-                    .await
-                {
+                if let Err(e) = self.run_refund(charges, keys, spans, group, reply).await {
                     warn!(error = %e, "Refund after a lost cluster race failed; the charge stays");
                 }
             }
         }
-        gather(&mut decisions, &commits);
-        Ok(decisions.into_iter().flatten().collect())
+        Ok(gather(&commits))
+    }
+
+    async fn apply_within_deadline(
+        &self,
+        charges: &[Charge<'_>],
+        keys: &[u8],
+        spans: &[Range<usize>],
+        slots: &[u16],
+    ) -> Result<Vec<Decision>, StoreError> {
+        let mut groups: Vec<Group> = Vec::new();
+        for (i, slot) in slots.iter().enumerate() {
+            // One server holds every slot: one call covers the whole request.
+            let slot = match self.connection {
+                Connection::Single(_) => 0,
+                Connection::Cluster(_) => *slot,
+            };
+            match groups.iter_mut().find(|g| g.slot == slot) {
+                Some(g) => g.indexes.push(i),
+                None => groups.push(Group {
+                    slot,
+                    indexes: vec![i],
+                }),
+            }
+        }
+        if let [only] = groups.as_slice() {
+            return Ok(self
+                .run_decide(charges, keys, spans, only, true)
+                .await?
+                .decisions);
+        }
+        self.apply_across_slots(charges, keys, spans, &groups).await
     }
 }
 
@@ -402,56 +424,6 @@ fn parse_reply<'a>(
     })
 }
 
-impl RedisStore {
-    async fn apply_within_deadline(
-        &self,
-        charges: &[Charge<'_>],
-        keys: &[u8],
-        spans: &[Range<usize>],
-        slots: &[u16],
-    ) -> Result<Vec<Decision>, StoreError> {
-        match &self.connection {
-            Connection::Single(manager) => {
-                let all = Group {
-                    slot: 0,
-                    indexes: (0..charges.len()).collect(),
-                };
-                let mut connection = manager.clone();
-                let reply = self
-                    .run_decide(&mut connection, charges, keys, spans, &all, true)
-                    .await?;
-                Ok(reply.decisions)
-            }
-            Connection::Cluster(slot) => {
-                let Some(cluster) = slot.load_full() else {
-                    return Err(StoreError::Unavailable(
-                        "not connected to the cluster yet".into(),
-                    ));
-                };
-                let mut groups: Vec<Group> = Vec::new();
-                for (i, slot) in slots.iter().enumerate() {
-                    match groups.iter_mut().find(|g| g.slot == *slot) {
-                        Some(g) => g.indexes.push(i),
-                        None => groups.push(Group {
-                            slot: *slot,
-                            indexes: vec![i],
-                        }),
-                    }
-                }
-                if let [only] = groups.as_slice() {
-                    let mut connection = (*cluster).clone();
-                    let reply = self
-                        .run_decide(&mut connection, charges, keys, spans, only, true)
-                        .await?;
-                    return Ok(reply.decisions);
-                }
-                self.apply_cluster(&cluster, charges, keys, spans, &groups)
-                    .await
-            }
-        }
-    }
-}
-
 impl Store for RedisStore {
     async fn apply(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
         for c in charges {
@@ -480,64 +452,21 @@ impl Store for RedisStore {
     }
 
     async fn key_count(&self) -> Result<usize, StoreError> {
-        let cmd = redis::cmd("DBSIZE");
-        match &self.connection {
-            Connection::Single(m) => {
-                self.with_deadline("redis DBSIZE", cmd.query_async(&mut m.clone()))
-                    .await
-            }
-            Connection::Cluster(slot) => {
-                let Some(cluster) = slot.load_full() else {
-                    return Err(StoreError::Unavailable(
-                        "not connected to the cluster yet".into(),
-                    ));
-                };
-                let mut connection = (*cluster).clone();
-                self.with_deadline("redis DBSIZE", cmd.query_async(&mut connection))
-                    .await
-            }
-        }
-    }
-}
-
-/// Connects to the cluster (retrying with backoff until a seed answers), then keeps the slot
-/// map of the per-node breakers fresh. Ends when the store is dropped.
-async fn maintain_cluster(
-    client: ClusterClient,
-    slot: std::sync::Weak<ArcSwapOption<ClusterConnection>>,
-    topology: std::sync::Weak<Topology>,
-    connect_timeout: Duration,
-) {
-    let mut backoff = Duration::from_millis(50);
-    let mut connection = loop {
-        match tokio::time::timeout(connect_timeout, client.get_async_connection()).await {
-            Ok(Ok(connection)) => break connection,
-            Ok(Err(e)) => warn!(error = %e, "Cannot connect to the Redis cluster yet"),
-            Err(_) => warn!("Connecting to the Redis cluster timed out"),
-        }
-        if slot.strong_count() == 0 {
-            return;
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
-    };
-    match slot.upgrade() {
-        Some(slot) => slot.store(Some(Arc::new(connection.clone()))),
-        None => return,
-    }
-    info!("Connected to the Redis cluster");
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(topology) = topology.upgrade() else {
-            return;
+        let connections = match &self.connection {
+            Connection::Single(m) => vec![m.clone()],
+            Connection::Cluster(router) => router.primary_connections()?,
         };
-        let mut cmd = redis::cmd("CLUSTER");
-        cmd.arg("SLOTS");
-        let query = cmd.query_async::<redis::Value>(&mut connection);
-        if let Ok(Ok(reply)) = tokio::time::timeout(connect_timeout, query).await {
-            topology.update(&reply);
+        // Not on the request path: a little more patience than a decision gets.
+        let deadline = self.options.command_timeout.max(Duration::from_millis(100));
+        let dbsize = redis::cmd("DBSIZE");
+        let mut total = 0;
+        for mut connection in connections {
+            let count = dbsize.query_async::<usize>(&mut connection);
+            total += match tokio::time::timeout(deadline, count).await {
+                Ok(result) => result.map_err(store_error)?,
+                Err(_) => return Err(unavailable("redis DBSIZE", "deadline exceeded")),
+            };
         }
+        Ok(total)
     }
 }

@@ -1,9 +1,8 @@
 //! Which node owns which slot, and one circuit breaker per node.
 //!
-//! A cluster's slot map is refreshed from `CLUSTER SLOTS` in the background, so a call for a
-//! slot is charged to the breaker of the node that owns it: a dead primary opens its own
-//! breaker and leaves the other nodes' slots alone. Until the map is known (and for a single
-//! server) every slot belongs to one node.
+//! A cluster's slot map is refreshed from `CLUSTER SLOTS` in the background (see
+//! [`super::cluster`]), so a call for a slot is charged to the breaker of the node that owns
+//! it: a dead primary opens its own breaker and leaves the other nodes' slots alone.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +17,9 @@ use crate::resilience::{Breaker, BreakerConfig, BreakerState};
 /// Slot owners and per-node breakers.
 #[derive(Debug)]
 pub(super) struct Topology {
-    default_node: Arc<str>,
+    /// The single server's address; `None` for a cluster, whose slots have no owner until the
+    /// first `CLUSTER SLOTS` answer.
+    single: Option<Arc<str>>,
     owners: RwLock<Vec<Arc<str>>>,
     breakers: Mutex<HashMap<Arc<str>, Arc<Breaker>>>,
     config: BreakerConfig,
@@ -26,10 +27,19 @@ pub(super) struct Topology {
 }
 
 impl Topology {
-    /// Every slot owned by `node` until told otherwise.
-    pub fn new(node: &str, config: BreakerConfig, clock: SharedClock) -> Self {
+    /// One server owning every slot.
+    pub fn single(node: &str, config: BreakerConfig, clock: SharedClock) -> Self {
+        Self::new(Some(node.into()), config, clock)
+    }
+
+    /// A cluster whose slot map is not known yet.
+    pub fn cluster(config: BreakerConfig, clock: SharedClock) -> Self {
+        Self::new(None, config, clock)
+    }
+
+    fn new(single: Option<Arc<str>>, config: BreakerConfig, clock: SharedClock) -> Self {
         Topology {
-            default_node: node.into(),
+            single,
             owners: RwLock::new(Vec::new()),
             breakers: Mutex::new(HashMap::new()),
             config,
@@ -37,36 +47,60 @@ impl Topology {
         }
     }
 
-    /// The node owning `slot` and its breaker.
-    pub fn breaker_for(&self, slot: u16) -> (Arc<str>, Arc<Breaker>) {
-        let node = self
-            .owners
-            .read()
-            .get(usize::from(slot))
-            .cloned()
-            .unwrap_or_else(|| self.default_node.clone());
+    /// The node owning `slot` and its breaker; `None` while a cluster's map is unknown.
+    pub fn breaker_for(&self, slot: u16) -> Option<(Arc<str>, Arc<Breaker>)> {
+        let node = match &self.single {
+            Some(node) => node.clone(),
+            None => self.owners.read().get(usize::from(slot))?.clone(),
+        };
         let breaker = self
             .breakers
             .lock()
             .entry(node.clone())
             .or_insert_with(|| Arc::new(Breaker::new(self.config, self.clock.clone())))
             .clone();
-        (node, breaker)
+        Some((node, breaker))
     }
 
-    /// Replaces the slot map with a `CLUSTER SLOTS` reply. Returns false if it was unusable.
+    /// Records that `slot` moved to `node` (a `MOVED` answer), ahead of the next refresh.
+    pub fn moved(&self, slot: u16, node: &str) {
+        if let Some(owner) = self.owners.write().get_mut(usize::from(slot)) {
+            *owner = node.into();
+        }
+    }
+
+    /// Every node that owns a slot.
+    pub fn primaries(&self) -> Vec<Arc<str>> {
+        if let Some(node) = &self.single {
+            return vec![node.clone()];
+        }
+        let mut nodes: Vec<Arc<str>> = Vec::new();
+        for node in self.owners.read().iter() {
+            if !nodes.iter().any(|n| n == node) {
+                nodes.push(node.clone());
+            }
+        }
+        nodes
+    }
+
+    /// Replaces the slot map with a `CLUSTER SLOTS` reply. Returns false if it was unusable
+    /// (the last good map is kept).
     pub fn update(&self, reply: &Value) -> bool {
         let Some(ranges) = parse_cluster_slots(reply) else {
             return false;
         };
-        let mut owners: Vec<Arc<str>> = vec![self.default_node.clone(); usize::from(SLOTS)];
-        let mut names: HashMap<String, Arc<str>> = HashMap::new();
-        for (start, end, node) in ranges {
+        let Some((_, _, first)) = ranges.first() else {
+            return false;
+        };
+        let mut names: HashMap<&str, Arc<str>> = HashMap::new();
+        let first: Arc<str> = first.as_str().into();
+        let mut owners: Vec<Arc<str>> = vec![first; usize::from(SLOTS)];
+        for (start, end, node) in &ranges {
             let node = names
-                .entry(node.clone())
-                .or_insert_with(|| node.into())
+                .entry(node.as_str())
+                .or_insert_with(|| node.as_str().into())
                 .clone();
-            for slot in start..=end.min(SLOTS - 1) {
+            for slot in *start..=(*end).min(SLOTS - 1) {
                 owners[usize::from(slot)] = node.clone();
             }
         }
@@ -134,8 +168,11 @@ mod tests {
     #[test]
     fn slots_map_to_their_primary_and_each_node_has_its_own_breaker() {
         let clock = Arc::new(ManualClock::default());
-        let topology = Topology::new("seed", BreakerConfig::default(), clock);
-        assert_eq!(&*topology.breaker_for(7).0, "seed");
+        let topology = Topology::cluster(BreakerConfig::default(), clock);
+        assert!(
+            topology.breaker_for(7).is_none(),
+            "unknown until the first map"
+        );
         let reply = Value::Array(vec![
             Value::Array(vec![
                 Value::Int(0),
@@ -150,16 +187,22 @@ mod tests {
             ]),
         ]);
         assert!(topology.update(&reply));
-        let (a, breaker_a) = topology.breaker_for(100);
-        let (b, breaker_b) = topology.breaker_for(9000);
+        let (a, breaker_a) = topology.breaker_for(100).unwrap();
+        let (b, breaker_b) = topology.breaker_for(9000).unwrap();
         assert_eq!((&*a, &*b), ("127.0.0.1:7000", "127.0.0.1:7001"));
         assert!(!Arc::ptr_eq(&breaker_a, &breaker_b));
-        assert!(Arc::ptr_eq(&breaker_a, &topology.breaker_for(8191).1));
+        assert!(Arc::ptr_eq(
+            &breaker_a,
+            &topology.breaker_for(8191).unwrap().1
+        ));
+        assert_eq!(topology.primaries().len(), 2);
         assert!(!topology.update(&Value::Int(3)), "garbage is ignored");
         assert_eq!(
-            &*topology.breaker_for(100).0,
+            &*topology.breaker_for(100).unwrap().0,
             "127.0.0.1:7000",
-            "and keeps the last map"
+            "the last map stays"
         );
+        topology.moved(100, "127.0.0.1:7003");
+        assert_eq!(&*topology.breaker_for(100).unwrap().0, "127.0.0.1:7003");
     }
 }

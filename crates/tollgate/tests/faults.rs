@@ -1,0 +1,461 @@
+//! When the store fails: every failure posture, the latency bound, the breaker and recovery,
+//! against real Redis servers behind the test kit's fault proxy.
+//!
+//! Each test puts hundreds of requests in flight at once and checks that callers in `open`
+//! and `local` modes never get an error, that no decision waits much longer than the store
+//! deadline, and that decisions return to Redis once it heals.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tollgate::clock::SystemClock;
+use tollgate::limiter::{CheckRequest, CheckResponse, FailureSettings, Limiter, RequestDescriptor};
+use tollgate::policy::Policy;
+use tollgate::resilience::{BreakerConfig, BreakerState, Posture};
+use tollgate::store::{RedisOptions, StoreBackend, StoreUrl};
+use tollgate_testkit::{FaultProxy, Mode, RedisCluster, RedisServer};
+
+const POLICY: &str = r#"
+domain: f
+descriptors:
+  - key: open
+    rate_limit: {unit: day, requests_per_unit: 1000, on_store_error: open}
+  - key: closed
+    rate_limit: {unit: day, requests_per_unit: 1000, on_store_error: closed}
+  - key: local
+    rate_limit: {unit: day, requests_per_unit: 8, on_store_error: local, local_share: 0.25}
+"#;
+
+/// The store deadline in these tests, and how much later than it a decision may finish on a
+/// busy 2-core machine running a debug build.
+const DEADLINE: Duration = Duration::from_millis(20);
+const MARGIN: Duration = Duration::from_millis(80);
+
+async fn limiter(url: &str) -> Arc<Limiter> {
+    let options = RedisOptions {
+        connect_timeout: Duration::from_millis(500),
+        command_timeout: DEADLINE,
+        max_in_flight: 1024,
+        breaker: BreakerConfig {
+            open_for: Duration::from_millis(300),
+            ..BreakerConfig::default()
+        },
+    };
+    let clock = Arc::new(SystemClock::new());
+    let url: StoreUrl = url.parse().unwrap();
+    let store = StoreBackend::open(&url, options, clock.clone())
+        .await
+        .unwrap();
+    assert!(
+        store.wait_ready(Duration::from_secs(10)).await,
+        "store reachable at start"
+    );
+    let policy = Policy::from_yaml("faults.yaml", POLICY).unwrap();
+    Arc::new(Limiter::with_failure_settings(
+        policy,
+        store,
+        FailureSettings::default(),
+        clock,
+    ))
+}
+
+fn request(key: &str, value: &str) -> CheckRequest {
+    let d = RequestDescriptor::new(vec![(key.into(), value.into())], 1, None).unwrap();
+    CheckRequest::new("f".into(), vec![d]).unwrap()
+}
+
+/// Sends `count` requests at once; returns each answer with how long it took.
+async fn burst(
+    limiter: &Arc<Limiter>,
+    key: &str,
+    value: &str,
+    count: usize,
+) -> Vec<(CheckResponse, Duration)> {
+    let tasks: Vec<_> = (0..count)
+        .map(|_| {
+            let limiter = limiter.clone();
+            let req = request(key, value);
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let answer = limiter
+                    .check(&req)
+                    .await
+                    .expect("every request gets an answer");
+                (answer, start.elapsed())
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(count);
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+fn assert_latency_bound(answers: &[(CheckResponse, Duration)], what: &str) {
+    let mut latencies: Vec<Duration> = answers.iter().map(|(_, d)| *d).collect();
+    latencies.sort();
+    let p99 = latencies[latencies.len() * 99 / 100];
+    let max = latencies[latencies.len() - 1];
+    assert!(p99 <= DEADLINE + MARGIN, "{what}: p99 {p99:?}");
+    assert!(max <= DEADLINE + MARGIN, "{what}: max {max:?}");
+}
+
+/// Polls until a request on `key` is decided by Redis again (not degraded).
+async fn wait_for_recovery(limiter: &Arc<Limiter>, key: &str, value: &str, within: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if limiter
+            .check(&request(key, value))
+            .await
+            .unwrap()
+            .degraded()
+            .is_none()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("decisions did not return to Redis within {within:?}");
+}
+
+fn breaker_state(limiter: &Limiter) -> BreakerState {
+    let states = limiter.store().breakers();
+    assert_eq!(states.len(), 1, "{states:?}");
+    states[0].1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_shut_down_and_restarted() {
+    let redis = RedisServer::start();
+    let limiter = limiter(&redis.url()).await;
+    for key in ["open", "closed", "local"] {
+        assert!(
+            limiter
+                .check(&request(key, "warm"))
+                .await
+                .unwrap()
+                .degraded()
+                .is_none()
+        );
+    }
+    let _ = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string(), "SHUTDOWN", "NOSAVE"])
+        .output();
+    for _ in 0..100 {
+        if !redis.is_running() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!redis.is_running());
+
+    let open = burst(&limiter, "open", "a", 300).await;
+    assert!(
+        open.iter()
+            .all(|(r, _)| r.allowed() && r.degraded() == Some(Posture::Open))
+    );
+    assert_latency_bound(&open, "open");
+
+    let closed = burst(&limiter, "closed", "a", 300).await;
+    assert!(
+        closed
+            .iter()
+            .all(|(r, _)| r.unavailable() && r.degraded() == Some(Posture::Closed))
+    );
+    assert!(
+        closed
+            .iter()
+            .all(|(r, _)| r.retry_after() == Some(Duration::from_secs(1)))
+    );
+    assert_latency_bound(&closed, "closed");
+
+    // A quarter of 8 per replica: exactly 2 of 300.
+    let local = burst(&limiter, "local", "a", 300).await;
+    assert!(
+        local
+            .iter()
+            .all(|(r, _)| r.degraded() == Some(Posture::Local))
+    );
+    assert_eq!(local.iter().filter(|(r, _)| r.allowed()).count(), 2);
+    assert_latency_bound(&local, "local");
+    assert_eq!(
+        breaker_state(&limiter),
+        BreakerState::Open,
+        "the breaker spares the dead server"
+    );
+    let metrics = limiter.render_metrics().await;
+    assert!(
+        metrics.contains(
+            r#"tollgate_degraded_decisions_total{domain="f",rule="closed",posture="closed"} 300"#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tollgate_fail_open_total 300"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tollgate_breaker_state{node=\""),
+        "{metrics}"
+    );
+
+    // Back up: decisions return to Redis (the restarted server has no scripts: NOSCRIPT is
+    // absorbed), within a second or two.
+    redis.restart();
+    wait_for_recovery(&limiter, "open", "probe", Duration::from_secs(2)).await;
+    let after = burst(&limiter, "local", "b", 20).await;
+    assert!(
+        after.iter().all(|(r, _)| r.degraded().is_none()),
+        "Redis decides again"
+    );
+    assert_eq!(
+        after.iter().filter(|(r, _)| r.allowed()).count(),
+        8,
+        "the full limit, from Redis"
+    );
+    assert_eq!(breaker_state(&limiter), BreakerState::Closed);
+}
+
+fn resident_kib() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_redis_costs_at_most_the_deadline_and_leaks_nothing() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let limiter = limiter(&proxy.url()).await;
+    assert!(
+        limiter
+            .check(&request("open", "warm"))
+            .await
+            .unwrap()
+            .degraded()
+            .is_none()
+    );
+    proxy.set_mode(Mode::Blackhole);
+
+    let first = burst(&limiter, "open", "a", 300).await;
+    assert!(
+        first
+            .iter()
+            .all(|(r, _)| r.allowed() && r.degraded() == Some(Posture::Open))
+    );
+    assert_latency_bound(&first, "blackhole, breaker closed");
+    assert_eq!(breaker_state(&limiter), BreakerState::Open);
+
+    // With the breaker open, further rounds do not touch the store: memory and tasks stay flat.
+    let tasks_before = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    let rss_before = resident_kib();
+    for _ in 0..5 {
+        let round = burst(&limiter, "open", "b", 300).await;
+        assert!(round.iter().all(|(r, _)| r.allowed()));
+        assert_latency_bound(&round, "blackhole, breaker open");
+    }
+    let tasks_after = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    let rss_after = resident_kib();
+    assert!(
+        tasks_after <= tasks_before + 2,
+        "tasks {tasks_before} -> {tasks_after}"
+    );
+    assert!(
+        rss_after < rss_before + 16 * 1024,
+        "resident {rss_before} KiB -> {rss_after} KiB"
+    );
+
+    proxy.set_mode(Mode::Pass);
+    wait_for_recovery(&limiter, "open", "probe", Duration::from_secs(3)).await;
+    assert_eq!(breaker_state(&limiter), BreakerState::Closed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_redis_trips_the_deadline_and_the_breaker_then_recovers() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let limiter = limiter(&proxy.url()).await;
+    assert!(
+        limiter
+            .check(&request("local", "warm"))
+            .await
+            .unwrap()
+            .degraded()
+            .is_none()
+    );
+
+    // 50 ms each way: every call misses the 20 ms deadline.
+    proxy.set_mode(Mode::Latency(Duration::from_millis(50)));
+    let slow = burst(&limiter, "local", "a", 300).await;
+    assert!(
+        slow.iter()
+            .all(|(r, _)| r.degraded() == Some(Posture::Local))
+    );
+    assert_eq!(
+        slow.iter().filter(|(r, _)| r.allowed()).count(),
+        2,
+        "the local share, exactly"
+    );
+    assert_latency_bound(&slow, "latency");
+    assert_eq!(breaker_state(&limiter), BreakerState::Open);
+    proxy.set_mode(Mode::Pass);
+    wait_for_recovery(&limiter, "local", "probe", Duration::from_secs(3)).await;
+    assert_eq!(breaker_state(&limiter), BreakerState::Closed);
+
+    // Redis itself stalls writes (scripts that write wait on CLIENT PAUSE).
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "1500", "WRITE"]), "OK");
+    let paused = burst(&limiter, "open", "p", 300).await;
+    assert!(
+        paused
+            .iter()
+            .all(|(r, _)| r.allowed() && r.degraded() == Some(Posture::Open))
+    );
+    assert_latency_bound(&paused, "client pause");
+    assert_eq!(breaker_state(&limiter), BreakerState::Open);
+    wait_for_recovery(&limiter, "open", "probe", Duration::from_secs(4)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_memory_and_a_foreign_value_affect_only_their_requests() {
+    let redis = RedisServer::start();
+    let limiter = limiter(&redis.url()).await;
+
+    // A foreign value at one counter: that request takes the posture; the store stays healthy.
+    assert!(
+        limiter
+            .check(&request("closed", "victim"))
+            .await
+            .unwrap()
+            .allowed()
+    );
+    let keys = redis.cli(&["--scan"]);
+    let victim = keys
+        .lines()
+        .find(|k| k.contains("victim"))
+        .unwrap()
+        .to_owned();
+    redis.cli(&["SET", &victim, "not ours"]);
+    for _ in 0..20 {
+        let r = limiter.check(&request("closed", "victim")).await.unwrap();
+        assert!(r.unavailable(), "closed posture for the broken counter");
+    }
+    let other = limiter
+        .check(&request("closed", "bystander"))
+        .await
+        .unwrap();
+    assert!(
+        other.allowed() && other.degraded().is_none(),
+        "other counters are unaffected"
+    );
+    assert_eq!(
+        breaker_state(&limiter),
+        BreakerState::Closed,
+        "bad data is not an outage"
+    );
+
+    // Out of memory: every write fails; the postures answer and nothing crashes.
+    redis.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    redis.cli(&["CONFIG", "SET", "maxmemory", "1"]);
+    let open = burst(&limiter, "open", "oom", 300).await;
+    assert!(
+        open.iter()
+            .all(|(r, _)| r.allowed() && r.degraded() == Some(Posture::Open))
+    );
+    let unmatched = limiter.check(&request("no-rule", "x")).await.unwrap();
+    assert!(
+        unmatched.allowed() && unmatched.degraded().is_none(),
+        "requests without limits are unaffected"
+    );
+    redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    wait_for_recovery(&limiter, "open", "probe", Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_primary_affects_only_its_own_slots() {
+    let cluster = Arc::new(RedisCluster::start(3, 1));
+    // By default a cluster refuses every query while any slot is uncovered; a deployment that
+    // wants healthy slots to keep serving during a failover turns that off (see the README).
+    for port in cluster.ports() {
+        cluster.cli(
+            port,
+            &["CONFIG", "SET", "cluster-require-full-coverage", "no"],
+        );
+    }
+    let seeds: Vec<String> = cluster
+        .primary_ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let limiter = limiter(&format!("redis+cluster://{}", seeds.join(","))).await;
+    // Find two users whose counters live on different primaries.
+    let owner_of = |value: &str| {
+        cluster
+            .primary_ports()
+            .into_iter()
+            .find(|p| cluster.cli(*p, &["--scan"]).contains(value))
+    };
+    let mut placed: Vec<(String, u16)> = Vec::new();
+    for i in 0..20 {
+        let value = format!("user{i}");
+        assert!(
+            limiter
+                .check(&request("open", &value))
+                .await
+                .unwrap()
+                .degraded()
+                .is_none()
+        );
+        let port = owner_of(&value).expect("the counter is on some primary");
+        if placed.iter().all(|(_, p)| *p != port) {
+            placed.push((value, port));
+        }
+    }
+    assert!(placed.len() >= 2, "counters on at least two primaries");
+    let (victim, dead) = placed[0].clone();
+    let (healthy, _) = placed[1].clone();
+    // Let the slot map (refreshed every second) know the owners.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    cluster.kill_node(dead);
+    let failover = tokio::task::spawn_blocking({
+        let cluster = cluster.clone();
+        move || {
+            // Wait until every slot is served again (the dead primary's replica promoted).
+            cluster.wait_until_healthy(Duration::from_secs(20));
+        }
+    });
+    let mut victim_degraded = 0;
+    while !failover.is_finished() {
+        let v = burst(&limiter, "open", &victim, 50).await;
+        victim_degraded += v.iter().filter(|(r, _)| r.degraded().is_some()).count();
+        assert!(
+            v.iter().all(|(r, _)| r.allowed()),
+            "open: never an error, never a denial"
+        );
+        assert_latency_bound(&v, "dead primary's slot");
+        let h = burst(&limiter, "open", &healthy, 50).await;
+        assert!(
+            h.iter().all(|(r, _)| r.degraded().is_none()),
+            "other slots are unaffected throughout"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    failover.await.unwrap();
+    assert!(
+        victim_degraded > 0,
+        "the dead primary's slot took the posture"
+    );
+    wait_for_recovery(&limiter, "open", &victim, Duration::from_secs(5)).await;
+    let v = burst(&limiter, "open", &victim, 20).await;
+    assert!(
+        v.iter().all(|(r, _)| r.degraded().is_none()),
+        "the promoted replica decides"
+    );
+}
