@@ -108,8 +108,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(serve(args, policy))?;
-    Ok(ExitCode::SUCCESS)
+    runtime.block_on(serve(args, policy))
 }
 
 fn init_logging() {

@@ -290,3 +290,37 @@ async fn started_with_redis_down_the_postures_answer_over_http() {
     );
     assert!(metrics.contains("tollgate_fail_open_total 1"), "{metrics}");
 }
+
+#[test]
+fn a_rule_the_scripts_cannot_decide_exactly_is_refused_at_startup() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    // Refilling a bucket of 10^12 at one per 400 days takes longer than the script can count.
+    std::fs::write(
+        &path,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {algorithm: gcra, period: 400d, requests_per_unit: 1, burst: 1000000000000}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(support::binary())
+        .args([
+            "serve",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--store",
+        ])
+        .arg(redis.url())
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("{}:4:", path.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("cannot run on the redis store"), "{stderr}");
+}

@@ -459,3 +459,49 @@ async fn a_dead_primary_affects_only_its_own_slots() {
         "the promoted replica decides"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_work_beyond_the_in_flight_cap_is_shed_at_once() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let options = RedisOptions {
+        connect_timeout: Duration::from_millis(500),
+        command_timeout: Duration::from_millis(300),
+        max_in_flight: 4,
+        // Keep the breaker out of the way: this test is about the cap.
+        breaker: BreakerConfig {
+            consecutive_failures: 1_000,
+            min_calls: 1_000,
+            ..BreakerConfig::default()
+        },
+    };
+    let clock = Arc::new(SystemClock::new());
+    let store = StoreBackend::open(&proxy.url().parse().unwrap(), options, clock.clone())
+        .await
+        .unwrap();
+    assert!(store.wait_ready(Duration::from_secs(10)).await);
+    let policy = Policy::from_yaml("faults.yaml", POLICY).unwrap();
+    let limiter = Arc::new(Limiter::with_failure_settings(
+        policy,
+        store,
+        FailureSettings::default(),
+        clock,
+    ));
+    proxy.set_mode(Mode::Blackhole);
+    let answers = burst(&limiter, "open", "cap", 50).await;
+    assert!(
+        answers
+            .iter()
+            .all(|(r, _)| r.allowed() && r.degraded() == Some(Posture::Open))
+    );
+    let waited = answers
+        .iter()
+        .filter(|(_, d)| *d >= Duration::from_millis(250))
+        .count();
+    let shed = answers
+        .iter()
+        .filter(|(_, d)| *d < Duration::from_millis(150))
+        .count();
+    assert!(waited <= 4, "at most the cap waited on the store: {waited}");
+    assert!(shed >= 46, "the rest were answered at once: {shed}");
+}
