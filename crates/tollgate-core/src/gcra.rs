@@ -5,9 +5,13 @@
 //! cost `c` computes `new_tat = max(tat, now_scaled) + c * period_micros` and is admitted iff
 //! `new_tat - now_scaled <= burst * period_micros`; the state is then `new_tat`. This is the token
 //! bucket seen from the other side (tokens = `burst - (tat - now_scaled) / period_micros`), and
-//! the decisions are identical to [`crate::token_bucket`]'s: `remaining` rounds down,
-//! `retry_after = ceil((new_tat - now_scaled - tolerance) / limit)` and
+//! under fixed params the decisions are identical to [`crate::token_bucket`]'s: `remaining`
+//! rounds down, `retry_after = ceil((new_tat - now_scaled - tolerance) / limit)` and
 //! `reset_after = ceil((tat - now_scaled) / limit)` microseconds.
+//!
+//! A TAT written under another limit is the same instant under this one, rounded up to the next
+//! `1 / limit` µs (see [`State`]): a reload keeps the time at which the key is fully recovered,
+//! and a lower limit meets it with a longer emission interval.
 
 use crate::scaled::{div_ceil, micros, saturate};
 use crate::{Decision, Params, State, Timestamp, Transition};
@@ -18,10 +22,7 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
     let l = u128::from(limit);
     let p = u128::from(params.period_micros());
     let tolerance = u128::from(params.burst()) * p;
-    let tat = match *state {
-        State::Gcra { tat_scaled } => tat_scaled,
-        _ => 0,
-    };
+    let tat = state.gcra_tat(params).unwrap_or(0);
     let now_scaled = u128::from(now.as_micros()) * l;
     // How far the TAT is ahead of now: the bucket's missing tokens, scaled.
     let ahead = tat.saturating_sub(now_scaled);
@@ -37,6 +38,7 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
         let decision = Decision::allowed(limit, remaining(new_ahead), reset_after(new_ahead));
         let state = State::Gcra {
             tat_scaled: now_scaled + new_ahead,
+            scale: params.limit_scale(),
         };
         return (decision, Transition::Set(state));
     }
@@ -49,7 +51,7 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
 mod tests {
     use std::time::Duration;
 
-    use crate::{Algorithm, Params, State, Timestamp, Verdict, decide};
+    use crate::{Algorithm, Params, State, Timestamp, Transition, Verdict, decide};
 
     #[test]
     fn spaces_requests_at_the_emission_interval() {
@@ -75,5 +77,52 @@ mod tests {
         assert_eq!(early.verdict, Verdict::Denied);
         let (on_time, _) = decide(&params, &state, Timestamp::from_micros(10_500_000), 1);
         assert_eq!(on_time.verdict, Verdict::Allowed);
+    }
+
+    /// After a reload from 1000/s to 10/s the TAT is the same instant: no absurd wait.
+    #[test]
+    fn a_lower_limit_keeps_the_arrival_time() {
+        let fast = Params::new(Algorithm::Gcra, 1_000, Duration::from_secs(1), None).unwrap();
+        let slow = Params::new(Algorithm::Gcra, 10, Duration::from_secs(1), None).unwrap();
+        let t = Timestamp::from_micros(1_700_000_000_000_000);
+        let (mut one, mut all) = (State::empty(&fast), State::empty(&fast));
+        one.apply(decide(&fast, &one, t, 1).1);
+        all.apply(decide(&fast, &all, t, 1_000).1);
+
+        // 1ms of a 1s tolerance used: 9 more now, the key fully recovered 1ms + 100ms later.
+        let (allowed, transition) = decide(&slow, &one, t, 1);
+        assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 8));
+        assert_eq!(allowed.reset_after, Duration::from_millis(101));
+        assert_eq!(one.expires_at(&slow), one.expires_at(&fast));
+        one.apply(transition);
+        assert_eq!(
+            one.expires_at(&slow),
+            t.saturating_add(Duration::from_millis(101))
+        );
+
+        // The whole second used: one emission interval of the new limit.
+        let (denied, _) = decide(&slow, &all, t, 1);
+        assert_eq!(denied.retry_after, Some(Duration::from_millis(100)));
+        assert_eq!(denied.reset_after, Duration::from_secs(1));
+    }
+
+    /// An instant that is not a whole number of `1 / limit` µs under the new limit is rounded
+    /// up to the next one: never earlier than it was.
+    #[test]
+    fn a_rescaled_arrival_time_rounds_up() {
+        let three = Params::new(Algorithm::Gcra, 3, Duration::from_secs(1), None).unwrap();
+        let seven = Params::new(Algorithm::Gcra, 7, Duration::from_secs(1), None).unwrap();
+        let mut state = State::empty(&three);
+        state.apply(decide(&three, &state, Timestamp::from_micros(1_000), 1).1);
+        // 1000µs + 333_333.33µs, that is 1000µs + 2_333_333.33 units of 1/7µs.
+        let (decision, transition) = decide(&seven, &state, Timestamp::from_micros(1_000), 0);
+        assert_eq!(
+            transition,
+            Transition::Set(State::Gcra {
+                tat_scaled: 7_000 + 2_333_334,
+                scale: seven.limit_scale(),
+            })
+        );
+        assert_eq!(decision.reset_after, Duration::from_micros(333_334));
     }
 }

@@ -9,6 +9,9 @@
 //! admission plus delay follows the constant rate and is never early. `remaining` is the whole
 //! units of free queue space, `floor((burst * period_micros - backlog) / period_micros)`;
 //! `reset_after` (queue empty) and `retry_after` (`c` fits) are rounded up to whole microseconds.
+//!
+//! An `empty_at` written under another limit is the same instant under this one, rounded up to
+//! the next `1 / limit` µs (see [`State`]): the requests already admitted still leave by then.
 
 use crate::scaled::{div_ceil, micros, saturate};
 use crate::{Decision, Params, State, Timestamp, Transition};
@@ -19,10 +22,7 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
     let l = u128::from(limit);
     let p = u128::from(params.period_micros());
     let queue = u128::from(params.burst()) * p;
-    let empty_at = match *state {
-        State::LeakyBucket { empty_at_scaled } => empty_at_scaled,
-        _ => 0,
-    };
+    let empty_at = state.leaky_bucket_empty_at(params).unwrap_or(0);
     let now_scaled = u128::from(now.as_micros()) * l;
     let backlog = empty_at.saturating_sub(now_scaled);
     let free_units = |backlog: u128| saturate(queue.saturating_sub(backlog) / p);
@@ -40,6 +40,7 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
         decision.delay = drained_after(backlog);
         let state = State::LeakyBucket {
             empty_at_scaled: now_scaled + new_backlog,
+            scale: params.limit_scale(),
         };
         return (decision, Transition::Set(state));
     }
@@ -95,5 +96,31 @@ mod tests {
             (allowed.remaining, allowed.delay),
             (0, Duration::from_secs(1))
         );
+    }
+
+    /// After a reload from 1000/s to 10/s the queue still empties when it did.
+    #[test]
+    fn a_lower_limit_keeps_the_instant_the_queue_empties() {
+        let fast =
+            Params::new(Algorithm::LeakyBucket, 1_000, Duration::from_secs(1), None).unwrap();
+        let slow = Params::new(Algorithm::LeakyBucket, 10, Duration::from_secs(1), None).unwrap();
+        let t = Timestamp::from_micros(1_700_000_000_000_000);
+        let mut state = State::empty(&fast);
+        state.apply(decide(&fast, &state, t, 500).1);
+        // Half a second queued: 5 units at the new rate, 4 free after this one.
+        let (allowed, transition) = decide(&slow, &state, t, 1);
+        assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 4));
+        assert_eq!(allowed.delay, Duration::from_millis(500));
+        assert_eq!(
+            state.expires_at(&slow),
+            t.saturating_add(Duration::from_millis(500))
+        );
+        state.apply(transition);
+        assert_eq!(
+            state.expires_at(&slow),
+            t.saturating_add(Duration::from_millis(600))
+        );
+        let (denied, _) = decide(&slow, &state, t, 5);
+        assert_eq!(denied.retry_after, Some(Duration::from_millis(100)));
     }
 }

@@ -13,7 +13,11 @@
 //! - `reset_after` is the time until the state behaves like [`State::empty`] again, which is
 //!   [`State::expires_at`] of the state after the decision;
 //! - all arithmetic is exact integer arithmetic on microseconds and saturates instead of
-//!   overflowing; time is assumed not to run backwards for a key (it never panics if it does).
+//!   overflowing; time is assumed not to run backwards for a key (it never panics if it does);
+//! - a state written under other params of the same algorithm (a policy reload changed the
+//!   key's limit, burst or period) keeps its meaning: windows and the log their counts, GCRA and
+//!   the leaky bucket their instant, the token bucket its tokens (see [`State`]), rounded so as
+//!   to give no more quota than before.
 //!
 //! ```
 //! use std::time::Duration;
@@ -57,7 +61,8 @@ pub use time::Timestamp;
 /// Returns the decision and the transition that charges it. A denied request (or one whose cost
 /// exceeds what the limit can ever admit) returns [`Transition::Keep`]: it consumes nothing.
 /// `state` must have been created for the same algorithm (see [`State::empty`]); a state of
-/// another algorithm is treated as empty.
+/// another algorithm is treated as empty, and one written under other params of this algorithm
+/// is first converted to these params (see [`State`]).
 pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Decision, Transition) {
     match params.algorithm() {
         Algorithm::FixedWindow => fixed_window::decide(params, state, now, cost),

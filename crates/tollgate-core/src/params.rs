@@ -1,4 +1,5 @@
 use std::fmt;
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use crate::Algorithm;
@@ -18,8 +19,8 @@ pub const MAX_PERIOD: Duration = Duration::from_secs(400 * 86_400);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Params {
     algorithm: Algorithm,
-    limit: u64,
-    period_micros: u64,
+    limit: NonZeroU64,
+    period_micros: NonZeroU64,
     burst: u64,
 }
 
@@ -80,9 +81,9 @@ impl Params {
         period: Duration,
         burst: Option<u64>,
     ) -> Result<Self, ParamsError> {
-        if limit == 0 {
+        let Some(nonzero_limit) = NonZeroU64::new(limit) else {
             return Err(ParamsError::ZeroLimit);
-        }
+        };
         let max = if algorithm == Algorithm::SlidingWindowLog {
             MAX_LOG_LIMIT
         } else {
@@ -105,11 +106,13 @@ impl Params {
             Some(b) if b == 0 || b > MAX_LIMIT => return Err(ParamsError::BadBurst(b)),
             Some(b) => b,
         };
-        // In range by the checks above: at most 400 days in microseconds.
-        let period_micros = period.as_micros() as u64;
+        // In range by the checks above: from 1ms to 400 days in microseconds.
+        let Some(period_micros) = NonZeroU64::new(period.as_micros() as u64) else {
+            return Err(ParamsError::PeriodOutOfRange(period));
+        };
         Ok(Params {
             algorithm,
-            limit,
+            limit: nonzero_limit,
             period_micros,
             burst,
         })
@@ -122,16 +125,27 @@ impl Params {
 
     /// Requests (cost units) per period.
     pub fn limit(&self) -> u64 {
+        self.limit.get()
+    }
+
+    /// The limit, as the scale of a GCRA or leaky bucket state written under these params.
+    pub(crate) fn limit_scale(&self) -> NonZeroU64 {
         self.limit
     }
 
     /// The period.
     pub fn period(&self) -> Duration {
-        Duration::from_micros(self.period_micros)
+        Duration::from_micros(self.period_micros.get())
     }
 
     /// The period in microseconds.
     pub fn period_micros(&self) -> u64 {
+        self.period_micros.get()
+    }
+
+    /// The period in microseconds, as the scale of a token bucket state written under these
+    /// params.
+    pub(crate) fn period_scale(&self) -> NonZeroU64 {
         self.period_micros
     }
 
@@ -145,7 +159,7 @@ impl Params {
         if self.algorithm.uses_burst() {
             self.burst
         } else {
-            self.limit
+            self.limit.get()
         }
     }
 }

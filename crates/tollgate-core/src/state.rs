@@ -1,6 +1,7 @@
 use std::collections::VecDeque;
+use std::num::NonZeroU64;
 
-use crate::scaled::{div_ceil, instant};
+use crate::scaled::{div_ceil, instant, rescale_down, rescale_up};
 use crate::{Algorithm, Params, Timestamp};
 
 /// Stored state of one key. Which variant is used depends on the limit's algorithm.
@@ -8,6 +9,14 @@ use crate::{Algorithm, Params, Timestamp};
 /// Bucket algorithms keep time in *scaled* units, `micros * limit`, so that a drain or refill of
 /// `limit` units per `period` is exact integer arithmetic (one unit per scaled microsecond per
 /// token of period): a token is worth `period_micros` scaled units.
+///
+/// A scaled value records the `scale` it was written in, because a policy reload can change a
+/// live key's limit, burst or period. Under other params the state keeps meaning the same thing:
+/// GCRA's theoretical arrival time and the leaky bucket's empty instant stay the same instants,
+/// the token bucket keeps its number of tokens at `updated`, capped at the new burst. A value
+/// that is not a whole number of units in the new scale is rounded so that it never gives more
+/// quota than before: instants round up (later), tokens round down. The windows and the log
+/// store plain counts and instants, which mean the same under any limit.
 ///
 /// A state of a variant that does not match the limit's algorithm (left over after a policy
 /// changed the algorithm of a key) is treated as [`State::empty`] by [`crate::decide`] and by
@@ -35,22 +44,33 @@ pub enum State {
         /// Cost admitted in window `window - 1`.
         previous: u64,
     },
-    /// Tokens times `period_micros` at time `updated`.
+    /// Tokens at time `updated`, times the period in microseconds they were written under.
     TokenBucket {
-        /// Tokens in the bucket at `updated`, times `period_micros`.
+        /// Tokens in the bucket at `updated`, times `scale`.
         tokens_scaled: u128,
         /// When `tokens_scaled` was computed.
         updated: Timestamp,
+        /// The period in microseconds ([`Params::period_micros`]) of the params the state was
+        /// written under: a token is `scale` units of `tokens_scaled`.
+        scale: NonZeroU64,
     },
-    /// Theoretical arrival time, in scaled units (`micros * limit`).
+    /// Theoretical arrival time, in scaled units (`micros * limit` of the limit it was written
+    /// under).
     Gcra {
-        /// Theoretical arrival time of the next request, in `micros * limit`.
+        /// Theoretical arrival time of the next request, in `micros * scale`.
         tat_scaled: u128,
+        /// The limit ([`Params::limit`]) of the params the state was written under: a
+        /// microsecond is `scale` units of `tat_scaled`.
+        scale: NonZeroU64,
     },
-    /// Time at which the queue is empty, in scaled units (`micros * limit`).
+    /// Time at which the queue is empty, in scaled units (`micros * limit` of the limit it was
+    /// written under).
     LeakyBucket {
-        /// When the last admitted request has fully drained, in `micros * limit`.
+        /// When the last admitted request has fully drained, in `micros * scale`.
         empty_at_scaled: u128,
+        /// The limit ([`Params::limit`]) of the params the state was written under: a
+        /// microsecond is `scale` units of `empty_at_scaled`.
+        scale: NonZeroU64,
     },
 }
 
@@ -95,9 +115,56 @@ impl State {
             Algorithm::TokenBucket => State::TokenBucket {
                 tokens_scaled: u128::from(params.burst()) * u128::from(params.period_micros()),
                 updated: Timestamp::EPOCH,
+                scale: params.period_scale(),
             },
-            Algorithm::LeakyBucket => State::LeakyBucket { empty_at_scaled: 0 },
-            Algorithm::Gcra => State::Gcra { tat_scaled: 0 },
+            Algorithm::LeakyBucket => State::LeakyBucket {
+                empty_at_scaled: 0,
+                scale: params.limit_scale(),
+            },
+            Algorithm::Gcra => State::Gcra {
+                tat_scaled: 0,
+                scale: params.limit_scale(),
+            },
+        }
+    }
+
+    /// A token bucket's tokens at `updated` times `params.period_micros()`, and `updated`:
+    /// rescaled from the period the state was written under, rounded down. Not capped at the
+    /// burst (the caller caps after the refill). `None` for another algorithm's state.
+    pub(crate) fn token_bucket(&self, params: &Params) -> Option<(u128, Timestamp)> {
+        match *self {
+            State::TokenBucket {
+                tokens_scaled,
+                updated,
+                scale,
+            } => Some((
+                rescale_down(tokens_scaled, scale, params.period_scale()),
+                updated,
+            )),
+            _ => None,
+        }
+    }
+
+    /// GCRA's theoretical arrival time in `micros * params.limit()`: rescaled from the limit
+    /// the state was written under, rounded up. `None` for another algorithm's state.
+    pub(crate) fn gcra_tat(&self, params: &Params) -> Option<u128> {
+        match *self {
+            State::Gcra { tat_scaled, scale } => {
+                Some(rescale_up(tat_scaled, scale, params.limit_scale()))
+            }
+            _ => None,
+        }
+    }
+
+    /// The leaky bucket's empty instant in `micros * params.limit()`: rescaled from the limit
+    /// the state was written under, rounded up. `None` for another algorithm's state.
+    pub(crate) fn leaky_bucket_empty_at(&self, params: &Params) -> Option<u128> {
+        match *self {
+            State::LeakyBucket {
+                empty_at_scaled,
+                scale,
+            } => Some(rescale_up(empty_at_scaled, scale, params.limit_scale())),
+            _ => None,
         }
     }
 
@@ -153,7 +220,10 @@ impl State {
     /// the key from then on (a Redis TTL is derived from it).
     ///
     /// [`Timestamp::EPOCH`] when the state is already equivalent to empty (including a state of
-    /// another algorithm than `params`'); saturates at [`Timestamp::MAX`].
+    /// another algorithm than `params`'); saturates at [`Timestamp::MAX`]. A bucket state written
+    /// under other params is read as [`crate::decide`] reads it (see [`State`]): GCRA and the
+    /// leaky bucket expire at the same instant under any params, a token bucket when its kept
+    /// tokens have refilled to the new burst at the new rate.
     pub fn expires_at(&self, params: &Params) -> Timestamp {
         if self.algorithm() != params.algorithm() {
             return Timestamp::EPOCH;
@@ -189,16 +259,29 @@ impl State {
                 };
                 instant((u128::from(*window) + windows_left) * period)
             }
+            // The buckets read their scaled value as `decide` does (`token_bucket`, `gcra_tat`,
+            // `leaky_bucket_empty_at`).
             State::TokenBucket {
                 tokens_scaled,
                 updated,
+                scale,
             } => {
+                let tokens = rescale_down(*tokens_scaled, *scale, params.period_scale());
                 let capacity = u128::from(params.burst()) * period;
-                let missing = capacity.saturating_sub(*tokens_scaled);
+                let missing = capacity.saturating_sub(tokens);
                 instant(u128::from(updated.as_micros()).saturating_add(div_ceil(missing, limit)))
             }
-            State::Gcra { tat_scaled } => instant(div_ceil(*tat_scaled, limit)),
-            State::LeakyBucket { empty_at_scaled } => instant(div_ceil(*empty_at_scaled, limit)),
+            State::Gcra {
+                tat_scaled: at,
+                scale,
+            }
+            | State::LeakyBucket {
+                empty_at_scaled: at,
+                scale,
+            } => instant(div_ceil(
+                rescale_up(*at, *scale, params.limit_scale()),
+                limit,
+            )),
         }
     }
 }
@@ -216,6 +299,10 @@ mod tests {
 
     fn t(micros: u64) -> Timestamp {
         Timestamp::from_micros(micros)
+    }
+
+    fn scale(x: u64) -> NonZeroU64 {
+        NonZeroU64::new(x).unwrap()
     }
 
     #[test]
@@ -253,7 +340,10 @@ mod tests {
 
     #[test]
     fn log_append_replaces_a_foreign_state() {
-        let mut state = State::Gcra { tat_scaled: 7 };
+        let mut state = State::Gcra {
+            tat_scaled: 7,
+            scale: NonZeroU64::MIN,
+        };
         state.apply(Transition::LogAppend {
             evict_before: t(0),
             at: t(5),
@@ -287,12 +377,17 @@ mod tests {
         let bucket = State::TokenBucket {
             tokens_scaled: 30_000,
             updated: t(1_000),
+            scale: scale(10_000),
         };
         assert_eq!(bucket.expires_at(&params(Algorithm::TokenBucket)), t(3_500));
-        let gcra = State::Gcra { tat_scaled: 4_001 };
+        let gcra = State::Gcra {
+            tat_scaled: 4_001,
+            scale: scale(4),
+        };
         assert_eq!(gcra.expires_at(&params(Algorithm::Gcra)), t(1_001));
         let leaky = State::LeakyBucket {
             empty_at_scaled: 4_000,
+            scale: scale(4),
         };
         assert_eq!(leaky.expires_at(&params(Algorithm::LeakyBucket)), t(1_000));
         assert_eq!(leaky.expires_at(&params(Algorithm::Gcra)), Timestamp::EPOCH);

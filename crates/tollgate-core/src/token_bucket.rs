@@ -7,7 +7,12 @@
 //! `retry_after` is `ceil(missing_scaled / limit)` microseconds and `reset_after` the time until
 //! the bucket is full, rounded up the same way. Time never runs backwards for a key: a `now`
 //! earlier than the last update is decided as at that update, with durations counted from `now`.
-//! Observably identical to [`crate::gcra`].
+//! Observably identical to [`crate::gcra`] under fixed params.
+//!
+//! Tokens written under another period are the same number of tokens under this one, rounded
+//! down to the next `1 / period_micros` token (see [`State`]); they refill from `updated` at the
+//! current rate and never count for more than the current burst. A reload keeps the key's
+//! tokens, not its refill time (which GCRA keeps), so the two can differ after one.
 
 use crate::scaled::{div_ceil, micros, saturate};
 use crate::{Decision, Params, State, Timestamp, Transition};
@@ -18,13 +23,9 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
     let l = u128::from(limit);
     let p = u128::from(params.period_micros());
     let capacity = u128::from(params.burst()) * p;
-    let (stored, updated) = match *state {
-        State::TokenBucket {
-            tokens_scaled,
-            updated,
-        } => (tokens_scaled, updated),
-        _ => (capacity, Timestamp::EPOCH),
-    };
+    let (stored, updated) = state
+        .token_bucket(params)
+        .unwrap_or((capacity, Timestamp::EPOCH));
     let at = now.max(updated);
     let late = u128::from(at.as_micros() - now.as_micros());
     let refill = u128::from(at.as_micros() - updated.as_micros()) * l;
@@ -43,6 +44,7 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
         let state = State::TokenBucket {
             tokens_scaled: left,
             updated: at,
+            scale: params.period_scale(),
         };
         return (decision, Transition::Set(state));
     }
@@ -55,7 +57,7 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
 mod tests {
     use std::time::Duration;
 
-    use crate::{Algorithm, Params, State, Timestamp, Verdict, decide};
+    use crate::{Algorithm, Params, State, Timestamp, Transition, Verdict, decide};
 
     #[test]
     fn refills_continuously() {
@@ -87,9 +89,85 @@ mod tests {
         let state = State::TokenBucket {
             tokens_scaled: 0,
             updated: Timestamp::from_micros(5_000),
+            scale: params.period_scale(),
         };
         let (denied, _) = decide(&params, &state, Timestamp::from_micros(4_900), 1);
         assert_eq!(denied.retry_after, Some(Duration::from_micros(1_000_100)));
         assert_eq!(denied.reset_after, Duration::from_micros(1_000_100));
+    }
+
+    /// After a reload from 1000/s to 10/s the bucket keeps its tokens, up to the new burst.
+    #[test]
+    fn a_lower_limit_keeps_the_tokens() {
+        let fast =
+            Params::new(Algorithm::TokenBucket, 1_000, Duration::from_secs(1), None).unwrap();
+        let slow = Params::new(Algorithm::TokenBucket, 10, Duration::from_secs(1), None).unwrap();
+        let t = Timestamp::from_micros(1_700_000_000_000_000);
+        let (mut one, mut all) = (State::empty(&fast), State::empty(&fast));
+        one.apply(decide(&fast, &one, t, 1).1);
+        all.apply(decide(&fast, &all, t, 995).1);
+        // 999 tokens left: a full bucket of 10.
+        let (allowed, _) = decide(&slow, &one, t, 10);
+        assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 0));
+        assert_eq!(one.expires_at(&slow), t);
+        // 5 left: 5 now, then one per 100ms.
+        let (denied, _) = decide(&slow, &all, t, 6);
+        assert_eq!(
+            (denied.remaining, denied.retry_after),
+            (5, Some(Duration::from_millis(100)))
+        );
+        assert_eq!(denied.reset_after, Duration::from_millis(500));
+    }
+
+    /// A new period keeps the number of tokens; a fraction that the new period cannot express
+    /// rounds down.
+    #[test]
+    fn a_new_period_keeps_the_tokens_rounded_down() {
+        let per_second =
+            Params::new(Algorithm::TokenBucket, 10, Duration::from_secs(1), None).unwrap();
+        let per_minute = Params::new(
+            Algorithm::TokenBucket,
+            600,
+            Duration::from_secs(60),
+            Some(10),
+        )
+        .unwrap();
+        let t = Timestamp::from_micros(1_000_000_000);
+        let mut state = State::empty(&per_second);
+        state.apply(decide(&per_second, &state, t, 4).1);
+        let later = t.saturating_add(Duration::from_millis(50));
+        // Same rate: 6.5 tokens either way.
+        let (mut decision, _) = decide(&per_minute, &state, later, 7);
+        assert_eq!(decision.retry_after, Some(Duration::from_millis(50)));
+        decision.limit = per_second.limit();
+        assert_eq!(decision, decide(&per_second, &state, later, 7).0);
+
+        let p3 = Params::new(
+            Algorithm::TokenBucket,
+            1,
+            Duration::from_micros(3_000),
+            None,
+        )
+        .unwrap();
+        let p7 = Params::new(
+            Algorithm::TokenBucket,
+            1,
+            Duration::from_micros(7_000),
+            None,
+        )
+        .unwrap();
+        let state = State::TokenBucket {
+            tokens_scaled: 1, // 1/3000 token: one microsecond of refill
+            updated: t,
+            scale: p3.period_scale(),
+        };
+        // 7/3 units of 1/7000 token: 2.
+        let (_, transition) = decide(&p7, &state, t, 0);
+        let expected = State::TokenBucket {
+            tokens_scaled: 2,
+            updated: t,
+            scale: p7.period_scale(),
+        };
+        assert_eq!(transition, Transition::Set(expected));
     }
 }

@@ -8,5 +8,6 @@ mod agreement;
 mod bounds;
 mod contract;
 mod models;
+mod reload;
 mod robustness;
 mod support;

@@ -3,6 +3,7 @@
 //! be anywhere in `u64` microseconds.
 
 use std::collections::VecDeque;
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -33,6 +34,16 @@ fn extreme_u128() -> impl Strategy<Value = u128> {
     ]
 }
 
+/// The scale of a bucket state: any limit or period, or anything else.
+fn extreme_scale() -> impl Strategy<Value = NonZeroU64> {
+    prop_oneof![
+        1..=MAX_LIMIT,
+        MIN_PERIOD.as_micros() as u64..=MAX_PERIOD.as_micros() as u64,
+        extreme_u64(),
+    ]
+    .prop_map(|scale| NonZeroU64::new(scale).unwrap_or(NonZeroU64::MIN))
+}
+
 fn extreme_params() -> impl Strategy<Value = Params> {
     let algorithm = proptest::sample::select(Algorithm::ALL.to_vec());
     let period = prop_oneof![
@@ -57,7 +68,7 @@ fn extreme_params() -> impl Strategy<Value = Params> {
         })
 }
 
-/// An arbitrary state of `algorithm`: any counts, times and scaled values.
+/// An arbitrary state of `algorithm`: any counts, times, scaled values and scales.
 fn state_of(algorithm: Algorithm) -> BoxedStrategy<State> {
     match algorithm {
         Algorithm::FixedWindow => (extreme_u64(), extreme_u64())
@@ -84,17 +95,21 @@ fn state_of(algorithm: Algorithm) -> BoxedStrategy<State> {
                 previous,
             })
             .boxed(),
-        Algorithm::TokenBucket => (extreme_u128(), extreme_u64())
-            .prop_map(|(tokens_scaled, updated)| State::TokenBucket {
+        Algorithm::TokenBucket => (extreme_u128(), extreme_u64(), extreme_scale())
+            .prop_map(|(tokens_scaled, updated, scale)| State::TokenBucket {
                 tokens_scaled,
                 updated: Timestamp::from_micros(updated),
+                scale,
             })
             .boxed(),
-        Algorithm::Gcra => extreme_u128()
-            .prop_map(|tat_scaled| State::Gcra { tat_scaled })
+        Algorithm::Gcra => (extreme_u128(), extreme_scale())
+            .prop_map(|(tat_scaled, scale)| State::Gcra { tat_scaled, scale })
             .boxed(),
-        Algorithm::LeakyBucket => extreme_u128()
-            .prop_map(|empty_at_scaled| State::LeakyBucket { empty_at_scaled })
+        Algorithm::LeakyBucket => (extreme_u128(), extreme_scale())
+            .prop_map(|(empty_at_scaled, scale)| State::LeakyBucket {
+                empty_at_scaled,
+                scale,
+            })
             .boxed(),
     }
 }
