@@ -1,7 +1,10 @@
 //! `tollgate`: the rate-limit decision service and its tools.
 
+mod admin_client;
 mod check;
+mod policy;
 mod serve;
+mod top;
 mod validate;
 
 use std::process::ExitCode;
@@ -27,6 +30,10 @@ enum Command {
     Check(check::CheckArgs),
     /// Check a policy file or directory; print every problem, or a summary of its rules.
     Validate(validate::ValidateArgs),
+    /// Manage a running server's policy: push, list, show, diff, rollback, reload.
+    Policy(policy::PolicyArgs),
+    /// Show the keys a rule denied most often on a running server.
+    Top(top::TopArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +42,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Check(args) => check::run(args),
         Command::Validate(args) => validate::run(args),
+        Command::Policy(args) => policy::run(args),
+        Command::Top(args) => top::run(args),
     };
     match result {
         Ok(code) => code,

@@ -11,6 +11,7 @@ use clap::Args;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tollgate::clock::SystemClock;
+use tollgate::lifecycle::{Lifecycle, Origin, sources_hash};
 use tollgate::limiter::{FailureSettings, Limiter};
 use tollgate::policy::Policy;
 use tollgate::resilience::{BreakerConfig, Posture};
@@ -61,6 +62,22 @@ pub struct ServeArgs {
     /// How long an open breaker refuses calls before it lets a probe through.
     #[arg(long, default_value = "500ms", value_parser = humantime_duration, value_name = "DURATION")]
     breaker_open_for: Duration,
+    /// Address of the admin API (policy versions, push, rollback, reload, overrides). Loopback
+    /// by default; any other address requires a token.
+    #[arg(long, default_value = "127.0.0.1:9090", value_name = "ADDR")]
+    admin_addr: SocketAddr,
+    /// File holding the admin bearer token (or set `TOLLGATE_ADMIN_TOKEN`). When set, every
+    /// admin request needs `Authorization: Bearer TOKEN`.
+    #[arg(long, value_name = "PATH")]
+    admin_token_file: Option<PathBuf>,
+    /// How often the config path is checked for changes (content hash; survives editors'
+    /// rename-and-replace and Kubernetes ConfigMap symlink swaps). `0s` disables watching;
+    /// SIGHUP and `POST /v1/admin/reload` still reload.
+    #[arg(long, default_value = "1s", value_parser = any_duration, value_name = "DURATION")]
+    watch_interval: Duration,
+    /// Log format: `text` or `json`.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"], value_name = "FORMAT")]
+    log_format: String,
     /// How often expired counters are dropped from the in-memory store.
     #[arg(long, default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
     sweep_interval: Duration,
@@ -73,6 +90,11 @@ fn share(s: &str) -> Result<f64, String> {
     }
 }
 
+fn any_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("`{s}` is not a duration such as 500ms or 2s: {e}"))
+}
+
 fn humantime_duration(s: &str) -> Result<Duration, String> {
     let parsed = humantime::parse_duration(s)
         .map_err(|e| format!("`{s}` is not a duration such as 500ms or 2s: {e}"))?;
@@ -83,9 +105,11 @@ fn humantime_duration(s: &str) -> Result<Duration, String> {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    init_logging();
-    let policy = match Policy::load(&args.config) {
-        Ok(policy) => policy,
+    init_logging(&args.log_format);
+    let compiled = Policy::read_sources(&args.config)
+        .and_then(|sources| Policy::from_sources(&sources).map(|policy| (sources, policy)));
+    let (sources, policy) = match compiled {
+        Ok(found) => found,
         Err(errors) => {
             eprintln!("{errors}");
             eprintln!(
@@ -108,20 +132,55 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(serve(args, policy))
+    runtime.block_on(serve(args, sources, policy))
 }
 
-fn init_logging() {
+fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
+        .with_ansi(false);
+    if format == "json" {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
 }
 
-async fn serve(args: ServeArgs, policy: Policy) -> anyhow::Result<ExitCode> {
+/// The admin token from `--admin-token-file` or `TOLLGATE_ADMIN_TOKEN`; required when the admin
+/// API listens on anything but loopback.
+fn admin_token(args: &ServeArgs) -> anyhow::Result<Option<String>> {
+    let token = match &args.admin_token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the admin token file {}", path.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => std::env::var("TOLLGATE_ADMIN_TOKEN")
+            .ok()
+            .map(|t| t.trim().to_owned()),
+    }
+    .filter(|t| !t.is_empty());
+    if token.is_none() && !args.admin_addr.ip().is_loopback() {
+        anyhow::bail!(
+            "the admin API on {} is reachable from other hosts: give a token with --admin-token-file or TOLLGATE_ADMIN_TOKEN",
+            args.admin_addr
+        );
+    }
+    Ok(token)
+}
+
+async fn serve(
+    args: ServeArgs,
+    sources: Vec<(String, String)>,
+    policy: Policy,
+) -> anyhow::Result<ExitCode> {
+    let token = admin_token(&args)?;
+    // Before anything is announced: a SIGHUP must never find the default action (exit).
+    let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     let clock = Arc::new(SystemClock::new());
     let options = RedisOptions {
         connect_timeout: args.store_connect_timeout,
@@ -178,9 +237,18 @@ async fn serve(args: ServeArgs, policy: Policy) -> anyhow::Result<ExitCode> {
     let grpc = TcpListener::bind(args.grpc_addr)
         .await
         .with_context(|| format!("cannot listen on {} for gRPC", args.grpc_addr))?;
+    let admin = TcpListener::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("cannot listen on {} for the admin API", args.admin_addr))?;
     // Printed on stdout, one line each, so scripts and tests can find ports chosen with `:0`.
     println!("http listening on {}", http.local_addr()?);
     println!("grpc listening on {}", grpc.local_addr()?);
+    println!("admin listening on {}", admin.local_addr()?);
+    let lifecycle = Arc::new(Lifecycle::new(
+        limiter.clone(),
+        Some(args.config.clone()),
+        sources,
+    ));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -208,8 +276,19 @@ async fn serve(args: ServeArgs, policy: Policy) -> anyhow::Result<ExitCode> {
         })
     };
 
-    let http_server = axum::serve(http, tollgate_server::http::router(limiter.clone()))
+    let reloader = tokio::spawn(watch_policy(
+        lifecycle.clone(),
+        args.watch_interval,
+        hangup,
+        stop_rx.clone(),
+    ));
+    let http_server = axum::serve(http, tollgate_server::http::router(lifecycle.clone()))
         .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let admin_server = axum::serve(
+        admin,
+        tollgate_server::admin::router(lifecycle.clone(), token),
+    )
+    .with_graceful_shutdown(stopped(stop_rx.clone()));
     let grpc_server = tonic::transport::Server::builder()
         .add_service(RlsService::new(limiter.clone()).into_server())
         .serve_with_incoming_shutdown(
@@ -218,6 +297,7 @@ async fn serve(args: ServeArgs, policy: Policy) -> anyhow::Result<ExitCode> {
         );
 
     let http_task = tokio::spawn(async move { http_server.await });
+    let admin_task = tokio::spawn(async move { admin_server.await });
     let grpc_task = tokio::spawn(grpc_server);
 
     shutdown_signal().await;
@@ -229,16 +309,70 @@ async fn serve(args: ServeArgs, policy: Policy) -> anyhow::Result<ExitCode> {
     if let Err(e) = grpc_task.await? {
         warn!(error = %e, "gRPC server stopped with an error");
     }
+    if let Err(e) = admin_task.await? {
+        warn!(error = %e, "Admin server stopped with an error");
+    }
     let _ = sweeper.await;
+    let _ = reloader.await;
     info!("Stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Reloads the policy on SIGHUP and whenever the config path's contents change.
+async fn watch_policy(
+    lifecycle: Arc<Lifecycle>,
+    every: Duration,
+    mut hangup: Option<tokio::signal::unix::Signal>,
+    mut stop: watch::Receiver<bool>,
+) {
+    // What the files held when last looked at: a push is not undone by unchanged files.
+    let mut seen = lifecycle.current().hash.clone();
+    let mut tick = tokio::time::interval(if every.is_zero() {
+        Duration::from_secs(3600)
+    } else {
+        every
+    });
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let hup = async {
+            match hangup.as_mut() {
+                Some(s) => s.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tick.tick() => {
+                if every.is_zero() {
+                    continue;
+                }
+                let Some(path) = lifecycle.config_path() else { continue };
+                match Policy::read_sources(path) {
+                    Ok(sources) => {
+                        let hash = sources_hash(&sources);
+                        if hash != seen {
+                            seen = hash;
+                            info!(path = %path.display(), "Policy files changed; reloading");
+                            // The life cycle logs a rejected candidate with every problem.
+                            let _ = lifecycle.activate(sources, Origin::File);
+                        }
+                    }
+                    // Mid-swap (a file briefly missing) or unreadable: try again next tick.
+                    Err(_) => continue,
+                }
+            }
+            _ = hup => {
+                info!("SIGHUP: reloading the policy");
+                let _ = lifecycle.reload();
+            }
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
 }
 
 async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    #[cfg(unix)]
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {
@@ -247,8 +381,6 @@ async fn shutdown_signal() {
             Err(_) => std::future::pending::<()>().await,
         }
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},

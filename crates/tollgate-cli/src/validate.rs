@@ -61,8 +61,8 @@ fn describe(rule: &Rule) -> String {
         }
     };
     let mut flags = String::new();
-    if rule.shadow {
-        flags.push_str(" [shadow]");
+    if rule.mode != tollgate::policy::RuleMode::Enforce {
+        flags.push_str(&format!(" [{}]", rule.mode.name()));
     }
     if !rule.replaces.is_empty() {
         flags.push_str(&format!(" [replaces {}]", rule.replaces.join(", ")));

@@ -100,7 +100,7 @@ fn serve_refuses_an_invalid_policy() {
 
 #[test]
 fn every_subcommand_has_help() {
-    for sub in ["serve", "check", "validate"] {
+    for sub in ["serve", "check", "validate", "policy", "top"] {
         let out = Command::new(binary())
             .args([sub, "--help"])
             .output()

@@ -20,6 +20,14 @@ pub const RETRY_AFTER: &str = "retry-after";
 /// Set when the store could not decide and a failure posture answered: `open`, `local` or
 /// `closed`.
 pub const DEGRADED: &str = "x-tollgate-degraded";
+/// Set when a `mode: soft` limit was exceeded: the suggested delay in milliseconds.
+pub const SOFT_EXCEEDED: &str = "x-tollgate-soft-exceeded";
+
+/// Whole milliseconds, rounded up so a caller waiting that long is never early.
+pub fn ceil_ms(d: Duration) -> u64 {
+    let ms = d.as_millis() + u128::from(!d.as_nanos().is_multiple_of(1_000_000));
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
 
 /// Whole seconds, rounded up.
 pub fn ceil_secs(d: Duration) -> u64 {
@@ -31,6 +39,9 @@ pub fn rate_limit_headers(response: &CheckResponse) -> Vec<(&'static str, String
     let mut headers = Vec::with_capacity(7);
     if let Some(posture) = response.degraded() {
         headers.push((DEGRADED, posture.name().to_owned()));
+    }
+    if let Some(delay) = response.soft_delay() {
+        headers.push((SOFT_EXCEEDED, ceil_ms(delay).to_string()));
     }
     if response.unavailable() {
         // Not a real limit: no quota headers, only when to try again.

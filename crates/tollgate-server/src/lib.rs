@@ -5,6 +5,7 @@
 //! - [`http`]: serves `POST /v1/check`, `POST /json` (envoyproxy/ratelimit's proto3-JSON), health and
 //!   Prometheus metrics.
 
+pub mod admin;
 mod error_map;
 pub mod grpc;
 mod headers;

@@ -29,8 +29,11 @@
 //! ```
 
 pub mod clock;
+mod fnv;
+pub mod lifecycle;
 pub mod limiter;
 pub mod metrics;
+pub mod observe;
 pub mod policy;
 pub mod resilience;
 pub mod store;

@@ -19,25 +19,33 @@ pub enum Outcome {
     Denied,
     /// Shadow-mode rule that would have denied.
     ShadowWouldDeny,
+    /// Soft rule over its limit: allowed and marked.
+    SoftExceeded,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 3] = [Outcome::Allowed, Outcome::Denied, Outcome::ShadowWouldDeny];
+    const ALL: [Outcome; 4] = [
+        Outcome::Allowed,
+        Outcome::Denied,
+        Outcome::ShadowWouldDeny,
+        Outcome::SoftExceeded,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
             Outcome::Denied => "denied",
             Outcome::ShadowWouldDeny => "shadow_would_deny",
+            Outcome::SoftExceeded => "soft_exceeded",
         }
     }
 }
 
-/// Slots per rule: the three outcomes, then one per failure posture.
-const SLOTS: usize = 3 + Posture::ALL.len();
+/// Slots per rule: the outcomes, then one per failure posture.
+const SLOTS: usize = Outcome::ALL.len() + Posture::ALL.len();
 
 fn posture_slot(posture: Posture) -> usize {
-    3 + posture as usize
+    Outcome::ALL.len() + posture as usize
 }
 
 /// Counters for every rule of one policy.

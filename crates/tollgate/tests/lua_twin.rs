@@ -338,7 +338,10 @@ fn refund_state(state: &mut State, params: &Params, now: u64, cost: u64) -> bool
             *tokens_scaled = refilled;
             changed
         }
-        State::Gcra { tat_scaled: t } | State::LeakyBucket { empty_at_scaled: t } => {
+        State::Gcra { tat_scaled: t, .. }
+        | State::LeakyBucket {
+            empty_at_scaled: t, ..
+        } => {
             let floor = u128::from(now) * l;
             if *t <= floor {
                 return false;
@@ -633,7 +636,8 @@ fn random_sequences_decide_like_the_core() {
 /// in one call, decide-only calls, and keys that switch algorithm (a policy reload), including
 /// between the hash and the ZSET layouts. The windows and the log keep counts and instants, so
 /// they also stay exact when a key's limit or period changes: they get a second variant (the
-/// meters keep Rust's scaled units, which a new limit reinterprets; see script.rs).
+/// buckets convert their state on a change, with rounding that differs from the script's; see
+/// script.rs).
 #[test]
 fn multi_charge_calls_are_all_or_nothing() {
     let redis = RefCell::new(Redis::start());

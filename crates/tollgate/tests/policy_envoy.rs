@@ -91,7 +91,7 @@ fn envoy_flags_units_and_replaces_are_kept() {
     let rules = policy.rules();
     let shadowed: Vec<&str> = rules
         .iter()
-        .filter(|r| r.shadow)
+        .filter(|r| r.is_shadow())
         .map(|r| r.name.as_str())
         .collect();
     assert_eq!(shadowed, ["remote_address_10.*", "service.user_user-a"]);
@@ -187,7 +187,7 @@ fn extensions_give_any_period_algorithm_and_burst() {
     assert_eq!((per_user.location.line, per_user.location.column), (21, 7));
 
     let wildcard = &policy.rules()[2];
-    assert!(wildcard.shadow && wildcard.detailed_metric);
+    assert!(wildcard.is_shadow() && wildcard.detailed_metric);
     assert!(policy.rules()[3].is_unlimited());
     // Without `burst` the bucket is the limit.
     assert_eq!(policy.rules()[0].limit.map(|p| p.burst()), Some(100));

@@ -23,6 +23,9 @@ pub struct Server {
     child: Child,
     pub http: SocketAddr,
     pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+    /// The policy file the server was started with.
+    pub config: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -45,6 +48,7 @@ impl Server {
             .args(["serve", "--config"])
             .arg(config)
             .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+            .args(["--admin-addr", "127.0.0.1:0"])
             .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -65,16 +69,32 @@ impl Server {
         };
         let http = addr("http listening on ");
         let grpc = addr("grpc listening on ");
+        let admin = addr("admin listening on ");
         Server {
             child,
             http,
             grpc,
+            admin,
+            config: config.to_path_buf(),
             _dir: dir,
         }
     }
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.http, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+
+    /// Sends a signal (`HUP`, `TERM`...) to the server.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status();
+        assert!(status.unwrap().success());
     }
 
     pub async fn grpc_client(&self) -> RateLimitServiceClient<Channel> {

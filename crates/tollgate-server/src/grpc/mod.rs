@@ -10,10 +10,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate::limiter::Limiter;
+use tonic::metadata::{Ascii, MetadataValue};
 use tonic::{Request, Response, Status};
 
 use crate::ErrorClass;
-use crate::headers::DEGRADED;
+use crate::headers::{DEGRADED, SOFT_EXCEEDED};
 
 pub use decode::decode_request;
 pub use encode::encode_response;
@@ -46,13 +47,22 @@ impl RateLimitService for RlsService {
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         match self.limiter.check(&check).await {
             Ok(decided) => {
-                let mut response = Response::new(encode_response(&decided));
-                // Also as gRPC metadata, for callers that read it rather than the headers.
-                if let Some(posture) = decided.degraded() {
-                    response.metadata_mut().insert(
-                        DEGRADED,
-                        tonic::metadata::MetadataValue::from_static(posture.name()),
-                    );
+                let encoded = encode_response(&decided);
+                // tollgate's own markers also travel as gRPC metadata, for callers that read it
+                // rather than `response_headers_to_add`.
+                let markers: Vec<(&'static str, MetadataValue<Ascii>)> = encoded
+                    .response_headers_to_add
+                    .iter()
+                    .filter_map(|h| {
+                        let name = [DEGRADED, SOFT_EXCEEDED]
+                            .into_iter()
+                            .find(|n| *n == h.key)?;
+                        Some((name, h.value.parse().ok()?))
+                    })
+                    .collect();
+                let mut response = Response::new(encoded);
+                for (name, value) in markers {
+                    response.metadata_mut().insert(name, value);
                 }
                 Ok(response)
             }

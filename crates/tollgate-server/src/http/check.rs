@@ -19,11 +19,12 @@ use tollgate::resilience::Posture;
 use tollgate_core::Verdict;
 
 use super::{add_rate_limit_headers, decision_status, error_response, limit_error_response};
+use crate::headers::ceil_ms;
 use crate::units::{period_of_unit, unit_from_name};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WireRequest {
+pub(super) struct WireRequest {
     domain: String,
     descriptors: Vec<WireDescriptor>,
     #[serde(default)]
@@ -94,6 +95,9 @@ struct WireResponse<'a> {
     /// Set when the store could not decide: the most severe posture that answered.
     #[serde(skip_serializing_if = "Option::is_none")]
     degraded: Option<&'static str>,
+    /// Set when a soft limit was exceeded: how long to hold the request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    soft_delay_ms: Option<u64>,
     statuses: Vec<WireStatus<'a>>,
 }
 
@@ -117,6 +121,8 @@ struct WireStatus<'a> {
     delay_ms: Option<u64>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     shadow_would_deny: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    soft_exceeded: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -128,12 +134,6 @@ pub(super) fn code_name(code: Code) -> &'static str {
         Code::Ok => "OK",
         Code::OverLimit => "OVER_LIMIT",
     }
-}
-
-/// Milliseconds, rounded up so a caller waiting that long is never early.
-fn ceil_ms(d: std::time::Duration) -> u64 {
-    let ms = d.as_millis() + u128::from(!d.as_nanos().is_multiple_of(1_000_000));
-    u64::try_from(ms).unwrap_or(u64::MAX)
 }
 
 fn wire_status(status: &DescriptorStatus) -> WireStatus<'_> {
@@ -150,6 +150,7 @@ fn wire_status(status: &DescriptorStatus) -> WireStatus<'_> {
         retry_after_ms: decision.and_then(|d| d.retry_after).map(ceil_ms),
         delay_ms: decision.map(|d| ceil_ms(d.delay)),
         shadow_would_deny: status.shadow_would_deny,
+        soft_exceeded: status.soft_exceeded,
         reason: match (decision.map(|d| d.verdict), status.degraded) {
             (Some(Verdict::Denied), Some(Posture::Closed)) if status.code == Code::OverLimit => {
                 Some("store_unavailable")
@@ -168,6 +169,7 @@ fn encode(decided: &CheckResponse) -> WireResponse<'_> {
         overall_code: code_name(decided.overall),
         retry_after_ms: decided.retry_after().map(ceil_ms),
         degraded: decided.degraded().map(Posture::name),
+        soft_delay_ms: decided.soft_delay().map(ceil_ms),
         statuses: decided.statuses.iter().map(wire_status).collect(),
     }
 }

@@ -3,6 +3,7 @@
 //! | route | what |
 //! |---|---|
 //! | `POST /v1/check` | tollgate's JSON API: `200` allowed, `429` denied, `400` invalid |
+//! | `POST /v1/explain` | the same body; charges nothing; which rules match and bind, current counters |
 //! | `POST /json` | envoyproxy/ratelimit's proto3-JSON endpoint, for drop-in users |
 //! | `GET /healthz` | the process is up |
 //! | `GET /readyz` | a policy is loaded and the store answers |
@@ -10,6 +11,7 @@
 
 mod check;
 mod envoy_json;
+mod explain;
 mod ops;
 
 use std::sync::Arc;
@@ -19,7 +21,8 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
-use tollgate::limiter::{CheckResponse, LimitError, Limiter};
+use tollgate::lifecycle::Lifecycle;
+use tollgate::limiter::{CheckResponse, LimitError};
 
 use crate::ErrorClass;
 use crate::headers::rate_limit_headers;
@@ -27,16 +30,21 @@ use crate::headers::rate_limit_headers;
 /// Largest accepted request body.
 const MAX_BODY: usize = 64 * 1024;
 
-/// The HTTP routes over a shared [`Limiter`].
-pub fn router(limiter: Arc<Limiter>) -> Router {
+/// The decision routes over the limiter that `lifecycle` manages.
+pub fn router(lifecycle: Arc<Lifecycle>) -> Router {
+    let limiter = lifecycle.limiter().clone();
+    let metrics = Router::new()
+        .route("/metrics", get(ops::metrics))
+        .with_state(lifecycle);
     Router::new()
         .route("/v1/check", post(check::check))
+        .route("/v1/explain", post(explain::explain))
         .route("/json", post(envoy_json::check))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(limiter)
+        .merge(metrics)
 }
 
 /// A JSON error body: `{"error": "..."}`.
@@ -46,7 +54,7 @@ struct ErrorBody {
 }
 
 /// An error response with the status from the shared error table.
-fn error_response(status: StatusCode, message: String) -> Response {
+pub(crate) fn error_response(status: StatusCode, message: String) -> Response {
     (status, axum::Json(ErrorBody { error: message })).into_response()
 }
 

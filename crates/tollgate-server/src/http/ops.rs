@@ -6,6 +6,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
+use tollgate::lifecycle::Lifecycle;
 use tollgate::limiter::Limiter;
 use tollgate::store::Store;
 
@@ -52,12 +53,14 @@ pub async fn readyz(State(limiter): State<Arc<Limiter>>) -> impl IntoResponse {
     (StatusCode::OK, body)
 }
 
-pub async fn metrics(State(limiter): State<Arc<Limiter>>) -> impl IntoResponse {
+pub async fn metrics(State(lifecycle): State<Arc<Lifecycle>>) -> impl IntoResponse {
+    let mut text = lifecycle.limiter().render_metrics().await;
+    lifecycle.render_metrics(&mut text);
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        limiter.render_metrics().await,
+        text,
     )
 }

@@ -56,12 +56,13 @@ impl Fallback {
     }
 
     /// Decides every charge by its posture. `postures[i]` and `shares[i]` belong to
-    /// `charges[i]`.
+    /// `charges[i]`. Without `commit`, the local store is only asked (for explain).
     pub async fn decide(
         &self,
         charges: &[Charge<'_>],
         postures: &[Posture],
         shares: &[f64],
+        commit: bool,
     ) -> Vec<Decision> {
         let closed = charges
             .iter()
@@ -92,7 +93,11 @@ impl Fallback {
                 })
             })
             .collect();
-        let mut local = match self.local.apply(&local_charges).await {
+        let answer = match commit {
+            true => self.local.apply(&local_charges).await,
+            false => self.local.peek(&local_charges).await,
+        };
+        let mut local = match answer {
             Ok(d) => d.into_iter(),
             // The memory store cannot fail; if it ever did, allowing is the open default.
             Err(_) => Vec::new().into_iter(),
@@ -184,7 +189,9 @@ mod tests {
         };
         let mut allowed = 0;
         for _ in 0..10 {
-            let d = f.decide(&[charge(b"k")], &[Posture::Local], &[0.25]).await;
+            let d = f
+                .decide(&[charge(b"k")], &[Posture::Local], &[0.25], true)
+                .await;
             allowed += u32::from(d[0].is_allowed());
         }
         assert_eq!(allowed, 2, "a quarter of 8");
@@ -193,6 +200,7 @@ mod tests {
                 &[charge(b"k"), charge(b"o")],
                 &[Posture::Local, Posture::Open],
                 &[0.25, 1.0],
+                true,
             )
             .await;
         assert_eq!(d[0].verdict, Verdict::Denied);
@@ -220,6 +228,7 @@ mod tests {
                 &[local, closed],
                 &[Posture::Local, Posture::Closed],
                 &[1.0, 1.0],
+                true,
             )
             .await;
         assert_eq!(d[1].verdict, Verdict::Denied);

@@ -2,6 +2,7 @@
 
 mod fallback;
 mod keys;
+mod overrides;
 mod request;
 mod response;
 
@@ -15,6 +16,7 @@ use tollgate_core::Verdict;
 use tracing::warn;
 
 pub use fallback::FailureSettings;
+pub use overrides::{Override, Overrides};
 pub use request::{
     CheckRequest, InvalidRequest, LimitOverride, MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES,
     MAX_FIELD_LEN, RequestDescriptor, check_cost,
@@ -24,7 +26,8 @@ pub use response::{AppliedLimit, CheckResponse, Code, DescriptorStatus};
 use self::fallback::Fallback;
 use crate::clock::{SharedClock, SystemClock};
 use crate::metrics::{Outcome, RuleCounters};
-use crate::policy::{Policy, Rule};
+use crate::observe::{Histogram, TopEntry, TopKeys};
+use crate::policy::{Policy, Rule, RuleMode};
 use crate::resilience::Posture;
 use crate::store::{Charge, Store, StoreBackend, StoreError};
 
@@ -37,11 +40,16 @@ pub enum LimitError {
     Invalid(#[from] InvalidRequest),
 }
 
+/// Distinct keys remembered per rule for "top throttled keys".
+const TOP_KEYS_PER_RULE: usize = 64;
+
 /// A policy together with its per-rule counters, swapped as one unit.
 #[derive(Debug)]
 struct Snapshot {
     policy: Arc<Policy>,
     counters: RuleCounters,
+    /// Per rule: the keys it denied (or would have, in shadow and soft mode) most often.
+    top: Box<[TopKeys]>,
 }
 
 /// Decides requests against the current policy using one store.
@@ -50,7 +58,11 @@ pub struct Limiter {
     snapshot: ArcSwap<Snapshot>,
     store: StoreBackend,
     fallback: Fallback,
+    overrides: Overrides,
     clock: SharedClock,
+    decision_latency: Histogram,
+    /// Store call latency: `[apply, peek]`.
+    store_latency: [Histogram; 2],
     requests: AtomicU64,
     store_errors: AtomicU64,
     fail_open: AtomicU64,
@@ -76,7 +88,13 @@ impl Limiter {
             snapshot: ArcSwap::from_pointee(Self::snapshot(policy)),
             store,
             fallback: Fallback::new(settings, clock.clone()),
+            overrides: Overrides::default(),
             clock,
+            decision_latency: Histogram::new(Histogram::LATENCY_SECONDS),
+            store_latency: [
+                Histogram::new(Histogram::LATENCY_SECONDS),
+                Histogram::new(Histogram::LATENCY_SECONDS),
+            ],
             requests: AtomicU64::new(0),
             store_errors: AtomicU64::new(0),
             fail_open: AtomicU64::new(0),
@@ -96,10 +114,28 @@ impl Limiter {
 
     fn snapshot(policy: Policy) -> Snapshot {
         let counters = RuleCounters::for_policy(&policy);
+        let top = policy
+            .rules()
+            .iter()
+            .map(|_| TopKeys::new(TOP_KEYS_PER_RULE))
+            .collect();
         Snapshot {
             policy: Arc::new(policy),
             counters,
+            top,
         }
+    }
+
+    /// The `n` keys `rule` (by domain and name) denied most often since the policy was
+    /// loaded, or `None` if no such rule runs.
+    pub fn top_keys(&self, domain: &str, rule: &str, n: usize) -> Option<Vec<TopEntry>> {
+        let snapshot = self.snapshot.load();
+        let rule = snapshot
+            .policy
+            .rules()
+            .iter()
+            .find(|r| r.domain == domain && r.name == rule)?;
+        Some(snapshot.top.get(rule.index)?.top(n))
     }
 
     /// The policy in force.
@@ -118,12 +154,30 @@ impl Limiter {
     }
 
     /// Decides one request. A denial is `Ok` with `overall == OverLimit`; `Err` means the
-    /// request could not be decided.
+    /// request is invalid (nothing was counted).
     pub async fn check(&self, request: &CheckRequest) -> Result<CheckResponse, LimitError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
+        let started = tokio::time::Instant::now();
+        let answer = self.decide(request, true).await;
+        self.decision_latency.observe(started.elapsed());
+        answer
+    }
+
+    /// Decides one request without charging anything or counting it in metrics: which rules
+    /// match, which binds, and the current counters.
+    pub async fn explain(&self, request: &CheckRequest) -> Result<CheckResponse, LimitError> {
+        self.decide(request, false).await
+    }
+
+    async fn decide(
+        &self,
+        request: &CheckRequest,
+        commit: bool,
+    ) -> Result<CheckResponse, LimitError> {
         let snapshot = self.snapshot.load();
         let policy = &snapshot.policy;
         let descriptors = request.descriptors();
+        let now = self.clock.now();
 
         let mut limits: Vec<Option<AppliedLimit>> = Vec::with_capacity(descriptors.len());
         for d in descriptors {
@@ -137,7 +191,17 @@ impl Limiter {
                 None => policy
                     .find(request.domain(), d.entries())
                     .filter(|rule| rule.limit.is_some())
-                    .map(|rule| AppliedLimit::Rule(rule.clone())),
+                    .map(|rule| {
+                        match self
+                            .overrides
+                            .find(request.domain(), rule, d.entries(), now)
+                        {
+                            Some(params) if self.store.supports(&params).is_ok() => {
+                                AppliedLimit::Overridden(rule.clone(), params)
+                            }
+                            _ => AppliedLimit::Rule(rule.clone()),
+                        }
+                    }),
             });
         }
         drop_replaced(&mut limits);
@@ -148,16 +212,18 @@ impl Limiter {
         for (i, (descriptor, limit)) in descriptors.iter().zip(&limits).enumerate() {
             let start = key_buf.len();
             match limit {
-                Some(AppliedLimit::Rule(rule)) => {
-                    keys::rule_key(&mut key_buf, &rule.identity, descriptor)
-                }
                 Some(AppliedLimit::Override(params)) => {
                     keys::override_key(&mut key_buf, request.domain(), descriptor, params)
                 }
+                Some(limit) => match limit.rule() {
+                    Some(rule) => keys::rule_key(&mut key_buf, &rule.identity, descriptor),
+                    None => continue,
+                },
                 None => continue,
             }
             spans.push((i, start..key_buf.len()));
         }
+        let mode_of = |limit: &AppliedLimit| limit.rule().map_or(RuleMode::Enforce, |r| r.mode);
         let charges: Vec<Charge<'_>> = spans
             .iter()
             .filter_map(|(i, span)| {
@@ -166,26 +232,35 @@ impl Limiter {
                     key: &key_buf[span.clone()],
                     params: limit.params()?,
                     cost: descriptors[*i].cost(),
-                    enforce: !matches!(limit, AppliedLimit::Rule(rule) if rule.shadow),
+                    enforce: mode_of(limit) == RuleMode::Enforce,
                 })
             })
             .collect();
 
-        let (decisions, postures) = if charges.is_empty() {
-            (Vec::new(), None)
-        } else {
-            match self.store.apply(&charges).await {
-                Ok(decisions) => (decisions, None),
-                Err(e) => {
+        let started = tokio::time::Instant::now();
+        let answer = match (charges.is_empty(), commit) {
+            (true, _) => Ok(Vec::new()),
+            (false, true) => self.store.apply(&charges).await,
+            (false, false) => self.store.peek(&charges).await,
+        };
+        if !charges.is_empty() {
+            self.store_latency[usize::from(!commit)].observe(started.elapsed());
+        }
+        let (decisions, postures) = match answer {
+            Ok(decisions) => (decisions, None),
+            Err(e) => {
+                if commit {
                     self.note_store_error(&e);
-                    let of = |i: &usize| limits[*i].as_ref();
-                    let postures: Vec<Posture> =
-                        spans.iter().map(|(i, _)| self.posture_of(of(i))).collect();
-                    let shares: Vec<f64> =
-                        spans.iter().map(|(i, _)| self.share_of(of(i))).collect();
-                    let decisions = self.fallback.decide(&charges, &postures, &shares).await;
-                    (decisions, Some(postures))
                 }
+                let of = |i: &usize| limits[*i].as_ref();
+                let postures: Vec<Posture> =
+                    spans.iter().map(|(i, _)| self.posture_of(of(i))).collect();
+                let shares: Vec<f64> = spans.iter().map(|(i, _)| self.share_of(of(i))).collect();
+                let decisions = self
+                    .fallback
+                    .decide(&charges, &postures, &shares, commit)
+                    .await;
+                (decisions, Some(postures))
             }
         };
 
@@ -194,24 +269,27 @@ impl Limiter {
             .map(|_| DescriptorStatus::unlimited())
             .collect();
         let mut overall = Code::Ok;
-        for (n, (((i, _), charge), decision)) in
-            spans.iter().zip(&charges).zip(decisions).enumerate()
-        {
+        for (n, ((i, _), decision)) in spans.iter().zip(decisions).enumerate() {
             let denied = decision.verdict != Verdict::Allowed;
             let limit = limits[*i].clone();
+            let mode = limit.as_ref().map_or(RuleMode::Enforce, mode_of);
             let degraded = postures.as_ref().and_then(|p| p.get(n).copied());
-            if let (Some(AppliedLimit::Rule(rule)), Some(posture)) = (&limit, degraded) {
-                snapshot.counters.record_degraded(rule.index, posture);
-            }
-            if let Some(AppliedLimit::Rule(rule)) = &limit {
-                let outcome = match (denied, charge.enforce) {
+            if let (true, Some(rule)) = (commit, limit.as_ref().and_then(AppliedLimit::rule)) {
+                if let Some(posture) = degraded {
+                    snapshot.counters.record_degraded(rule.index, posture);
+                }
+                let outcome = match (denied, mode) {
                     (false, _) => Outcome::Allowed,
-                    (true, true) => Outcome::Denied,
-                    (true, false) => Outcome::ShadowWouldDeny,
+                    (true, RuleMode::Enforce) => Outcome::Denied,
+                    (true, RuleMode::Shadow) => Outcome::ShadowWouldDeny,
+                    (true, RuleMode::Soft) => Outcome::SoftExceeded,
                 };
                 snapshot.counters.record(rule.index, outcome);
+                if denied && let Some(top) = snapshot.top.get(rule.index) {
+                    top.record(&describe_entries(&descriptors[*i]), descriptors[*i].cost());
+                }
             }
-            let code = if denied && charge.enforce {
+            let code = if denied && mode == RuleMode::Enforce {
                 Code::OverLimit
             } else {
                 Code::Ok
@@ -223,31 +301,40 @@ impl Limiter {
                 code,
                 limit,
                 decision: Some(decision),
-                shadow_would_deny: denied && !charge.enforce,
+                shadow_would_deny: denied && mode == RuleMode::Shadow,
+                soft_exceeded: denied && mode == RuleMode::Soft,
                 degraded,
             };
         }
         let response = CheckResponse { overall, statuses };
-        if response.allowed() && response.degraded() == Some(Posture::Open) {
+        if commit && response.allowed() && response.degraded() == Some(Posture::Open) {
             self.fail_open.fetch_add(1, Ordering::Relaxed);
         }
         Ok(response)
     }
 
     fn posture_of(&self, limit: Option<&AppliedLimit>) -> Posture {
-        match limit {
-            Some(AppliedLimit::Rule(rule)) => rule.on_store_error,
-            _ => None,
-        }
-        .unwrap_or(self.fallback.settings.posture)
+        limit
+            .and_then(AppliedLimit::rule)
+            .and_then(|rule| rule.on_store_error)
+            .unwrap_or(self.fallback.settings.posture)
     }
 
     fn share_of(&self, limit: Option<&AppliedLimit>) -> f64 {
-        match limit {
-            Some(AppliedLimit::Rule(rule)) => rule.local_share,
-            _ => None,
-        }
-        .unwrap_or(self.fallback.settings.local_share)
+        limit
+            .and_then(AppliedLimit::rule)
+            .and_then(|rule| rule.local_share)
+            .unwrap_or(self.fallback.settings.local_share)
+    }
+
+    /// The runtime overrides.
+    pub fn overrides(&self) -> &Overrides {
+        &self.overrides
+    }
+
+    /// The clock decisions are made with.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
     }
 
     fn note_store_error(&self, error: &StoreError) {
@@ -304,6 +391,19 @@ impl Limiter {
                 state.gauge()
             );
         }
+        let decision = "tollgate_decision_duration_seconds";
+        Histogram::render_header(
+            decision,
+            "Time to decide a check request, store included.",
+            &mut out,
+        );
+        self.decision_latency.render(decision, "", &mut out);
+        let store = "tollgate_store_operation_duration_seconds";
+        Histogram::render_header(store, "Store calls by backend and operation.", &mut out);
+        let kind = self.store.kind();
+        for (op, histogram) in ["apply", "peek"].iter().zip(&self.store_latency) {
+            histogram.render(store, &format!("store=\"{kind}\",op=\"{op}\""), &mut out);
+        }
         if let Ok(keys) = self.store.key_count().await {
             out.push_str("# HELP tollgate_store_keys Keys in the store.\n");
             out.push_str("# TYPE tollgate_store_keys gauge\n");
@@ -322,20 +422,34 @@ impl Limiter {
     }
 }
 
+/// `key=value,key=value`: how a descriptor is shown in top-key listings.
+fn describe_entries(descriptor: &RequestDescriptor) -> String {
+    let mut out = String::new();
+    for (n, (key, value)) in descriptor.entries().iter().enumerate() {
+        if n > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "{key}={value}");
+    }
+    out
+}
+
 /// Drops the limits replaced by another limit matched in the same request (envoyproxy/ratelimit's
 /// `replaces`): a replaced descriptor is answered OK without a limit.
 fn drop_replaced(limits: &mut [Option<AppliedLimit>]) {
     let replaced = |name: &str, limits: &[Option<AppliedLimit>]| {
-        limits.iter().flatten().any(|l| match l {
-            AppliedLimit::Rule(rule) => rule.replaces.iter().any(|r| r == name),
-            AppliedLimit::Override(_) => false,
-        })
+        limits
+            .iter()
+            .flatten()
+            .filter_map(AppliedLimit::rule)
+            .any(|rule| rule.replaces.iter().any(|r| r == name))
     };
     let drop: Vec<bool> = limits
         .iter()
-        .map(|l| match l {
-            Some(AppliedLimit::Rule(rule)) => replaced(&rule.name, limits),
-            _ => false,
+        .map(|l| {
+            l.as_ref()
+                .and_then(AppliedLimit::rule)
+                .is_some_and(|rule| replaced(&rule.name, limits))
         })
         .collect();
     for (limit, drop) in limits.iter_mut().zip(drop) {

@@ -22,6 +22,8 @@ pub enum Code {
 pub enum AppliedLimit {
     /// A rule from the policy file.
     Rule(Arc<Rule>),
+    /// A rule whose limit a runtime override replaces for this descriptor (same counter).
+    Overridden(Arc<Rule>, Params),
     /// A limit the caller sent with the descriptor.
     Override(Params),
 }
@@ -30,7 +32,7 @@ impl AppliedLimit {
     /// Name reported to callers (`current_limit.name`, `RateLimit-Policy`).
     pub fn name(&self) -> &str {
         match self {
-            AppliedLimit::Rule(rule) => &rule.name,
+            AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _) => &rule.name,
             AppliedLimit::Override(_) => "override",
         }
     }
@@ -39,7 +41,15 @@ impl AppliedLimit {
     pub fn params(&self) -> Option<&Params> {
         match self {
             AppliedLimit::Rule(rule) => rule.limit.as_ref(),
-            AppliedLimit::Override(params) => Some(params),
+            AppliedLimit::Overridden(_, params) | AppliedLimit::Override(params) => Some(params),
+        }
+    }
+
+    /// The policy rule behind this limit, if any.
+    pub fn rule(&self) -> Option<&Arc<Rule>> {
+        match self {
+            AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _) => Some(rule),
+            AppliedLimit::Override(_) => None,
         }
     }
 }
@@ -55,6 +65,8 @@ pub struct DescriptorStatus {
     pub decision: Option<Decision>,
     /// A shadow-mode rule that would have denied this request.
     pub shadow_would_deny: bool,
+    /// A soft rule over its limit: allowed, with [`CheckResponse::soft_delay`] suggested.
+    pub soft_exceeded: bool,
     /// Set when the store could not decide and this limit's failure posture answered.
     pub degraded: Option<Posture>,
 }
@@ -66,6 +78,7 @@ impl DescriptorStatus {
             limit: None,
             decision: None,
             shadow_would_deny: false,
+            soft_exceeded: false,
             degraded: None,
         }
     }
@@ -95,17 +108,29 @@ impl CheckResponse {
     /// The status whose limit binds: when denied, the denial that lasts longest; when allowed,
     /// the limit with the least remaining quota (what Envoy reports in `x-ratelimit-*`).
     pub fn binding(&self) -> Option<&DescriptorStatus> {
-        let limited = self.statuses.iter().filter(|s| s.decision.is_some());
-        if self.allowed() {
-            limited.min_by_key(|s| s.decision.map_or(u64::MAX, |d| d.remaining))
+        self.binding_index().map(|i| &self.statuses[i])
+    }
+
+    /// The position of [`CheckResponse::binding`] among the statuses.
+    pub fn binding_index(&self) -> Option<usize> {
+        let limited = self
+            .statuses
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.decision.is_some());
+        let found = if self.allowed() {
+            limited.min_by_key(|(_, s)| s.decision.map_or(u64::MAX, |d| d.remaining))
         } else {
             limited
-                .filter(|s| s.code == Code::OverLimit)
-                .max_by_key(|s| {
-                    let d = s.decision;
-                    (s.cost_exceeds_capacity(), d.and_then(|d| d.retry_after))
+                .filter(|(_, s)| s.code == Code::OverLimit)
+                .max_by_key(|(_, s)| {
+                    (
+                        s.cost_exceeds_capacity(),
+                        s.decision.and_then(|d| d.retry_after),
+                    )
                 })
-        }
+        };
+        found.map(|(i, _)| i)
     }
 
     /// The most severe posture that answered for this request (`closed` over `local` over
@@ -120,6 +145,21 @@ impl CheckResponse {
             .iter()
             .filter_map(|s| s.degraded)
             .max_by_key(severity)
+    }
+
+    /// When a soft limit was exceeded: how long the caller should hold the request, the time
+    /// after which it would fit within every exceeded soft limit. It grows with the request's
+    /// cost and with how far the quota is used up; `None` when no soft limit was exceeded.
+    pub fn soft_delay(&self) -> Option<Duration> {
+        self.statuses
+            .iter()
+            .filter(|s| s.soft_exceeded)
+            .map(|s| {
+                s.decision
+                    .and_then(|d| d.retry_after.or(Some(d.reset_after)))
+                    .unwrap_or_default()
+            })
+            .max()
     }
 
     /// Denied because the limiter is unavailable (a `closed` posture), not by a real limit.

@@ -11,6 +11,7 @@ use tollgate_core::{Algorithm, MAX_LIMIT, MAX_LOG_LIMIT, Params};
 
 use super::document::{Count, DescriptorDoc, DomainDoc, RateLimitDoc, ReplacesDoc};
 use super::identity::{self, PathStep};
+use super::rule::RuleMode;
 use super::snapshot::DomainTable;
 use super::tree::{Level, Node, ValueMatch};
 use super::{Location, Policy, PolicyError, PolicyErrors, Rule, Unit};
@@ -27,11 +28,6 @@ pub(super) struct Compiler {
 }
 
 impl Compiler {
-    /// Records a problem that is not inside a source (an unreadable file).
-    pub fn push_error(&mut self, error: PolicyError) {
-        self.errors.push(error);
-    }
-
     /// Parses and validates one file's text. A YAML or structural error stops this file only.
     pub fn add_source(&mut self, file: &str, text: &str) {
         let doc: Spanned<DomainDoc> = match serde_saphyr::from_str(text) {
@@ -244,6 +240,7 @@ impl<'f> SourceCompiler<'f> {
         let doc = &rate_limit.value;
         let (limit, unit) = self.limit(doc, &block);
         let (on_store_error, local_share) = self.failure_posture(doc);
+        let mode = self.mode(doc, descriptor.shadow_mode.unwrap_or(false));
 
         let (name, name_location, explicit) =
             match doc.name.as_ref().filter(|n| !n.value.is_empty()) {
@@ -274,7 +271,7 @@ impl<'f> SourceCompiler<'f> {
             identity: identity::encode(self.domain, path),
             limit,
             unit,
-            shadow: descriptor.shadow_mode.unwrap_or(false),
+            mode,
             detailed_metric: descriptor.detailed_metric.unwrap_or(false),
             replaces: replaces.iter().map(|(name, _)| name.clone()).collect(),
             on_store_error,
@@ -306,6 +303,40 @@ impl<'f> SourceCompiler<'f> {
             }
         }
         names
+    }
+
+    /// `mode`, reconciled with the descriptor's envoy-style `shadow_mode`.
+    fn mode(&mut self, doc: &RateLimitDoc, shadow_mode: bool) -> RuleMode {
+        let Some(mode) = &doc.mode else {
+            return if shadow_mode {
+                RuleMode::Shadow
+            } else {
+                RuleMode::Enforce
+            };
+        };
+        let at = self.location(&mode.referenced);
+        let parsed = match mode.value.as_str() {
+            "enforce" => RuleMode::Enforce,
+            "shadow" => RuleMode::Shadow,
+            "soft" => RuleMode::Soft,
+            other => {
+                self.error(
+                    at,
+                    format!("unknown mode `{other}`, expected enforce, shadow or soft"),
+                );
+                return RuleMode::Enforce;
+            }
+        };
+        if shadow_mode && parsed != RuleMode::Shadow {
+            self.error(
+                at,
+                format!(
+                    "`mode: {}` contradicts the descriptor's `shadow_mode: true`",
+                    mode.value
+                ),
+            );
+        }
+        parsed
     }
 
     /// Validates `on_store_error` and `local_share`.

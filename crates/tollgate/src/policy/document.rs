@@ -64,6 +64,9 @@ pub(super) struct RateLimitDoc {
     /// Extension: bucket size for `token_bucket`, `leaky_bucket` and `gcra`; defaults to the
     /// limit.
     pub burst: Option<Spanned<Count>>,
+    /// Extension: `enforce` (default), `shadow` (the same as the descriptor's
+    /// `shadow_mode: true`) or `soft` (allow, but mark the request as over its limit).
+    pub mode: Option<Spanned<String>>,
     /// Extension: what happens when the store cannot decide: `open` (allow, marked degraded),
     /// `closed` (deny as unavailable) or `local` (decide in-process with `local_share` of the
     /// limit). Defaults to the server's `--on-store-error` (itself `open` by default).

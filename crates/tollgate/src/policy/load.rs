@@ -11,33 +11,40 @@ impl Policy {
     /// Every problem of every file is reported, each with its file, line and column. A directory
     /// without policy files is an error.
     pub fn load(path: &Path) -> Result<Policy, PolicyErrors> {
+        Policy::from_sources(&Policy::read_sources(path)?)
+    }
+
+    /// Reads the texts [`Policy::load`] would compile, as `(file name, text)` pairs in load
+    /// order (for versioning: the same texts always give the same policy).
+    pub fn read_sources(path: &Path) -> Result<Vec<(String, String)>, PolicyErrors> {
         let metadata = fs::metadata(path)
             .map_err(|e| one_error(format!("cannot read {}: {e}", path.display())))?;
-        if !metadata.is_dir() {
-            let name = path.display().to_string();
-            let text = fs::read_to_string(path)
-                .map_err(|e| one_error(format!("cannot read {name}: {e}")))?;
-            return Policy::from_yaml(&name, &text);
-        }
-
-        let files = policy_files(path)?;
-        if files.is_empty() {
-            return Err(one_error(format!(
-                "no *.yaml or *.yml policy files in {}",
-                path.display()
-            )));
-        }
-        let mut compiler = Compiler::default();
+        let files = if metadata.is_dir() {
+            let files = policy_files(path)?;
+            if files.is_empty() {
+                return Err(one_error(format!(
+                    "no *.yaml or *.yml policy files in {}",
+                    path.display()
+                )));
+            }
+            files
+        } else {
+            vec![path.to_path_buf()]
+        };
+        let mut sources = Vec::with_capacity(files.len());
+        let mut errors = Vec::new();
         for file in files {
             let name = file.display().to_string();
             match fs::read_to_string(&file) {
-                Ok(text) => compiler.add_source(&name, &text),
-                Err(e) => {
-                    compiler.push_error(PolicyError::new(None, format!("cannot read {name}: {e}")))
-                }
+                Ok(text) => sources.push((name, text)),
+                Err(e) => errors.push(PolicyError::new(None, format!("cannot read {name}: {e}"))),
             }
         }
-        compiler.finish()
+        if errors.is_empty() {
+            Ok(sources)
+        } else {
+            Err(PolicyErrors(errors))
+        }
     }
 
     /// Parses one file's text; `source_name` is the file name used in locations.

@@ -21,8 +21,9 @@ pub struct Rule {
     pub limit: Option<Params>,
     /// The envoy unit the limit was written with; `None` when written with `period` or unlimited.
     pub unit: Option<Unit>,
-    /// `shadow_mode: true`: count and report, never deny.
-    pub shadow: bool,
+    /// `enforce` (default), `shadow` (`shadow_mode: true`: count and report, never deny) or
+    /// `soft` (allow, but mark the request as over its limit with a suggested delay).
+    pub mode: RuleMode,
     /// `detailed_metric: true`: metrics may carry the matched value.
     pub detailed_metric: bool,
     /// Names of the rules this one replaces when both match one request.
@@ -35,7 +36,35 @@ pub struct Rule {
     pub location: Location,
 }
 
+/// How a rule acts on a request over its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RuleMode {
+    /// Deny.
+    #[default]
+    Enforce,
+    /// Count and report what would have been denied; never deny.
+    Shadow,
+    /// Allow, marked `soft_exceeded`, with a suggested delay that grows with the overage.
+    Soft,
+}
+
+impl RuleMode {
+    /// The policy-file spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            RuleMode::Enforce => "enforce",
+            RuleMode::Shadow => "shadow",
+            RuleMode::Soft => "soft",
+        }
+    }
+}
+
 impl Rule {
+    /// Whether the rule is in shadow mode.
+    pub fn is_shadow(&self) -> bool {
+        self.mode == RuleMode::Shadow
+    }
+
     /// Whether the rule is `unlimited: true`.
     pub fn is_unlimited(&self) -> bool {
         self.limit.is_none()

@@ -75,7 +75,7 @@ impl MemoryStore {
         self.sweep(self.clock.now())
     }
 
-    fn apply_locked(&self, charges: &[Charge<'_>]) -> Vec<Decision> {
+    fn apply_locked(&self, charges: &[Charge<'_>], commit: bool) -> Vec<Decision> {
         let now = self.clock.now();
         let mut shard_ids: Vec<usize> = charges.iter().map(|c| self.shard_of(c.key)).collect();
         let mut order = shard_ids.clone();
@@ -121,7 +121,7 @@ impl MemoryStore {
             transitions.push(transition);
         }
 
-        if admitted(charges, &decisions) {
+        if commit && admitted(charges, &decisions) {
             for ((charge, transition), shard) in charges.iter().zip(transitions).zip(&shard_ids) {
                 if transition == Transition::Keep {
                     continue;
@@ -144,7 +144,11 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     async fn apply(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
-        Ok(self.apply_locked(charges))
+        Ok(self.apply_locked(charges, true))
+    }
+
+    async fn peek(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
+        Ok(self.apply_locked(charges, false))
     }
 
     async fn key_count(&self) -> Result<usize, StoreError> {

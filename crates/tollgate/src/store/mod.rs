@@ -57,6 +57,12 @@ pub trait Store: Send + Sync {
         charges: &[Charge<'_>],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
+    /// Decides like [`Store::apply`] without committing anything (for explain).
+    fn peek(
+        &self,
+        charges: &[Charge<'_>],
+    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+
     /// Number of live keys (for metrics and tests).
     fn key_count(&self) -> impl Future<Output = Result<usize, StoreError>> + Send;
 }
@@ -126,6 +132,13 @@ impl Store for StoreBackend {
         match self {
             StoreBackend::Memory(m) => m.apply(charges).await,
             StoreBackend::Redis(r) => r.apply(charges).await,
+        }
+    }
+
+    async fn peek(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
+        match self {
+            StoreBackend::Memory(m) => m.peek(charges).await,
+            StoreBackend::Redis(r) => r.peek(charges).await,
         }
     }
 

@@ -321,15 +321,7 @@ impl RedisStore {
         spans: &[Range<usize>],
         groups: &[Group],
     ) -> Result<Vec<Decision>, StoreError> {
-        let gather = |replies: &[Reply]| {
-            let mut decisions = vec![None; charges.len()];
-            for (group, reply) in groups.iter().zip(replies) {
-                for (&i, d) in group.indexes.iter().zip(&reply.decisions) {
-                    decisions[i] = Some(*d);
-                }
-            }
-            decisions.into_iter().flatten().collect()
-        };
+        let gather = |replies: &[Reply]| gather(charges.len(), groups, replies);
         let all = |commit: bool| {
             try_join_all(
                 groups
@@ -358,6 +350,7 @@ impl RedisStore {
         keys: &[u8],
         spans: &[Range<usize>],
         slots: &[u16],
+        commit: bool,
     ) -> Result<Vec<Decision>, StoreError> {
         let mut groups: Vec<Group> = Vec::new();
         for (i, slot) in slots.iter().enumerate() {
@@ -375,13 +368,27 @@ impl RedisStore {
             }
         }
         if let [only] = groups.as_slice() {
-            return Ok(self
-                .run_decide(charges, keys, spans, only, true)
-                .await?
-                .decisions);
+            let reply = self.run_decide(charges, keys, spans, only, commit).await?;
+            return Ok(reply.decisions);
+        }
+        if !commit {
+            let peek = |g| self.run_decide(charges, keys, spans, g, false);
+            let peeks = try_join_all(groups.iter().map(peek)).await?;
+            return Ok(gather(charges.len(), &groups, &peeks));
         }
         self.apply_across_slots(charges, keys, spans, &groups).await
     }
+}
+
+/// The decisions of several groups' replies, in request order.
+fn gather(charges: usize, groups: &[Group], replies: &[Reply]) -> Vec<Decision> {
+    let mut decisions = vec![None; charges];
+    for (group, reply) in groups.iter().zip(replies) {
+        for (&i, d) in group.indexes.iter().zip(&reply.decisions) {
+            decisions[i] = Some(*d);
+        }
+    }
+    decisions.into_iter().flatten().collect()
 }
 
 fn parse_reply<'a>(
@@ -424,8 +431,12 @@ fn parse_reply<'a>(
     })
 }
 
-impl Store for RedisStore {
-    async fn apply(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
+impl RedisStore {
+    async fn decide_all(
+        &self,
+        charges: &[Charge<'_>],
+        commit: bool,
+    ) -> Result<Vec<Decision>, StoreError> {
         for c in charges {
             script::fits_lua(c.params).map_err(StoreError::InvalidData)?;
         }
@@ -444,11 +455,21 @@ impl Store for RedisStore {
             slots.push(slot::redis_key(&mut keys, c.key));
             spans.push(start..keys.len());
         }
-        let work = self.apply_within_deadline(charges, &keys, &spans, &slots);
+        let work = self.apply_within_deadline(charges, &keys, &spans, &slots, commit);
         match tokio::time::timeout(self.options.command_timeout, work).await {
             Ok(result) => result,
             Err(_) => Err(unavailable("redis", "deadline exceeded")),
         }
+    }
+}
+
+impl Store for RedisStore {
+    async fn apply(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
+        self.decide_all(charges, true).await
+    }
+
+    async fn peek(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
+        self.decide_all(charges, false).await
     }
 
     async fn key_count(&self) -> Result<usize, StoreError> {

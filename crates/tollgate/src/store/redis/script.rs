@@ -66,11 +66,10 @@
 //! # Where the scripts and the core may differ
 //!
 //! - Params changed on a live key. The windows and the log store counts and instants, which mean
-//!   the same under any params: they stay identical to the core. The bucket algorithms store an
-//!   instant (µs and a remainder in 1/limit µs) where the core stores the number `micros * limit`
-//!   (token bucket: `tokens * period`) and reinterprets it under the new params: one request at
-//!   1000/s then a reload to 10/s leaves the core's key denied for ~5600 years. The scripts keep
-//!   the instant instead. Keys that include the params (as override keys do) avoid both.
+//!   the same under any params: they stay identical to the core. The bucket algorithms keep an
+//!   instant (µs and a remainder in 1/limit µs) which they carry over to the new params; the core
+//!   converts its scaled state to the new scale too (see `tollgate_core::State`), both keeping
+//!   the instant, but their sub-microsecond rounding can differ by one emission.
 //! - `now` at or past [`MAX_NOW_MICROS`] is an error, and a bucket whose refill time fails
 //!   [`fits_lua`] must not reach the script.
 //! - A state that has expired when written is deleted: the same from then on (the core's

@@ -5,36 +5,18 @@
 //! first `{...}` of a key, which is always ours: a client value that contains braces can never
 //! choose the slot or collide with another key.
 
-use std::hash::Hasher;
 use std::io::Write;
+
+use crate::fnv::fnv1a64;
 
 /// Number of hash slots in Redis Cluster.
 pub const SLOTS: u16 = 16_384;
 
-/// FNV-1a, 64 bits: stable across processes and releases (unlike std's `DefaultHasher`), so
-/// every replica derives the same tag for the same counter.
-#[derive(Debug)]
-struct Fnv1a(u64);
-
-impl Hasher for Fnv1a {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-}
-
 /// Appends the Redis key for `counter_key` to `buf` and returns its cluster slot.
 pub fn redis_key(buf: &mut Vec<u8>, counter_key: &[u8]) -> u16 {
-    let mut h = Fnv1a(0xcbf2_9ce4_8422_2325);
-    h.write(counter_key);
+    // A stable hash, so every replica derives the same tag for the same counter.
     let start = buf.len();
-    let _ = write!(buf, "tg:{{{:016x}}}:", h.finish());
+    let _ = write!(buf, "tg:{{{:016x}}}:", fnv1a64(counter_key));
     // The tag is the 16 hex digits between the braces.
     let slot = crc16(&buf[start + 4..start + 20]) % SLOTS;
     buf.extend_from_slice(counter_key);

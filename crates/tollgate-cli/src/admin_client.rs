@@ -1,0 +1,105 @@
+//! A small blocking client for the admin API, shared by `policy` and `top`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use serde_json::Value;
+
+/// Where the admin API is and how to authenticate.
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    /// Base URL of the server's admin API.
+    #[arg(
+        long = "admin",
+        global = true,
+        default_value = "http://127.0.0.1:9090",
+        value_name = "URL"
+    )]
+    url: String,
+    /// File holding the admin bearer token (or set `TOLLGATE_ADMIN_TOKEN`).
+    #[arg(long, global = true, value_name = "PATH")]
+    token_file: Option<PathBuf>,
+}
+
+/// Talks to one server's admin API.
+#[derive(Debug)]
+pub struct AdminClient {
+    base: String,
+    token: Option<String>,
+    runtime: tokio::runtime::Runtime,
+    http: reqwest::Client,
+}
+
+impl AdminClient {
+    pub fn new(args: &AdminArgs) -> anyhow::Result<Self> {
+        let token = match &args.token_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?
+                    .trim()
+                    .to_owned(),
+            ),
+            None => std::env::var("TOLLGATE_ADMIN_TOKEN").ok(),
+        };
+        Ok(AdminClient {
+            base: args.url.trim_end_matches('/').to_owned(),
+            token,
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()?,
+        })
+    }
+
+    fn request(&self, method: &str, path: &str) -> anyhow::Result<reqwest::RequestBuilder> {
+        let method = reqwest::Method::from_bytes(method.as_bytes())?;
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        Ok(request)
+    }
+
+    /// Sends a request with an optional JSON body; returns the status and the JSON answer.
+    pub fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<(u16, Value)> {
+        let mut request = self.request(method, path)?;
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let url = format!("{}{path}", self.base);
+        self.runtime.block_on(async {
+            let response = request
+                .send()
+                .await
+                .with_context(|| format!("could not reach {url}"))?;
+            let status = response.status().as_u16();
+            let body: Value = response
+                .json()
+                .await
+                .context("the server's answer is not JSON")?;
+            Ok((status, body))
+        })
+    }
+
+    /// Sends a request and returns the status and the answer as text.
+    pub fn send_text(&self, method: &str, path: &str) -> anyhow::Result<(u16, String)> {
+        let request = self.request(method, path)?;
+        let url = format!("{}{path}", self.base);
+        self.runtime.block_on(async {
+            let response = request
+                .send()
+                .await
+                .with_context(|| format!("could not reach {url}"))?;
+            Ok((response.status().as_u16(), response.text().await?))
+        })
+    }
+}

@@ -1,0 +1,141 @@
+//! `tollgate policy ...`: versions of a running server's policy, through its admin API.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+use tollgate::policy::Policy;
+
+use crate::admin_client::AdminClient;
+
+#[derive(Debug, Args)]
+pub struct PolicyArgs {
+    #[command(subcommand)]
+    command: PolicyCommand,
+    #[command(flatten)]
+    admin: crate::admin_client::AdminArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Validate a policy file or directory locally, then make it the server's running policy.
+    Push {
+        /// Policy file, or a directory of `*.yaml` / `*.yml` files.
+        path: PathBuf,
+    },
+    /// List the kept versions; `*` marks the running one.
+    List,
+    /// Print one version's source texts.
+    Show {
+        /// Version sequence number (see `list`).
+        version: u64,
+    },
+    /// Line diff between two versions (the second defaults to the running one).
+    Diff {
+        /// Older version.
+        from: u64,
+        /// Newer version; defaults to the running one.
+        to: Option<u64>,
+    },
+    /// Return to an earlier version (the previous one by default).
+    Rollback {
+        /// The version to return to.
+        #[arg(long)]
+        to: Option<u64>,
+    },
+    /// Make the server re-read its config path now.
+    Reload,
+}
+
+pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
+    let client = AdminClient::new(&args.admin)?;
+    match args.command {
+        PolicyCommand::Push { path } => {
+            let sources = Policy::read_sources(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
+            if let Err(errors) = Policy::from_sources(&sources) {
+                eprintln!("{errors}");
+                bail!(
+                    "{}: {} problem(s); nothing pushed",
+                    path.display(),
+                    errors.0.len()
+                );
+            }
+            let body = json!({
+                "sources": sources.iter().map(|(n, t)| json!({"name": n, "text": t})).collect::<Vec<_>>()
+            });
+            activation(client.send("POST", "/v1/admin/policy", Some(body))?)
+        }
+        PolicyCommand::List => {
+            let list = client.send("GET", "/v1/admin/policy", None)?.1;
+            for v in list["versions"].as_array().cloned().unwrap_or_default() {
+                println!(
+                    "{} {:>4}  {}  {:<8}  {} rules  {}",
+                    if v["current"] == true { "*" } else { " " },
+                    v["seq"].as_u64().unwrap_or(0),
+                    v["hash"].as_str().unwrap_or("?"),
+                    v["origin"].as_str().unwrap_or("?"),
+                    v["rules"].as_u64().unwrap_or(0),
+                    v["files"]
+                        .as_array()
+                        .map(|f| f
+                            .iter()
+                            .filter_map(Value::as_str)
+                            .collect::<Vec<_>>()
+                            .join(", "))
+                        .unwrap_or_default(),
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        PolicyCommand::Show { version } => {
+            let v = expect_ok(client.send("GET", &format!("/v1/admin/policy/{version}"), None)?)?;
+            for source in v["sources"].as_array().cloned().unwrap_or_default() {
+                println!("# {}", source["name"].as_str().unwrap_or("?"));
+                print!("{}", source["text"].as_str().unwrap_or(""));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        PolicyCommand::Diff { from, to } => {
+            let path = match to {
+                Some(to) => format!("/v1/admin/policy/diff?from={from}&to={to}"),
+                None => format!("/v1/admin/policy/diff?from={from}"),
+            };
+            let (status, body) = client.send_text("GET", &path)?;
+            if status != 200 {
+                bail!("server answered {status}: {body}");
+            }
+            print!("{body}");
+            Ok(ExitCode::SUCCESS)
+        }
+        PolicyCommand::Rollback { to } => {
+            let body = to.map_or_else(|| json!({}), |to| json!({ "to": to }));
+            activation(client.send("POST", "/v1/admin/policy/rollback", Some(body))?)
+        }
+        PolicyCommand::Reload => activation(client.send("POST", "/v1/admin/reload", None)?),
+    }
+}
+
+fn expect_ok((status, body): (u16, Value)) -> anyhow::Result<Value> {
+    if status == 200 {
+        return Ok(body);
+    }
+    let error = body["error"].as_str().unwrap_or("request failed");
+    for problem in body["problems"].as_array().cloned().unwrap_or_default() {
+        eprintln!("{}", problem.as_str().unwrap_or_default());
+    }
+    bail!("server answered {status}: {error}")
+}
+
+fn activation(answer: (u16, Value)) -> anyhow::Result<ExitCode> {
+    let body = expect_ok(answer).context("the running policy is unchanged")?;
+    let v = &body["version"];
+    println!(
+        "{}: version {} ({} rules)",
+        body["result"].as_str().unwrap_or("?"),
+        v["version"].as_str().unwrap_or("?"),
+        v["rules"]
+    );
+    Ok(ExitCode::SUCCESS)
+}

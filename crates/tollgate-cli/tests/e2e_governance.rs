@@ -1,0 +1,499 @@
+//! Governing a running server: hot reload, versions and rollback, explain, soft mode, runtime
+//! overrides and the admin token — against the built binary over real sockets.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{Server, binary};
+
+const V1: &str = "domain: api
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, unit: day, requests_per_unit: 5}
+  - key: tenant
+    rate_limit: {name: per_tenant, unit: day, requests_per_unit: 3}
+  - key: burst
+    rate_limit: {name: soft_burst, unit: day, requests_per_unit: 2, mode: soft}
+";
+
+fn check_body(key: &str, value: &str) -> Value {
+    json!({"domain": "api", "descriptors": [{"entries": [{"key": key, "value": value}]}]})
+}
+
+async fn check(server: &Server, key: &str, value: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(server.url("/v1/check"))
+        .json(&check_body(key, value))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn remaining(server: &Server, key: &str, value: &str) -> Value {
+    let r = check(server, key, value).await;
+    let body: Value = r.json().await.unwrap();
+    body["statuses"][0]["remaining"].clone()
+}
+
+async fn metrics(server: &Server) -> String {
+    reqwest::get(server.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// Writes the policy file the way editors do: a new file renamed over the old one.
+fn replace_file(server: &Server, text: &str) {
+    let tmp = server.config.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, &server.config).unwrap();
+}
+
+async fn policy_version(server: &Server) -> u64 {
+    let text = metrics(server).await;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("tollgate_policy_version{"))
+        .unwrap();
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+async fn wait_for_version(server: &Server, seq: u64) {
+    for _ in 0..100 {
+        if policy_version(server).await == seq {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "version {seq} never became active:\n{}",
+        metrics(server).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn file_changes_reload_under_load_without_failures_and_keep_counters() {
+    let server = Arc::new(Server::start(V1));
+    for _ in 0..2 {
+        check(&server, "user", "alice").await;
+    }
+    // Load from 16 callers while the file changes twice (one valid, one broken).
+    let failures = Arc::new(AtomicU64::new(0));
+    let sent = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut callers = Vec::new();
+    for i in 0..16 {
+        let (server, failures, sent, stop) =
+            (server.clone(), failures.clone(), sent.clone(), stop.clone());
+        callers.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            while !stop.load(Ordering::SeqCst) {
+                let r = client
+                    .post(server.url("/v1/check"))
+                    .json(&check_body("user", &format!("load{i}")))
+                    .send()
+                    .await;
+                sent.fetch_add(1, Ordering::SeqCst);
+                match r {
+                    Ok(r) if r.status() == 200 || r.status() == 429 => {}
+                    _ => {
+                        failures.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+        }));
+    }
+    // per_user goes from 5 to 50 a day; per_tenant is unchanged.
+    replace_file(
+        &server,
+        &V1.replace("requests_per_unit: 5}", "requests_per_unit: 50}"),
+    );
+    wait_for_version(&server, 2).await;
+    replace_file(
+        &server,
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+    );
+    let rejected = "tollgate_policy_reloads_total{result=\"rejected\"} 1";
+    for _ in 0..100 {
+        if metrics(&server).await.contains(rejected) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for c in callers {
+        c.await.unwrap();
+    }
+    assert!(sent.load(Ordering::SeqCst) > 100, "the load ran");
+    assert_eq!(
+        failures.load(Ordering::SeqCst),
+        0,
+        "no request failed across the reloads"
+    );
+
+    let text = metrics(&server).await;
+    assert_eq!(
+        policy_version(&server).await,
+        2,
+        "the broken file left version 2 running"
+    );
+    assert!(
+        text.contains("tollgate_policy_reloads_total{result=\"rejected\"} 1"),
+        "{text}"
+    );
+    // alice used 2 of her quota before the change; the count carried over to the new limit.
+    assert_eq!(remaining(&server, "user", "alice").await, 47);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_policy() {
+    let server = Server::start(V1);
+    std::fs::write(
+        &server.config,
+        V1.replace("requests_per_unit: 3}", "requests_per_unit: 30}"),
+    )
+    .unwrap();
+    server.signal("HUP");
+    wait_for_version(&server, 2).await;
+    assert_eq!(remaining(&server, "tenant", "t").await, 29);
+}
+
+fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(binary())
+        .arg("policy")
+        .args(args)
+        .args(["--admin", &server.admin_url("")])
+        .env_remove("TOLLGATE_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_list_diff_and_rollback_from_the_cli() {
+    let server = Server::start_with_args(V1, &["--watch-interval", "0s"]);
+    let dir = tempfile::tempdir().unwrap();
+    let candidate = dir.path().join("candidate.yaml");
+    std::fs::write(
+        &candidate,
+        V1.replace("requests_per_unit: 3}", "requests_per_unit: 1}"),
+    )
+    .unwrap();
+
+    let (code, out, err) = cli(&server, &["push", candidate.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("activated: version 2-"), "{out}");
+    check(&server, "tenant", "t").await;
+    assert_eq!(
+        check(&server, "tenant", "t").await.status(),
+        429,
+        "the pushed limit of 1 applies"
+    );
+
+    let broken = dir.path().join("broken.yaml");
+    std::fs::write(
+        &broken,
+        "domain: api\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: 0}}]\n",
+    )
+    .unwrap();
+    let (code, _, err) = cli(&server, &["push", broken.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("broken.yaml:2:") && err.contains("nothing pushed"),
+        "{err}"
+    );
+
+    let (_, list, _) = cli(&server, &["list"]);
+    let lines: Vec<&str> = list.lines().collect();
+    assert_eq!(lines.len(), 2, "{list}");
+    assert!(
+        lines[1].starts_with("*    2") && lines[1].contains("push"),
+        "{list}"
+    );
+
+    let (_, diff, _) = cli(&server, &["diff", "1", "2"]);
+    assert!(
+        diff.contains("-    rate_limit: {name: per_tenant, unit: day, requests_per_unit: 3}"),
+        "{diff}"
+    );
+    assert!(
+        diff.contains("+    rate_limit: {name: per_tenant, unit: day, requests_per_unit: 1}"),
+        "{diff}"
+    );
+
+    let (code, out, _) = cli(&server, &["rollback"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("activated: version 3-"), "{out}");
+    // The counter (1 used) carried over; back at 3 a day, two more are allowed, then none.
+    assert_eq!(check(&server, "tenant", "t").await.status(), 200);
+    assert_eq!(check(&server, "tenant", "t").await.status(), 200);
+    assert_eq!(check(&server, "tenant", "t").await.status(), 429);
+    let (_, show, _) = cli(&server, &["show", "3"]);
+    assert!(show.contains("requests_per_unit: 3}"), "{show}");
+    let (code, _, err) = cli(&server, &["rollback", "--to", "99"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("no kept version 99"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_shows_the_binding_rule_and_charges_nothing() {
+    let server = Server::start(V1);
+    check(&server, "tenant", "t").await;
+    let body = json!({"domain": "api", "descriptors": [
+        {"entries": [{"key": "user", "value": "u"}]},
+        {"entries": [{"key": "tenant", "value": "t"}]},
+        {"entries": [{"key": "nope", "value": "x"}]}
+    ]});
+    for _ in 0..3 {
+        let r = reqwest::Client::new()
+            .post(server.url("/v1/explain"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["would_allow"], true);
+        let s = &e["statuses"];
+        assert_eq!(s[0]["limit_name"], "per_user");
+        assert_eq!(s[0]["remaining"], 4);
+        assert_eq!(s[1]["limit_name"], "per_tenant");
+        assert_eq!(
+            s[1]["remaining"], 1,
+            "2 used: the earlier check and this would-be one"
+        );
+        assert_eq!(s[1]["binding"], true, "the least remaining binds");
+        assert_eq!(s[0]["binding"], false);
+        assert_eq!(s[1]["mode"], "enforce");
+        assert!(
+            s[1]["rule_location"].as_str().unwrap().ends_with(":6:17"),
+            "{}",
+            s[1]
+        );
+        assert_eq!(s[2]["matched"], false);
+    }
+    assert_eq!(
+        remaining(&server, "tenant", "t").await,
+        1,
+        "explain charged nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_soft_limit_allows_and_marks_the_overage() {
+    let server = Server::start(V1);
+    for _ in 0..2 {
+        let r = check(&server, "burst", "b").await;
+        assert!(r.headers().get("x-tollgate-soft-exceeded").is_none());
+    }
+    let r = check(&server, "burst", "b").await;
+    assert_eq!(r.status(), 200, "soft: allowed");
+    let delay: u64 = r.headers()["x-tollgate-soft-exceeded"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(delay > 0);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["statuses"][0]["soft_exceeded"], true);
+    assert_eq!(body["soft_delay_ms"], delay);
+    let text = metrics(&server).await;
+    assert!(
+        text.contains(
+            r#"tollgate_decisions_total{domain="api",rule="soft_burst",outcome="soft_exceeded"} 1"#
+        ),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_change_one_value_expire_and_survive_reloads() {
+    let server = Server::start(V1);
+    let admin = reqwest::Client::new();
+    let set = json!({"domain": "api", "rule": "per_tenant", "entries": [{"key": "tenant", "value": "acme"}],
+                     "requests_per_unit": 30, "expires_in": "2s", "reason": "launch"});
+    let r = admin
+        .put(server.admin_url("/v1/admin/overrides"))
+        .json(&set)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let id = r.json::<Value>().await.unwrap()["id"].as_u64().unwrap();
+    assert_eq!(
+        remaining(&server, "tenant", "acme").await,
+        29,
+        "acme gets 10x"
+    );
+    assert_eq!(
+        remaining(&server, "tenant", "other").await,
+        2,
+        "others keep the rule"
+    );
+
+    // A reload does not drop it.
+    std::fs::write(&server.config, format!("{V1}\n# touched\n")).unwrap();
+    server.signal("HUP");
+    wait_for_version(&server, 2).await;
+    assert_eq!(remaining(&server, "tenant", "acme").await, 28);
+    let list: Value = admin
+        .get(server.admin_url("/v1/admin/overrides"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["overrides"][0]["id"], id);
+    assert_eq!(list["overrides"][0]["reason"], "launch");
+
+    // Bad overrides are refused with the reason.
+    let bad = json!({"domain": "api", "rule": "nope", "entries": [], "requests_per_unit": 1});
+    let r = admin
+        .put(server.admin_url("/v1/admin/overrides"))
+        .json(&bad)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("no rule `nope`"));
+
+    // It expires: back to the rule's 3 a day with the count (2 used) carried over.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(check(&server, "tenant", "acme").await.status(), 200);
+    assert_eq!(check(&server, "tenant", "acme").await.status(), 429);
+    let list: Value = admin
+        .get(server.admin_url("/v1/admin/overrides"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["overrides"].as_array().unwrap().len(), 0);
+    let r = admin
+        .delete(server.admin_url(&format!("/v1/admin/overrides/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_refuses_a_missing_or_wrong_token_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret\n").unwrap();
+    let server = Server::start_with_args(V1, &["--admin-token-file", token_file.to_str().unwrap()]);
+    let admin = reqwest::Client::new();
+    let push = json!({"sources": [{"name": "x.yaml", "text": "domain: x\ndescriptors: []\n"}]});
+    for token in [None, Some("wrong")] {
+        let mut r = admin.post(server.admin_url("/v1/admin/policy")).json(&push);
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        assert_eq!(r.send().await.unwrap().status(), 401);
+        let r = admin.post(server.admin_url("/v1/admin/policy/rollback"));
+        assert_eq!(r.send().await.unwrap().status(), 401);
+    }
+    let list = admin
+        .get(server.admin_url("/v1/admin/policy"))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(list.status(), 200);
+    let list: Value = list.json().await.unwrap();
+    assert_eq!(
+        list["versions"].as_array().unwrap().len(),
+        1,
+        "nothing was pushed"
+    );
+
+    // And a non-loopback admin address without a token does not start.
+    let out = Command::new(binary())
+        .args([
+            "serve",
+            "--config",
+            server.config.to_str().unwrap(),
+            "--admin-addr",
+            "0.0.0.0:0",
+        ])
+        .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+        .env_remove("TOLLGATE_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("give a token"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_throttled_keys_and_the_metrics_families() {
+    let server = Server::start(V1);
+    for (user, tries) in [("noisy", 12), ("mild", 7), ("quiet", 5)] {
+        for _ in 0..tries {
+            check(&server, "user", user).await;
+        }
+    }
+    let out = Command::new(binary())
+        .args([
+            "top",
+            "--domain",
+            "api",
+            "--rule",
+            "per_user",
+            "--admin",
+            &server.admin_url(""),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        ["         7  user=noisy", "         2  user=mild"],
+        "{stdout}"
+    );
+    let out = Command::new(binary())
+        .args([
+            "top",
+            "--domain",
+            "api",
+            "--rule",
+            "nope",
+            "--admin",
+            &server.admin_url(""),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+
+    let text = metrics(&server).await;
+    for expected in [
+        r#"tollgate_decisions_total{domain="api",rule="per_user",outcome="denied"} 9"#,
+        r#"tollgate_decision_duration_seconds_count 24"#,
+        r#"tollgate_store_operation_duration_seconds_count{store="memory",op="apply"} 24"#,
+        r#"tollgate_degraded_decisions_total{domain="api",rule="per_user",posture="open"} 0"#,
+        r#"tollgate_policy_reloads_total{result="rejected"} 0"#,
+        "tollgate_store_keys{store=\"memory\"} 3",
+    ] {
+        assert!(text.contains(expected), "missing `{expected}` in:\n{text}");
+    }
+    assert!(
+        !text.contains("noisy"),
+        "client values never become metric labels"
+    );
+}

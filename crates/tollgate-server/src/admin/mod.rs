@@ -1,0 +1,101 @@
+//! The admin API, on its own listener (loopback by default): policy versions, push, reload,
+//! rollback and diff; runtime overrides; top throttled keys.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /v1/admin/policy` | kept versions, the running one marked |
+//! | `GET /v1/admin/policy/{seq}` | one version's source texts |
+//! | `GET /v1/admin/policy/diff?from=A&to=B` | line diff of two versions |
+//! | `POST /v1/admin/policy` | push `{"sources": [{"name": ..., "text": ...}]}`: validated, then activated |
+//! | `POST /v1/admin/policy/rollback` | `{"to": seq}` or `{}` for the previous version |
+//! | `POST /v1/admin/reload` | re-read the config path |
+//! | `GET /v1/admin/overrides` | overrides in force |
+//! | `PUT /v1/admin/overrides` | set one (see [`overrides`]) |
+//! | `DELETE /v1/admin/overrides/{id}` | remove one |
+//! | `GET /v1/admin/top?domain=D&rule=R&n=10` | the keys a rule denied most often |
+//!
+//! When a token is configured every request needs `Authorization: Bearer TOKEN`; a missing or
+//! wrong token gets `401` and changes nothing.
+
+mod overrides;
+mod policy;
+mod top;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use tollgate::lifecycle::Lifecycle;
+
+use crate::http::error_response;
+
+/// What admin handlers share.
+#[derive(Debug, Clone)]
+pub struct AdminState {
+    lifecycle: Arc<Lifecycle>,
+    token: Option<Arc<str>>,
+}
+
+/// The admin routes. `token`, when given, is required on every request.
+pub fn router(lifecycle: Arc<Lifecycle>, token: Option<String>) -> Router {
+    let state = AdminState {
+        lifecycle,
+        token: token.map(Into::into),
+    };
+    Router::new()
+        .route("/v1/admin/policy", get(policy::list).post(policy::push))
+        .route("/v1/admin/policy/diff", get(policy::diff))
+        .route("/v1/admin/policy/rollback", post(policy::rollback))
+        .route("/v1/admin/policy/{seq}", get(policy::show))
+        .route("/v1/admin/reload", post(policy::reload))
+        .route(
+            "/v1/admin/overrides",
+            get(overrides::list).put(overrides::set),
+        )
+        .route("/v1/admin/overrides/{id}", delete(overrides::delete))
+        .route("/v1/admin/top", get(top::top))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .layer(axum::extract::DefaultBodyLimit::max(1024 * 1024))
+        .with_state(state)
+        .fallback(|| async {
+            error_response(StatusCode::NOT_FOUND, "no such admin endpoint".into())
+        })
+}
+
+async fn require_token(State(state): State<AdminState>, request: Request, next: Next) -> Response {
+    if let Some(expected) = &state.token {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), expected.as_bytes())) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                axum::Json(serde_json::json!({"error": "missing or wrong admin token"})),
+            )
+                .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Compares without stopping at the first difference, so timing does not reveal the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn token_comparison() {
+        assert!(super::constant_time_eq(b"secret", b"secret"));
+        assert!(!super::constant_time_eq(b"secret", b"secreT"));
+        assert!(!super::constant_time_eq(b"secret", b"secret2"));
+    }
+}

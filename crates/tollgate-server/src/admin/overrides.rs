@@ -1,0 +1,142 @@
+//! Runtime overrides over the admin API.
+//!
+//! `PUT /v1/admin/overrides` with
+//! `{"domain": "api", "rule": "per_tenant", "entries": [{"key": "tenant", "value": "acme"}],
+//!   "requests_per_unit": 1000, "period": "1m", "expires_in": "2h", "reason": "launch day"}`
+//! (`period`, `expires_in` and `reason` optional) gives that descriptor a different limit on the
+//! same counter. Every change is logged for audit.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tollgate::limiter::Override;
+use tracing::info;
+
+use super::AdminState;
+use crate::http::error_response;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetBody {
+    domain: String,
+    rule: String,
+    entries: Vec<Entry>,
+    requests_per_unit: u64,
+    #[serde(default)]
+    period: Option<String>,
+    #[serde(default)]
+    expires_in: Option<String>,
+    #[serde(default)]
+    reason: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    key: String,
+    value: String,
+}
+
+fn duration(field: &str, text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("invalid `{field}` `{text}`: {e}"))
+}
+
+fn describe(o: &Override, now_us: u64) -> Value {
+    json!({
+        "id": o.id,
+        "domain": o.domain,
+        "rule": o.rule,
+        "entries": o.entries.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>(),
+        "requests_per_unit": o.requests_per_unit,
+        "period_ms": o.period.map(|p| p.as_millis() as u64),
+        "expires_in_ms": o.expires_at.map(|at| at.as_micros().saturating_sub(now_us) / 1000),
+        "reason": o.reason,
+    })
+}
+
+pub async fn list(State(state): State<AdminState>) -> Json<Value> {
+    let limiter = state.lifecycle.limiter();
+    let now = limiter.clock().now();
+    let list: Vec<Value> = limiter
+        .overrides()
+        .list(now)
+        .iter()
+        .map(|o| describe(o, now.as_micros()))
+        .collect();
+    Json(json!({ "overrides": list }))
+}
+
+pub async fn set(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
+    let body: SetBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return error_response(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}"));
+        }
+    };
+    let limiter = state.lifecycle.limiter();
+    let now = limiter.clock().now();
+    let parse = || -> Result<Override, String> {
+        let period = body
+            .period
+            .as_deref()
+            .map(|p| duration("period", p))
+            .transpose()?;
+        let expires_at = body
+            .expires_in
+            .as_deref()
+            .map(|e| duration("expires_in", e).map(|d| now.saturating_add(d)))
+            .transpose()?;
+        let entries: Vec<(String, String)> = body
+            .entries
+            .iter()
+            .map(|e| (e.key.clone(), e.value.clone()))
+            .collect();
+        let policy = limiter.policy();
+        let rule = policy
+            .rules()
+            .iter()
+            .find(|r| r.domain == body.domain && r.name == body.rule)
+            .ok_or_else(|| format!("no rule `{}` in domain `{}`", body.rule, body.domain))?;
+        if policy.find(&body.domain, &entries).map(|r| r.index) != Some(rule.index) {
+            return Err(format!("those entries do not match rule `{}`", body.rule));
+        }
+        let o = Override {
+            id: 0,
+            domain: body.domain.clone(),
+            rule: body.rule.clone(),
+            entries,
+            requests_per_unit: body.requests_per_unit,
+            period,
+            expires_at,
+            reason: body.reason.clone(),
+        };
+        let params = o.params_for(rule)?;
+        limiter.store().supports(&params)?;
+        Ok(o)
+    };
+    match parse() {
+        Ok(o) => {
+            let id = limiter.overrides().set(o.clone());
+            info!(id, domain = %o.domain, rule = %o.rule, entries = ?o.entries, requests_per_unit = o.requests_per_unit, period = ?o.period, reason = %o.reason, "Override set");
+            let mut stored = o;
+            stored.id = id;
+            Json(describe(&stored, now.as_micros())).into_response()
+        }
+        Err(why) => error_response(StatusCode::BAD_REQUEST, format!("invalid override: {why}")),
+    }
+}
+
+pub async fn delete(State(state): State<AdminState>, Path(id): Path<u64>) -> Response {
+    match state.lifecycle.limiter().overrides().delete(id) {
+        Some(o) => {
+            info!(id, domain = %o.domain, rule = %o.rule, entries = ?o.entries, "Override deleted");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        None => error_response(StatusCode::NOT_FOUND, format!("no override {id}")),
+    }
+}

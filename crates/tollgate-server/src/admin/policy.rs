@@ -1,0 +1,148 @@
+//! Policy versions over the admin API.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tollgate::lifecycle::{Activation, Origin, PolicyVersion, diff as version_diff};
+use tollgate::policy::PolicyErrors;
+
+use super::AdminState;
+use crate::http::error_response;
+
+fn summary(v: &PolicyVersion, current: u64) -> Value {
+    json!({
+        "seq": v.seq,
+        "hash": v.hash,
+        "version": v.label(),
+        "origin": v.origin.name(),
+        "accepted_at_us": v.accepted_at.as_micros(),
+        "rules": v.rules,
+        "files": v.sources.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        "current": v.seq == current,
+    })
+}
+
+fn activation(result: Result<Activation, PolicyErrors>) -> Response {
+    match result {
+        Ok(a) => {
+            let (status, v) = match &a {
+                Activation::Activated(v) => ("activated", v),
+                Activation::Unchanged(v) => ("unchanged", v),
+            };
+            Json(json!({"result": status, "version": summary(v, v.seq)})).into_response()
+        }
+        Err(errors) => (
+            StatusCode::BAD_REQUEST,
+            Json(json!({
+                "error": "invalid policy; the running policy is unchanged",
+                "problems": errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            })),
+        )
+            .into_response(),
+    }
+}
+
+pub async fn list(State(state): State<AdminState>) -> Json<Value> {
+    let current = state.lifecycle.current().seq;
+    let versions: Vec<Value> = state
+        .lifecycle
+        .versions()
+        .iter()
+        .map(|v| summary(v, current))
+        .collect();
+    Json(json!({ "current": current, "versions": versions }))
+}
+
+pub async fn show(State(state): State<AdminState>, Path(seq): Path<u64>) -> Response {
+    match state.lifecycle.version(seq) {
+        Some(v) => {
+            let mut body = summary(&v, state.lifecycle.current().seq);
+            body["sources"] = v
+                .sources
+                .iter()
+                .map(|(name, text)| json!({"name": name, "text": text}))
+                .collect();
+            Json(body).into_response()
+        }
+        None => error_response(StatusCode::NOT_FOUND, format!("no kept version {seq}")),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DiffQuery {
+    from: u64,
+    to: Option<u64>,
+}
+
+pub async fn diff(State(state): State<AdminState>, Query(q): Query<DiffQuery>) -> Response {
+    let lifecycle = &state.lifecycle;
+    let to = q.to.unwrap_or_else(|| lifecycle.current().seq);
+    match (lifecycle.version(q.from), lifecycle.version(to)) {
+        (Some(a), Some(b)) => version_diff(&a, &b).into_response(),
+        _ => error_response(
+            StatusCode::NOT_FOUND,
+            format!("no kept version {} or {to}", q.from),
+        ),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushBody {
+    sources: Vec<PushSource>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PushSource {
+    name: String,
+    text: String,
+}
+
+pub async fn push(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
+    let push: PushBody = match serde_json::from_slice(&body) {
+        Ok(p) => p,
+        Err(e) => {
+            return error_response(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}"));
+        }
+    };
+    if push.sources.is_empty() {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "a push needs at least one source".into(),
+        );
+    }
+    let sources = push.sources.into_iter().map(|s| (s.name, s.text)).collect();
+    let lifecycle = state.lifecycle.clone();
+    activation(lifecycle.activate(sources, Origin::Push))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackBody {
+    to: Option<u64>,
+}
+
+pub async fn rollback(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
+    let request: RollbackBody = if body.is_empty() {
+        RollbackBody::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                return error_response(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}"));
+            }
+        }
+    };
+    match state.lifecycle.rollback(request.to) {
+        Ok(a) => activation(Ok(a)),
+        Err(why) => error_response(StatusCode::BAD_REQUEST, why),
+    }
+}
+
+pub async fn reload(State(state): State<AdminState>) -> Response {
+    activation(state.lifecycle.reload())
+}

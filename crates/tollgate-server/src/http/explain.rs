@@ -1,0 +1,88 @@
+//! `POST /v1/explain`: the same body as `/v1/check`; charges nothing and answers which rules
+//! matched, which binds, the current counters and each rule's mode.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tollgate::limiter::{AppliedLimit, CheckRequest, Limiter};
+
+use super::check::{WireRequest, code_name};
+use super::error_response;
+use crate::headers::ceil_ms;
+
+pub async fn explain(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
+    let wire: WireRequest = match serde_json::from_slice(&body) {
+        Ok(w) => w,
+        Err(e) => {
+            return error_response(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}"));
+        }
+    };
+    let request = match CheckRequest::try_from(wire) {
+        Ok(r) => r,
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, format!("invalid request: {e}")),
+    };
+    let answer = match limiter.explain(&request).await {
+        Ok(a) => a,
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let binding = answer.binding_index();
+    let default_posture = limiter.failure_settings().posture;
+    let statuses: Vec<Value> = answer
+        .statuses
+        .iter()
+        .zip(request.descriptors())
+        .enumerate()
+        .map(|(i, (s, d))| {
+            let entries: Vec<Value> = d
+                .entries()
+                .iter()
+                .map(|(k, v)| json!({"key": k, "value": v}))
+                .collect();
+            let mut v = json!({
+                "entries": entries,
+                "code": code_name(s.code),
+                "matched": s.limit.is_some(),
+                "binding": binding == Some(i),
+            });
+            if let (Some(limit), Some(decision)) = (&s.limit, s.decision) {
+                let rule = limit.rule();
+                let params = limit.params();
+                v["limit_name"] = json!(limit.name());
+                v["source"] = json!(match limit {
+                    AppliedLimit::Rule(_) => "policy",
+                    AppliedLimit::Overridden(..) => "runtime_override",
+                    AppliedLimit::Override(_) => "request_override",
+                });
+                v["rule_location"] = json!(rule.map(|r| r.location.to_string()));
+                v["mode"] = json!(rule.map_or("enforce", |r| r.mode.name()));
+                v["on_store_error"] = json!(
+                    rule.and_then(|r| r.on_store_error)
+                        .unwrap_or(default_posture)
+                        .name()
+                );
+                v["algorithm"] = json!(params.map(|p| p.algorithm().name()));
+                v["limit"] = json!(decision.limit);
+                v["period_ms"] = json!(params.map(|p| ceil_ms(p.period())));
+                v["remaining"] = json!(decision.remaining);
+                v["reset_after_ms"] = json!(ceil_ms(decision.reset_after));
+                v["retry_after_ms"] = json!(decision.retry_after.map(ceil_ms));
+                v["would_allow"] = json!(decision.is_allowed());
+                if let Some(p) = s.degraded {
+                    v["degraded"] = json!(p.name());
+                }
+            }
+            v
+        })
+        .collect();
+    Json(json!({
+        "would_allow": answer.allowed(),
+        "overall_code": code_name(answer.overall),
+        "statuses": statuses,
+    }))
+    .into_response()
+}

@@ -1,0 +1,386 @@
+//! The policy's life cycle: validated candidates, atomic activation, versions and rollback.
+//!
+//! Every accepted policy becomes a [`PolicyVersion`]: a sequence number, a content hash and the
+//! exact source texts. A candidate (from the config path, a push or a rollback) is parsed and
+//! validated completely — including whether the store can decide each limit exactly — before
+//! it replaces the running policy in one atomic swap; an invalid candidate changes nothing and
+//! its errors are returned with their file, line and column. Counters are keyed by each rule's
+//! descriptor path, so unchanged rules keep their counts across any change, and a rule whose
+//! limit changed keeps its count against the new limit.
+
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use tollgate_core::Timestamp;
+use tracing::{info, warn};
+
+use crate::fnv::fnv1a64;
+use crate::limiter::Limiter;
+use crate::policy::{Policy, PolicyError, PolicyErrors};
+
+/// How many versions are kept for rollback.
+pub const KEPT_VERSIONS: usize = 50;
+
+/// Where a version came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Read from the config path (startup, file change, SIGHUP, reload request).
+    File,
+    /// Pushed through the admin API (`tollgate policy push`).
+    Push,
+    /// A rollback to an earlier version's texts.
+    Rollback,
+}
+
+impl Origin {
+    /// Name for the API and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::File => "file",
+            Origin::Push => "push",
+            Origin::Rollback => "rollback",
+        }
+    }
+}
+
+/// One accepted policy.
+#[derive(Debug)]
+pub struct PolicyVersion {
+    /// 1, 2, 3... in order of acceptance.
+    pub seq: u64,
+    /// 16 hex digits of the sources' FNV-1a hash: equal texts give equal hashes.
+    pub hash: String,
+    /// Where it came from.
+    pub origin: Origin,
+    /// When it was accepted.
+    pub accepted_at: Timestamp,
+    /// The `(file name, text)` pairs it was compiled from.
+    pub sources: Vec<(String, String)>,
+    /// Its rules, for listings.
+    pub rules: usize,
+}
+
+impl PolicyVersion {
+    /// `seq-hash`, how versions are shown.
+    pub fn label(&self) -> String {
+        format!("{}-{}", self.seq, self.hash)
+    }
+}
+
+/// What an activation did.
+#[derive(Debug, Clone)]
+pub enum Activation {
+    /// The candidate became the running policy.
+    Activated(Arc<PolicyVersion>),
+    /// The candidate's texts equal the running policy's: nothing changed.
+    Unchanged(Arc<PolicyVersion>),
+}
+
+impl Activation {
+    /// The version now running.
+    pub fn version(&self) -> &Arc<PolicyVersion> {
+        match self {
+            Activation::Activated(v) | Activation::Unchanged(v) => v,
+        }
+    }
+}
+
+/// Results of activation attempts, for metrics.
+#[derive(Debug, Default)]
+struct Counts {
+    activated: AtomicU64,
+    unchanged: AtomicU64,
+    rejected: AtomicU64,
+}
+
+/// Owns the running policy's history; every change goes through here.
+#[derive(Debug)]
+pub struct Lifecycle {
+    limiter: Arc<Limiter>,
+    config: Option<PathBuf>,
+    history: Mutex<Vec<Arc<PolicyVersion>>>,
+    current: Mutex<Arc<PolicyVersion>>,
+    counts: Counts,
+}
+
+/// The content hash of a set of sources.
+pub fn sources_hash(sources: &[(String, String)]) -> String {
+    let mut bytes = Vec::new();
+    for (name, text) in sources {
+        // Length-prefixed, so moving text between files changes the hash.
+        bytes.extend_from_slice(&(name.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(name.as_bytes());
+        bytes.extend_from_slice(&(text.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(text.as_bytes());
+    }
+    format!("{:016x}", fnv1a64(&bytes))
+}
+
+impl Lifecycle {
+    /// Starts the history with the policy the limiter runs, compiled from `sources` (read from
+    /// `config`, which later reloads read again).
+    pub fn new(
+        limiter: Arc<Limiter>,
+        config: Option<PathBuf>,
+        sources: Vec<(String, String)>,
+    ) -> Self {
+        let rules = limiter.policy().rules().len();
+        let first = Arc::new(PolicyVersion {
+            seq: 1,
+            hash: sources_hash(&sources),
+            origin: Origin::File,
+            accepted_at: limiter.clock().now(),
+            sources,
+            rules,
+        });
+        Lifecycle {
+            limiter,
+            config,
+            history: Mutex::new(vec![first.clone()]),
+            current: Mutex::new(first),
+            counts: Counts::default(),
+        }
+    }
+
+    /// The limiter whose policy this manages.
+    pub fn limiter(&self) -> &Arc<Limiter> {
+        &self.limiter
+    }
+
+    /// The config path, if the policy came from one.
+    pub fn config_path(&self) -> Option<&Path> {
+        self.config.as_deref()
+    }
+
+    /// The running version.
+    pub fn current(&self) -> Arc<PolicyVersion> {
+        self.current.lock().clone()
+    }
+
+    /// Every kept version, oldest first.
+    pub fn versions(&self) -> Vec<Arc<PolicyVersion>> {
+        self.history.lock().clone()
+    }
+
+    /// The kept version with sequence number `seq`.
+    pub fn version(&self, seq: u64) -> Option<Arc<PolicyVersion>> {
+        self.history.lock().iter().find(|v| v.seq == seq).cloned()
+    }
+
+    /// Validates `sources` completely and, if valid, makes them the running policy.
+    pub fn activate(
+        &self,
+        sources: Vec<(String, String)>,
+        origin: Origin,
+    ) -> Result<Activation, PolicyErrors> {
+        let result = self.try_activate(sources, origin);
+        match &result {
+            Ok(Activation::Activated(v)) => {
+                self.counts.activated.fetch_add(1, Ordering::Relaxed);
+                info!(version = %v.label(), origin = origin.name(), rules = v.rules, "Policy activated");
+            }
+            Ok(Activation::Unchanged(_)) => {
+                self.counts.unchanged.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(errors) => {
+                self.counts.rejected.fetch_add(1, Ordering::Relaxed);
+                for e in errors.iter() {
+                    warn!(problem = %e, origin = origin.name(), "Policy candidate rejected; the running policy stays");
+                }
+            }
+        }
+        result
+    }
+
+    fn try_activate(
+        &self,
+        sources: Vec<(String, String)>,
+        origin: Origin,
+    ) -> Result<Activation, PolicyErrors> {
+        let hash = sources_hash(&sources);
+        let mut current = self.current.lock();
+        if current.hash == hash && origin != Origin::Rollback {
+            return Ok(Activation::Unchanged(current.clone()));
+        }
+        let policy = Policy::from_sources(&sources)?;
+        let unsupported: Vec<PolicyError> = policy
+            .rules()
+            .iter()
+            .filter_map(|rule| {
+                let why = self.limiter.store().supports(rule.limit.as_ref()?).err()?;
+                Some(PolicyError::new(
+                    Some(rule.location.clone()),
+                    format!(
+                        "rule `{}` cannot run on the {} store: {why}",
+                        rule.name,
+                        self.limiter.store().kind()
+                    ),
+                ))
+            })
+            .collect();
+        if !unsupported.is_empty() {
+            return Err(PolicyErrors(unsupported));
+        }
+        let mut history = self.history.lock();
+        let seq = history.last().map_or(1, |v| v.seq + 1);
+        let version = Arc::new(PolicyVersion {
+            seq,
+            hash,
+            origin,
+            accepted_at: self.limiter.clock().now(),
+            rules: policy.rules().len(),
+            sources,
+        });
+        self.limiter.replace_policy(policy);
+        history.push(version.clone());
+        if history.len() > KEPT_VERSIONS {
+            history.remove(0);
+        }
+        *current = version.clone();
+        Ok(Activation::Activated(version))
+    }
+
+    /// Re-reads the config path and activates it if it changed.
+    pub fn reload(&self) -> Result<Activation, PolicyErrors> {
+        let Some(path) = &self.config else {
+            return Ok(Activation::Unchanged(self.current()));
+        };
+        match Policy::read_sources(path) {
+            Ok(sources) => self.activate(sources, Origin::File),
+            Err(errors) => {
+                self.counts.rejected.fetch_add(1, Ordering::Relaxed);
+                Err(errors)
+            }
+        }
+    }
+
+    /// Returns to version `to`, or to the one before the running one.
+    pub fn rollback(&self, to: Option<u64>) -> Result<Activation, String> {
+        let target = {
+            let history = self.history.lock();
+            let current = self.current.lock().seq;
+            match to {
+                Some(seq) => history.iter().find(|v| v.seq == seq).cloned(),
+                None => history.iter().rev().find(|v| v.seq < current).cloned(),
+            }
+        };
+        let target = target.ok_or_else(|| match to {
+            Some(seq) => format!("no kept version {seq}"),
+            None => "no earlier version to roll back to".to_owned(),
+        })?;
+        self.activate(target.sources.clone(), Origin::Rollback)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Appends the policy metrics in Prometheus text format.
+    pub fn render_metrics(&self, out: &mut String) {
+        let current = self.current();
+        out.push_str("# HELP tollgate_policy_version The running policy version (sequence number), labelled with its hash.\n");
+        out.push_str("# TYPE tollgate_policy_version gauge\n");
+        let _ = writeln!(
+            out,
+            "tollgate_policy_version{{hash=\"{}\"}} {}",
+            current.hash, current.seq
+        );
+        out.push_str(
+            "# HELP tollgate_policy_reloads_total Policy activation attempts by result.\n",
+        );
+        out.push_str("# TYPE tollgate_policy_reloads_total counter\n");
+        for (result, count) in [
+            ("activated", &self.counts.activated),
+            ("unchanged", &self.counts.unchanged),
+            ("rejected", &self.counts.rejected),
+        ] {
+            let _ = writeln!(
+                out,
+                "tollgate_policy_reloads_total{{result=\"{result}\"}} {}",
+                count.load(Ordering::Relaxed)
+            );
+        }
+    }
+}
+
+/// A line diff of two versions' sources, file by file (`-` removed, `+` added, ` ` kept).
+pub fn diff(from: &PolicyVersion, to: &PolicyVersion) -> String {
+    let mut out = format!("--- version {}\n+++ version {}\n", from.label(), to.label());
+    let mut names: Vec<&str> = from
+        .sources
+        .iter()
+        .chain(&to.sources)
+        .map(|(n, _)| n.as_str())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        let text = |v: &PolicyVersion| {
+            v.sources
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or("", |(_, t)| t.as_str())
+                .to_owned()
+        };
+        let (a, b) = (text(from), text(to));
+        if a == b {
+            continue;
+        }
+        let _ = writeln!(out, "@@ {name}");
+        for line in line_diff(&a, &b) {
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Longest-common-subsequence line diff; policies are small.
+fn line_diff(a: &str, b: &str) -> Vec<String> {
+    let a: Vec<&str> = a.lines().collect();
+    let b: Vec<&str> = b.lines().collect();
+    let mut lcs = vec![vec![0u32; b.len() + 1]; a.len() + 1];
+    for i in (0..a.len()).rev() {
+        for j in (0..b.len()).rev() {
+            lcs[i][j] = if a[i] == b[j] {
+                lcs[i + 1][j + 1] + 1
+            } else {
+                lcs[i + 1][j].max(lcs[i][j + 1])
+            };
+        }
+    }
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() || j < b.len() {
+        if i < a.len() && j < b.len() && a[i] == b[j] {
+            out.push(format!(" {}", a[i]));
+            i += 1;
+            j += 1;
+        } else if j < b.len() && (i == a.len() || lcs[i][j + 1] > lcs[i + 1][j]) {
+            out.push(format!("+{}", b[j]));
+            j += 1;
+        } else {
+            out.push(format!("-{}", a[i]));
+            i += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_diff_shows_what_changed() {
+        let d = line_diff("a\nb\nc", "a\nB\nc\nd");
+        assert_eq!(d, vec![" a", "-b", "+B", " c", "+d"]);
+    }
+
+    #[test]
+    fn the_hash_depends_on_names_and_texts() {
+        let one = vec![("a.yaml".to_owned(), "x".to_owned())];
+        let other = vec![("b.yaml".to_owned(), "x".to_owned())];
+        assert_eq!(sources_hash(&one), sources_hash(&one.clone()));
+        assert_ne!(sources_hash(&one), sources_hash(&other));
+    }
+}

@@ -1,0 +1,336 @@
+//! Fixed-bucket latency histograms, rendered in the Prometheus text format.
+//!
+//! For timing decisions and store calls on the request path: [`Histogram::observe`] is a
+//! couple of relaxed atomic adds, with no lock and no allocation. Bucket bounds are fixed at
+//! construction, so a scrape costs one pass over a handful of counters.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Counts of durations by upper bound, plus their sum, for one label set.
+///
+/// Create one per label set when metrics are registered, then call [`Histogram::observe`] on
+/// the hot path and [`Histogram::render`] on scrape.
+///
+/// The total count is the sum of the bucket counters rather than a counter of its own, so a
+/// scrape racing with `observe` still renders `_count` equal to the `+Inf` bucket. `_sum` is read
+/// separately and may include an observation the buckets do not yet show.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::observe::Histogram;
+///
+/// let latency = Histogram::new(&[0.001, 0.01]);
+/// latency.observe(Duration::from_micros(400));
+/// let mut out = String::new();
+/// Histogram::render_header("decide_seconds", "Time to decide.", &mut out);
+/// latency.render("decide_seconds", r#"store="memory""#, &mut out);
+/// let lines: Vec<&str> = out.lines().collect();
+/// assert_eq!(lines, [
+///     "# HELP decide_seconds Time to decide.",
+///     "# TYPE decide_seconds histogram",
+///     r#"decide_seconds_bucket{store="memory",le="0.001"} 1"#,
+///     r#"decide_seconds_bucket{store="memory",le="0.01"} 1"#,
+///     r#"decide_seconds_bucket{store="memory",le="+Inf"} 1"#,
+///     r#"decide_seconds_sum{store="memory"} 0.0004"#,
+///     r#"decide_seconds_count{store="memory"} 1"#,
+/// ]);
+/// ```
+#[derive(Debug)]
+pub struct Histogram {
+    /// Upper bounds in seconds, finite and strictly increasing.
+    bounds: &'static [f64],
+    /// Per-bucket (not cumulative) counts: one per bound, then one for `+Inf`.
+    buckets: Box<[AtomicU64]>,
+    /// Sum of all observations in nanoseconds; wraps after about 584 years of total latency.
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    /// Bounds in seconds for limiter latencies: in-memory decisions take microseconds, store
+    /// round trips hundreds of microseconds to tens of milliseconds; the top buckets catch
+    /// timeouts.
+    pub const LATENCY_SECONDS: &'static [f64] = &[
+        0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+        0.05, 0.1, 0.25, 1.0,
+    ];
+
+    /// A zeroed histogram with the given upper bounds in seconds.
+    ///
+    /// `bounds` must be finite and strictly increasing, without `+Inf` (always added); this is
+    /// checked in debug builds only. Other bounds never panic, but bucket counts are then
+    /// meaningless.
+    pub fn new(bounds: &'static [f64]) -> Self {
+        debug_assert!(
+            bounds.iter().all(|b| b.is_finite()) && bounds.windows(2).all(|w| w[0] < w[1]),
+            "histogram bounds must be finite and strictly increasing: {bounds:?}"
+        );
+        Histogram {
+            bounds,
+            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts one duration: in the first bucket whose bound is at or above it, else `+Inf`.
+    pub fn observe(&self, duration: Duration) {
+        let seconds = duration.as_secs_f64();
+        let bucket = self.bounds.partition_point(|&bound| bound < seconds);
+        if let Some(counter) = self.buckets.get(bucket) {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// The upper bounds in seconds, without the implicit `+Inf`.
+    pub fn bounds(&self) -> &'static [f64] {
+        self.bounds
+    }
+
+    /// How many durations have been observed.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().fold(0, |sum, bucket| {
+            sum.wrapping_add(bucket.load(Ordering::Relaxed))
+        })
+    }
+
+    /// The sum of all observed durations.
+    pub fn sum(&self) -> Duration {
+        Duration::from_nanos(self.sum_nanos.load(Ordering::Relaxed))
+    }
+
+    /// Appends the sample lines for this histogram in Prometheus text format: cumulative
+    /// `name_bucket` lines for each bound and `+Inf`, then `name_sum` (seconds) and `name_count`.
+    ///
+    /// `labels` is a pre-rendered, already escaped label list such as
+    /// `store="redis",op="decide"`, or empty for none. `name` is written as given. HELP and
+    /// TYPE lines are not written; see [`Histogram::render_header`].
+    pub fn render(&self, name: &str, labels: &str, out: &mut String) {
+        let separator = if labels.is_empty() { "" } else { "," };
+        let mut cumulative: u64 = 0;
+        for (bucket, bound) in self.buckets.iter().zip(self.bounds) {
+            cumulative = cumulative.wrapping_add(bucket.load(Ordering::Relaxed));
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{separator}le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        if let Some(overflow) = self.buckets.last() {
+            cumulative = cumulative.wrapping_add(overflow.load(Ordering::Relaxed));
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{separator}le=\"+Inf\"}} {cumulative}"
+        );
+        // One correctly rounded division, so e.g. 350µs renders as 0.00035, not 0.00035000000000000005.
+        let sum_seconds = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        if labels.is_empty() {
+            let _ = writeln!(out, "{name}_sum {sum_seconds}");
+            let _ = writeln!(out, "{name}_count {cumulative}");
+        } else {
+            let _ = writeln!(out, "{name}_sum{{{labels}}} {sum_seconds}");
+            let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+        }
+    }
+
+    /// Appends the `# HELP` and `# TYPE name histogram` lines of a histogram family; write them
+    /// once, before the [`Histogram::render`] output of every label set in the family.
+    ///
+    /// Backslashes and line breaks in `help` are escaped as the text format requires.
+    pub fn render_header(name: &str, help: &str, out: &mut String) {
+        let _ = write!(out, "# HELP {name} ");
+        for c in help.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
+        let _ = writeln!(out, "\n# TYPE {name} histogram");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(out: &str) -> Vec<&str> {
+        out.lines().collect()
+    }
+
+    /// The values of every `_bucket` line, in order.
+    fn bucket_values(out: &str) -> Vec<u64> {
+        out.lines()
+            .filter(|l| l.contains("_bucket{"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn latency_bounds_are_valid() {
+        let bounds = Histogram::LATENCY_SECONDS;
+        assert!(bounds.iter().all(|b| b.is_finite() && *b > 0.0));
+        assert!(bounds.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn tiny_example_renders_exact_lines_without_labels() {
+        let h = Histogram::new(&[0.001, 0.01]);
+        for micros in [500, 1_000, 5_000, 2_000_000] {
+            h.observe(Duration::from_micros(micros));
+        }
+        let mut out = String::new();
+        Histogram::render_header("t_seconds", "Test latency.", &mut out);
+        h.render("t_seconds", "", &mut out);
+        assert_eq!(
+            lines(&out),
+            [
+                "# HELP t_seconds Test latency.",
+                "# TYPE t_seconds histogram",
+                r#"t_seconds_bucket{le="0.001"} 2"#,
+                r#"t_seconds_bucket{le="0.01"} 3"#,
+                r#"t_seconds_bucket{le="+Inf"} 4"#,
+                "t_seconds_sum 2.0065",
+                "t_seconds_count 4",
+            ]
+        );
+        assert!(out.ends_with('\n'));
+    }
+
+    #[test]
+    fn labels_come_before_le() {
+        let h = Histogram::new(&[0.5]);
+        h.observe(Duration::from_millis(250));
+        let mut out = String::new();
+        h.render("op_seconds", r#"store="redis",op="decide""#, &mut out);
+        assert_eq!(
+            lines(&out),
+            [
+                r#"op_seconds_bucket{store="redis",op="decide",le="0.5"} 1"#,
+                r#"op_seconds_bucket{store="redis",op="decide",le="+Inf"} 1"#,
+                r#"op_seconds_sum{store="redis",op="decide"} 0.25"#,
+                r#"op_seconds_count{store="redis",op="decide"} 1"#,
+            ]
+        );
+    }
+
+    #[test]
+    fn empty_histogram_renders_zeros() {
+        let h = Histogram::new(&[1.0]);
+        let mut out = String::new();
+        h.render("e", "", &mut out);
+        assert_eq!(
+            lines(&out),
+            [
+                r#"e_bucket{le="1"} 0"#,
+                r#"e_bucket{le="+Inf"} 0"#,
+                "e_sum 0",
+                "e_count 0"
+            ]
+        );
+    }
+
+    #[test]
+    fn render_appends() {
+        let h = Histogram::new(&[1.0]);
+        let mut out = String::from("before\n");
+        h.render("a", "", &mut out);
+        assert!(out.starts_with("before\na_bucket"));
+    }
+
+    #[test]
+    fn a_bound_includes_its_own_value() {
+        let h = Histogram::new(Histogram::LATENCY_SECONDS);
+        h.observe(Duration::from_micros(100)); // exactly the 0.0001 bound
+        h.observe(Duration::ZERO);
+        h.observe(Duration::MAX);
+        let mut out = String::new();
+        h.render("b", "", &mut out);
+        assert!(out.contains("b_bucket{le=\"0.00005\"} 1\n"), "{out}");
+        assert!(out.contains("b_bucket{le=\"0.0001\"} 2\n"), "{out}");
+        assert!(out.contains("b_bucket{le=\"1\"} 2\n"), "{out}");
+        assert!(out.contains("b_bucket{le=\"+Inf\"} 3\n"), "{out}");
+    }
+
+    #[test]
+    fn buckets_are_cumulative_and_sum_is_right() {
+        let h = Histogram::new(Histogram::LATENCY_SECONDS);
+        let mut expected_sum = Duration::ZERO;
+        let mut n = 0u64;
+        // 1µs .. ~3s on a geometric ladder, so every bucket and +Inf get something.
+        let mut micros = 1u64;
+        while micros < 3_000_000 {
+            let d = Duration::from_micros(micros);
+            h.observe(d);
+            expected_sum += d;
+            n += 1;
+            micros = micros * 5 / 4 + 1;
+        }
+        let mut out = String::new();
+        h.render("lat", r#"op="decide""#, &mut out);
+
+        let values = bucket_values(&out);
+        assert_eq!(values.len(), Histogram::LATENCY_SECONDS.len() + 1);
+        assert!(
+            values.windows(2).all(|w| w[0] <= w[1]),
+            "not monotone: {values:?}"
+        );
+        assert!(values.windows(2).any(|w| w[0] < w[1]));
+        assert_eq!(values.last(), Some(&n), "+Inf equals the count");
+        assert!(out.contains(&format!("lat_count{{op=\"decide\"}} {n}\n")));
+
+        // Each cumulative value matches a direct count of observations at or under the bound.
+        let mut micros = 1u64;
+        let mut observed = Vec::new();
+        while micros < 3_000_000 {
+            observed.push(Duration::from_micros(micros).as_secs_f64());
+            micros = micros * 5 / 4 + 1;
+        }
+        for (bound, value) in Histogram::LATENCY_SECONDS.iter().zip(&values) {
+            let direct = observed.iter().filter(|&&s| s <= *bound).count() as u64;
+            assert_eq!(*value, direct, "bucket le={bound}");
+        }
+
+        assert_eq!(h.count(), n);
+        assert_eq!(h.sum(), expected_sum);
+        let sum_line = out.lines().find(|l| l.starts_with("lat_sum")).unwrap();
+        let rendered: f64 = sum_line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(
+            (rendered - expected_sum.as_secs_f64()).abs() < 1e-9,
+            "{sum_line}"
+        );
+    }
+
+    #[test]
+    fn concurrent_observations_are_all_counted() {
+        let h = Histogram::new(Histogram::LATENCY_SECONDS);
+        std::thread::scope(|scope| {
+            for t in 0..4u64 {
+                let h = &h;
+                scope.spawn(move || {
+                    for i in 0..10_000u64 {
+                        h.observe(Duration::from_micros((i + t) % 2_000));
+                    }
+                });
+            }
+        });
+        assert_eq!(h.count(), 40_000);
+        let expected: u64 = (0..4u64)
+            .flat_map(|t| (0..10_000u64).map(move |i| (i + t) % 2_000))
+            .sum();
+        assert_eq!(h.sum(), Duration::from_micros(expected));
+        let mut out = String::new();
+        h.render("c", "", &mut out);
+        assert_eq!(bucket_values(&out).last(), Some(&40_000));
+        assert!(out.contains("\nc_count 40000\n"));
+    }
+
+    #[test]
+    fn header_escapes_help() {
+        let mut out = String::new();
+        Histogram::render_header("x", "a\\b\nc", &mut out);
+        assert_eq!(out, "# HELP x a\\\\b\\nc\n# TYPE x histogram\n");
+    }
+}

@@ -1,0 +1,11 @@
+//! Observability building blocks that keep memory and label cardinality bounded.
+//!
+//! * [`Histogram`]: fixed-bucket latency histograms for the hot path, rendered for Prometheus.
+//! * [`TopKeys`]: the most frequent keys of a stream (e.g. the most throttled clients of a rule)
+//!   in a fixed-size table, so client keys never become metric labels.
+
+mod histogram;
+mod top_keys;
+
+pub use histogram::Histogram;
+pub use top_keys::{MAX_CAPACITY, MAX_KEY_BYTES, TopEntry, TopKeys};
