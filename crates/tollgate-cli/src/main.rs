@@ -25,7 +25,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the service: Envoy RLS v3 gRPC and the HTTP/JSON API.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Ask a running server for a decision and print it.
     Check(check::CheckArgs),
     /// Check a policy file or directory; print every problem, or a summary of its rules.
@@ -39,7 +39,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Check(args) => check::run(args),
         Command::Validate(args) => validate::run(args),
         Command::Policy(args) => policy::run(args),

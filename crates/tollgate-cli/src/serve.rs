@@ -75,6 +75,9 @@ pub struct ServeArgs {
     /// SIGHUP and `POST /v1/admin/reload` still reload.
     #[arg(long, default_value = "1s", value_parser = any_duration, value_name = "DURATION")]
     watch_interval: Duration,
+    /// With a Redis store: how often a replica checks for a policy another replica published.
+    #[arg(long, default_value = "500ms", value_parser = humantime_duration, value_name = "DURATION")]
+    policy_sync_interval: Duration,
     /// Log format: `text` or `json`.
     #[arg(long, default_value = "text", value_parser = ["text", "json"], value_name = "FORMAT")]
     log_format: String,
@@ -282,6 +285,11 @@ async fn serve(
         hangup,
         stop_rx.clone(),
     ));
+    let sync = tokio::spawn(tollgate::policy_sync::run(
+        lifecycle.clone(),
+        args.policy_sync_interval,
+        stop_rx.clone(),
+    ));
     let http_server = axum::serve(http, tollgate_server::http::router(lifecycle.clone()))
         .with_graceful_shutdown(stopped(stop_rx.clone()));
     let admin_server = axum::serve(
@@ -314,6 +322,7 @@ async fn serve(
     }
     let _ = sweeper.await;
     let _ = reloader.await;
+    let _ = sync.await;
     info!("Stopped");
     Ok(ExitCode::SUCCESS)
 }

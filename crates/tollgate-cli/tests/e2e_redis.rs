@@ -324,3 +324,75 @@ fn a_rule_the_scripts_cannot_decide_exactly_is_refused_at_startup() {
     );
     assert!(stderr.contains("cannot run on the redis store"), "{stderr}");
 }
+
+/// With Redis, the policy is shared: a push to one replica reaches the others within a second,
+/// and a rollback on any replica returns all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_and_a_rollback_reach_every_replica_sharing_redis() {
+    let redis = RedisServer::start();
+    let policy = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {name: per_user, unit: day, requests_per_unit: 5}\n";
+    let servers: Vec<Server> = (0..3)
+        .map(|_| {
+            Server::start_with_args(
+                policy,
+                &[
+                    "--store",
+                    &redis.url(),
+                    "--store-timeout",
+                    "2s",
+                    "--policy-sync-interval",
+                    "100ms",
+                ],
+            )
+        })
+        .collect();
+    let http = reqwest::Client::new();
+    let limit_of = |server: &Server, user: &str| {
+        let body = serde_json::json!({"domain": "d", "descriptors": [{"entries": [{"key": "user", "value": user}]}]});
+        let request = http.post(server.url("/v1/explain")).json(&body);
+        async move {
+            let e: serde_json::Value = request.send().await.unwrap().json().await.unwrap();
+            e["statuses"][0]["limit"].as_u64().unwrap()
+        }
+    };
+    let wait_all = |want: u64| {
+        let servers = &servers;
+        async move {
+            for _ in 0..40 {
+                let mut limits = Vec::new();
+                for s in servers {
+                    limits.push(limit_of(s, "x").await);
+                }
+                if limits.iter().all(|l| *l == want) {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            panic!("not every replica runs a limit of {want} within 2 s");
+        }
+    };
+    wait_all(5).await;
+
+    // Push to replica 0.
+    let push = serde_json::json!({"sources": [{"name": "pushed.yaml", "text": policy.replace("requests_per_unit: 5", "requests_per_unit: 50")}]});
+    let r = http
+        .post(servers[0].admin_url("/v1/admin/policy"))
+        .json(&push)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    wait_all(50).await;
+
+    // Roll back on replica 2: everyone returns to 5.
+    let r = http
+        .post(servers[2].admin_url("/v1/admin/policy/rollback"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    wait_all(5).await;
+
+    // The shared key has a TTL like every other key.
+    assert!(keys_without_ttl(|args| redis.cli(args)).is_empty());
+}

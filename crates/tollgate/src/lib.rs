@@ -35,6 +35,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod observe;
 pub mod policy;
+pub mod policy_sync;
 pub mod resilience;
 pub mod store;
 

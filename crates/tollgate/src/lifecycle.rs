@@ -33,6 +33,8 @@ pub enum Origin {
     Push,
     /// A rollback to an earlier version's texts.
     Rollback,
+    /// Adopted from the version another replica published to the shared store.
+    Shared,
 }
 
 impl Origin {
@@ -42,6 +44,7 @@ impl Origin {
             Origin::File => "file",
             Origin::Push => "push",
             Origin::Rollback => "rollback",
+            Origin::Shared => "shared",
         }
     }
 }
@@ -104,6 +107,9 @@ pub struct Lifecycle {
     history: Mutex<Vec<Arc<PolicyVersion>>>,
     current: Mutex<Arc<PolicyVersion>>,
     counts: Counts,
+    /// Told about every version this replica activates itself (not ones it adopted), so they can
+    /// be published to the other replicas.
+    published: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Arc<PolicyVersion>>>>,
 }
 
 /// The content hash of a set of sources.
@@ -142,7 +148,16 @@ impl Lifecycle {
             history: Mutex::new(vec![first.clone()]),
             current: Mutex::new(first),
             counts: Counts::default(),
+            published: Mutex::new(None),
         }
+    }
+
+    /// A stream of the versions this replica activates on its own (file, push, rollback), for
+    /// publishing to a shared store. Replaces any earlier subscriber.
+    pub fn subscribe(&self) -> tokio::sync::mpsc::UnboundedReceiver<Arc<PolicyVersion>> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        *self.published.lock() = Some(tx);
+        rx
     }
 
     /// The limiter whose policy this manages.
@@ -181,6 +196,11 @@ impl Lifecycle {
             Ok(Activation::Activated(v)) => {
                 self.counts.activated.fetch_add(1, Ordering::Relaxed);
                 info!(version = %v.label(), origin = origin.name(), rules = v.rules, "Policy activated");
+                if origin != Origin::Shared
+                    && let Some(tx) = self.published.lock().as_ref()
+                {
+                    let _ = tx.send(v.clone());
+                }
             }
             Ok(Activation::Unchanged(_)) => {
                 self.counts.unchanged.fetch_add(1, Ordering::Relaxed);

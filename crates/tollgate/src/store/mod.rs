@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tollgate_core::{Decision, Params};
 
-pub use self::redis::{RedisOptions, RedisStore};
+pub use self::redis::{RedisOptions, RedisStore, SharedPolicy};
 pub use memory::MemoryStore;
 pub use url::{InvalidStoreUrl, StoreUrl, redact};
 

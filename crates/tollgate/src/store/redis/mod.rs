@@ -25,6 +25,7 @@
 
 mod cluster;
 pub mod script;
+mod shared_policy;
 mod slot;
 mod topology;
 
@@ -41,6 +42,7 @@ use tracing::{info, warn};
 
 use self::cluster::ClusterRouter;
 use self::script::algorithm_code;
+pub use self::shared_policy::SharedPolicy;
 use self::topology::Topology;
 use super::url::StoreUrl;
 use super::{Charge, Store, StoreError};
