@@ -14,21 +14,7 @@ use tollgate_testkit::RedisCluster;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_resume_on_the_promoted_replica() {
     let cluster = RedisCluster::start(3, 1);
-    let url: StoreUrl = format!(
-        "redis+cluster://{}",
-        cluster.seed_url().trim_start_matches("redis://")
-    )
-    .parse()
-    .unwrap();
-    let options = RedisOptions {
-        connect_timeout: Duration::from_secs(2),
-        command_timeout: Duration::from_secs(2),
-        ..RedisOptions::default()
-    };
-    let store = StoreBackend::open(&url, options, Arc::new(SystemClock::new()))
-        .await
-        .unwrap();
-    assert!(store.wait_ready(Duration::from_secs(10)).await);
+    let store = connect(&cluster, Duration::from_secs(2)).await;
     let params = Params::new(
         Algorithm::TokenBucket,
         1_000,
@@ -105,21 +91,7 @@ async fn decisions_resume_on_the_promoted_replica() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manual_failover_under_traffic_fails_no_request() {
     let cluster = std::sync::Arc::new(RedisCluster::start(3, 1));
-    let url: StoreUrl = format!(
-        "redis+cluster://{}",
-        cluster.seed_url().trim_start_matches("redis://")
-    )
-    .parse()
-    .unwrap();
-    let options = RedisOptions {
-        connect_timeout: Duration::from_secs(2),
-        command_timeout: Duration::from_secs(5),
-        ..RedisOptions::default()
-    };
-    let store = StoreBackend::open(&url, options, Arc::new(SystemClock::new()))
-        .await
-        .unwrap();
-    assert!(store.wait_ready(Duration::from_secs(10)).await);
+    let store = connect(&cluster, Duration::from_secs(5)).await;
     let store = Arc::new(store);
     let params = Params::new(
         Algorithm::FixedWindow,
@@ -186,6 +158,24 @@ async fn a_manual_failover_under_traffic_fails_no_request() {
         "1",
         "loaded on the new primary"
     );
+}
+
+/// A cluster store through one seed node, ready to decide.
+async fn connect(cluster: &RedisCluster, command_timeout: Duration) -> StoreBackend {
+    let seed = cluster.seed_url();
+    let url: StoreUrl = format!("redis+cluster://{}", seed.trim_start_matches("redis://"))
+        .parse()
+        .unwrap();
+    let options = RedisOptions {
+        connect_timeout: Duration::from_secs(2),
+        command_timeout,
+        ..RedisOptions::default()
+    };
+    let store = StoreBackend::open(&url, options, Arc::new(SystemClock::new()))
+        .await
+        .unwrap();
+    assert!(store.wait_ready(Duration::from_secs(10)).await);
+    store
 }
 
 fn hot(params: &Params) -> [Charge<'_>; 1] {

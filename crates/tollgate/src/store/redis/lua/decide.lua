@@ -43,51 +43,8 @@ for i = 1, #KEYS do
   local alg, limit, period = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local burst, cost = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   local key = KEYS[i]
-  -- Build the twin the first time this call meets its algorithm (see state.lua).
-  if alg == 1 then
-    if not fixed_window_decide then
-      fixed_window_decide, fixed_window_expires, fixed_window_refund =
-        fixed_window_twin(divmod, nonneg)
-    end
-  elseif alg == 2 then
-    if not sliding_window_log_decide then
-      sliding_window_log_set_last, sliding_window_log_decide, sliding_window_log_apply,
-        sliding_window_log_prepare, sliding_window_log_commit,
-        sliding_window_log_refund_prepare, sliding_window_log_refund_commit =
-        sliding_window_log_twin(fmod, format, sub, int, nonneg, div_ceil)
-    end
-  elseif alg == 3 then
-    if not sliding_window_counter_decide then
-      sliding_window_counter_decide, sliding_window_counter_expires,
-        sliding_window_counter_refund = sliding_window_counter_twin(divmod, muldivmod, nonneg)
-    end
-  elseif alg == 4 or alg == 5 or alg == 6 then
-    if not meter_decide then
-      meter_ahead, meter_decide, meter_refund = meter_twin(fmod, divmod, muldivmod, ceil_us)
-    end
-    if alg == 4 and not token_bucket_decide then
-      token_bucket_decide, token_bucket_expires, token_bucket_refund =
-        token_bucket_twin(meter_ahead, meter_decide, meter_refund, ceil_us)
-    elseif alg == 5 and not leaky_bucket_decide then
-      leaky_bucket_decide, leaky_bucket_expires, leaky_bucket_refund =
-        leaky_bucket_twin(meter_ahead, meter_decide, meter_refund, ceil_us)
-    elseif alg == 6 and not gcra_decide then
-      gcra_decide, gcra_expires, gcra_refund =
-        gcra_twin(meter_ahead, meter_decide, meter_refund, ceil_us)
-    end
-  end
-  local c
-  for j = 1, i - 1 do
-    if KEYS[j] == key then
-      c = contexts[j]
-      break
-    end
-  end
-  if not c then
-    c = state_open(key, alg == 2)
-    opened[#opened + 1] = c
-  end
-  contexts[i] = c
+  state_build_twin(alg)
+  local c = state_context(i, alg, contexts, opened)
 
   local verdict, remaining, reset, retry, delay, nx, ny, nz
   if alg == 2 then
