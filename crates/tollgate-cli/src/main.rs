@@ -30,7 +30,8 @@ enum Command {
     Check(check::CheckArgs),
     /// Check a policy file or directory; print every problem, or a summary of its rules.
     Validate(validate::ValidateArgs),
-    /// Manage a running server's policy: push, list, show, diff, rollback, reload.
+    /// Manage a running server's policy: push (or shadow), list, show, diff, rollback,
+    /// reload, promote, candidate.
     Policy(policy::PolicyArgs),
     /// Show the keys a rule denied most often on a running server.
     Top(top::TopArgs),

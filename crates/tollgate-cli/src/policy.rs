@@ -1,7 +1,10 @@
-//! `tollgate policy ...`: versions of a running server's policy, through its admin API.
+//! `tollgate policy ...`: versions of a running server's policy and its shadow candidate,
+//! through its admin API.
 
+use std::fmt::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
@@ -20,11 +23,24 @@ pub struct PolicyArgs {
 
 #[derive(Debug, Subcommand)]
 enum PolicyCommand {
-    /// Validate a policy file or directory locally, then make it the server's running policy.
+    /// Validate a policy file or directory locally, then make it the server's running policy
+    /// (or, with `--shadow`, run it beside the running one without enforcing it).
     Push {
         /// Policy file, or a directory of `*.yaml` / `*.yml` files.
         path: PathBuf,
+        /// Shadow it: decide every request with it too, enforce nothing, and report per rule
+        /// what it would have denied (`policy candidate`) until `promote` or `candidate --drop`.
+        #[arg(long)]
+        shadow: bool,
     },
+    /// Show what the shadow candidate would have denied: per rule, and for which top keys.
+    Candidate {
+        /// Stop shadowing instead.
+        #[arg(long)]
+        drop: bool,
+    },
+    /// Make the shadow candidate the running policy.
+    Promote,
     /// List the kept versions; `*` marks the running one.
     List,
     /// Print one version's source texts.
@@ -52,7 +68,7 @@ enum PolicyCommand {
 pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
     let client = AdminClient::new(&args.admin)?;
     match args.command {
-        PolicyCommand::Push { path } => {
+        PolicyCommand::Push { path, shadow } => {
             let sources = Policy::read_sources(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
             if let Err(errors) = Policy::from_sources(&sources) {
                 eprintln!("{errors}");
@@ -65,7 +81,34 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
             let body = json!({
                 "sources": sources.iter().map(|(n, t)| json!({"name": n, "text": t})).collect::<Vec<_>>()
             });
+            if shadow {
+                let answer = client.send("POST", "/v1/admin/policy/candidate", Some(body))?;
+                let report = expect_ok(answer)
+                    .context("the shadow candidate and the running policy are unchanged")?;
+                println!(
+                    "shadowing: candidate {} ({} limited rules); `tollgate policy candidate` reports, `tollgate policy promote` enforces",
+                    report["hash"].as_str().unwrap_or("?"),
+                    report["rules"].as_array().map_or(0, Vec::len),
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
             activation(client.send("POST", "/v1/admin/policy", Some(body))?)
+        }
+        PolicyCommand::Candidate { drop: true } => {
+            let body = expect_ok(client.send("DELETE", "/v1/admin/policy/candidate", None)?)?;
+            println!(
+                "dropped: candidate {}",
+                body["hash"].as_str().unwrap_or("?")
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        PolicyCommand::Candidate { drop: false } => {
+            let report = expect_ok(client.send("GET", "/v1/admin/policy/candidate", None)?)?;
+            print!("{}", render_report(&report));
+            Ok(ExitCode::SUCCESS)
+        }
+        PolicyCommand::Promote => {
+            activation(client.send("POST", "/v1/admin/policy/promote", None)?)
         }
         PolicyCommand::List => {
             let list = client.send("GET", "/v1/admin/policy", None)?.1;
@@ -115,6 +158,67 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         }
         PolicyCommand::Reload => activation(client.send("POST", "/v1/admin/reload", None)?),
     }
+}
+
+/// The candidate report as a table: one line per rule.
+fn render_report(report: &Value) -> String {
+    let rules = report["rules"].as_array().cloned().unwrap_or_default();
+    let text = |v: &Value, field: &str| v[field].as_str().unwrap_or("?").to_owned();
+    let width = |field: &str, title: &str| {
+        rules
+            .iter()
+            .map(|r| text(r, field).len())
+            .chain([title.len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let (dw, nw) = (width("domain", "DOMAIN"), width("name", "RULE"));
+    let shadowing_for = Duration::from_millis(report["shadowing_for_ms"].as_u64().unwrap_or(0));
+    let mut out = format!(
+        "candidate {} shadowing for {} ({})\n",
+        text(report, "hash"),
+        humantime::format_duration(Duration::from_secs(shadowing_for.as_secs())),
+        report["files"]
+            .as_array()
+            .map(|f| f
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default(),
+    );
+    let _ = writeln!(
+        out,
+        "{:<dw$}  {:<nw$}  {:<7}  {:>10}  {:>10}  TOP KEYS",
+        "DOMAIN", "RULE", "MODE", "ALLOWED", "WOULD DENY"
+    );
+    for r in &rules {
+        let top: Vec<String> = r["top_keys"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|k| match k["error"].as_u64() {
+                Some(e) if e > 0 => format!("{} ({}±{e})", text(k, "key"), k["count"]),
+                _ => format!("{} ({})", text(k, "key"), k["count"]),
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "{:<dw$}  {:<nw$}  {:<7}  {:>10}  {:>10}  {}",
+            text(r, "domain"),
+            text(r, "name"),
+            text(r, "mode"),
+            r["allowed"].as_u64().unwrap_or(0),
+            r["would_deny"].as_u64().unwrap_or(0),
+            if top.is_empty() {
+                "-".to_owned()
+            } else {
+                top.join(", ")
+            },
+        );
+    }
+    out
 }
 
 fn expect_ok((status, body): (u16, Value)) -> anyhow::Result<Value> {

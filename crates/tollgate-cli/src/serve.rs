@@ -184,6 +184,7 @@ async fn serve(
     let token = admin_token(&args)?;
     // Before anything is announced: a SIGHUP must never find the default action (exit).
     let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let clock = Arc::new(SystemClock::new());
     let options = RedisOptions {
         connect_timeout: args.store_connect_timeout,
@@ -308,7 +309,7 @@ async fn serve(
     let admin_task = tokio::spawn(async move { admin_server.await });
     let grpc_task = tokio::spawn(grpc_server);
 
-    shutdown_signal().await;
+    shutdown_signal(terminate).await;
     info!("Shutting down: finishing requests in flight");
     let _ = stop_tx.send(true);
     if let Err(e) = http_task.await? {
@@ -378,16 +379,18 @@ async fn watch_policy(
     }
 }
 
-async fn shutdown_signal() {
+/// Waits for Ctrl-C or SIGTERM. `term` is registered at startup, before the listening lines are
+/// printed, so an early SIGTERM is a clean shutdown rather than the default action.
+async fn shutdown_signal(term: Option<tokio::signal::unix::Signal>) {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
     let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
+        match term {
+            Some(mut s) => {
                 s.recv().await;
             }
-            Err(_) => std::future::pending::<()>().await,
+            None => std::future::pending::<()>().await,
         }
     };
     tokio::select! {

@@ -386,6 +386,97 @@ fn line_diff(a: &str, b: &str) -> Vec<String> {
     out
 }
 
+// Shadow candidates: a policy decided beside the running one on real traffic, never enforced,
+// until it is promoted or dropped (see [`crate::limiter::Candidate`]).
+impl Lifecycle {
+    /// Validates `sources` exactly as [`Lifecycle::activate`] does (including whether the store
+    /// can decide each limit) and, if valid, makes them the shadow candidate. Setting the texts
+    /// already shadowing keeps that candidate and its counts; other texts replace it. An invalid
+    /// candidate changes nothing.
+    pub fn set_candidate(
+        &self,
+        sources: Vec<(String, String)>,
+    ) -> Result<Arc<crate::limiter::Candidate>, PolicyErrors> {
+        let hash = sources_hash(&sources);
+        if let Some(same) = self.limiter.candidate().filter(|c| c.hash() == hash) {
+            return Ok(same);
+        }
+        let compiled = Policy::from_sources(&sources).and_then(|policy| {
+            let unsupported: Vec<PolicyError> = policy
+                .rules()
+                .iter()
+                .filter_map(|rule| {
+                    let why = self.limiter.store().supports(rule.limit.as_ref()?).err()?;
+                    Some(PolicyError::new(
+                        Some(rule.location.clone()),
+                        format!(
+                            "rule `{}` cannot run on the {} store: {why}",
+                            rule.name,
+                            self.limiter.store().kind()
+                        ),
+                    ))
+                })
+                .collect();
+            if unsupported.is_empty() {
+                Ok(policy)
+            } else {
+                Err(PolicyErrors(unsupported))
+            }
+        });
+        let policy = match compiled {
+            Ok(policy) => policy,
+            Err(errors) => {
+                for e in errors.iter() {
+                    warn!(problem = %e, "Policy candidate rejected; the shadow candidate stays");
+                }
+                return Err(errors);
+            }
+        };
+        let rules = policy.rules().len();
+        let candidate = Arc::new(crate::limiter::Candidate::new(
+            policy,
+            sources,
+            self.limiter.clock().now(),
+        ));
+        let replaced = self.limiter.set_candidate(Some(candidate.clone()));
+        info!(
+            candidate = %hash,
+            rules,
+            replaced = replaced.as_ref().map_or("none", |c| c.hash()),
+            "Policy candidate shadowing"
+        );
+        Ok(candidate)
+    }
+
+    /// Activates the shadow candidate's texts (as a push) and clears it.
+    pub fn promote(&self) -> Result<Activation, String> {
+        let candidate = self
+            .limiter
+            .candidate()
+            .ok_or_else(|| "no candidate policy to promote".to_owned())?;
+        let activation = self
+            .activate(candidate.sources().to_vec(), Origin::Push)
+            .map_err(|e| e.to_string())?;
+        // A candidate set meanwhile is a different one: it keeps shadowing.
+        self.limiter.clear_candidate(&candidate);
+        info!(
+            candidate = candidate.hash(),
+            version = %activation.version().label(),
+            "Policy candidate promoted"
+        );
+        Ok(activation)
+    }
+
+    /// Stops shadowing; returns the candidate dropped, if there was one.
+    pub fn drop_candidate(&self) -> Option<Arc<crate::limiter::Candidate>> {
+        let dropped = self.limiter.set_candidate(None);
+        if let Some(c) = &dropped {
+            info!(candidate = c.hash(), "Policy candidate dropped");
+        }
+        dropped
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

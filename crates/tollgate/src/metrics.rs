@@ -24,14 +24,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Outcome; 4] = [
+    /// Every outcome, in rendering order.
+    pub const ALL: [Outcome; 4] = [
         Outcome::Allowed,
         Outcome::Denied,
         Outcome::ShadowWouldDeny,
         Outcome::SoftExceeded,
     ];
 
-    fn label(self) -> &'static str {
+    /// The `outcome` label value.
+    pub fn label(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
             Outcome::Denied => "denied",

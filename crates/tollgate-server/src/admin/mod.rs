@@ -1,5 +1,5 @@
 //! The admin API, on its own listener (loopback by default): policy versions, push, reload,
-//! rollback and diff; runtime overrides; top throttled keys.
+//! rollback and diff; shadow candidates; runtime overrides; top throttled keys.
 //!
 //! | route | what |
 //! |---|---|
@@ -8,6 +8,10 @@
 //! | `GET /v1/admin/policy/diff?from=A&to=B` | line diff of two versions |
 //! | `POST /v1/admin/policy` | push `{"sources": [{"name": ..., "text": ...}]}`: validated, then activated |
 //! | `POST /v1/admin/policy/rollback` | `{"to": seq}` or `{}` for the previous version |
+//! | `POST /v1/admin/policy/candidate` | the push body: validated, then shadowed beside the running policy, never enforced |
+//! | `GET /v1/admin/policy/candidate` | per candidate rule: allowed, would deny, top keys |
+//! | `DELETE /v1/admin/policy/candidate` | stop shadowing |
+//! | `POST /v1/admin/policy/promote` | the candidate becomes the running policy |
 //! | `POST /v1/admin/reload` | re-read the config path |
 //! | `GET /v1/admin/overrides` | overrides in force |
 //! | `PUT /v1/admin/overrides` | set one (see [`overrides`]) |
@@ -17,6 +21,7 @@
 //! When a token is configured every request needs `Authorization: Bearer TOKEN`; a missing or
 //! wrong token gets `401` and changes nothing.
 
+mod candidate;
 mod overrides;
 mod policy;
 mod top;
@@ -50,6 +55,13 @@ pub fn router(lifecycle: Arc<Lifecycle>, token: Option<String>) -> Router {
         .route("/v1/admin/policy", get(policy::list).post(policy::push))
         .route("/v1/admin/policy/diff", get(policy::diff))
         .route("/v1/admin/policy/rollback", post(policy::rollback))
+        .route(
+            "/v1/admin/policy/candidate",
+            get(candidate::show)
+                .post(candidate::set)
+                .delete(candidate::remove),
+        )
+        .route("/v1/admin/policy/promote", post(candidate::promote))
         .route("/v1/admin/policy/{seq}", get(policy::show))
         .route("/v1/admin/reload", post(policy::reload))
         .route(

@@ -25,7 +25,7 @@ fn summary(v: &PolicyVersion, current: u64) -> Value {
     })
 }
 
-fn activation(result: Result<Activation, PolicyErrors>) -> Response {
+pub(super) fn activation(result: Result<Activation, PolicyErrors>) -> Response {
     match result {
         Ok(a) => {
             let (status, v) = match &a {
@@ -102,20 +102,21 @@ struct PushSource {
     text: String,
 }
 
-pub async fn push(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
-    let push: PushBody = match serde_json::from_slice(&body) {
-        Ok(p) => p,
-        Err(e) => {
-            return error_response(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}"));
-        }
-    };
+/// The `(name, text)` pairs of a push body, or why the body is refused (a `400`).
+pub(super) fn pushed_sources(body: &[u8]) -> Result<Vec<(String, String)>, String> {
+    let push: PushBody =
+        serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
     if push.sources.is_empty() {
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            "a push needs at least one source".into(),
-        );
+        return Err("a push needs at least one source".into());
     }
-    let sources = push.sources.into_iter().map(|s| (s.name, s.text)).collect();
+    Ok(push.sources.into_iter().map(|s| (s.name, s.text)).collect())
+}
+
+pub async fn push(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
+    let sources = match pushed_sources(&body) {
+        Ok(sources) => sources,
+        Err(why) => return error_response(StatusCode::BAD_REQUEST, why),
+    };
     let lifecycle = state.lifecycle.clone();
     activation(lifecycle.activate(sources, Origin::Push))
 }

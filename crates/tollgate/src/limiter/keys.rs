@@ -29,6 +29,20 @@ pub fn rule_key(buf: &mut Vec<u8>, rule_identity: &str, descriptor: &RequestDesc
     push_entries(buf, descriptor);
 }
 
+/// Appends the key of a shadow candidate rule's counter for `descriptor`: the rule key behind
+/// `c|` and the candidate's hash, so a candidate never touches a live counter, and candidates
+/// with different texts never share one.
+pub fn candidate_rule_key(
+    buf: &mut Vec<u8>,
+    candidate_hash: &str,
+    rule_identity: &str,
+    descriptor: &RequestDescriptor,
+) {
+    buf.extend_from_slice(b"c|");
+    push_part(buf, candidate_hash.as_bytes());
+    rule_key(buf, rule_identity, descriptor);
+}
+
 /// Appends the key of a caller-supplied limit override's counter.
 pub fn override_key(
     buf: &mut Vec<u8>,
@@ -73,6 +87,21 @@ mod tests {
             key("x", &[("k", "v|1:k")]),
             key("x", &[("k", "v"), ("k", "")])
         );
+    }
+
+    #[test]
+    fn candidate_keys_never_meet_live_or_other_candidates_keys() {
+        let d = RequestDescriptor::new(vec![("user".into(), "alice".into())], 1, None).unwrap();
+        let mut live = Vec::new();
+        rule_key(&mut live, "r", &d);
+        let mut one = Vec::new();
+        candidate_rule_key(&mut one, "0123456789abcdef", "r", &d);
+        let mut other = Vec::new();
+        candidate_rule_key(&mut other, "fedcba9876543210", "r", &d);
+        assert!(one.starts_with(b"c|16:0123456789abcdef"));
+        assert_ne!(one, live);
+        assert_ne!(one, other);
+        assert!(one.ends_with(&live), "the live key follows the namespace");
     }
 
     #[test]

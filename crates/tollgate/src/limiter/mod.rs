@@ -1,5 +1,6 @@
 //! The [`Limiter`]: matches a request against the policy, charges the store, builds the answer.
 
+mod candidate;
 mod fallback;
 mod keys;
 mod overrides;
@@ -11,10 +12,11 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use arc_swap::ArcSwap;
-use tollgate_core::Verdict;
+use arc_swap::{ArcSwap, ArcSwapOption};
+use tollgate_core::{Timestamp, Verdict};
 use tracing::warn;
 
+pub use candidate::{CANDIDATE_DECISIONS, Candidate, RuleReport};
 pub use fallback::FailureSettings;
 pub use overrides::{Override, Overrides};
 pub use request::{
@@ -56,6 +58,8 @@ struct Snapshot {
 #[derive(Debug)]
 pub struct Limiter {
     snapshot: ArcSwap<Snapshot>,
+    /// A policy decided beside the live one and never enforced (see [`Candidate`]).
+    candidate: ArcSwapOption<Candidate>,
     store: StoreBackend,
     fallback: Fallback,
     overrides: Overrides,
@@ -86,6 +90,7 @@ impl Limiter {
     ) -> Self {
         Limiter {
             snapshot: ArcSwap::from_pointee(Self::snapshot(policy)),
+            candidate: ArcSwapOption::empty(),
             store,
             fallback: Fallback::new(settings, clock.clone()),
             overrides: Overrides::default(),
@@ -153,6 +158,25 @@ impl Limiter {
         &self.store
     }
 
+    /// Sets (or with `None` clears) the shadow candidate; returns the one it replaces. Requests
+    /// in flight finish with the candidate they started with.
+    pub fn set_candidate(&self, candidate: Option<Arc<Candidate>>) -> Option<Arc<Candidate>> {
+        self.candidate.swap(candidate)
+    }
+
+    /// Clears the candidate if it is still `expected`; returns whether it was.
+    pub fn clear_candidate(&self, expected: &Arc<Candidate>) -> bool {
+        let previous = self.candidate.compare_and_swap(expected, None);
+        previous
+            .as_ref()
+            .is_some_and(|previous| Arc::ptr_eq(previous, expected))
+    }
+
+    /// The shadow candidate, if one is set.
+    pub fn candidate(&self) -> Option<Arc<Candidate>> {
+        self.candidate.load_full()
+    }
+
     /// Decides one request. A denial is `Ok` with `overall == OverLimit`; `Err` means the
     /// request is invalid (nothing was counted).
     pub async fn check(&self, request: &CheckRequest) -> Result<CheckResponse, LimitError> {
@@ -175,67 +199,28 @@ impl Limiter {
         commit: bool,
     ) -> Result<CheckResponse, LimitError> {
         let snapshot = self.snapshot.load();
-        let policy = &snapshot.policy;
         let descriptors = request.descriptors();
         let now = self.clock.now();
+        let live = self.plan(&snapshot.policy, request, now, Side::Live)?;
+        // Only charged decisions feed the candidate: explain shows the live policy alone.
+        let candidate = if commit {
+            self.candidate.load_full()
+        } else {
+            None
+        };
+        let shadow = match &candidate {
+            Some(c) => Some(self.plan(c.policy(), request, now, Side::Candidate(c.hash()))?),
+            None => None,
+        };
 
-        let mut limits: Vec<Option<AppliedLimit>> = Vec::with_capacity(descriptors.len());
-        for d in descriptors {
-            limits.push(match d.limit_override() {
-                Some(o) => {
-                    // Configured rules were checked against the store at load time; a limit
-                    // sent by the caller is checked here.
-                    self.store.supports(&o.params).map_err(InvalidRequest)?;
-                    Some(AppliedLimit::Override(o.params))
-                }
-                None => policy
-                    .find(request.domain(), d.entries())
-                    .filter(|rule| rule.limit.is_some())
-                    .map(|rule| {
-                        match self
-                            .overrides
-                            .find(request.domain(), rule, d.entries(), now)
-                        {
-                            Some(params) if self.store.supports(&params).is_ok() => {
-                                AppliedLimit::Overridden(rule.clone(), params)
-                            }
-                            _ => AppliedLimit::Rule(rule.clone()),
-                        }
-                    }),
-            });
+        // One store call for both: the candidate's charges go after the live ones.
+        let mut charges: Vec<Charge<'_>> =
+            Vec::with_capacity(live.spans.len() + shadow.as_ref().map_or(0, |p| p.spans.len()));
+        live.push_charges(descriptors, true, &mut charges);
+        let live_charges = charges.len();
+        if let Some(plan) = &shadow {
+            plan.push_charges(descriptors, false, &mut charges);
         }
-        drop_replaced(&mut limits);
-
-        // Build every key into one buffer, then borrow slices of it for the charges.
-        let mut key_buf = Vec::with_capacity(64 * descriptors.len());
-        let mut spans: Vec<(usize, Range<usize>)> = Vec::with_capacity(descriptors.len());
-        for (i, (descriptor, limit)) in descriptors.iter().zip(&limits).enumerate() {
-            let start = key_buf.len();
-            match limit {
-                Some(AppliedLimit::Override(params)) => {
-                    keys::override_key(&mut key_buf, request.domain(), descriptor, params)
-                }
-                Some(limit) => match limit.rule() {
-                    Some(rule) => keys::rule_key(&mut key_buf, &rule.identity, descriptor),
-                    None => continue,
-                },
-                None => continue,
-            }
-            spans.push((i, start..key_buf.len()));
-        }
-        let mode_of = |limit: &AppliedLimit| limit.rule().map_or(RuleMode::Enforce, |r| r.mode);
-        let charges: Vec<Charge<'_>> = spans
-            .iter()
-            .filter_map(|(i, span)| {
-                let limit = limits[*i].as_ref()?;
-                Some(Charge {
-                    key: &key_buf[span.clone()],
-                    params: limit.params()?,
-                    cost: descriptors[*i].cost(),
-                    enforce: mode_of(limit) == RuleMode::Enforce,
-                })
-            })
-            .collect();
 
         let started = tokio::time::Instant::now();
         let answer = match (charges.is_empty(), commit) {
@@ -247,18 +232,33 @@ impl Limiter {
             self.store_latency[usize::from(!commit)].observe(started.elapsed());
         }
         let (decisions, postures) = match answer {
-            Ok(decisions) => (decisions, None),
+            Ok(mut decisions) => {
+                if let (Some(candidate), Some(plan)) = (&candidate, &shadow) {
+                    let shadowed = decisions.split_off(live_charges.min(decisions.len()));
+                    for ((i, _), decision) in plan.spans.iter().zip(shadowed) {
+                        if let Some(rule) = plan.limits[*i].as_ref().and_then(AppliedLimit::rule) {
+                            let denied = decision.verdict != Verdict::Allowed;
+                            candidate.record(rule, &descriptors[*i], denied);
+                        }
+                    }
+                }
+                (decisions, None)
+            }
             Err(e) => {
                 if commit {
                     self.note_store_error(&e);
                 }
+                // The failure postures answer for the live policy only; the candidate skips
+                // this request rather than report what a posture decided.
+                let (limits, spans) = (&live.limits, &live.spans);
                 let of = |i: &usize| limits[*i].as_ref();
                 let postures: Vec<Posture> =
                     spans.iter().map(|(i, _)| self.posture_of(of(i))).collect();
                 let shares: Vec<f64> = spans.iter().map(|(i, _)| self.share_of(of(i))).collect();
+                let live_only = charges.get(..live_charges).unwrap_or_default();
                 let decisions = self
                     .fallback
-                    .decide(&charges, &postures, &shares, commit)
+                    .decide(live_only, &postures, &shares, commit)
                     .await;
                 (decisions, Some(postures))
             }
@@ -269,9 +269,9 @@ impl Limiter {
             .map(|_| DescriptorStatus::unlimited())
             .collect();
         let mut overall = Code::Ok;
-        for (n, ((i, _), decision)) in spans.iter().zip(decisions).enumerate() {
+        for (n, ((i, _), decision)) in live.spans.iter().zip(decisions).enumerate() {
             let denied = decision.verdict != Verdict::Allowed;
-            let limit = limits[*i].clone();
+            let limit = live.limits[*i].clone();
             let mode = limit.as_ref().map_or(RuleMode::Enforce, mode_of);
             let degraded = postures.as_ref().and_then(|p| p.get(n).copied());
             if let (true, Some(rule)) = (commit, limit.as_ref().and_then(AppliedLimit::rule)) {
@@ -311,6 +311,79 @@ impl Limiter {
             self.fail_open.fetch_add(1, Ordering::Relaxed);
         }
         Ok(response)
+    }
+
+    /// Matches the request's descriptors against `policy` and builds their counter keys.
+    ///
+    /// For the live policy, a limit sent with a descriptor and the runtime overrides apply. A
+    /// candidate is its policy alone: runtime overrides are ignored, and a descriptor carrying
+    /// its own limit is skipped, since that limit decides it whatever policy runs.
+    fn plan(
+        &self,
+        policy: &Policy,
+        request: &CheckRequest,
+        now: Timestamp,
+        side: Side<'_>,
+    ) -> Result<Plan, LimitError> {
+        let descriptors = request.descriptors();
+        let mut limits: Vec<Option<AppliedLimit>> = Vec::with_capacity(descriptors.len());
+        for d in descriptors {
+            limits.push(match (d.limit_override(), side) {
+                (Some(o), Side::Live) => {
+                    // Configured rules were checked against the store at load time; a limit
+                    // sent by the caller is checked here.
+                    self.store.supports(&o.params).map_err(InvalidRequest)?;
+                    Some(AppliedLimit::Override(o.params))
+                }
+                (Some(_), Side::Candidate(_)) => None,
+                (None, _) => policy
+                    .find(request.domain(), d.entries())
+                    .filter(|rule| rule.limit.is_some())
+                    .map(|rule| {
+                        let runtime = match side {
+                            Side::Live => {
+                                self.overrides
+                                    .find(request.domain(), rule, d.entries(), now)
+                            }
+                            Side::Candidate(_) => None,
+                        };
+                        match runtime {
+                            Some(params) if self.store.supports(&params).is_ok() => {
+                                AppliedLimit::Overridden(rule.clone(), params)
+                            }
+                            _ => AppliedLimit::Rule(rule.clone()),
+                        }
+                    }),
+            });
+        }
+        drop_replaced(&mut limits);
+
+        // Build every key into one buffer; the charges borrow slices of it.
+        let mut key_buf = Vec::with_capacity(64 * descriptors.len());
+        let mut spans: Vec<(usize, Range<usize>)> = Vec::with_capacity(descriptors.len());
+        for (i, (descriptor, limit)) in descriptors.iter().zip(&limits).enumerate() {
+            let start = key_buf.len();
+            match (limit, side) {
+                (Some(AppliedLimit::Override(params)), _) => {
+                    keys::override_key(&mut key_buf, request.domain(), descriptor, params)
+                }
+                (
+                    Some(AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _)),
+                    Side::Live,
+                ) => keys::rule_key(&mut key_buf, &rule.identity, descriptor),
+                (
+                    Some(AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _)),
+                    Side::Candidate(hash),
+                ) => keys::candidate_rule_key(&mut key_buf, hash, &rule.identity, descriptor),
+                (None, _) => continue,
+            }
+            spans.push((i, start..key_buf.len()));
+        }
+        Ok(Plan {
+            limits,
+            key_buf,
+            spans,
+        })
     }
 
     fn posture_of(&self, limit: Option<&AppliedLimit>) -> Posture {
@@ -358,6 +431,9 @@ impl Limiter {
         let snapshot = self.snapshot.load();
         let mut out = String::new();
         snapshot.counters.render(&snapshot.policy, &mut out);
+        if let Some(candidate) = self.candidate.load_full() {
+            candidate.render_metrics(&mut out);
+        }
         out.push_str("# HELP tollgate_requests_total Check requests received (valid or not).\n");
         out.push_str("# TYPE tollgate_requests_total counter\n");
         let _ = writeln!(
@@ -420,6 +496,52 @@ impl Limiter {
     pub fn rule_count(&self, rule: &Rule, outcome: Outcome) -> u64 {
         self.snapshot.load().counters.get(rule.index, outcome)
     }
+}
+
+/// Whose limits a [`Plan`] holds.
+#[derive(Debug, Clone, Copy)]
+enum Side<'a> {
+    /// The live policy.
+    Live,
+    /// The shadow candidate with this hash, which names its counters' key space.
+    Candidate(&'a str),
+}
+
+/// The limits one policy applies to a request's descriptors, and their counter keys.
+#[derive(Debug)]
+struct Plan {
+    /// Per request descriptor: the limit applied, if any.
+    limits: Vec<Option<AppliedLimit>>,
+    /// Every counter key, back to back.
+    key_buf: Vec<u8>,
+    /// Per charged descriptor: its index and the range of its key in `key_buf`.
+    spans: Vec<(usize, Range<usize>)>,
+}
+
+impl Plan {
+    /// Appends one charge per span, in order. With `may_enforce` false every charge only
+    /// counts, whatever the rule's mode (a candidate never denies).
+    fn push_charges<'a>(
+        &'a self,
+        descriptors: &[RequestDescriptor],
+        may_enforce: bool,
+        charges: &mut Vec<Charge<'a>>,
+    ) {
+        charges.extend(self.spans.iter().filter_map(|(i, span)| {
+            let limit = self.limits[*i].as_ref()?;
+            Some(Charge {
+                key: &self.key_buf[span.clone()],
+                params: limit.params()?,
+                cost: descriptors[*i].cost(),
+                enforce: may_enforce && mode_of(limit) == RuleMode::Enforce,
+            })
+        }));
+    }
+}
+
+/// The mode of the rule behind `limit`; a caller-supplied limit enforces.
+fn mode_of(limit: &AppliedLimit) -> RuleMode {
+    limit.rule().map_or(RuleMode::Enforce, |r| r.mode)
 }
 
 /// `key=value,key=value`: how a descriptor is shown in top-key listings.
