@@ -396,3 +396,71 @@ async fn a_push_and_a_rollback_reach_every_replica_sharing_redis() {
     // The shared key has a TTL like every other key.
     assert!(keys_without_ttl(|args| redis.cli(args)).is_empty());
 }
+
+/// With Redis, runtime overrides are shared too: set on one replica, in force on the others
+/// within a second; deleted on another, gone everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_reach_every_replica_sharing_redis() {
+    let redis = RedisServer::start();
+    let policy = "domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {name: per_tenant, unit: day, requests_per_unit: 5}\n";
+    let servers: Vec<Server> = (0..2)
+        .map(|_| {
+            Server::start_with_args(
+                policy,
+                &[
+                    "--store",
+                    &redis.url(),
+                    "--store-timeout",
+                    "2s",
+                    "--policy-sync-interval",
+                    "100ms",
+                ],
+            )
+        })
+        .collect();
+    let http = reqwest::Client::new();
+    let limit_on = |server: &Server| {
+        let body = serde_json::json!({"domain": "d", "descriptors": [{"entries": [{"key": "tenant", "value": "acme"}]}]});
+        let request = http.post(server.url("/v1/explain")).json(&body);
+        async move {
+            let e: serde_json::Value = request.send().await.unwrap().json().await.unwrap();
+            e["statuses"][0]["limit"].as_u64().unwrap()
+        }
+    };
+    let set = serde_json::json!({"domain": "d", "rule": "per_tenant", "entries": [{"key": "tenant", "value": "acme"}], "requests_per_unit": 500});
+    let r = http
+        .put(servers[0].admin_url("/v1/admin/overrides"))
+        .json(&set)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let id = r.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    let mut seen = false;
+    for _ in 0..40 {
+        if limit_on(&servers[1]).await == 500 {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(seen, "the override reached the other replica");
+
+    let r = http
+        .delete(servers[1].admin_url(&format!("/v1/admin/overrides/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let mut gone = false;
+    for _ in 0..40 {
+        if limit_on(&servers[0]).await == 5 {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(gone, "the deletion reached the first replica");
+}

@@ -1,15 +1,19 @@
-//! Sharing the running policy through Redis: every replica publishes the versions it activates
-//! itself (file change, push, rollback) and adopts, within one check interval, a version another
-//! replica published. Each replica still validates what it adopts.
+//! Sharing the running policy and the runtime overrides through Redis: every replica publishes
+//! what it changes itself (a policy it activates from its files, a push or a rollback; an
+//! override it sets or deletes) and adopts, within one check interval, what another replica
+//! published. Each replica still validates a policy it adopts.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::sync::watch;
+use tollgate_core::Timestamp;
 use tracing::{info, warn};
 
-use crate::lifecycle::{Lifecycle, Origin, PolicyVersion};
+use crate::lifecycle::{Lifecycle, Origin, PolicyVersion, sources_hash};
+use crate::limiter::Override;
+use crate::store::redis::{OVERRIDES_KEY, POLICY_KEY};
 use crate::store::{RedisStore, SharedPolicy, StoreBackend};
 
 /// Runs until `stop` turns true. Does nothing for the memory store.
@@ -18,34 +22,44 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
         return;
     };
     let mut activated = lifecycle.subscribe();
-    // The highest `seq` seen in Redis; `None` until Redis first answered.
-    let mut last_seq: Option<u64> = None;
+    let mut overridden = lifecycle.limiter().overrides().subscribe();
+    // The highest `seq` seen in Redis for each document; `None` until Redis first answered.
+    let mut policy_seq: Option<u64> = None;
+    let mut overrides_seq: Option<u64> = None;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             Some(version) = activated.recv() => {
-                match publish(store, &version).await {
-                    Some(seq) => last_seq = Some(seq),
-                    None => warn!(version = %version.label(), "Could not publish the policy to Redis; other replicas keep theirs"),
+                if let Some(seq) = publish_policy(store, &version).await {
+                    policy_seq = Some(seq);
+                }
+            }
+            Some(()) = overridden.recv() => {
+                if let Some(seq) = publish_overrides(store, &lifecycle).await {
+                    overrides_seq = Some(seq);
                 }
             }
             _ = tick.tick() => {
-                let shared = match store.shared_policy().await {
-                    Ok(shared) => shared,
-                    Err(_) => continue, // Redis unreachable: try again at the next tick
+                let Ok(shared) = store.shared_doc(POLICY_KEY).await else {
+                    continue; // Redis unreachable: try again at the next tick
                 };
-                match (shared, last_seq) {
+                match shared {
                     // Nothing shared yet: this replica's policy becomes the first version.
-                    (None, _) => last_seq = publish(store, &lifecycle.current()).await.or(last_seq),
-                    (Some(shared), seen) if seen.is_none_or(|s| shared.seq > s) => {
-                        last_seq = Some(shared.seq);
+                    None => policy_seq = publish_policy(store, &lifecycle.current()).await.or(policy_seq),
+                    Some(shared) if policy_seq.is_none_or(|s| shared.seq > s) => {
+                        policy_seq = Some(shared.seq);
                         if shared.hash != lifecycle.current().hash {
-                            adopt(&lifecycle, &shared);
+                            adopt_policy(&lifecycle, &shared);
                         }
                     }
-                    _ => {}
+                    Some(_) => {}
                 }
+                if let Ok(Some(shared)) = store.shared_doc(OVERRIDES_KEY).await
+                    && overrides_seq.is_none_or(|s| shared.seq > s) {
+                        overrides_seq = Some(shared.seq);
+                        adopt_overrides(&lifecycle, &shared);
+                    }
             }
             // Mapped to `()`: the receiver's guard must not live across the other branches' awaits.
             _ = async { let _ = stop.wait_for(|s| *s).await; } => return,
@@ -53,20 +67,27 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
     }
 }
 
-async fn publish(store: &RedisStore, version: &PolicyVersion) -> Option<u64> {
+async fn publish_policy(store: &RedisStore, version: &PolicyVersion) -> Option<u64> {
     let doc = json!({
         "origin": version.origin.name(),
         "sources": version.sources.iter().map(|(n, t)| json!([n, t])).collect::<Vec<_>>(),
     });
-    let seq = store
-        .publish_policy(&version.hash, &doc.to_string())
+    match store
+        .publish_doc(POLICY_KEY, &version.hash, &doc.to_string())
         .await
-        .ok()?;
-    info!(version = %version.label(), shared_seq = seq, "Published the policy to the other replicas");
-    Some(seq)
+    {
+        Ok(seq) => {
+            info!(version = %version.label(), shared_seq = seq, "Published the policy to the other replicas");
+            Some(seq)
+        }
+        Err(e) => {
+            warn!(version = %version.label(), error = %e, "Could not publish the policy; other replicas keep theirs");
+            None
+        }
+    }
 }
 
-fn adopt(lifecycle: &Lifecycle, shared: &SharedPolicy) {
+fn adopt_policy(lifecycle: &Lifecycle, shared: &SharedPolicy) {
     let sources: Option<Vec<(String, String)>> = serde_json::from_str::<Value>(&shared.doc)
         .ok()
         .and_then(|doc| {
@@ -85,5 +106,70 @@ fn adopt(lifecycle: &Lifecycle, shared: &SharedPolicy) {
     };
     if lifecycle.activate(sources, Origin::Shared).is_ok() {
         info!(shared_seq = shared.seq, hash = %shared.hash, "Adopted the policy another replica published");
+    }
+}
+
+fn override_json(o: &Override) -> Value {
+    json!({
+        "id": o.id,
+        "domain": o.domain,
+        "rule": o.rule,
+        "entries": o.entries.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
+        "requests_per_unit": o.requests_per_unit,
+        "period_us": o.period.map(|p| p.as_micros() as u64),
+        "expires_at_us": o.expires_at.map(Timestamp::as_micros),
+        "reason": o.reason,
+    })
+}
+
+fn override_from_json(v: &Value) -> Option<Override> {
+    Some(Override {
+        id: v["id"].as_u64()?,
+        domain: v["domain"].as_str()?.to_owned(),
+        rule: v["rule"].as_str()?.to_owned(),
+        entries: v["entries"]
+            .as_array()?
+            .iter()
+            .map(|pair| Some((pair[0].as_str()?.to_owned(), pair[1].as_str()?.to_owned())))
+            .collect::<Option<_>>()?,
+        requests_per_unit: v["requests_per_unit"].as_u64()?,
+        period: v["period_us"].as_u64().map(Duration::from_micros),
+        expires_at: v["expires_at_us"].as_u64().map(Timestamp::from_micros),
+        reason: v["reason"].as_str().unwrap_or_default().to_owned(),
+    })
+}
+
+async fn publish_overrides(store: &RedisStore, lifecycle: &Lifecycle) -> Option<u64> {
+    let all = lifecycle.limiter().overrides().all();
+    let doc = Value::Array(all.iter().map(override_json).collect()).to_string();
+    let hash = sources_hash(&[(String::new(), doc.clone())]);
+    match store.publish_doc(OVERRIDES_KEY, &hash, &doc).await {
+        Ok(seq) => Some(seq),
+        Err(e) => {
+            warn!(error = %e, "Could not publish the overrides; other replicas keep theirs");
+            None
+        }
+    }
+}
+
+fn adopt_overrides(lifecycle: &Lifecycle, shared: &SharedPolicy) {
+    let list: Option<Vec<Override>> = serde_json::from_str::<Value>(&shared.doc)
+        .ok()
+        .and_then(|doc| doc.as_array()?.iter().map(override_from_json).collect());
+    match list {
+        Some(list) => {
+            let overrides = lifecycle.limiter().overrides();
+            if overrides.all() != list {
+                info!(
+                    count = list.len(),
+                    "Adopted the overrides another replica published"
+                );
+                overrides.replace_all(list);
+            }
+        }
+        None => warn!(
+            shared_seq = shared.seq,
+            "The shared overrides in Redis are unreadable; keeping ours"
+        ),
     }
 }

@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tollgate_core::{Params, Timestamp};
 
 use crate::policy::Rule;
@@ -73,6 +75,8 @@ impl Override {
 pub struct Overrides {
     list: ArcSwap<Vec<Override>>,
     next_id: AtomicU64,
+    /// Told after every local change (set, delete), for sharing with other replicas.
+    changed: Mutex<Option<UnboundedSender<()>>>,
 }
 
 impl Overrides {
@@ -107,6 +111,7 @@ impl Overrides {
             list.push(o.clone());
             Arc::new(list)
         });
+        self.notify();
         id
     }
 
@@ -122,7 +127,35 @@ impl Overrides {
                     .collect::<Vec<_>>(),
             )
         });
+        if removed.is_some() {
+            self.notify();
+        }
         removed
+    }
+
+    fn notify(&self) {
+        if let Some(tx) = self.changed.lock().as_ref() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// A stream that receives `()` after every local set or delete (not after [`Overrides::replace_all`]).
+    pub fn subscribe(&self) -> UnboundedReceiver<()> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        *self.changed.lock() = Some(tx);
+        rx
+    }
+
+    /// Every override, expired or not, as stored.
+    pub fn all(&self) -> Vec<Override> {
+        self.list.load().iter().cloned().collect()
+    }
+
+    /// Replaces every override with `list` (adopted from another replica); ids stay unique.
+    pub fn replace_all(&self, list: Vec<Override>) {
+        let max = list.iter().map(|o| o.id).max().unwrap_or(0);
+        self.next_id.fetch_max(max, Ordering::Relaxed);
+        self.list.store(Arc::new(list));
     }
 
     /// Every override still in force at `now` (expired ones are dropped).

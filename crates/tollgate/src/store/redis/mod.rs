@@ -42,7 +42,7 @@ use tracing::{info, warn};
 
 use self::cluster::ClusterRouter;
 use self::script::algorithm_code;
-pub use self::shared_policy::SharedPolicy;
+pub use self::shared_policy::{OVERRIDES_KEY, POLICY_KEY, SharedPolicy};
 use self::topology::Topology;
 use super::url::StoreUrl;
 use super::{Charge, Store, StoreError};

@@ -1,6 +1,7 @@
-//! The running policy, shared through Redis by every replica.
+//! The running policy and the runtime overrides, shared through Redis by every replica.
 //!
-//! One hash, `tg:{tollgate-policy}:current`, holds the last published version: `seq` (raised by
+//! One hash per document (`tg:{tollgate-policy}:current` for the policy,
+//! `tg:{tollgate-policy}:overrides` for the overrides) holds the last published version: `seq` (raised by
 //! every publish), `hash` (the sources' content hash) and `doc` (the sources as JSON). A replica
 //! publishes each version it activates itself and adopts a newer `seq` published by another.
 //! The key's TTL (30 days) is renewed on every publish and every check, so it lives as long as
@@ -13,7 +14,10 @@ use redis::aio::ConnectionManager;
 use super::{RedisStore, slot, store_error, unavailable};
 use crate::store::StoreError;
 
-const KEY: &str = "tg:{tollgate-policy}:current";
+/// The running policy.
+pub const POLICY_KEY: &str = "tg:{tollgate-policy}:current";
+/// The runtime overrides.
+pub const OVERRIDES_KEY: &str = "tg:{tollgate-policy}:overrides";
 const TTL: Duration = Duration::from_secs(30 * 86_400);
 
 /// Publishes atomically: raise `seq`, store the version, renew the TTL.
@@ -57,29 +61,30 @@ impl RedisStore {
         }
     }
 
-    /// The version last published, if any; renews its TTL.
-    pub async fn shared_policy(&self) -> Result<Option<SharedPolicy>, StoreError> {
+    /// The document last published at `key` ([`POLICY_KEY`] or [`OVERRIDES_KEY`]), if any;
+    /// renews its TTL.
+    pub async fn shared_doc(&self, key: &str) -> Result<Option<SharedPolicy>, StoreError> {
         let mut connection = self.policy_connection()?;
         let mut cmd = redis::cmd("HMGET");
-        cmd.arg(KEY).arg("seq").arg("hash").arg("doc");
+        cmd.arg(key).arg("seq").arg("hash").arg("doc");
         let (seq, hash, doc): (Option<u64>, Option<String>, Option<String>) =
             self.policy_call(cmd.query_async(&mut connection)).await?;
         let (Some(seq), Some(hash), Some(doc)) = (seq, hash, doc) else {
             return Ok(None);
         };
         let mut renew = redis::cmd("PEXPIRE");
-        renew.arg(KEY).arg(TTL.as_millis() as u64);
+        renew.arg(key).arg(TTL.as_millis() as u64);
         let _: i64 = self.policy_call(renew.query_async(&mut connection)).await?;
         Ok(Some(SharedPolicy { seq, hash, doc }))
     }
 
-    /// Publishes a version; returns its `seq`.
-    pub async fn publish_policy(&self, hash: &str, doc: &str) -> Result<u64, StoreError> {
+    /// Publishes a document at `key`; returns its `seq`.
+    pub async fn publish_doc(&self, key: &str, hash: &str, doc: &str) -> Result<u64, StoreError> {
         let mut connection = self.policy_connection()?;
         let script = redis::Script::new(PUBLISH);
         let mut invocation = script.prepare_invoke();
         invocation
-            .key(KEY)
+            .key(key)
             .arg(hash)
             .arg(doc)
             .arg(TTL.as_millis() as u64);
