@@ -69,6 +69,22 @@ async fn exactly_the_limit_across(servers: &[Server], key_value: &str) {
     }
 }
 
+/// `count` replicas on one Redis that check for shared policy and overrides every 100 ms.
+fn syncing_replicas(redis: &RedisServer, policy: &str, count: usize) -> Vec<Server> {
+    let url = redis.url();
+    let args = [
+        "--store",
+        &url,
+        "--store-timeout",
+        "2s",
+        "--policy-sync-interval",
+        "100ms",
+    ];
+    (0..count)
+        .map(|_| Server::start_with_args(policy, &args))
+        .collect()
+}
+
 fn keys_without_ttl(cli: impl Fn(&[&str]) -> String) -> Vec<String> {
     cli(&["--scan"])
         .lines()
@@ -331,21 +347,7 @@ fn a_rule_the_scripts_cannot_decide_exactly_is_refused_at_startup() {
 async fn a_push_and_a_rollback_reach_every_replica_sharing_redis() {
     let redis = RedisServer::start();
     let policy = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {name: per_user, unit: day, requests_per_unit: 5}\n";
-    let servers: Vec<Server> = (0..3)
-        .map(|_| {
-            Server::start_with_args(
-                policy,
-                &[
-                    "--store",
-                    &redis.url(),
-                    "--store-timeout",
-                    "2s",
-                    "--policy-sync-interval",
-                    "100ms",
-                ],
-            )
-        })
-        .collect();
+    let servers = syncing_replicas(&redis, policy, 3);
     let http = reqwest::Client::new();
     let limit_of = |server: &Server, user: &str| {
         let body = serde_json::json!({"domain": "d", "descriptors": [{"entries": [{"key": "user", "value": user}]}]});
@@ -403,21 +405,7 @@ async fn a_push_and_a_rollback_reach_every_replica_sharing_redis() {
 async fn overrides_reach_every_replica_sharing_redis() {
     let redis = RedisServer::start();
     let policy = "domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {name: per_tenant, unit: day, requests_per_unit: 5}\n";
-    let servers: Vec<Server> = (0..2)
-        .map(|_| {
-            Server::start_with_args(
-                policy,
-                &[
-                    "--store",
-                    &redis.url(),
-                    "--store-timeout",
-                    "2s",
-                    "--policy-sync-interval",
-                    "100ms",
-                ],
-            )
-        })
-        .collect();
+    let servers = syncing_replicas(&redis, policy, 2);
     let http = reqwest::Client::new();
     let limit_on = |server: &Server| {
         let body = serde_json::json!({"domain": "d", "descriptors": [{"entries": [{"key": "tenant", "value": "acme"}]}]});

@@ -225,25 +225,7 @@ impl Lifecycle {
         if current.hash == hash && origin != Origin::Rollback {
             return Ok(Activation::Unchanged(current.clone()));
         }
-        let policy = Policy::from_sources(&sources)?;
-        let unsupported: Vec<PolicyError> = policy
-            .rules()
-            .iter()
-            .filter_map(|rule| {
-                let why = self.limiter.store().supports(rule.limit.as_ref()?).err()?;
-                Some(PolicyError::new(
-                    Some(rule.location.clone()),
-                    format!(
-                        "rule `{}` cannot run on the {} store: {why}",
-                        rule.name,
-                        self.limiter.store().kind()
-                    ),
-                ))
-            })
-            .collect();
-        if !unsupported.is_empty() {
-            return Err(PolicyErrors(unsupported));
-        }
+        let policy = self.compile(&sources)?;
         let mut history = self.history.lock();
         let seq = history.last().map_or(1, |v| v.seq + 1);
         let version = Arc::new(PolicyVersion {
@@ -261,6 +243,30 @@ impl Lifecycle {
         }
         *current = version.clone();
         Ok(Activation::Activated(version))
+    }
+
+    /// Compiles `sources` and checks that the store can decide every limit exactly.
+    fn compile(&self, sources: &[(String, String)]) -> Result<Policy, PolicyErrors> {
+        let policy = Policy::from_sources(sources)?;
+        let store = self.limiter.store();
+        let unsupported: Vec<PolicyError> = policy
+            .rules()
+            .iter()
+            .filter_map(|rule| {
+                let why = store.supports(rule.limit.as_ref()?).err()?;
+                let message = format!(
+                    "rule `{}` cannot run on the {} store: {why}",
+                    rule.name,
+                    store.kind()
+                );
+                Some(PolicyError::new(Some(rule.location.clone()), message))
+            })
+            .collect();
+        if unsupported.is_empty() {
+            Ok(policy)
+        } else {
+            Err(PolicyErrors(unsupported))
+        }
     }
 
     /// Re-reads the config path and activates it if it changed.
@@ -401,28 +407,7 @@ impl Lifecycle {
         if let Some(same) = self.limiter.candidate().filter(|c| c.hash() == hash) {
             return Ok(same);
         }
-        let compiled = Policy::from_sources(&sources).and_then(|policy| {
-            let unsupported: Vec<PolicyError> = policy
-                .rules()
-                .iter()
-                .filter_map(|rule| {
-                    let why = self.limiter.store().supports(rule.limit.as_ref()?).err()?;
-                    Some(PolicyError::new(
-                        Some(rule.location.clone()),
-                        format!(
-                            "rule `{}` cannot run on the {} store: {why}",
-                            rule.name,
-                            self.limiter.store().kind()
-                        ),
-                    ))
-                })
-                .collect();
-            if unsupported.is_empty() {
-                Ok(policy)
-            } else {
-                Err(PolicyErrors(unsupported))
-            }
-        });
+        let compiled = self.compile(&sources);
         let policy = match compiled {
             Ok(policy) => policy,
             Err(errors) => {
