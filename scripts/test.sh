@@ -18,6 +18,25 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
 fi
 redis-server --version
 
+step "nginx (the forward-auth test runs Debian's /usr/sbin/nginx with auth_request)"
+if [ ! -x /usr/sbin/nginx ]; then
+  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+  # Debian starts a system nginx on port 80 after installing; the tests run their own. Deny
+  # service starts for the install (policy-rc.d exit 101), restoring any policy that was there.
+  policy=/usr/sbin/policy-rc.d
+  saved=""
+  if [ -e "$policy" ]; then saved="$(mktemp)"; $sudo cp -p "$policy" "$saved"; fi
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+  $sudo chmod 755 "$policy"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nginx >/dev/null || install_failed=1
+  if [ -n "$saved" ]; then $sudo mv "$saved" "$policy"; else $sudo rm -f "$policy"; fi
+  if [ -n "${install_failed:-}" ]; then echo "apt-get install nginx failed" >&2; exit 1; fi
+  # If a system nginx started anyway, stop it; failing (no systemd, not running) is fine.
+  $sudo service nginx stop >/dev/null 2>&1 || true
+fi
+/usr/sbin/nginx -v
+
 step "Python interop client (grpcio + envoy-data-plane) in /var/tmp/tollgate-venv"
 venv=/var/tmp/tollgate-venv
 if [ ! -x "$venv/bin/python" ]; then

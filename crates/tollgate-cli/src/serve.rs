@@ -17,6 +17,7 @@ use tollgate::policy::Policy;
 use tollgate::resilience::{BreakerConfig, Posture};
 use tollgate::store::{RedisOptions, StoreBackend, StoreUrl};
 use tollgate_server::grpc::RlsService;
+use tollgate_server::http::authorize::{AuthorizeMapping, DescriptorMapping};
 use tracing::{info, warn};
 
 #[derive(Debug, Args)]
@@ -81,6 +82,17 @@ pub struct ServeArgs {
     /// Log format: `text` or `json`.
     #[arg(long, default_value = "text", value_parser = ["text", "json"], value_name = "FORMAT")]
     log_format: String,
+    /// Enables forward auth for nginx `auth_request` on the HTTP listener (`/v1/authorize`):
+    /// every forwarded request is checked in this domain. Without it the endpoint answers 404.
+    #[arg(long, value_name = "DOMAIN")]
+    authorize_domain: Option<String>,
+    /// One descriptor built from each `/v1/authorize` request (repeatable; all go in ONE check):
+    /// comma-separated `descriptor_key=SOURCE` entries, SOURCE being `header:NAME`, `client_ip`
+    /// (first `X-Forwarded-For` address, else `X-Real-IP`), `method` (`X-Original-Method`) or
+    /// `path` (path of `X-Original-URI`). A descriptor with a missing source is skipped; with
+    /// none left the request is allowed. Example: `api_key=header:x-api-key,path=path`.
+    #[arg(long, value_name = "KEY=SOURCE,...", requires = "authorize_domain")]
+    authorize_descriptor: Vec<DescriptorMapping>,
     /// How often expired counters are dropped from the in-memory store.
     #[arg(long, default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
     sweep_interval: Duration,
@@ -291,8 +303,15 @@ async fn serve(
         args.policy_sync_interval,
         stop_rx.clone(),
     ));
-    let http_server = axum::serve(http, tollgate_server::http::router(lifecycle.clone()))
-        .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let authorize = args
+        .authorize_domain
+        .clone()
+        .map(|domain| AuthorizeMapping::new(domain, args.authorize_descriptor.clone()));
+    let http_server = axum::serve(
+        http,
+        tollgate_server::http::router_with_authorize(lifecycle.clone(), authorize),
+    )
+    .with_graceful_shutdown(stopped(stop_rx.clone()));
     let admin_server = axum::serve(
         admin,
         tollgate_server::admin::router(lifecycle.clone(), token),

@@ -8,7 +8,7 @@
 pub mod admin;
 mod error_map;
 pub mod grpc;
-mod headers;
+pub mod headers;
 pub mod http;
 mod units;
 

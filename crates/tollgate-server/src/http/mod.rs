@@ -5,10 +5,12 @@
 //! | `POST /v1/check` | tollgate's JSON API: `200` allowed, `429` denied, `400` invalid |
 //! | `POST /v1/explain` | the same body; charges nothing; which rules match and bind, current counters |
 //! | `POST /json` | envoyproxy/ratelimit's proto3-JSON endpoint, for drop-in users |
+//! | `ANY /v1/authorize` | forward auth for nginx `auth_request`: `200` allowed, `403` denied (see [`authorize`]) |
 //! | `GET /healthz` | the process is up |
 //! | `GET /readyz` | a policy is loaded and the store answers |
 //! | `GET /metrics` | Prometheus text |
 
+pub mod authorize;
 mod check;
 mod envoy_json;
 mod explain;
@@ -19,7 +21,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use serde::Serialize;
 use tollgate::lifecycle::Lifecycle;
 use tollgate::limiter::{CheckResponse, LimitError};
@@ -30,12 +32,29 @@ use crate::headers::rate_limit_headers;
 /// Largest accepted request body.
 const MAX_BODY: usize = 64 * 1024;
 
-/// The decision routes over the limiter that `lifecycle` manages.
+use self::authorize::{AuthorizeMapping, AuthorizeState};
+
+/// The decision routes over the limiter that `lifecycle` manages, with `/v1/authorize` disabled
+/// (it answers 404 saying how to enable it).
 pub fn router(lifecycle: Arc<Lifecycle>) -> Router {
+    router_with_authorize(lifecycle, None)
+}
+
+/// The decision routes; `/v1/authorize` checks requests through `authorize` when given.
+pub fn router_with_authorize(
+    lifecycle: Arc<Lifecycle>,
+    authorize: Option<AuthorizeMapping>,
+) -> Router {
     let limiter = lifecycle.limiter().clone();
     let metrics = Router::new()
         .route("/metrics", get(ops::metrics))
         .with_state(lifecycle);
+    let forward_auth = Router::new()
+        .route("/v1/authorize", any(authorize::authorize))
+        .with_state(AuthorizeState {
+            limiter: limiter.clone(),
+            mapping: authorize.map(Arc::new),
+        });
     Router::new()
         .route("/v1/check", post(check::check))
         .route("/v1/explain", post(explain::explain))
@@ -45,6 +64,7 @@ pub fn router(lifecycle: Arc<Lifecycle>) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(limiter)
         .merge(metrics)
+        .merge(forward_auth)
 }
 
 /// A JSON error body: `{"error": "..."}`.

@@ -1,0 +1,73 @@
+//! `tollgate-client`'s remote client against the real binary, directly and under the layer.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use support::Server;
+use tollgate::limiter::{CheckRequest, RequestDescriptor};
+use tollgate_client::{Backend, Descriptors, Outcome, Posture, RateLimitLayer, Remote};
+use tower::ServiceExt;
+
+const POLICY: &str = "
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, unit: hour, requests_per_unit: 2}
+";
+
+fn request(user: &str) -> CheckRequest {
+    let d = RequestDescriptor::new(vec![("user".into(), user.into())], 1, None).unwrap();
+    CheckRequest::new("api".into(), vec![d]).unwrap()
+}
+
+#[tokio::test]
+async fn remote_client_is_allowed_then_denied() {
+    let server = Server::start(POLICY);
+    let remote = Remote::http(&server.url(""), Duration::from_secs(2), Posture::Closed).unwrap();
+    for remaining in ["1", "0"] {
+        let verdict = remote.check(&request("alice")).await.unwrap();
+        assert_eq!(verdict.outcome, Outcome::Allowed);
+        assert_eq!(verdict.header("x-ratelimit-limit"), Some("2"));
+        assert_eq!(verdict.header("x-ratelimit-remaining"), Some(remaining));
+        assert!(verdict.header("x-tollgate-degraded").is_none());
+    }
+    let denied = remote.check(&request("alice")).await.unwrap();
+    assert_eq!(denied.outcome, Outcome::Limited);
+    assert_eq!(denied.limit_name.as_deref(), Some("per_user"));
+    assert!(denied.header("retry-after").is_some());
+    // Another user has its own quota.
+    let bob = remote.check(&request("bob")).await.unwrap();
+    assert_eq!(bob.outcome, Outcome::Allowed);
+}
+
+#[tokio::test]
+async fn layer_over_the_remote_client() {
+    let server = Server::start(POLICY);
+    let remote = Remote::http(&server.url(""), Duration::from_secs(2), Posture::Closed).unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(RateLimitLayer::new(
+            remote,
+            Descriptors::new("api").header("x-user", "user"),
+        ));
+    let get = || {
+        http::Request::get("/")
+            .header("x-user", "carol")
+            .body(Body::empty())
+            .unwrap()
+    };
+    for remaining in ["1", "0"] {
+        let response = app.clone().oneshot(get()).await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["x-ratelimit-remaining"], remaining);
+    }
+    let denied = app.oneshot(get()).await.unwrap();
+    assert_eq!(denied.status(), 429);
+    assert_eq!(denied.headers()["content-type"], "application/problem+json");
+    assert!(denied.headers().contains_key("retry-after"));
+}

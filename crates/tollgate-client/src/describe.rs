@@ -1,0 +1,112 @@
+//! Turning an HTTP request into the [`CheckRequest`] to decide.
+
+use std::net::SocketAddr;
+
+use axum::extract::ConnectInfo;
+use http::Request;
+use tollgate::limiter::{CheckRequest, RequestDescriptor};
+
+/// Derives the rate-limit request for an HTTP request; `None` lets it through unchecked.
+///
+/// Implemented by every `Fn(&http::Request<B>) -> Option<CheckRequest>` closure and by
+/// [`Descriptors`].
+pub trait Describe<B>: Send + Sync + 'static {
+    /// The check for `request`, or `None` to skip rate limiting it.
+    fn describe(&self, request: &Request<B>) -> Option<CheckRequest>;
+}
+
+impl<B, F> Describe<B> for F
+where
+    F: Fn(&Request<B>) -> Option<CheckRequest> + Send + Sync + 'static,
+{
+    fn describe(&self, request: &Request<B>) -> Option<CheckRequest> {
+        self(request)
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Source {
+    Header(http::HeaderName),
+    ClientIp,
+    Path,
+}
+
+/// A declarative [`Describe`] for common cases: each source becomes its own one-entry
+/// descriptor `key=value` (so each is limited independently by the policy rule of that
+/// key); a source absent from the request (missing header, unknown peer) is left out, and a
+/// request with no source present is not checked.
+///
+/// ```
+/// # use tollgate_client::Descriptors;
+/// let describe = Descriptors::new("api")
+///     .header("x-api-key", "api_key")
+///     .client_ip("remote_address")
+///     .path("path");
+/// # let _ = describe;
+/// ```
+#[derive(Debug, Clone)]
+pub struct Descriptors {
+    domain: String,
+    sources: Vec<(Source, String)>,
+}
+
+impl Descriptors {
+    /// Descriptors in the policy domain `domain`.
+    pub fn new(domain: impl Into<String>) -> Self {
+        Descriptors {
+            domain: domain.into(),
+            sources: Vec::new(),
+        }
+    }
+
+    /// The value of header `name` as descriptor key `key`. An invalid header name is ignored.
+    pub fn header(mut self, name: &str, key: impl Into<String>) -> Self {
+        if let Ok(name) = http::HeaderName::try_from(name) {
+            self.sources.push((Source::Header(name), key.into()));
+        }
+        self
+    }
+
+    /// The peer's IP address (from axum's `ConnectInfo<SocketAddr>`, so serve with
+    /// `into_make_service_with_connect_info`) as descriptor key `key`.
+    pub fn client_ip(mut self, key: impl Into<String>) -> Self {
+        self.sources.push((Source::ClientIp, key.into()));
+        self
+    }
+
+    /// The request path as descriptor key `key`.
+    pub fn path(mut self, key: impl Into<String>) -> Self {
+        self.sources.push((Source::Path, key.into()));
+        self
+    }
+}
+
+impl<B> Describe<B> for Descriptors {
+    fn describe(&self, request: &Request<B>) -> Option<CheckRequest> {
+        let descriptors: Vec<RequestDescriptor> = self
+            .sources
+            .iter()
+            .filter_map(|(source, key)| {
+                let value = match source {
+                    Source::Header(name) => request
+                        .headers()
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned),
+                    Source::ClientIp => request
+                        .extensions()
+                        .get::<ConnectInfo<SocketAddr>>()
+                        .map(|c| c.0)
+                        .or_else(|| request.extensions().get::<SocketAddr>().copied())
+                        .map(|addr| addr.ip().to_string()),
+                    Source::Path => Some(request.uri().path().to_owned()),
+                }?;
+                RequestDescriptor::new(vec![(key.clone(), value)], 1, None).ok()
+            })
+            .collect();
+        if descriptors.is_empty() {
+            return None;
+        }
+        CheckRequest::new(self.domain.clone(), descriptors).ok()
+    }
+}

@@ -1,0 +1,185 @@
+//! The tower middleware: decide, then forward or answer `429`/`503`.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode};
+use tower::{Layer, Service};
+
+use crate::backend::{Backend, Outcome, Verdict};
+use crate::describe::Describe;
+
+/// A [`Layer`] that rate-limits every request through a [`Backend`].
+///
+/// Allowed requests reach the inner service and their response gets the rate-limit headers
+/// (`X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, and `X-Tollgate-Soft-Exceeded` /
+/// `X-Tollgate-Degraded` when set). A request denied by a limit is answered `429` with
+/// `Retry-After` and an `application/problem+json` body; one denied because the limiter is
+/// unavailable is answered `503`. The inner service is not called for either.
+pub struct RateLimitLayer<K, D> {
+    backend: Arc<K>,
+    describe: Arc<D>,
+}
+
+impl<K, D> RateLimitLayer<K, D> {
+    /// Checks requests described by `describe` against `backend`.
+    pub fn new(backend: K, describe: D) -> Self {
+        RateLimitLayer {
+            backend: Arc::new(backend),
+            describe: Arc::new(describe),
+        }
+    }
+}
+
+impl<K, D> Clone for RateLimitLayer<K, D> {
+    fn clone(&self) -> Self {
+        RateLimitLayer {
+            backend: self.backend.clone(),
+            describe: self.describe.clone(),
+        }
+    }
+}
+
+impl<K, D> fmt::Debug for RateLimitLayer<K, D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer").finish_non_exhaustive()
+    }
+}
+
+impl<S, K, D> Layer<S> for RateLimitLayer<K, D> {
+    type Service = RateLimit<S, K, D>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit {
+            inner,
+            backend: self.backend.clone(),
+            describe: self.describe.clone(),
+        }
+    }
+}
+
+/// The service made by [`RateLimitLayer`].
+pub struct RateLimit<S, K, D> {
+    inner: S,
+    backend: Arc<K>,
+    describe: Arc<D>,
+}
+
+impl<S: Clone, K, D> Clone for RateLimit<S, K, D> {
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            backend: self.backend.clone(),
+            describe: self.describe.clone(),
+        }
+    }
+}
+
+impl<S, K, D> fmt::Debug for RateLimit<S, K, D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit").finish_non_exhaustive()
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, K, D, B, ResB> Service<Request<B>> for RateLimit<S, K, D>
+where
+    S: Service<Request<B>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    K: Backend,
+    D: Describe<B>,
+    B: Send + 'static,
+    ResB: From<String> + Send + 'static,
+{
+    type Response = Response<ResB>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Response<ResB>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The clone that was not polled ready stays here; the ready one serves this call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let check = self.describe.describe(&request);
+        let backend = self.backend.clone();
+        Box::pin(async move {
+            let Some(check) = check else {
+                return inner.call(request).await;
+            };
+            let verdict = match backend.check(&check).await {
+                Ok(verdict) => verdict,
+                Err(_) => {
+                    // Details stay on the server side: the caller learns only that it failed.
+                    return Ok(problem(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "the rate limit check failed".to_owned(),
+                        &[],
+                    ));
+                }
+            };
+            match verdict.outcome {
+                Outcome::Allowed => {
+                    let mut response = inner.call(request).await?;
+                    add_headers(response.headers_mut(), &verdict.headers);
+                    Ok(response)
+                }
+                Outcome::Limited => Ok(problem(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    detail(&verdict),
+                    &verdict.headers,
+                )),
+                Outcome::Unavailable => Ok(problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the rate limiter is unavailable".to_owned(),
+                    &verdict.headers,
+                )),
+            }
+        })
+    }
+}
+
+fn detail(verdict: &Verdict) -> String {
+    match &verdict.limit_name {
+        Some(name) => format!("rate limit `{name}` exceeded"),
+        None => "rate limit exceeded".to_owned(),
+    }
+}
+
+fn add_headers(map: &mut http::HeaderMap, headers: &[(&'static str, String)]) {
+    for (name, value) in headers {
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(*name), HeaderValue::from_str(value)) {
+            map.insert(name, value);
+        }
+    }
+}
+
+/// An RFC 9457 problem response.
+fn problem<ResB: From<String>>(
+    status: StatusCode,
+    detail: String,
+    headers: &[(&'static str, String)],
+) -> Response<ResB> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut response = Response::new(ResB::from(body.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    add_headers(response.headers_mut(), headers);
+    response
+}

@@ -1,0 +1,158 @@
+//! The remote client: decisions from a tollgate service over its HTTP API (`POST /v1/check`).
+
+use std::time::Duration;
+
+use tollgate::limiter::CheckRequest;
+use tollgate_server::headers;
+
+use crate::backend::{Backend, BackendError, Outcome, Verdict};
+
+/// What the caller answers when the service cannot be asked (unreachable, slower than the
+/// timeout, or failing with a `5xx` other than its own `503`). This is the caller's posture
+/// about the *service*; the service's own `on_store_error` postures still apply to its store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Posture {
+    /// Allow, marked `X-Tollgate-Degraded: open`.
+    #[default]
+    Open,
+    /// Deny as unavailable (`503`, `Retry-After: 1`, `X-Tollgate-Degraded: closed`).
+    Closed,
+}
+
+/// Headers copied from the service's answer onto the verdict.
+const FORWARDED: [&str; 8] = [
+    headers::DEGRADED,
+    headers::SOFT_EXCEEDED,
+    headers::LIMIT,
+    headers::REMAINING,
+    headers::RESET,
+    headers::POLICY,
+    headers::RATELIMIT,
+    headers::RETRY_AFTER,
+];
+
+/// A client of a tollgate service's HTTP API. Cheap to clone; clones share one connection
+/// pool.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    client: reqwest::Client,
+    check_url: String,
+    timeout: Duration,
+    posture: Posture,
+}
+
+impl Remote {
+    /// A client of the service at `base_url` (e.g. `http://127.0.0.1:8080`). Each decision
+    /// waits at most `timeout` (connecting included); past it, or when the service cannot be
+    /// reached, `posture` answers.
+    pub fn http(
+        base_url: &str,
+        timeout: Duration,
+        posture: Posture,
+    ) -> Result<Self, reqwest::Error> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(timeout)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()?;
+        Ok(Remote {
+            client,
+            check_url: format!("{}/v1/check", base_url.trim_end_matches('/')),
+            timeout,
+            posture,
+        })
+    }
+
+    fn fallback(&self) -> Verdict {
+        match self.posture {
+            Posture::Open => Verdict {
+                outcome: Outcome::Allowed,
+                headers: vec![(headers::DEGRADED, "open".to_owned())],
+                limit_name: None,
+            },
+            Posture::Closed => Verdict {
+                outcome: Outcome::Unavailable,
+                headers: vec![
+                    (headers::DEGRADED, "closed".to_owned()),
+                    (headers::RETRY_AFTER, "1".to_owned()),
+                ],
+                limit_name: None,
+            },
+        }
+    }
+}
+
+/// The `/v1/check` body for `request`.
+fn wire_body(request: &CheckRequest) -> Result<serde_json::Value, BackendError> {
+    let descriptors = request
+        .descriptors()
+        .iter()
+        .map(|d| {
+            if d.limit_override().is_some() {
+                return Err(BackendError::Invalid(
+                    "limit overrides are not sent by the remote client".to_owned(),
+                ));
+            }
+            let entries: Vec<serde_json::Value> = d
+                .entries()
+                .iter()
+                .map(|(key, value)| serde_json::json!({"key": key, "value": value}))
+                .collect();
+            Ok(serde_json::json!({"entries": entries, "hits_addend": d.cost()}))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(serde_json::json!({"domain": request.domain(), "descriptors": descriptors}))
+}
+
+impl Backend for Remote {
+    async fn check(&self, request: &CheckRequest) -> Result<Verdict, BackendError> {
+        let body = wire_body(request)?;
+        // reqwest's per-request timeout runs from connecting until the body is read, so a
+        // service that accepts and then stalls cannot hold the caller past it.
+        let answer = async {
+            let response = self
+                .client
+                .post(&self.check_url)
+                .timeout(self.timeout)
+                .json(&body)
+                .send()
+                .await?;
+            let status = response.status();
+            let headers: Vec<(&'static str, String)> = FORWARDED
+                .iter()
+                .filter_map(|name| {
+                    let value = response.headers().get(*name)?.to_str().ok()?;
+                    Some((*name, value.to_owned()))
+                })
+                .collect();
+            let body: serde_json::Value = response.json().await?;
+            Ok::<_, reqwest::Error>((status, headers, body))
+        }
+        .await;
+        let Ok((status, headers, body)) = answer else {
+            return Ok(self.fallback());
+        };
+        let outcome = match status.as_u16() {
+            200 => Outcome::Allowed,
+            429 => Outcome::Limited,
+            503 => Outcome::Unavailable,
+            400 => {
+                let why = body["error"].as_str().unwrap_or("rejected by the service");
+                return Err(BackendError::Invalid(why.to_owned()));
+            }
+            _ => return Ok(self.fallback()),
+        };
+        let limit_name = body["statuses"].as_array().and_then(|statuses| {
+            statuses
+                .iter()
+                .find(|s| s["code"] == "OVER_LIMIT")
+                .or_else(|| statuses.iter().find(|s| s["limit_name"].is_string()))
+                .and_then(|s| s["limit_name"].as_str())
+                .map(str::to_owned)
+        });
+        Ok(Verdict {
+            outcome,
+            headers,
+            limit_name,
+        })
+    }
+}

@@ -1,0 +1,244 @@
+//! The layer over an axum router, through `oneshot` (no socket).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tollgate::limiter::{CheckRequest, RequestDescriptor};
+use tollgate::policy::Policy;
+use tollgate::store::StoreUrl;
+use tollgate_client::{Descriptors, Embedded, Options, RateLimitLayer};
+use tower::ServiceExt;
+
+const POLICY: &str = "
+domain: api
+descriptors:
+  - key: api_key
+    rate_limit: {name: per_key, unit: hour, requests_per_unit: 3}
+  - key: soft_key
+    rate_limit: {name: soft, unit: hour, requests_per_unit: 1, mode: soft}
+";
+
+async fn embedded() -> Embedded {
+    let policy = Policy::from_yaml("inline.yaml", POLICY).unwrap();
+    Embedded::with_policy(policy, &StoreUrl::Memory, Options::default())
+        .await
+        .unwrap()
+}
+
+/// A router whose handler counts its calls.
+fn app(limiter: Embedded, calls: Arc<AtomicUsize>) -> Router {
+    Router::new()
+        .route(
+            "/",
+            get(move || {
+                let calls = calls.clone();
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    "hello"
+                }
+            }),
+        )
+        .layer(RateLimitLayer::new(
+            limiter,
+            Descriptors::new("api")
+                .header("x-api-key", "api_key")
+                .header("x-soft", "soft_key"),
+        ))
+}
+
+fn get_with(header: &str, value: &str) -> Request<Body> {
+    Request::get("/")
+        .header(header, value)
+        .body(Body::empty())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn allows_up_to_the_limit_then_answers_429_without_calling_the_service() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = app(embedded().await, calls.clone());
+    for expected_remaining in ["2", "1", "0"] {
+        let response = app
+            .clone()
+            .oneshot(get_with("x-api-key", "k1"))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let h = response.headers();
+        assert_eq!(h["x-ratelimit-limit"], "3");
+        assert_eq!(h["x-ratelimit-remaining"], expected_remaining);
+        assert!(h.contains_key("x-ratelimit-reset"));
+        assert_eq!(h["ratelimit-policy"], "\"per_key\";q=3;w=3600");
+        assert!(
+            h["ratelimit"]
+                .to_str()
+                .unwrap()
+                .starts_with(&format!("\"per_key\";r={expected_remaining};t="))
+        );
+        assert!(!h.contains_key("retry-after"));
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"hello");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+    for _ in 0..2 {
+        let response = app
+            .clone()
+            .oneshot(get_with("x-api-key", "k1"))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        let h = response.headers();
+        assert_eq!(h["content-type"], "application/problem+json");
+        let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!((1..=3600).contains(&retry), "retry-after {retry}");
+        assert_eq!(h["x-ratelimit-remaining"], "0");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            problem,
+            serde_json::json!({
+                "type": "about:blank",
+                "title": "Too Many Requests",
+                "status": 429,
+                "detail": "rate limit `per_key` exceeded",
+            })
+        );
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "denied requests never reach the service"
+    );
+
+    // Another key has its own quota.
+    let other = app.oneshot(get_with("x-api-key", "k2")).await.unwrap();
+    assert_eq!(other.status(), StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn requests_without_descriptors_pass_unchecked() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = app(embedded().await, calls.clone());
+    for _ in 0..5 {
+        let response = app
+            .clone()
+            .oneshot(Request::get("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(!response.headers().contains_key("x-ratelimit-limit"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
+async fn soft_limited_requests_pass_with_the_soft_header() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = app(embedded().await, calls.clone());
+    let first = app.clone().oneshot(get_with("x-soft", "s")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert!(!first.headers().contains_key("x-tollgate-soft-exceeded"));
+    let second = app.oneshot(get_with("x-soft", "s")).await.unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+    let delay: u64 = second.headers()["x-tollgate-soft-exceeded"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(delay > 0);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_closure_describes_requests() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let app = Router::new()
+        .route(
+            "/{tenant}",
+            get(move || {
+                let calls = counted.clone();
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                }
+            }),
+        )
+        .layer(RateLimitLayer::new(
+            embedded().await,
+            |request: &Request<Body>| {
+                let tenant = request.uri().path().trim_start_matches('/').to_owned();
+                let d = RequestDescriptor::new(vec![("api_key".into(), tenant)], 2, None).ok()?;
+                CheckRequest::new("api".into(), vec![d]).ok()
+            },
+        ));
+    // Cost 2 against a limit of 3: the first fits, the second does not.
+    let first = app
+        .clone()
+        .oneshot(Request::get("/acme").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(first.headers()["x-ratelimit-remaining"], "1");
+    let second = app
+        .oneshot(Request::get("/acme").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn client_ip_and_path_become_descriptors() {
+    let policy = Policy::from_yaml(
+        "inline.yaml",
+        "
+domain: api
+descriptors:
+  - key: remote_address
+    rate_limit: {name: per_ip, unit: hour, requests_per_unit: 1}
+  - key: path
+    value: /admin
+    rate_limit: {name: admin, unit: hour, requests_per_unit: 5}
+",
+    )
+    .unwrap();
+    let limiter = Embedded::with_policy(policy, &StoreUrl::Memory, Options::default())
+        .await
+        .unwrap();
+    let app = Router::new()
+        .route("/admin", get(|| async {}))
+        .layer(RateLimitLayer::new(
+            limiter,
+            Descriptors::new("api")
+                .client_ip("remote_address")
+                .path("path"),
+        ));
+    let from = |ip: [u8; 4]| {
+        let mut request = Request::get("/admin").body(Body::empty()).unwrap();
+        let addr = std::net::SocketAddr::from((ip, 40000));
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(addr));
+        request
+    };
+    let first = app.clone().oneshot(from([10, 0, 0, 1])).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    // The per-IP limit binds (least remaining), and the path limit counted too.
+    assert_eq!(first.headers()["x-ratelimit-remaining"], "0");
+    let again = app.clone().oneshot(from([10, 0, 0, 1])).await.unwrap();
+    assert_eq!(again.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body = again.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["detail"], "rate limit `per_ip` exceeded");
+    let other = app.oneshot(from([10, 0, 0, 2])).await.unwrap();
+    assert_eq!(other.status(), StatusCode::OK);
+    assert_eq!(other.headers()["ratelimit-policy"], "\"per_ip\";q=1;w=3600");
+}
