@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::routing::get;
 use support::Server;
 use tollgate::limiter::{CheckRequest, RequestDescriptor};
-use tollgate_client::{Backend, Descriptors, Outcome, Posture, RateLimitLayer, Remote};
+use tollgate_client::{Backend, Descriptors, Outcome, Posture, RateLimitLayer, Remote, RemoteGrpc};
 use tower::ServiceExt;
 
 const POLICY: &str = "
@@ -70,4 +70,41 @@ async fn layer_over_the_remote_client() {
     assert_eq!(denied.status(), 429);
     assert_eq!(denied.headers()["content-type"], "application/problem+json");
     assert!(denied.headers().contains_key("retry-after"));
+}
+
+#[tokio::test]
+async fn grpc_remote_client_is_allowed_then_denied() {
+    let server = Server::start(POLICY);
+    let url = format!("http://{}", server.grpc);
+    let remote = RemoteGrpc::new(&url, Duration::from_secs(2), Posture::Closed).unwrap();
+    for remaining in ["1", "0"] {
+        let verdict = remote.check(&request("dora")).await.unwrap();
+        assert_eq!(verdict.outcome, Outcome::Allowed);
+        assert_eq!(verdict.header("x-ratelimit-remaining"), Some(remaining));
+    }
+    let denied = remote.check(&request("dora")).await.unwrap();
+    assert_eq!(denied.outcome, Outcome::Limited);
+    assert_eq!(denied.limit_name.as_deref(), Some("per_user"));
+    assert!(denied.header("retry-after").is_some());
+}
+
+#[tokio::test]
+async fn grpc_remote_client_takes_its_posture_when_nobody_answers() {
+    // Accepts connections, never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    for (posture, outcome) in [
+        (Posture::Open, Outcome::Allowed),
+        (Posture::Closed, Outcome::Unavailable),
+    ] {
+        let remote = RemoteGrpc::new(&url, Duration::from_millis(300), posture).unwrap();
+        let started = tokio::time::Instant::now();
+        let verdict = remote.check(&request("erin")).await.unwrap();
+        let waited = started.elapsed();
+        assert_eq!(verdict.outcome, outcome);
+        assert!(
+            waited >= Duration::from_millis(250) && waited < Duration::from_millis(900),
+            "{waited:?}"
+        );
+    }
 }

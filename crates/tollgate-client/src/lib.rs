@@ -38,9 +38,11 @@ mod describe;
 mod embedded;
 mod layer;
 mod remote;
+mod remote_grpc;
 
 pub use backend::{Backend, BackendError, Outcome, Verdict};
 pub use describe::{Describe, Descriptors};
 pub use embedded::{Embedded, OpenError, Options, verdict};
 pub use layer::{RateLimit, RateLimitLayer};
 pub use remote::{Posture, Remote};
+pub use remote_grpc::RemoteGrpc;

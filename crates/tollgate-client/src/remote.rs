@@ -20,7 +20,7 @@ pub enum Posture {
 }
 
 /// Headers copied from the service's answer onto the verdict.
-const FORWARDED: [&str; 8] = [
+pub(crate) const FORWARDED: [&str; 8] = [
     headers::DEGRADED,
     headers::SOFT_EXCEEDED,
     headers::LIMIT,
@@ -63,21 +63,26 @@ impl Remote {
     }
 
     fn fallback(&self) -> Verdict {
-        match self.posture {
-            Posture::Open => Verdict {
-                outcome: Outcome::Allowed,
-                headers: vec![(headers::DEGRADED, "open".to_owned())],
-                limit_name: None,
-            },
-            Posture::Closed => Verdict {
-                outcome: Outcome::Unavailable,
-                headers: vec![
-                    (headers::DEGRADED, "closed".to_owned()),
-                    (headers::RETRY_AFTER, "1".to_owned()),
-                ],
-                limit_name: None,
-            },
-        }
+        fallback(self.posture)
+    }
+}
+
+/// The verdict a caller-side `posture` gives when the service cannot be asked.
+pub(crate) fn fallback(posture: Posture) -> Verdict {
+    match posture {
+        Posture::Open => Verdict {
+            outcome: Outcome::Allowed,
+            headers: vec![(headers::DEGRADED, "open".to_owned())],
+            limit_name: None,
+        },
+        Posture::Closed => Verdict {
+            outcome: Outcome::Unavailable,
+            headers: vec![
+                (headers::DEGRADED, "closed".to_owned()),
+                (headers::RETRY_AFTER, "1".to_owned()),
+            ],
+            limit_name: None,
+        },
     }
 }
 

@@ -1,0 +1,122 @@
+//! The remote client over Envoy RLS v3 gRPC (`ShouldRateLimit`): the protocol every Envoy-style
+//! caller speaks, with one multiplexed HTTP/2 connection.
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use tollgate::limiter::CheckRequest;
+use tollgate_server::headers;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::backend::{Backend, BackendError, Outcome, Verdict};
+use crate::remote::{FORWARDED, Posture, fallback};
+
+/// A client of a tollgate service's gRPC API. Cheap to clone; clones share one connection.
+#[derive(Debug, Clone)]
+pub struct RemoteGrpc {
+    client: RateLimitServiceClient<Channel>,
+    timeout: Duration,
+    posture: Posture,
+}
+
+impl RemoteGrpc {
+    /// A client of the service at `url` (e.g. `http://127.0.0.1:8081`), connected lazily. Each
+    /// decision waits at most `timeout`; past it, or when the service cannot be reached,
+    /// `posture` answers.
+    pub fn new(url: &str, timeout: Duration, posture: Posture) -> Result<Self, BackendError> {
+        let channel = Endpoint::from_shared(url.to_owned())
+            .map_err(|e| BackendError::Invalid(format!("invalid service URL `{url}`: {e}")))?
+            .connect_timeout(timeout)
+            .timeout(timeout)
+            .connect_lazy();
+        Ok(RemoteGrpc {
+            client: RateLimitServiceClient::new(channel),
+            timeout,
+            posture,
+        })
+    }
+}
+
+fn wire_request(request: &CheckRequest) -> Result<RateLimitRequest, BackendError> {
+    let descriptors = request
+        .descriptors()
+        .iter()
+        .map(|d| {
+            if d.limit_override().is_some() {
+                return Err(BackendError::Invalid(
+                    "limit overrides are not sent by the remote client".to_owned(),
+                ));
+            }
+            Ok(RateLimitDescriptor {
+                entries: d
+                    .entries()
+                    .iter()
+                    .map(|(key, value)| Entry {
+                        key: key.clone(),
+                        value: value.clone(),
+                    })
+                    .collect(),
+                hits_addend: Some(UInt64Value { value: d.cost() }),
+                ..Default::default()
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(RateLimitRequest {
+        domain: request.domain().to_owned(),
+        descriptors,
+        hits_addend: 1,
+    })
+}
+
+impl Backend for RemoteGrpc {
+    async fn check(&self, request: &CheckRequest) -> Result<Verdict, BackendError> {
+        let wire = wire_request(request)?;
+        let mut client = self.client.clone();
+        let answer = tokio::time::timeout(self.timeout, client.should_rate_limit(wire)).await;
+        let response = match answer {
+            Ok(Ok(response)) => response.into_inner(),
+            Ok(Err(status)) if status.code() == tonic::Code::InvalidArgument => {
+                return Err(BackendError::Invalid(status.message().to_owned()));
+            }
+            // Unreachable, failing or slower than the timeout.
+            _ => return Ok(fallback(self.posture)),
+        };
+        let headers: Vec<(&'static str, String)> = FORWARDED
+            .iter()
+            .filter_map(|name| {
+                let h = response
+                    .response_headers_to_add
+                    .iter()
+                    .find(|h| h.key == *name)?;
+                Some((*name, h.value.clone()))
+            })
+            .collect();
+        let degraded_closed = headers
+            .iter()
+            .any(|(n, v)| *n == headers::DEGRADED && v == "closed");
+        let outcome = match Code::try_from(response.overall_code) {
+            Ok(Code::Ok) => Outcome::Allowed,
+            Ok(Code::OverLimit) if degraded_closed => Outcome::Unavailable,
+            Ok(Code::OverLimit) => Outcome::Limited,
+            _ => return Ok(fallback(self.posture)),
+        };
+        let over = Code::OverLimit as i32;
+        let limit_name = response
+            .statuses
+            .iter()
+            .find(|s| s.code == over && s.current_limit.is_some())
+            .or_else(|| response.statuses.iter().find(|s| s.current_limit.is_some()))
+            .and_then(|s| s.current_limit.as_ref())
+            .map(|l| l.name.clone());
+        Ok(Verdict {
+            outcome,
+            headers,
+            limit_name,
+        })
+    }
+}
