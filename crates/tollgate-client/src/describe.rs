@@ -29,7 +29,14 @@ enum Source {
     Header(http::HeaderName),
     ClientIp,
     Path,
+    Method,
+    User,
 }
+
+/// The authenticated user of a request, as an authentication layer in front of the rate
+/// limit puts it in the request's extensions; read by [`Descriptors::user`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthenticatedUser(pub String);
 
 /// A declarative [`Describe`] for common cases: each source becomes its own one-entry
 /// descriptor `key=value` (so each is limited independently by the policy rule of that
@@ -79,6 +86,18 @@ impl Descriptors {
         self.sources.push((Source::Path, key.into()));
         self
     }
+
+    /// The request method (`GET`, `POST`...) as descriptor key `key`.
+    pub fn method(mut self, key: impl Into<String>) -> Self {
+        self.sources.push((Source::Method, key.into()));
+        self
+    }
+
+    /// The [`AuthenticatedUser`] extension, when present, as descriptor key `key`.
+    pub fn user(mut self, key: impl Into<String>) -> Self {
+        self.sources.push((Source::User, key.into()));
+        self
+    }
 }
 
 impl<B> Describe<B> for Descriptors {
@@ -100,6 +119,11 @@ impl<B> Describe<B> for Descriptors {
                         .or_else(|| request.extensions().get::<SocketAddr>().copied())
                         .map(|addr| addr.ip().to_string()),
                     Source::Path => Some(request.uri().path().to_owned()),
+                    Source::Method => Some(request.method().as_str().to_owned()),
+                    Source::User => request
+                        .extensions()
+                        .get::<AuthenticatedUser>()
+                        .map(|u| u.0.clone()),
                 }?;
                 RequestDescriptor::new(vec![(key.clone(), value)], 1, None).ok()
             })
@@ -108,5 +132,30 @@ impl<B> Describe<B> for Descriptors {
             return None;
         }
         CheckRequest::new(self.domain.clone(), descriptors).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn method_and_authenticated_user_become_descriptors() {
+        let describe = Descriptors::new("api").method("method").user("user");
+        let mut request = Request::post("/x").body(()).unwrap();
+        let only_method = describe.describe(&request).unwrap();
+        assert_eq!(only_method.descriptors().len(), 1, "no user yet: left out");
+        assert_eq!(
+            only_method.descriptors()[0].entries()[0],
+            ("method".into(), "POST".into())
+        );
+        request
+            .extensions_mut()
+            .insert(AuthenticatedUser("alice".into()));
+        let both = describe.describe(&request).unwrap();
+        assert_eq!(
+            both.descriptors()[1].entries()[0],
+            ("user".into(), "alice".into())
+        );
     }
 }

@@ -41,7 +41,7 @@ mod remote;
 mod remote_grpc;
 
 pub use backend::{Backend, BackendError, Outcome, Verdict};
-pub use describe::{Describe, Descriptors};
+pub use describe::{AuthenticatedUser, Describe, Descriptors};
 pub use embedded::{Embedded, OpenError, Options, verdict};
 pub use layer::{RateLimit, RateLimitLayer};
 pub use remote::{Posture, Remote};
