@@ -114,11 +114,20 @@ async fn a_manual_failover_under_traffic_fails_no_request() {
         )
         .parse()
         .unwrap();
-    let replica = cluster
-        .nodes()
-        .into_iter()
-        .find(|n| n.primary_port == Some(owner))
-        .expect("the hot key's primary has a replica")
+    // The replica's view of its primary can lag the cluster's start by a moment: poll.
+    let mut replica = None;
+    for _ in 0..50 {
+        replica = cluster
+            .nodes()
+            .into_iter()
+            .find(|n| n.primary_port == Some(owner));
+        if replica.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let replica = replica
+        .unwrap_or_else(|| panic!("no replica of {owner}: {:?}", cluster.nodes()))
         .port;
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -128,6 +128,9 @@ fn store_error(e: redis::RedisError) -> StoreError {
     }
 }
 
+/// `MOVED` redirects followed within one call.
+const MAX_REDIRECTS: usize = 3;
+
 /// One script call's worth of charges: indexes into the request's charges, all on `slot`.
 struct Group {
     slot: u16,
@@ -232,10 +235,18 @@ impl RedisStore {
         let mut answer = invocation
             .invoke_async::<Vec<i64>>(&mut self.connection_to(&node)?)
             .await;
-        if let (Err(e), Connection::Cluster(router)) = (&answer, &self.connection)
-            && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved)
-            && let Some((to, moved_slot)) = e.redirect_node()
-        {
+        // During a failover the slot can move twice (old primary -> promoting replica): follow a
+        // few redirects, all within the decision's deadline.
+        for _ in 0..MAX_REDIRECTS {
+            let (Err(e), Connection::Cluster(router)) = (&answer, &self.connection) else {
+                break;
+            };
+            let Some((to, moved_slot)) = e
+                .redirect_node()
+                .filter(|_| e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved))
+            else {
+                break;
+            };
             let to = to.to_owned();
             self.topology.moved(moved_slot, &to);
             router.refresh_soon();
