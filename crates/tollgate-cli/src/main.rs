@@ -1,6 +1,7 @@
 //! `tollgate`: the rate-limit decision service and its tools.
 
 mod admin_client;
+mod bench;
 mod check;
 mod policy;
 mod serve;
@@ -35,6 +36,9 @@ enum Command {
     Policy(policy::PolicyArgs),
     /// Show the keys a rule denied most often on a running server.
     Top(top::TopArgs),
+    /// Load a rate-limit server (tollgate or any Envoy RLS v3 server) and report throughput,
+    /// latency and outcomes; bounded in time, loopback targets only by default.
+    Bench(Box<bench::BenchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +49,7 @@ fn main() -> ExitCode {
         Command::Validate(args) => validate::run(args),
         Command::Policy(args) => policy::run(args),
         Command::Top(args) => top::run(args),
+        Command::Bench(args) => bench::run(*args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,662 @@
+//! `tollgate bench`: a bounded load generator for Envoy RLS v3 gRPC and the HTTP API.
+//!
+//! Workers share a few connections; each worker sends one request at a time (closed loop), or
+//! follows a schedule with `--rate` (open loop). In open loop a latency is measured from the
+//! request's scheduled start, so a slow server is not hidden by the generator falling behind.
+
+mod histogram;
+mod keys;
+
+use std::io::IsTerminal;
+use std::net::{IpAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{ArgGroup, Args};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use serde_json::{Value, json};
+use tonic::transport::{Channel, Endpoint};
+
+use histogram::Histogram;
+use keys::{KeySpace, Rng};
+
+/// The longest run the tool agrees to.
+const MAX_DURATION: Duration = Duration::from_secs(600);
+/// The time bound when only `--requests` is given.
+const DEFAULT_DURATION: Duration = Duration::from_secs(10);
+/// A request slower than this counts as an error.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bounds the Zipf table (8 bytes per key).
+const MAX_KEYS: u64 = 10_000_000;
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("bound").required(true).multiple(true).args(["duration", "requests"])))]
+pub struct BenchArgs {
+    /// Server to load: `grpc://HOST:PORT` (Envoy RLS v3) or `http://HOST:PORT` (`POST /v1/check`).
+    #[arg(long)]
+    target: String,
+    /// Domain of every request.
+    #[arg(long)]
+    domain: String,
+    /// A descriptor as `key=VALUE_TEMPLATE[,key=...]`; `{key}` in a value becomes the key index.
+    /// Repeat for several descriptors per request.
+    #[arg(
+        long = "descriptor",
+        required = true,
+        value_name = "KEY=TEMPLATE[,...]"
+    )]
+    descriptors: Vec<String>,
+    /// Size of the key space: `{key}` takes values 0..N.
+    #[arg(long, default_value_t = 1)]
+    keys: u64,
+    /// Zipf exponent S for a skewed key choice (key 0 hottest); uniform when absent or 0.
+    #[arg(long, value_name = "S")]
+    zipf: Option<f64>,
+    /// Number of concurrent workers (requests in flight at most).
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// gRPC channels (HTTP: clients, each with its own keep-alive pool) shared by the workers.
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
+    /// Stop after this long (for example `5s`); at most 10 minutes.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+    /// Stop after exactly this many requests (and after 10 s unless `--duration` says otherwise).
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Open loop: send this many requests per second in total, spread over the workers.
+    #[arg(long, value_name = "R")]
+    rate: Option<f64>,
+    /// With `--keys 1`: report admitted requests against LIMIT; exit 1 if more were admitted.
+    #[arg(long, value_name = "LIMIT")]
+    verify: Option<u64>,
+    /// Print the final report as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Print progress on stderr once a second even when stderr is not a terminal.
+    #[arg(long)]
+    progress: bool,
+    /// Allow a target that is not a loopback address.
+    #[arg(long)]
+    allow_remote: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Grpc,
+    Http,
+}
+
+impl Protocol {
+    fn name(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::Http => "http",
+        }
+    }
+}
+
+/// A descriptor entry whose value may contain `{key}`.
+#[derive(Debug, Clone)]
+struct EntryTemplate {
+    key: String,
+    value: String,
+}
+
+/// Everything a run needs, checked once.
+#[derive(Debug)]
+struct Plan {
+    protocol: Protocol,
+    /// `HOST:PORT` as given.
+    authority: String,
+    domain: String,
+    descriptors: Vec<Vec<EntryTemplate>>,
+    keys: KeySpace,
+    concurrency: usize,
+    connections: usize,
+    duration: Duration,
+    requests: Option<u64>,
+    /// Time between two requests of one worker in open loop.
+    interval: Option<Duration>,
+}
+
+fn parse_target(target: &str) -> anyhow::Result<(Protocol, String)> {
+    let (scheme, rest) = target.split_once("://").with_context(|| {
+        format!("target `{target}` is not grpc://HOST:PORT or http://HOST:PORT")
+    })?;
+    let protocol = match scheme {
+        "grpc" => Protocol::Grpc,
+        "http" => Protocol::Http,
+        other => bail!("target scheme `{other}` is not grpc or http"),
+    };
+    let authority = rest.trim_end_matches('/');
+    if authority.is_empty() || authority.contains('/') {
+        bail!("target `{target}` must be SCHEME://HOST:PORT with no path");
+    }
+    Ok((protocol, authority.to_string()))
+}
+
+/// True when every address the authority resolves to is a loopback address.
+fn is_loopback(authority: &str) -> anyhow::Result<bool> {
+    let addrs: Vec<_> = authority
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve `{authority}` (HOST:PORT expected)"))?
+        .collect();
+    Ok(!addrs.is_empty()
+        && addrs.iter().all(|a| match a.ip() {
+            IpAddr::V4(ip) => ip.is_loopback(),
+            IpAddr::V6(ip) => {
+                ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+            }
+        }))
+}
+
+fn parse_descriptor(text: &str) -> anyhow::Result<Vec<EntryTemplate>> {
+    text.split(',')
+        .map(|pair| {
+            let (key, value) = pair
+                .split_once('=')
+                .with_context(|| format!("descriptor entry `{pair}` is not key=value"))?;
+            if key.is_empty() {
+                bail!("descriptor entry `{pair}` has an empty key");
+            }
+            Ok(EntryTemplate {
+                key: key.to_string(),
+                value: value.to_string(),
+            })
+        })
+        .collect()
+}
+
+impl Plan {
+    fn new(args: &BenchArgs) -> anyhow::Result<Plan> {
+        let (protocol, authority) = parse_target(&args.target)?;
+        if !args.allow_remote && !is_loopback(&authority)? {
+            bail!(
+                "target `{}` is not a loopback address; pass --allow-remote to load a remote server",
+                args.target
+            );
+        }
+        if args.keys == 0 || args.keys > MAX_KEYS {
+            bail!("--keys must be between 1 and {MAX_KEYS}");
+        }
+        if let Some(s) = args.zipf
+            && !(s.is_finite() && s >= 0.0)
+        {
+            bail!("--zipf must be a finite number >= 0");
+        }
+        if args.concurrency == 0 || args.connections == 0 {
+            bail!("--concurrency and --connections must be at least 1");
+        }
+        let duration = args.duration.unwrap_or(DEFAULT_DURATION);
+        if duration > MAX_DURATION {
+            bail!("--duration may not exceed 10 minutes");
+        }
+        if duration.is_zero() {
+            bail!("--duration must be positive");
+        }
+        if args.requests == Some(0) {
+            bail!("--requests must be at least 1");
+        }
+        let interval = match args.rate {
+            None => None,
+            Some(rate) if rate.is_finite() && rate > 0.0 => {
+                Some(Duration::from_secs_f64(args.concurrency as f64 / rate))
+            }
+            Some(_) => bail!("--rate must be a positive number of requests per second"),
+        };
+        if args.verify.is_some() && args.keys != 1 {
+            bail!("--verify needs a single key (--keys 1)");
+        }
+        let descriptors = args
+            .descriptors
+            .iter()
+            .map(|d| parse_descriptor(d))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Plan {
+            protocol,
+            authority,
+            domain: args.domain.clone(),
+            descriptors,
+            keys: KeySpace::new(args.keys, args.zipf),
+            concurrency: args.concurrency,
+            connections: args.connections,
+            duration,
+            requests: args.requests,
+            interval,
+        })
+    }
+
+    fn grpc_request(&self, key: &str) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: self.domain.clone(),
+            descriptors: self
+                .descriptors
+                .iter()
+                .map(|entries| RateLimitDescriptor {
+                    entries: entries
+                        .iter()
+                        .map(|e| Entry {
+                            key: e.key.clone(),
+                            value: e.value.replace("{key}", key),
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .collect(),
+            hits_addend: 1,
+        }
+    }
+
+    /// The JSON body with `{key}` left in place; JSON escaping never touches `{key}`.
+    fn http_body_template(&self) -> String {
+        let descriptors: Vec<Value> = self
+            .descriptors
+            .iter()
+            .map(|entries| {
+                let entries: Vec<Value> = entries
+                    .iter()
+                    .map(|e| json!({ "key": e.key, "value": e.value }))
+                    .collect();
+                json!({ "entries": entries })
+            })
+            .collect();
+        json!({ "domain": self.domain, "descriptors": descriptors }).to_string()
+    }
+}
+
+/// Counters shared by the workers and the progress printer.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Requests started; also hands out the `--requests` budget.
+    issued: AtomicU64,
+    done: AtomicU64,
+    ok: AtomicU64,
+    over_limit: AtomicU64,
+    errors: AtomicU64,
+    first_error: OnceLock<String>,
+    stop: AtomicBool,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    Ok,
+    OverLimit,
+    Error,
+}
+
+impl Tally {
+    fn count(&self, outcome: Outcome) {
+        let counter = match outcome {
+            Outcome::Ok => &self.ok,
+            Outcome::OverLimit => &self.over_limit,
+            Outcome::Error => &self.errors,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.done.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn error(&self, message: String) -> Outcome {
+        let _ = self.first_error.set(message);
+        Outcome::Error
+    }
+
+    /// Claims one request of the budget; false once the run is over.
+    fn claim(&self, budget: Option<u64>, deadline: Instant, now: Instant) -> bool {
+        if self.stop.load(Ordering::Relaxed) || now >= deadline {
+            return false;
+        }
+        match budget {
+            None => true,
+            Some(n) => self.issued.fetch_add(1, Ordering::Relaxed) < n,
+        }
+    }
+}
+
+/// The one place the tool reads a clock: it measures wall time, it decides nothing.
+#[allow(clippy::disallowed_methods)]
+fn now() -> Instant {
+    Instant::now()
+}
+
+#[derive(Debug, Clone)]
+enum Client {
+    Grpc(RateLimitServiceClient<Channel>),
+    Http {
+        client: reqwest::Client,
+        url: String,
+        body: Arc<str>,
+    },
+}
+
+async fn connect(plan: &Plan) -> anyhow::Result<Vec<Client>> {
+    let mut clients = Vec::with_capacity(plan.connections);
+    for _ in 0..plan.connections {
+        let client = match plan.protocol {
+            Protocol::Grpc => {
+                let endpoint = Endpoint::from_shared(format!("http://{}", plan.authority))?
+                    .connect_timeout(REQUEST_TIMEOUT)
+                    .tcp_nodelay(true);
+                let channel = endpoint
+                    .connect()
+                    .await
+                    .with_context(|| format!("could not connect to grpc://{}", plan.authority))?;
+                Client::Grpc(RateLimitServiceClient::new(channel))
+            }
+            Protocol::Http => Client::Http {
+                client: reqwest::Client::builder()
+                    .timeout(REQUEST_TIMEOUT)
+                    .tcp_nodelay(true)
+                    .build()?,
+                url: format!("http://{}/v1/check", plan.authority),
+                body: plan.http_body_template().into(),
+            },
+        };
+        clients.push(client);
+    }
+    Ok(clients)
+}
+
+async fn send(client: &mut Client, plan: &Plan, key: &str, tally: &Tally) -> Outcome {
+    match client {
+        Client::Grpc(grpc) => {
+            let call = grpc.should_rate_limit(plan.grpc_request(key));
+            match tokio::time::timeout(REQUEST_TIMEOUT, call).await {
+                Err(_) => tally.error("grpc: request timed out".into()),
+                Ok(Err(status)) => {
+                    tally.error(format!("grpc: {}: {}", status.code(), status.message()))
+                }
+                Ok(Ok(response)) => match response.into_inner().overall_code() {
+                    Code::Ok => Outcome::Ok,
+                    Code::OverLimit => Outcome::OverLimit,
+                    Code::Unknown => tally.error("grpc: overall_code UNKNOWN".into()),
+                },
+            }
+        }
+        Client::Http { client, url, body } => {
+            let body = body.replace("{key}", key);
+            let sent = client
+                .post(url.as_str())
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await;
+            match sent {
+                Err(e) => tally.error(format!("http: {e}")),
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    // Drain the body so the connection is reused.
+                    let drained = response.bytes().await;
+                    match (status, drained) {
+                        (_, Err(e)) => tally.error(format!("http: {e}")),
+                        (200, Ok(_)) => Outcome::Ok,
+                        (429, Ok(_)) => Outcome::OverLimit,
+                        (other, Ok(_)) => tally.error(format!("http: status {other}")),
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn worker(
+    index: usize,
+    mut client: Client,
+    plan: Arc<Plan>,
+    tally: Arc<Tally>,
+    start: Instant,
+    deadline: Instant,
+) -> Histogram {
+    let mut histogram = Histogram::default();
+    let mut rng = Rng::new(0x5EED ^ (index as u64).wrapping_mul(0x9E37_79B9));
+    // Stagger open-loop workers so their sends spread over one interval.
+    let mut next = plan
+        .interval
+        .map(|i| start + i.mul_f64(index as f64 / plan.concurrency as f64));
+    let mut key = String::new();
+    loop {
+        if let Some(at) = next {
+            tokio::time::sleep_until(at.into()).await;
+        }
+        let sent_at = now();
+        if !tally.claim(plan.requests, deadline, sent_at) {
+            break;
+        }
+        key.clear();
+        key.push_str(&plan.keys.sample(&mut rng).to_string());
+        let outcome = send(&mut client, &plan, &key, &tally).await;
+        let finished = now();
+        // Open loop: latency counts from the scheduled start, not from when the worker got to it.
+        let began = next.map_or(sent_at, |at| at.min(sent_at));
+        histogram.record(finished - began);
+        tally.count(outcome);
+        if let (Some(at), Some(interval)) = (next.as_mut(), plan.interval) {
+            *at += interval;
+        }
+    }
+    histogram
+}
+
+async fn progress(tally: Arc<Tally>, start: Instant) {
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    ticker.tick().await;
+    let mut last = 0;
+    loop {
+        ticker.tick().await;
+        let done = tally.done.load(Ordering::Relaxed);
+        eprintln!(
+            "{:>5.1}s  {done} requests  {} req/s  {} errors",
+            start.elapsed().as_secs_f64(),
+            done - last,
+            tally.errors.load(Ordering::Relaxed),
+        );
+        last = done;
+    }
+}
+
+/// What a run measured.
+#[derive(Debug)]
+struct Report {
+    elapsed: Duration,
+    requests: u64,
+    ok: u64,
+    over_limit: u64,
+    errors: u64,
+    first_error: Option<String>,
+    latency: Histogram,
+}
+
+async fn run_plan(plan: Plan, show_progress: bool) -> anyhow::Result<Report> {
+    let clients = connect(&plan).await?;
+    let plan = Arc::new(plan);
+    let tally = Arc::new(Tally::default());
+    let start = now();
+    let deadline = start + plan.duration;
+    let ticker = show_progress.then(|| tokio::spawn(progress(tally.clone(), start)));
+    let workers: Vec<_> = (0..plan.concurrency)
+        .map(|i| {
+            let client = clients[i % clients.len()].clone();
+            tokio::spawn(worker(
+                i,
+                client,
+                plan.clone(),
+                tally.clone(),
+                start,
+                deadline,
+            ))
+        })
+        .collect();
+    let mut latency = Histogram::default();
+    for w in workers {
+        latency.merge(&w.await.context("a worker failed")?);
+    }
+    let elapsed = start.elapsed();
+    tally.stop.store(true, Ordering::Relaxed);
+    if let Some(t) = ticker {
+        t.abort();
+    }
+    Ok(Report {
+        elapsed,
+        requests: tally.done.load(Ordering::Relaxed),
+        ok: tally.ok.load(Ordering::Relaxed),
+        over_limit: tally.over_limit.load(Ordering::Relaxed),
+        errors: tally.errors.load(Ordering::Relaxed),
+        first_error: tally.first_error.get().cloned(),
+        latency,
+    })
+}
+
+fn micros(d: Duration) -> f64 {
+    (d.as_nanos() as f64 / 1000.0 * 10.0).round() / 10.0
+}
+
+impl Report {
+    fn throughput(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
+    }
+
+    fn to_json(&self, args: &BenchArgs, protocol: Protocol) -> Value {
+        let q = |p| micros(self.latency.quantile(p));
+        let mut out = json!({
+            "target": args.target,
+            "protocol": protocol.name(),
+            "domain": args.domain,
+            "keys": args.keys,
+            "zipf": args.zipf,
+            "concurrency": args.concurrency,
+            "connections": args.connections,
+            "rate": args.rate,
+            "elapsed_s": self.elapsed.as_secs_f64(),
+            "requests": self.requests,
+            "ok": self.ok,
+            "over_limit": self.over_limit,
+            "errors": self.errors,
+            "first_error": self.first_error,
+            "throughput_rps": self.throughput(),
+            "latency_us": {
+                "p50": q(0.5),
+                "p90": q(0.9),
+                "p99": q(0.99),
+                "p99_9": q(0.999),
+                "max": micros(self.latency.max()),
+            },
+        });
+        if let Some(limit) = args.verify {
+            out["verify"] = json!({
+                "limit": limit,
+                "admitted": self.ok,
+                "passed": self.ok <= limit,
+            });
+        }
+        out
+    }
+
+    fn render(&self, args: &BenchArgs) -> String {
+        let q = |p| format!("{:.1}", micros(self.latency.quantile(p)));
+        let mut out = format!(
+            "{} requests in {:.2}s: {:.0} req/s\n\
+             latency µs: p50 {}  p90 {}  p99 {}  p99.9 {}  max {:.1}\n\
+             OK {}  OVER_LIMIT {}  errors {}\n",
+            self.requests,
+            self.elapsed.as_secs_f64(),
+            self.throughput(),
+            q(0.5),
+            q(0.9),
+            q(0.99),
+            q(0.999),
+            micros(self.latency.max()),
+            self.ok,
+            self.over_limit,
+            self.errors,
+        );
+        if let Some(e) = &self.first_error {
+            out.push_str(&format!("first error: {e}\n"));
+        }
+        if let Some(limit) = args.verify {
+            let verdict = if self.ok <= limit { "ok" } else { "OVER" };
+            out.push_str(&format!(
+                "verify: admitted {} of limit {limit}: {verdict}\n",
+                self.ok
+            ));
+        }
+        out
+    }
+}
+
+/// Exit status: 0 done, 1 `--verify` failed or every request failed, 2 could not run.
+pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let plan = Plan::new(&args)?;
+    let protocol = plan.protocol;
+    let show_progress = args.progress || std::io::stderr().is_terminal();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(run_plan(plan, show_progress))?;
+    if args.json {
+        println!("{}", report.to_json(&args, protocol));
+    } else {
+        print!("{}", report.render(&args));
+    }
+    let verify_failed = args.verify.is_some_and(|limit| report.ok > limit);
+    let all_failed = report.requests > 0 && report.errors == report.requests;
+    Ok(if verify_failed || all_failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_and_remote_hosts_are_recognised() {
+        assert_eq!(
+            parse_target("grpc://127.0.0.1:8081").unwrap(),
+            (Protocol::Grpc, "127.0.0.1:8081".into())
+        );
+        assert_eq!(
+            parse_target("http://localhost:8080/").unwrap(),
+            (Protocol::Http, "localhost:8080".into())
+        );
+        assert!(parse_target("https://127.0.0.1:1").is_err());
+        assert!(parse_target("http://127.0.0.1:1/v1").is_err());
+        assert!(is_loopback("127.0.0.1:1").unwrap());
+        assert!(is_loopback("[::1]:1").unwrap());
+        assert!(!is_loopback("192.0.2.1:1").unwrap());
+    }
+
+    #[test]
+    fn templates_fill_the_key_in_every_value() {
+        let entries = parse_descriptor("user=u{key},plan=free").unwrap();
+        let plan_body = Plan {
+            protocol: Protocol::Http,
+            authority: "127.0.0.1:1".into(),
+            domain: "api".into(),
+            descriptors: vec![entries],
+            keys: KeySpace::new(1, None),
+            concurrency: 1,
+            connections: 1,
+            duration: Duration::from_secs(1),
+            requests: None,
+            interval: None,
+        };
+        let request = plan_body.grpc_request("42");
+        assert_eq!(request.descriptors[0].entries[0].value, "u42");
+        assert_eq!(request.descriptors[0].entries[1].value, "free");
+        let body: Value =
+            serde_json::from_str(&plan_body.http_body_template().replace("{key}", "7")).unwrap();
+        assert_eq!(body["descriptors"][0]["entries"][0]["value"], "u7");
+        assert!(parse_descriptor("novalue").is_err());
+        assert!(parse_descriptor("=x").is_err());
+    }
+}

@@ -1,0 +1,237 @@
+//! `tollgate bench` against a real `tollgate serve` (memory store) over both protocols.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use support::{Server, binary};
+
+const POLICY: &str = r#"
+domain: bench
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, unit: second, requests_per_unit: 1000000}
+  - key: daily
+    rate_limit: {name: daily, unit: day, requests_per_unit: 100}
+"#;
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(binary())
+        .arg("bench")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn bench_json(args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let out = bench(&all);
+    assert!(
+        out.status.success(),
+        "bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn n(v: &Value, path: &[&str]) -> f64 {
+    let mut at = v;
+    for p in path {
+        at = &at[*p];
+    }
+    at.as_f64()
+        .unwrap_or_else(|| panic!("{path:?} missing in {v}"))
+}
+
+fn assert_consistent(report: &Value) {
+    let requests = n(report, &["requests"]);
+    assert!(requests > 0.0, "{report}");
+    assert_eq!(
+        n(report, &["ok"]) + n(report, &["over_limit"]) + n(report, &["errors"]),
+        requests,
+        "{report}"
+    );
+    assert_eq!(n(report, &["errors"]), 0.0, "{report}");
+    let p50 = n(report, &["latency_us", "p50"]);
+    let p90 = n(report, &["latency_us", "p90"]);
+    let p99 = n(report, &["latency_us", "p99"]);
+    let p999 = n(report, &["latency_us", "p99_9"]);
+    let max = n(report, &["latency_us", "max"]);
+    assert!(
+        0.0 < p50 && p50 <= p90 && p90 <= p99 && p99 <= p999 && p999 <= max,
+        "{report}"
+    );
+    assert!(n(report, &["throughput_rps"]) > 0.0, "{report}");
+}
+
+#[test]
+fn grpc_and_http_runs_report_consistent_json() {
+    let server = Server::start(POLICY);
+    for target in [
+        format!("grpc://{}", server.grpc),
+        format!("http://{}", server.http),
+    ] {
+        let report = bench_json(&[
+            "--target",
+            &target,
+            "--domain",
+            "bench",
+            "--descriptor",
+            "user=u{key}",
+            "--keys",
+            "1000",
+            "--zipf",
+            "1.1",
+            "--concurrency",
+            "8",
+            "--connections",
+            "2",
+            "--duration",
+            "1s",
+        ]);
+        assert_consistent(&report);
+        assert_eq!(report["over_limit"], 0, "{report}");
+        let elapsed = n(&report, &["elapsed_s"]);
+        assert!((0.9..3.0).contains(&elapsed), "{report}");
+    }
+}
+
+#[test]
+fn verify_admits_exactly_the_limit_of_a_single_key() {
+    let server = Server::start(POLICY);
+    for (target, value) in [
+        (format!("grpc://{}", server.grpc), "g{key}"),
+        (format!("http://{}", server.http), "h{key}"),
+    ] {
+        let descriptor = format!("daily={value}");
+        let report = bench_json(&[
+            "--target",
+            &target,
+            "--domain",
+            "bench",
+            "--descriptor",
+            &descriptor,
+            "--keys",
+            "1",
+            "--concurrency",
+            "16",
+            "--requests",
+            "300",
+            "--verify",
+            "100",
+        ]);
+        assert_consistent(&report);
+        assert_eq!(report["requests"], 300, "{report}");
+        assert_eq!(report["ok"], 100, "{report}");
+        assert_eq!(report["over_limit"], 200, "{report}");
+        assert_eq!(report["verify"]["admitted"], 100, "{report}");
+        assert_eq!(report["verify"]["passed"], true, "{report}");
+    }
+}
+
+#[test]
+fn verify_fails_when_more_than_the_limit_is_admitted() {
+    let server = Server::start(POLICY);
+    let out = bench(&[
+        "--target",
+        &format!("grpc://{}", server.grpc),
+        "--domain",
+        "bench",
+        "--descriptor",
+        "daily=x{key}",
+        "--keys",
+        "1",
+        "--requests",
+        "20",
+        "--verify",
+        "10",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("verify: admitted 20 of limit 10: OVER"),
+        "{text}"
+    );
+}
+
+#[test]
+fn requests_bound_stops_after_exactly_that_many() {
+    let server = Server::start(POLICY);
+    let report = bench_json(&[
+        "--target",
+        &format!("http://{}", server.http),
+        "--domain",
+        "bench",
+        "--descriptor",
+        "user=u{key}",
+        "--keys",
+        "10",
+        "--concurrency",
+        "7",
+        "--requests",
+        "50",
+    ]);
+    assert_consistent(&report);
+    assert_eq!(report["requests"], 50, "{report}");
+}
+
+#[test]
+fn open_loop_rate_paces_the_requests() {
+    let server = Server::start(POLICY);
+    let report = bench_json(&[
+        "--target",
+        &format!("grpc://{}", server.grpc),
+        "--domain",
+        "bench",
+        "--descriptor",
+        "user=u{key}",
+        "--concurrency",
+        "4",
+        "--rate",
+        "200",
+        "--duration",
+        "1s",
+    ]);
+    assert_consistent(&report);
+    let requests = n(&report, &["requests"]);
+    assert!((150.0..=210.0).contains(&requests), "{report}");
+}
+
+#[test]
+fn non_loopback_targets_are_refused_without_allow_remote() {
+    let out = bench(&[
+        "--target",
+        "grpc://192.0.2.1:8081",
+        "--domain",
+        "bench",
+        "--descriptor",
+        "user=u",
+        "--requests",
+        "1",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--allow-remote"), "{err}");
+}
+
+#[test]
+fn a_bound_is_required_and_long_runs_are_refused() {
+    let base = [
+        "--target",
+        "grpc://127.0.0.1:1",
+        "--domain",
+        "d",
+        "--descriptor",
+        "k=v",
+    ];
+    let out = bench(&base);
+    assert!(!out.status.success());
+    let mut long = base.to_vec();
+    long.extend(["--duration", "11m"]);
+    let out = bench(&long);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("10 minutes"));
+}
