@@ -4,10 +4,8 @@
 
 mod support;
 
-use std::process::Command;
-
 use serde_json::{Value, json};
-use support::{Server, binary};
+use support::Server;
 
 const LIVE: &str = "domain: api
 descriptors:
@@ -60,22 +58,6 @@ fn rule<'a>(report: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no rule {name} in {report}"))
 }
 
-/// Runs `tollgate policy ARGS` against the server; returns (exit code, stdout, stderr).
-fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(binary())
-        .arg("policy")
-        .args(args)
-        .args(["--admin", &server.admin_url("")])
-        .env_remove("TOLLGATE_ADMIN_TOKEN")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shadow_candidate_reports_what_it_would_deny_and_promote_makes_it_live() {
     let server = Server::start_with_args(LIVE, &["--watch-interval", "0s"]);
@@ -84,13 +66,13 @@ async fn a_shadow_candidate_reports_what_it_would_deny_and_promote_makes_it_live
     std::fs::write(&path, CANDIDATE).unwrap();
 
     assert_eq!(report(&server).await.0, 404, "no candidate yet");
-    let (code, out, err) = cli(&server, &["push", path.to_str().unwrap(), "--shadow"]);
+    let (code, out, err) = server.policy_cli(&["push", path.to_str().unwrap(), "--shadow"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.starts_with("shadowing: candidate ") && out.contains("(2 limited rules)"),
         "{out}"
     );
-    let (_, list, _) = cli(&server, &["list"]);
+    let (_, list, _) = server.policy_cli(&["list"]);
     assert_eq!(
         list.lines().count(),
         1,
@@ -143,7 +125,7 @@ async fn a_shadow_candidate_reports_what_it_would_deny_and_promote_makes_it_live
     assert_eq!(per_tenant["top_keys"][0]["key"], "tenant=t");
 
     // The CLI prints one line per rule.
-    let (code, table, err) = cli(&server, &["candidate"]);
+    let (code, table, err) = server.policy_cli(&["candidate"]);
     assert_eq!(code, 0, "{err}");
     let row = |name: &str| -> Vec<String> {
         table
@@ -182,7 +164,7 @@ async fn a_shadow_candidate_reports_what_it_would_deny_and_promote_makes_it_live
     let broken_text =
         "domain: api\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: 0}}]\n";
     std::fs::write(&broken, broken_text).unwrap();
-    let (code, _, err) = cli(&server, &["push", broken.to_str().unwrap(), "--shadow"]);
+    let (code, _, err) = server.policy_cli(&["push", broken.to_str().unwrap(), "--shadow"]);
     assert_ne!(code, 0);
     assert!(
         err.contains("broken.yaml:2:") && err.contains("nothing pushed"),
@@ -208,14 +190,14 @@ async fn a_shadow_candidate_reports_what_it_would_deny_and_promote_makes_it_live
     assert_eq!(rule(&after, "per_user")["would_deny"], 2);
 
     // Promote: the candidate's texts become version 2, on the live counters.
-    let (code, out, err) = cli(&server, &["promote"]);
+    let (code, out, err) = server.policy_cli(&["promote"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("activated: version 2-"), "{out}");
     assert_eq!(report(&server).await.0, 404, "promote clears the candidate");
-    let (code, _, err) = cli(&server, &["candidate"]);
+    let (code, _, err) = server.policy_cli(&["candidate"]);
     assert_ne!(code, 0);
     assert!(err.contains("no candidate"), "{err}");
-    let (code, _, err) = cli(&server, &["promote"]);
+    let (code, _, err) = server.policy_cli(&["promote"]);
     assert_ne!(code, 0, "nothing left to promote");
     assert!(err.contains("no candidate"), "{err}");
     assert!(
@@ -231,7 +213,7 @@ async fn a_shadow_candidate_reports_what_it_would_deny_and_promote_makes_it_live
     // The shadow's tenant counter was its own: the live per_tenant starts at zero.
     assert_eq!(check(&server, "tenant", "t").await.status(), 200);
     assert_eq!(check(&server, "tenant", "t").await.status(), 429);
-    let (_, list, _) = cli(&server, &["list"]);
+    let (_, list, _) = server.policy_cli(&["list"]);
     let running = list.lines().find(|l| l.starts_with('*')).unwrap();
     assert!(
         running.starts_with("*    2") && running.contains("push") && running.contains("2 rules"),
@@ -272,23 +254,20 @@ async fn drop_stops_shadowing_and_the_token_guards_the_candidate_routes() {
         "the refused push set nothing"
     );
 
-    let (code, out, err) = cli(
-        &server,
-        &[
-            "push",
-            path.to_str().unwrap(),
-            "--shadow",
-            "--token-file",
-            token,
-        ],
-    );
+    let (code, out, err) = server.policy_cli(&[
+        "push",
+        path.to_str().unwrap(),
+        "--shadow",
+        "--token-file",
+        token,
+    ]);
     assert_eq!(code, 0, "{out}{err}");
     check(&server, "user", "a").await;
-    let (code, table, _) = cli(&server, &["candidate", "--token-file", token]);
+    let (code, table, _) = server.policy_cli(&["candidate", "--token-file", token]);
     assert_eq!(code, 0);
     assert!(table.lines().any(|l| l.contains("per_user")), "{table}");
 
-    let (code, out, err) = cli(&server, &["candidate", "--drop", "--token-file", token]);
+    let (code, out, err) = server.policy_cli(&["candidate", "--drop", "--token-file", token]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("dropped: candidate "), "{out}");
     assert_eq!(
@@ -301,7 +280,7 @@ async fn drop_stops_shadowing_and_the_token_guards_the_candidate_routes() {
             .status(),
         404
     );
-    let (code, _, err) = cli(&server, &["candidate", "--drop", "--token-file", token]);
+    let (code, _, err) = server.policy_cli(&["candidate", "--drop", "--token-file", token]);
     assert_ne!(code, 0, "nothing left to drop");
     assert!(err.contains("no candidate"), "{err}");
     assert!(

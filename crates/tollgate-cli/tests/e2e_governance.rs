@@ -166,21 +166,6 @@ async fn sighup_reloads_the_policy() {
     assert_eq!(remaining(&server, "tenant", "t").await, 29);
 }
 
-fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(binary())
-        .arg("policy")
-        .args(args)
-        .args(["--admin", &server.admin_url("")])
-        .env_remove("TOLLGATE_ADMIN_TOKEN")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_list_diff_and_rollback_from_the_cli() {
     let server = Server::start_with_args(V1, &["--watch-interval", "0s"]);
@@ -192,7 +177,7 @@ async fn push_list_diff_and_rollback_from_the_cli() {
     )
     .unwrap();
 
-    let (code, out, err) = cli(&server, &["push", candidate.to_str().unwrap()]);
+    let (code, out, err) = server.policy_cli(&["push", candidate.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("activated: version 2-"), "{out}");
     check(&server, "tenant", "t").await;
@@ -208,14 +193,14 @@ async fn push_list_diff_and_rollback_from_the_cli() {
         "domain: api\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: 0}}]\n",
     )
     .unwrap();
-    let (code, _, err) = cli(&server, &["push", broken.to_str().unwrap()]);
+    let (code, _, err) = server.policy_cli(&["push", broken.to_str().unwrap()]);
     assert_ne!(code, 0);
     assert!(
         err.contains("broken.yaml:2:") && err.contains("nothing pushed"),
         "{err}"
     );
 
-    let (_, list, _) = cli(&server, &["list"]);
+    let (_, list, _) = server.policy_cli(&["list"]);
     let lines: Vec<&str> = list.lines().collect();
     assert_eq!(lines.len(), 2, "{list}");
     assert!(
@@ -223,7 +208,7 @@ async fn push_list_diff_and_rollback_from_the_cli() {
         "{list}"
     );
 
-    let (_, diff, _) = cli(&server, &["diff", "1", "2"]);
+    let (_, diff, _) = server.policy_cli(&["diff", "1", "2"]);
     assert!(
         diff.contains("-    rate_limit: {name: per_tenant, unit: day, requests_per_unit: 3}"),
         "{diff}"
@@ -233,16 +218,16 @@ async fn push_list_diff_and_rollback_from_the_cli() {
         "{diff}"
     );
 
-    let (code, out, _) = cli(&server, &["rollback"]);
+    let (code, out, _) = server.policy_cli(&["rollback"]);
     assert_eq!(code, 0);
     assert!(out.starts_with("activated: version 3-"), "{out}");
     // The counter (1 used) carried over; back at 3 a day, two more are allowed, then none.
     assert_eq!(check(&server, "tenant", "t").await.status(), 200);
     assert_eq!(check(&server, "tenant", "t").await.status(), 200);
     assert_eq!(check(&server, "tenant", "t").await.status(), 429);
-    let (_, show, _) = cli(&server, &["show", "3"]);
+    let (_, show, _) = server.policy_cli(&["show", "3"]);
     assert!(show.contains("requests_per_unit: 3}"), "{show}");
-    let (code, _, err) = cli(&server, &["rollback", "--to", "99"]);
+    let (code, _, err) = server.policy_cli(&["rollback", "--to", "99"]);
     assert_ne!(code, 0);
     assert!(err.contains("no kept version 99"), "{err}");
 }

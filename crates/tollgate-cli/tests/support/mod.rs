@@ -88,6 +88,23 @@ impl Server {
         format!("http://{}{}", self.admin, path)
     }
 
+    /// Runs `tollgate policy ARGS` against this server's admin API; returns (exit code,
+    /// stdout, stderr).
+    pub fn policy_cli(&self, args: &[&str]) -> (i32, String, String) {
+        let out = Command::new(binary())
+            .arg("policy")
+            .args(args)
+            .args(["--admin", &self.admin_url("")])
+            .env_remove("TOLLGATE_ADMIN_TOKEN")
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     /// Sends a signal (`HUP`, `TERM`...) to the server.
     pub fn signal(&self, name: &str) {
         let status = Command::new("kill")
