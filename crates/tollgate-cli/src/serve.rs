@@ -211,24 +211,11 @@ async fn serve(
     let store = StoreBackend::open(&args.store, options, clock.clone())
         .await
         .with_context(|| format!("cannot open the store {}", args.store))?;
-    let unsupported: Vec<String> = policy
-        .rules()
-        .iter()
-        .filter_map(|rule| {
-            let params = rule.limit.as_ref()?;
-            store
-                .supports(params)
-                .err()
-                .map(|why| format!("{}: rule `{}`: {why}", rule.location, rule.name))
-        })
-        .collect();
-    if !unsupported.is_empty() {
-        for line in &unsupported {
-            eprintln!("{line}");
-        }
+    if let Err(problems) = store.check_policy(&policy) {
+        eprintln!("{problems}");
         eprintln!(
             "{} rule(s) cannot run on the {} store; not starting",
-            unsupported.len(),
+            problems.0.len(),
             store.kind()
         );
         return Ok(ExitCode::FAILURE);

@@ -61,20 +61,9 @@ impl Embedded {
     ) -> Result<Self, OpenError> {
         let clock = Arc::new(SystemClock::new());
         let store = StoreBackend::open(store_url, options.redis, clock.clone()).await?;
-        let unsupported: Vec<String> = policy
-            .rules()
-            .iter()
-            .filter_map(|rule| {
-                let params = rule.limit.as_ref()?;
-                store
-                    .supports(params)
-                    .err()
-                    .map(|why| format!("{}: rule `{}`: {why}", rule.location, rule.name))
-            })
-            .collect();
-        if !unsupported.is_empty() {
-            return Err(OpenError::Unsupported(unsupported.join("\n")));
-        }
+        store
+            .check_policy(&policy)
+            .map_err(|problems| OpenError::Unsupported(problems.to_string()))?;
         let limiter = Limiter::with_failure_settings(policy, store, options.failure, clock);
         Ok(Self::from_limiter(Arc::new(limiter)))
     }

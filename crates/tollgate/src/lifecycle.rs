@@ -19,7 +19,7 @@ use tracing::{info, warn};
 
 use crate::fnv::fnv1a64;
 use crate::limiter::Limiter;
-use crate::policy::{Policy, PolicyError, PolicyErrors};
+use crate::policy::{Policy, PolicyErrors};
 
 /// How many versions are kept for rollback.
 pub const KEPT_VERSIONS: usize = 50;
@@ -248,25 +248,8 @@ impl Lifecycle {
     /// Compiles `sources` and checks that the store can decide every limit exactly.
     fn compile(&self, sources: &[(String, String)]) -> Result<Policy, PolicyErrors> {
         let policy = Policy::from_sources(sources)?;
-        let store = self.limiter.store();
-        let unsupported: Vec<PolicyError> = policy
-            .rules()
-            .iter()
-            .filter_map(|rule| {
-                let why = store.supports(rule.limit.as_ref()?).err()?;
-                let message = format!(
-                    "rule `{}` cannot run on the {} store: {why}",
-                    rule.name,
-                    store.kind()
-                );
-                Some(PolicyError::new(Some(rule.location.clone()), message))
-            })
-            .collect();
-        if unsupported.is_empty() {
-            Ok(policy)
-        } else {
-            Err(PolicyErrors(unsupported))
-        }
+        self.limiter.store().check_policy(&policy)?;
+        Ok(policy)
     }
 
     /// Re-reads the config path and activates it if it changed.

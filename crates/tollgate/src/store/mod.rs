@@ -110,6 +110,33 @@ impl StoreBackend {
         }
     }
 
+    /// Checks that this store can decide every limit of `policy` exactly; each problem names
+    /// the rule and where it is defined.
+    pub fn check_policy(
+        &self,
+        policy: &crate::policy::Policy,
+    ) -> Result<(), crate::policy::PolicyErrors> {
+        use crate::policy::{PolicyError, PolicyErrors};
+        let problems: Vec<PolicyError> = policy
+            .rules()
+            .iter()
+            .filter_map(|rule| {
+                let why = self.supports(rule.limit.as_ref()?).err()?;
+                let message = format!(
+                    "rule `{}` cannot run on the {} store: {why}",
+                    rule.name,
+                    self.kind()
+                );
+                Some(PolicyError::new(Some(rule.location.clone()), message))
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(PolicyErrors(problems))
+        }
+    }
+
     /// Short name for logs and metrics: `memory` or `redis`.
     pub fn kind(&self) -> &'static str {
         match self {
