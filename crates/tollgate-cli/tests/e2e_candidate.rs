@@ -33,15 +33,6 @@ async fn check(server: &Server, key: &str, value: &str) -> reqwest::Response {
         .unwrap()
 }
 
-async fn metrics(server: &Server) -> String {
-    reqwest::get(server.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 async fn report(server: &Server) -> (u16, Value) {
     let r = reqwest::get(server.admin_url("/v1/admin/policy/candidate"))
         .await
@@ -147,7 +138,7 @@ async fn a_shadow_candidate_reports_what_it_would_deny_and_promote_makes_it_live
         "{table}"
     );
 
-    let text = metrics(&server).await;
+    let text = server.metrics().await;
     for expected in [
         r#"tollgate_candidate_decisions_total{domain="api",rule="per_user",outcome="allowed"} 3"#,
         r#"tollgate_candidate_decisions_total{domain="api",rule="per_user",outcome="denied"} 2"#,
@@ -201,7 +192,8 @@ async fn a_shadow_candidate_reports_what_it_would_deny_and_promote_makes_it_live
     assert_ne!(code, 0, "nothing left to promote");
     assert!(err.contains("no candidate"), "{err}");
     assert!(
-        !metrics(&server)
+        !server
+            .metrics()
             .await
             .contains("tollgate_candidate_decisions_total")
     );
@@ -284,7 +276,8 @@ async fn drop_stops_shadowing_and_the_token_guards_the_candidate_routes() {
     assert_ne!(code, 0, "nothing left to drop");
     assert!(err.contains("no candidate"), "{err}");
     assert!(
-        !metrics(&server)
+        !server
+            .metrics()
             .await
             .contains("tollgate_candidate_decisions_total")
     );

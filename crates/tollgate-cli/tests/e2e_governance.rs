@@ -41,15 +41,6 @@ async fn remaining(server: &Server, key: &str, value: &str) -> Value {
     body["statuses"][0]["remaining"].clone()
 }
 
-async fn metrics(server: &Server) -> String {
-    reqwest::get(server.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// Writes the policy file the way editors do: a new file renamed over the old one.
 fn replace_file(server: &Server, text: &str) {
     let tmp = server.config.with_extension("tmp");
@@ -58,7 +49,7 @@ fn replace_file(server: &Server, text: &str) {
 }
 
 async fn policy_version(server: &Server) -> u64 {
-    let text = metrics(server).await;
+    let text = server.metrics().await;
     let line = text
         .lines()
         .find(|l| l.starts_with("tollgate_policy_version{"))
@@ -75,7 +66,7 @@ async fn wait_for_version(server: &Server, seq: u64) {
     }
     panic!(
         "version {seq} never became active:\n{}",
-        metrics(server).await
+        server.metrics().await
     );
 }
 
@@ -123,7 +114,7 @@ async fn file_changes_reload_under_load_without_failures_and_keep_counters() {
     );
     let rejected = "tollgate_policy_reloads_total{result=\"rejected\"} 1";
     for _ in 0..100 {
-        if metrics(&server).await.contains(rejected) {
+        if server.metrics().await.contains(rejected) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -139,7 +130,7 @@ async fn file_changes_reload_under_load_without_failures_and_keep_counters() {
         "no request failed across the reloads"
     );
 
-    let text = metrics(&server).await;
+    let text = server.metrics().await;
     assert_eq!(
         policy_version(&server).await,
         2,
@@ -294,7 +285,7 @@ async fn a_soft_limit_allows_and_marks_the_overage() {
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["statuses"][0]["soft_exceeded"], true);
     assert_eq!(body["soft_delay_ms"], delay);
-    let text = metrics(&server).await;
+    let text = server.metrics().await;
     assert!(
         text.contains(
             r#"tollgate_decisions_total{domain="api",rule="soft_burst",outcome="soft_exceeded"} 1"#
@@ -466,7 +457,7 @@ async fn top_throttled_keys_and_the_metrics_families() {
         .unwrap();
     assert!(!out.status.success());
 
-    let text = metrics(&server).await;
+    let text = server.metrics().await;
     for expected in [
         r#"tollgate_decisions_total{domain="api",rule="per_user",outcome="denied"} 9"#,
         r#"tollgate_decision_duration_seconds_count 24"#,

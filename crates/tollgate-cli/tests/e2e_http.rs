@@ -179,12 +179,7 @@ async fn shadow_rules_count_but_never_deny() {
             i > 0
         );
     }
-    let metrics = reqwest::get(server.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics().await;
     assert!(
         metrics.contains(r#"tollgate_decisions_total{domain="api",rule="candidate",outcome="shadow_would_deny"} 2"#),
         "{metrics}"
@@ -246,12 +241,7 @@ async fn health_readiness_and_metrics() {
     assert_eq!(r.status(), 200);
     assert!(r.text().await.unwrap().contains("3 rules"));
     post(&server, "/v1/check", &check_body("user", "erin", None)).await;
-    let metrics = reqwest::get(server.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics().await;
     assert!(
         metrics.contains(
             r#"tollgate_decisions_total{domain="api",rule="per_user",outcome="allowed"} 1"#

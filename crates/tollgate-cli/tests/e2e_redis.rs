@@ -292,12 +292,7 @@ async fn started_with_redis_down_the_postures_answer_over_http() {
     assert!(text.starts_with("ready (degraded)"), "{text}");
     assert!(text.contains("default posture: closed"), "{text}");
 
-    let metrics = reqwest::get(server.url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics().await;
     assert!(
         metrics.contains(
             r#"tollgate_degraded_decisions_total{domain="d",rule="user",posture="closed"} 1"#

@@ -84,6 +84,16 @@ impl Server {
         format!("http://{}{}", self.http, path)
     }
 
+    /// The server's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(self.url("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub fn admin_url(&self, path: &str) -> String {
         format!("http://{}{}", self.admin, path)
     }
