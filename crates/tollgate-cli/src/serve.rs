@@ -15,7 +15,7 @@ use tollgate::lifecycle::{Lifecycle, Origin, sources_hash};
 use tollgate::limiter::{FailureSettings, Limiter};
 use tollgate::policy::Policy;
 use tollgate::resilience::{BreakerConfig, Posture};
-use tollgate::store::{RedisOptions, StoreBackend, StoreUrl};
+use tollgate::store::{CoalesceOptions, RedisOptions, StoreBackend, StoreUrl};
 use tollgate_server::grpc::RlsService;
 use tollgate_server::http::authorize::{AuthorizeMapping, DescriptorMapping};
 use tracing::{info, warn};
@@ -49,6 +49,17 @@ pub struct ServeArgs {
     /// Decisions allowed to wait on Redis at once; more are answered by the failure posture.
     #[arg(long, default_value_t = 1024, value_name = "N")]
     store_max_in_flight: usize,
+    /// Single Redis server: most concurrent decisions sent in one script call (coalescing);
+    /// 0 sends one call per decision.
+    #[arg(long, default_value_t = CoalesceOptions::default().max_batch, value_name = "N")]
+    store_batch: usize,
+    /// How long a decision waits for others to share its script call; 0 sends at once what is
+    /// queued (batches still form while earlier ones are out). Timers tick in milliseconds.
+    #[arg(long, default_value = "0s", value_parser = any_duration, value_name = "DURATION")]
+    store_batch_window: Duration,
+    /// Batched script calls outstanding at once per Redis server.
+    #[arg(long, default_value_t = CoalesceOptions::default().in_flight, value_name = "N")]
+    store_batches_in_flight: usize,
     /// Failure posture of limits without `on_store_error`: open (allow, marked degraded),
     /// closed (deny as unavailable, HTTP 503) or local (in-process with `--local-share`).
     #[arg(long, default_value = "open", value_name = "POSTURE")]
@@ -111,8 +122,7 @@ fn any_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
-    let parsed = humantime::parse_duration(s)
-        .map_err(|e| format!("`{s}` is not a duration such as 500ms or 2s: {e}"))?;
+    let parsed = any_duration(s)?;
     if parsed.is_zero() {
         return Err("the interval must be greater than zero".into());
     }
@@ -206,6 +216,11 @@ async fn serve(
             consecutive_failures: args.breaker_failures,
             open_for: args.breaker_open_for,
             ..BreakerConfig::default()
+        },
+        coalesce: CoalesceOptions {
+            max_batch: args.store_batch,
+            window: args.store_batch_window,
+            in_flight: args.store_batches_in_flight,
         },
     };
     let store = StoreBackend::open(&args.store, options, clock.clone())

@@ -42,6 +42,7 @@ async fn limiter(url: &str) -> Arc<Limiter> {
             open_for: Duration::from_millis(300),
             ..BreakerConfig::default()
         },
+        ..RedisOptions::default()
     };
     let clock = Arc::new(SystemClock::new());
     let url: StoreUrl = url.parse().unwrap();
@@ -474,6 +475,7 @@ async fn store_work_beyond_the_in_flight_cap_is_shed_at_once() {
             min_calls: 1_000,
             ..BreakerConfig::default()
         },
+        ..RedisOptions::default()
     };
     let clock = Arc::new(SystemClock::new());
     let store = StoreBackend::open(&proxy.url().parse().unwrap(), options, clock.clone())

@@ -22,7 +22,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 use redis::{Connection, Script, Value};
 use tollgate::store::redis::script::{
-    DECIDE_SCRIPT, MAX_NOW_MICROS, MAX_REFILL_MICROS, REFUND_SCRIPT, algorithm_code, fits_lua,
+    DECIDE_BATCH_SCRIPT, DECIDE_SCRIPT, MAX_NOW_MICROS, MAX_REFILL_MICROS, REFUND_SCRIPT,
+    algorithm_code, fits_lua,
 };
 use tollgate_core::{
     Algorithm, Decision, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD, Params, State, Timestamp,
@@ -44,6 +45,7 @@ struct Redis {
     _server: RedisServer,
     con: Connection,
     decide: Script,
+    batch: Script,
     refund: Script,
 }
 
@@ -58,6 +60,7 @@ impl Redis {
             _server: server,
             con,
             decide: Script::new(DECIDE_SCRIPT),
+            batch: Script::new(DECIDE_BATCH_SCRIPT),
             refund: Script::new(REFUND_SCRIPT),
         }
     }
@@ -84,15 +87,43 @@ impl Redis {
                 .arg(if c.enforce { "1" } else { "0" });
         }
         let raw: Vec<i64> = call.invoke(&mut self.con)?;
-        assert_eq!(raw.len(), 2 + 5 * charges.len(), "reply shape: {raw:?}");
-        Ok(Answer {
-            now: raw[0] as u64,
-            admitted: raw[1] == 1,
-            decisions: raw[2..]
-                .chunks(5)
-                .map(|c| [c[0], c[1], c[2], c[3], c[4]])
-                .collect(),
-        })
+        Ok(Answer::from_reply(raw, charges.len()))
+    }
+
+    /// Runs DECIDE_BATCH: every request `(charges, commit)` at one pinned `now`. Per request,
+    /// its answer or the error message it failed with.
+    fn decide_batch(
+        &mut self,
+        requests: &[(Vec<Charge>, bool)],
+        now: u64,
+    ) -> Vec<Result<Answer, String>> {
+        let mut call = self.batch.prepare_invoke();
+        call.arg(now).arg(requests.len());
+        for (charges, commit) in requests {
+            call.arg(charges.len()).arg(if *commit { "1" } else { "0" });
+            for c in charges {
+                call.key(&c.key)
+                    .arg(algorithm_code(c.params.algorithm()))
+                    .arg(c.params.limit())
+                    .arg(c.params.period_micros())
+                    .arg(c.params.burst())
+                    .arg(c.cost)
+                    .arg(if c.enforce { "1" } else { "0" });
+            }
+        }
+        let replies: Vec<Value> = call.invoke(&mut self.con).unwrap();
+        assert_eq!(replies.len(), requests.len(), "one reply per request");
+        replies
+            .into_iter()
+            .zip(requests)
+            .map(|(reply, (charges, _))| {
+                if let Ok((-1, message)) = redis::from_redis_value::<(i64, String)>(reply.clone()) {
+                    return Err(message);
+                }
+                let raw: Vec<i64> = redis::from_redis_value(reply).unwrap();
+                Ok(Answer::from_reply(raw, charges.len()))
+            })
+            .collect()
     }
 
     /// Runs REFUND of `(charge, cost)` pairs made at `now`.
@@ -190,6 +221,21 @@ struct Answer {
     admitted: bool,
     /// verdict, remaining, reset_after, retry_after (-1: none), delay; µs.
     decisions: Vec<[i64; 5]>,
+}
+
+impl Answer {
+    /// A DECIDE reply for `charges` charges.
+    fn from_reply(raw: Vec<i64>, charges: usize) -> Self {
+        assert_eq!(raw.len(), 2 + 5 * charges, "reply shape: {raw:?}");
+        Answer {
+            now: raw[0] as u64,
+            admitted: raw[1] == 1,
+            decisions: raw[2..]
+                .chunks(5)
+                .map(|c| [c[0], c[1], c[2], c[3], c[4]])
+                .collect(),
+        }
+    }
 }
 
 fn micros(d: Duration) -> i64 {
@@ -632,16 +678,10 @@ fn random_sequences_decide_like_the_core() {
     }
 }
 
-/// Several limits per call: all-or-nothing, shadow (`enforce = 0`) charges, the same key twice
-/// in one call, decide-only calls, and keys that switch algorithm (a policy reload), including
-/// between the hash and the ZSET layouts. The windows and the log keep counts and instants, so
-/// they also stay exact when a key's limit or period changes: they get a second variant (the
-/// buckets convert their state on a change, with rounding that differs from the script's; see
-/// script.rs).
-#[test]
-fn multi_charge_calls_are_all_or_nothing() {
-    let redis = RefCell::new(Redis::start());
-    let by_algorithm = (
+/// Every algorithm's params, plus a second variant of the windows and the log (keys that switch
+/// params). See `multi_charge_calls_are_all_or_nothing`.
+fn params_by_algorithm() -> impl Strategy<Value = Vec<Params>> {
+    (
         Algorithm::ALL.map(params),
         [
             params(Algorithm::FixedWindow),
@@ -653,36 +693,89 @@ fn multi_charge_calls_are_all_or_nothing() {
             let mut all = main.to_vec();
             all.extend(variants);
             all
-        });
-    #[derive(Debug, Clone)]
-    struct Call {
-        picks: Vec<(usize, u8, (u8, u64), bool)>, // key, algorithm draw, cost draw, enforce
-        advance: (u8, u64),
-        commit: bool,
-    }
-    let call = (
-        proptest::collection::vec(
-            (
-                0..3usize,
-                any::<u8>(),
-                (any::<u8>(), any::<u64>()),
-                prop::bool::weighted(0.8),
+        })
+}
+
+/// One call of up to three charges on three keys.
+#[derive(Debug, Clone)]
+struct Call {
+    picks: Vec<(usize, u8, (u8, u64), bool)>, // key, algorithm draw, cost draw, enforce
+    advance: (u8, u64),
+    commit: bool,
+}
+
+impl Call {
+    fn strategy() -> impl Strategy<Value = Call> {
+        (
+            proptest::collection::vec(
+                (
+                    0..3usize,
+                    any::<u8>(),
+                    (any::<u8>(), any::<u64>()),
+                    prop::bool::weighted(0.8),
+                ),
+                1..4,
             ),
-            1..4,
-        ),
-        (any::<u8>(), any::<u64>()),
-        prop::bool::weighted(0.85),
-    )
-        .prop_map(|(picks, advance, commit)| Call {
-            picks,
-            advance,
-            commit,
-        });
+            (any::<u8>(), any::<u64>()),
+            prop::bool::weighted(0.85),
+        )
+            .prop_map(|(picks, advance, commit)| Call {
+                picks,
+                advance,
+                commit,
+            })
+    }
+
+    /// The charges, on `keys`; key `k` mostly uses its home algorithm `homes[k]`.
+    fn charges(&self, keys: &[String], homes: &[usize; 3], by_algorithm: &[Params]) -> Vec<Charge> {
+        self.picks
+            .iter()
+            .map(|&(k, algorithm, cost, enforce)| {
+                // Mostly the key's own algorithm; sometimes another one (a policy switch).
+                let a = if algorithm % 8 == 0 {
+                    usize::from(algorithm / 8) % by_algorithm.len()
+                } else {
+                    homes[k]
+                };
+                let params = by_algorithm[a];
+                let step = Step {
+                    advance: (0, 0),
+                    cost,
+                };
+                Charge {
+                    key: keys[k].clone(),
+                    params,
+                    cost: step.cost(params.capacity()),
+                    enforce,
+                }
+            })
+            .collect()
+    }
+
+    /// The clock after this call's advance from `now`.
+    fn at(&self, now: u64, charges: &[Charge]) -> u64 {
+        let step = Step {
+            advance: self.advance,
+            cost: (0, 0),
+        };
+        step_clock(now, step.advance(charges[0].params.period_micros()))
+    }
+}
+
+/// Several limits per call: all-or-nothing, shadow (`enforce = 0`) charges, the same key twice
+/// in one call, decide-only calls, and keys that switch algorithm (a policy reload), including
+/// between the hash and the ZSET layouts. The windows and the log keep counts and instants, so
+/// they also stay exact when a key's limit or period changes: they get a second variant (the
+/// buckets convert their state on a change, with rounding that differs from the script's; see
+/// script.rs).
+#[test]
+fn multi_charge_calls_are_all_or_nothing() {
+    let redis = RefCell::new(Redis::start());
     let strategy = (
-        by_algorithm,
+        params_by_algorithm(),
         proptest::array::uniform3(0..6usize),
         start(),
-        proptest::collection::vec(call, 1..25),
+        proptest::collection::vec(Call::strategy(), 1..25),
     );
     check(
         &redis,
@@ -694,39 +787,91 @@ fn multi_charge_calls_are_all_or_nothing() {
             let mut reference = Reference::default();
             let mut now = start;
             for call in &calls {
-                let charges: Vec<Charge> = call
-                    .picks
-                    .iter()
-                    .map(|&(k, algorithm, cost, enforce)| {
-                        // Mostly the key's own algorithm; sometimes another one (a policy switch).
-                        let a = if algorithm % 8 == 0 {
-                            usize::from(algorithm / 8) % by_algorithm.len()
-                        } else {
-                            homes[k]
-                        };
-                        let params = by_algorithm[a];
-                        let step = Step {
-                            advance: (0, 0),
-                            cost,
-                        };
-                        Charge {
-                            key: keys[k].clone(),
-                            params,
-                            cost: step.cost(params.capacity()),
-                            enforce,
-                        }
-                    })
-                    .collect();
-                let step = Step {
-                    advance: call.advance,
-                    cost: (0, 0),
-                };
-                now = step_clock(now, step.advance(charges[0].params.period_micros()));
+                let charges = call.charges(&keys, &homes, &by_algorithm);
+                now = call.at(now, &charges);
                 both(redis, &mut reference, &charges, now, call.commit, &watch)?;
             }
             Ok(())
         },
     );
+}
+
+/// DECIDE_BATCH (the coalescer's script) answers each request of a batch exactly as DECIDE
+/// calls back to back at the batch's instant would, and leaves the same state and TTLs.
+#[test]
+fn batches_decide_like_calls_back_to_back() {
+    let redis = RefCell::new(Redis::start());
+    let strategy = (
+        params_by_algorithm(),
+        proptest::array::uniform3(0..6usize),
+        start(),
+        proptest::collection::vec(proptest::collection::vec(Call::strategy(), 1..8), 1..8),
+    );
+    check(
+        &redis,
+        48,
+        strategy,
+        |redis, (by_algorithm, homes, start, batches)| {
+            let keys: Vec<String> = (0..3).map(|_| fresh_key("batch")).collect();
+            let watch: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let mut reference = Reference::default();
+            let mut now = start;
+            for batch in &batches {
+                let requests: Vec<(Vec<Charge>, bool)> = batch
+                    .iter()
+                    .map(|call| (call.charges(&keys, &homes, &by_algorithm), call.commit))
+                    .collect();
+                now = batch[0].at(now, &requests[0].0);
+                let got = redis.decide_batch(&requests, now);
+                for ((charges, commit), got) in requests.iter().zip(got) {
+                    let expected = reference.decide(charges, now, *commit);
+                    prop_assert_eq!(got, Ok(expected), "charges {:?}", charges);
+                }
+                redis.check_ttls(&reference, &watch)?;
+            }
+            Ok(())
+        },
+    );
+}
+
+/// A request of a batch that meets a foreign value fails alone: it writes nothing, and the
+/// requests before and after it are decided and committed as usual.
+#[test]
+fn a_failing_request_does_not_fail_its_batch() {
+    let mut redis = Redis::start();
+    let now = BASE + 987_654_321;
+    let mut reference = Reference::default();
+    for algorithm in Algorithm::ALL {
+        let params = Params::new(algorithm, 2, Duration::from_secs(1), None).unwrap();
+        let (key, foreign) = (fresh_key("around"), fresh_key("foreign"));
+        let _: () = redis.cmd(&["SET", &foreign, "x"]);
+        let one = || vec![Charge::new(&key, params, 1)];
+        let both_keys = vec![
+            Charge::new(&key, params, 1),
+            Charge::new(&foreign, params, 1),
+        ];
+        let requests = [
+            (one(), true),
+            (both_keys, true),
+            (one(), true),
+            (one(), true),
+        ];
+        let got = redis.decide_batch(&requests, now);
+        let err = got[1].as_ref().unwrap_err();
+        assert!(err.contains("WRONGTYPE"), "{algorithm}: {err}");
+        // The others are the calls without the failed one: two admitted, then a denial.
+        for i in [0, 2, 3] {
+            let expected = reference.decide(&requests[i].0, now, true);
+            assert_eq!(got[i], Ok(expected), "{algorithm}, request {i}");
+        }
+        assert_eq!(
+            got[3].as_ref().map(|a| a.admitted),
+            Ok(false),
+            "{algorithm}"
+        );
+        let value: String = redis.cmd(&["GET", &foreign]);
+        assert_eq!(value, "x");
+    }
 }
 
 /// Charge then refund at the same instant, nothing in between: every later decision is the one

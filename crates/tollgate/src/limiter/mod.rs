@@ -480,6 +480,22 @@ impl Limiter {
         for (op, histogram) in ["apply", "peek"].iter().zip(&self.store_latency) {
             histogram.render(store, &format!("store=\"{kind}\",op=\"{op}\""), &mut out);
         }
+        if let StoreBackend::Redis(redis) = &self.store
+            && let Some((batches, decisions)) = redis.batch_stats()
+        {
+            let name = "tollgate_store_batches_total";
+            let help = "Script calls that carried coalesced decisions to Redis.";
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {batches}"
+            );
+            let name = "tollgate_store_batched_decisions_total";
+            let help = "Decisions those calls carried (divide by batches: the mean batch size).";
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {decisions}"
+            );
+        }
         if let Ok(keys) = self.store.key_count().await {
             out.push_str("# HELP tollgate_store_keys Keys in the store.\n");
             out.push_str("# TYPE tollgate_store_keys gauge\n");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tollgate_core::{Decision, Params};
 
-pub use self::redis::{RedisOptions, RedisStore, SharedPolicy};
+pub use self::redis::{CoalesceOptions, RedisOptions, RedisStore, SharedPolicy};
 pub use memory::MemoryStore;
 pub use url::{InvalidStoreUrl, StoreUrl, redact};
 
@@ -27,7 +27,7 @@ pub struct Charge<'a> {
 }
 
 /// Why a store could not decide.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The backend is unreachable, slow or failing; a retry may succeed.
     #[error("store unavailable: {0}")]

@@ -24,6 +24,7 @@
 //! own cost, never over-admit.
 
 mod cluster;
+mod coalesce;
 pub mod script;
 mod shared_policy;
 mod slot;
@@ -41,6 +42,8 @@ use tollgate_core::{Decision, Params, Verdict};
 use tracing::{info, warn};
 
 use self::cluster::ClusterRouter;
+pub use self::coalesce::CoalesceOptions;
+use self::coalesce::{Coalescer, Request};
 use self::script::algorithm_code;
 pub use self::shared_policy::{OVERRIDES_KEY, POLICY_KEY, SharedPolicy};
 use self::topology::Topology;
@@ -60,6 +63,8 @@ pub struct RedisOptions {
     pub max_in_flight: usize,
     /// The circuit breaker of each node.
     pub breaker: BreakerConfig,
+    /// How concurrent decisions share script calls (single server only).
+    pub coalesce: CoalesceOptions,
 }
 
 impl Default for RedisOptions {
@@ -70,6 +75,7 @@ impl Default for RedisOptions {
             command_timeout: Duration::from_millis(10),
             max_in_flight: 1024,
             breaker: BreakerConfig::default(),
+            coalesce: CoalesceOptions::default(),
         }
     }
 }
@@ -97,6 +103,8 @@ pub struct RedisStore {
     refund: redis::Script,
     options: RedisOptions,
     in_flight: Semaphore,
+    /// Batches a single server's decisions; `None` on a cluster or when disabled.
+    coalescer: Option<Coalescer>,
     background: Option<JoinHandle<()>>,
     /// Tests only: pass this clock's time to the script instead of the server's `TIME`.
     pinned_clock: Option<SharedClock>,
@@ -116,15 +124,22 @@ fn unavailable(context: &str, e: impl std::fmt::Display) -> StoreError {
 
 fn store_error(e: redis::RedisError) -> StoreError {
     use redis::ErrorKind;
-    // A foreign value at one of our keys fails that call only; retrying will not help and the
-    // store itself is healthy.
-    let foreign = e.to_string().contains("WRONGTYPE")
-        || matches!(e.kind(), ErrorKind::UnexpectedReturnType | ErrorKind::Parse);
-    if foreign {
+    if matches!(e.kind(), ErrorKind::UnexpectedReturnType | ErrorKind::Parse) {
         StoreError::InvalidData(e.to_string())
     } else {
+        classify(e.to_string())
+    }
+}
+
+/// A Redis error message as a store error.
+fn classify(message: String) -> StoreError {
+    // A foreign value at one of our keys fails that call only; retrying will not help and the
+    // store itself is healthy.
+    if message.contains("WRONGTYPE") {
+        StoreError::InvalidData(message)
+    } else {
         // Unreachable, out of memory, cluster reconfiguring, script cache lost twice...
-        unavailable("redis", e)
+        StoreError::Unavailable(format!("redis: {message}"))
     }
 }
 
@@ -182,8 +197,18 @@ impl RedisStore {
                 (Connection::Cluster(router), topology, Some(task))
             }
         };
+        let coalescer = match &connection {
+            Connection::Single(manager) if options.coalesce.enabled() => Some(Coalescer::start(
+                manager.clone(),
+                options.coalesce,
+                options.max_in_flight,
+                None,
+            )),
+            _ => None,
+        };
         Ok(RedisStore {
             connection,
+            coalescer,
             topology,
             decide: redis::Script::new(script::DECIDE_SCRIPT),
             refund: redis::Script::new(script::REFUND_SCRIPT),
@@ -199,8 +224,23 @@ impl RedisStore {
         self.topology.states()
     }
 
+    /// Coalescing so far: script calls sent and the decisions they carried (`None` when
+    /// decisions are not coalesced).
+    pub fn batch_stats(&self) -> Option<(u64, u64)> {
+        self.coalescer.as_ref().map(Coalescer::stats)
+    }
+
     /// Tests only: decide at this clock's time instead of the Redis server's.
     pub fn pin_clock(mut self, clock: SharedClock) -> Self {
+        if let (Some(_), Connection::Single(manager)) = (&self.coalescer, &self.connection) {
+            let options = self.options;
+            self.coalescer = Some(Coalescer::start(
+                manager.clone(),
+                options.coalesce,
+                options.max_in_flight,
+                Some(clock.clone()),
+            ));
+        }
         self.pinned_clock = Some(clock);
         self
     }
@@ -217,13 +257,13 @@ impl RedisStore {
         }
     }
 
-    /// Runs a script invocation on the node that owns `slot`, through that node's breaker,
-    /// following one `MOVED` redirect.
-    async fn invoke_on_slot(
-        &self,
-        slot: u16,
-        invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<Vec<i64>, StoreError> {
+    /// Runs `call` against the node that owns `slot`, through that node's breaker. `call` gets
+    /// the node's address.
+    async fn through_breaker<F, Fut>(&self, slot: u16, call: F) -> Result<Vec<i64>, StoreError>
+    where
+        F: FnOnce(Arc<str>) -> Fut,
+        Fut: Future<Output = Result<Vec<i64>, StoreError>>,
+    {
         let (node, breaker) = self
             .topology
             .breaker_for(slot)
@@ -232,6 +272,33 @@ impl RedisStore {
             .try_call()
             .ok_or_else(|| StoreError::Unavailable(format!("circuit open for {node}")))?;
         // The decision's deadline wraps this call; a cancelled permit counts as a failure.
+        let answer = call(node.clone()).await;
+        let changed = match &answer {
+            Ok(_) | Err(StoreError::InvalidData(_)) => permit.succeeded(),
+            Err(_) => permit.failed(),
+        };
+        if let Some(state) = changed {
+            info!(node = %node, state = state.name(), "Circuit breaker changed state");
+        }
+        answer
+    }
+
+    /// Runs a script invocation on the node that owns `slot`, through that node's breaker,
+    /// following `MOVED` redirects.
+    async fn invoke_on_slot(
+        &self,
+        slot: u16,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<Vec<i64>, StoreError> {
+        self.through_breaker(slot, |node| self.invoke_on_node(node, invocation))
+            .await
+    }
+
+    async fn invoke_on_node(
+        &self,
+        node: Arc<str>,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<Vec<i64>, StoreError> {
         let mut answer = invocation
             .invoke_async::<Vec<i64>>(&mut self.connection_to(&node)?)
             .await;
@@ -252,15 +319,7 @@ impl RedisStore {
             router.refresh_soon();
             answer = invocation.invoke_async(&mut self.connection_to(&to)?).await;
         }
-        let answer = answer.map_err(store_error);
-        let changed = match &answer {
-            Ok(_) | Err(StoreError::InvalidData(_)) => permit.succeeded(),
-            Err(_) => permit.failed(),
-        };
-        if let Some(state) = changed {
-            info!(node = %node, state = state.name(), "Circuit breaker changed state");
-        }
-        answer
+        answer.map_err(store_error)
     }
 
     async fn run_decide(
@@ -271,6 +330,13 @@ impl RedisStore {
         group: &Group,
         commit: bool,
     ) -> Result<Reply, StoreError> {
+        if let Some(coalescer) = &self.coalescer {
+            let request = batch_request(charges, keys, spans, group, commit);
+            let raw = self
+                .through_breaker(group.slot, |_| coalescer.decide(request))
+                .await?;
+            return parse_reply(&raw, group.indexes.iter().map(|&i| &charges[i]));
+        }
         let mut invocation = self.decide.prepare_invoke();
         for &i in &group.indexes {
             invocation.key(&keys[spans[i].clone()]);
@@ -391,6 +457,34 @@ impl RedisStore {
         }
         self.apply_across_slots(charges, keys, spans, &groups).await
     }
+}
+
+/// A group's charges as a request for the coalescer.
+fn batch_request(
+    charges: &[Charge<'_>],
+    keys: &[u8],
+    spans: &[Range<usize>],
+    group: &Group,
+    commit: bool,
+) -> Request {
+    let mut request = Request {
+        commit,
+        ..Request::default()
+    };
+    for &i in &group.indexes {
+        let (c, start) = (&charges[i], request.keys.len());
+        request.keys.extend_from_slice(&keys[spans[i].clone()]);
+        let args = [
+            u64::from(algorithm_code(c.params.algorithm())),
+            c.params.limit(),
+            c.params.period_micros(),
+            c.params.burst(),
+            c.cost,
+            u64::from(c.enforce),
+        ];
+        request.charges.push((start..request.keys.len(), args));
+    }
+    request
 }
 
 /// The decisions of several groups' replies, in request order.

@@ -1,10 +1,11 @@
-//! The Lua twins of the core algorithms, assembled into the two scripts the Redis store runs.
+//! The Lua twins of the core algorithms, assembled into the three scripts the Redis store runs.
 //!
 //! Each algorithm of `tollgate-core` has one Lua twin in `lua/` that gives identical decisions
 //! (verdict, remaining, reset_after, retry_after, delay, in integer microseconds) for any
 //! sequence of requests; `tests/lua_twin.rs` checks that on a real `redis-server`. The files are
 //! concatenated at compile time: helpers first (`exact.lua`), then the twins, the per-key state
-//! (`state.lua`), and a driver (`decide.lua` or `refund.lua`).
+//! (`state.lua`), then the one-request decision (`decide.lua`) and a driver (`decide_one.lua`,
+//! `decide_batch.lua` or `refund.lua`).
 //!
 //! # DECIDE ([`DECIDE_SCRIPT`])
 //!
@@ -30,6 +31,20 @@
 //! Reply: a flat integer array `[now_us, admitted (1/0)]`, then per charge `verdict` (0
 //! allowed, 1 denied, 2 cost exceeds capacity), `remaining`, `reset_after_us`,
 //! `retry_after_us` (-1 when none), `delay_us`.
+//!
+//! # DECIDE_BATCH ([`DECIDE_BATCH_SCRIPT`])
+//!
+//! Several requests in one call (single Redis server only: the coalescer batches concurrent
+//! decisions, see `coalesce`). Each is decided exactly as one DECIDE call would, in order, all
+//! at one `now`; the script being atomic, the batch is the same as those calls back to back.
+//!
+//! - `ARGV[1]`: `now` as for DECIDE. `ARGV[2]`: the number of requests `m`.
+//! - then per request: `n` (its charges), commit (`"1"` / `"0"`), and 6 per charge as above.
+//!   `KEYS` holds the requests' keys back to back.
+//!
+//! Reply: an array of `m` DECIDE replies, or `[-1, message]` for a request that raised an
+//! error (a foreign value at one of its keys); that request wrote nothing (all its reads come
+//! before its writes), and the requests after it are decided normally.
 //!
 //! # REFUND ([`REFUND_SCRIPT`])
 //!
@@ -92,6 +107,21 @@ pub const DECIDE_SCRIPT: &str = concat!(
     include_str!("lua/sliding_window_log.lua"),
     include_str!("lua/state.lua"),
     include_str!("lua/decide.lua"),
+    include_str!("lua/decide_one.lua"),
+);
+
+/// The DECIDE_BATCH script. See the [module documentation](self) for its contract.
+pub const DECIDE_BATCH_SCRIPT: &str = concat!(
+    include_str!("lua/exact.lua"),
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/sliding_window_counter.lua"),
+    include_str!("lua/gcra.lua"),
+    include_str!("lua/token_bucket.lua"),
+    include_str!("lua/leaky_bucket.lua"),
+    include_str!("lua/sliding_window_log.lua"),
+    include_str!("lua/state.lua"),
+    include_str!("lua/decide.lua"),
+    include_str!("lua/decide_batch.lua"),
 );
 
 /// The REFUND script. See the [module documentation](self) for its contract.
@@ -161,7 +191,8 @@ mod tests {
 
     #[test]
     fn scripts_end_with_their_driver() {
-        assert!(DECIDE_SCRIPT.trim_end().ends_with("return out"));
+        assert!(DECIDE_SCRIPT.trim_end().ends_with("ARGV[1] == '1', now)"));
+        assert!(DECIDE_BATCH_SCRIPT.trim_end().ends_with("return replies"));
         assert!(REFUND_SCRIPT.trim_end().ends_with("return refunded"));
     }
 

@@ -27,9 +27,8 @@ for i = 1, #KEYS do
   local a = 5 * i - 3
   local alg, limit, period = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local burst, cost = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local key = KEYS[i]
   state_build_twin(alg)
-  local c = state_context(i, alg, contexts, opened)
+  local c = state_context(0, i, alg, contexts, opened)
 
   if c.tag == alg then
     local nx, ny, nz

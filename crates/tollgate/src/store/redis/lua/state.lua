@@ -130,13 +130,13 @@ local function state_build_twin(alg)
   end
 end
 
--- The context of KEYS[i]: the one an earlier charge of this call opened for the same key, or
--- a new one (recorded in `opened`). Stored in contexts[i].
-local function state_context(i, alg, contexts, opened)
-  local key = KEYS[i]
+-- The context of charge i, whose key is KEYS[first + i]: the one an earlier charge of the same
+-- request opened for the same key, or a new one (recorded in `opened`). Stored in contexts[i].
+local function state_context(first, i, alg, contexts, opened)
+  local key = KEYS[first + i]
   local c
   for j = 1, i - 1 do
-    if KEYS[j] == key then
+    if KEYS[first + j] == key then
       c = contexts[j]
       break
     end

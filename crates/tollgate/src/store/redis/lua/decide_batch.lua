@@ -1,0 +1,30 @@
+-- tollgate DECIDE driver for a batch of requests (see decide.lua): concurrent decisions bound
+-- for one Redis server share one call. Each request is decided on its own, in order, against
+-- the state the requests before it left; all at one `now`.
+--
+-- ARGV[1]  now in microseconds since the epoch, or "" to read the server's TIME.
+-- ARGV[2]  the number of requests m.
+-- then per request: n (its charges), commit ("1" / "0"), then 6 per charge as decide_request
+--          takes them. KEYS holds the requests' keys back to back, n per request.
+--
+-- Returns m replies in order: decide_request's reply, or {-1, message} for a request that
+-- failed (a key of a foreign type). A failed request wrote nothing; the others are unaffected.
+
+local now = decide_now(ARGV[1])
+if not now then
+  return redis.error_reply(BAD_NOW)
+end
+local m = tonumber(ARGV[2])
+local replies = {}
+local first, arg = 0, 3
+for r = 1, m do
+  local n = tonumber(ARGV[arg])
+  local ok, reply = pcall(decide_request, first, n, arg + 2, ARGV[arg + 1] == '1', now)
+  if ok then
+    replies[r] = reply
+  else
+    replies[r] = { -1, type(reply) == 'table' and reply.err or tostring(reply) }
+  end
+  first, arg = first + n, arg + 2 + 6 * n
+end
+return replies

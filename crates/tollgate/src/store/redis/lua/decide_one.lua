@@ -1,0 +1,15 @@
+-- tollgate DECIDE driver for one request (see decide.lua).
+--
+-- KEYS[i]  the counter key of charge i. All keys of one call share a hash slot; no other key
+--          is touched. The same key may appear more than once.
+-- ARGV[1]  "1": commit if admitted; "0": decide only, never write.
+-- ARGV[2]  now in microseconds since the epoch, or "" to read the server's TIME.
+-- then 6 per charge i, from ARGV[3 + 6 * (i - 1)], as decide_request takes them.
+--
+-- Returns decide_request's reply.
+
+local now = decide_now(ARGV[2])
+if not now then
+  return redis.error_reply(BAD_NOW)
+end
+return decide_request(0, #KEYS, 3, ARGV[1] == '1', now)
