@@ -545,3 +545,52 @@ descriptors:
         ]
     );
 }
+
+#[test]
+fn local_budgets_are_checked_against_their_limit() {
+    let rule = |fields: &str| {
+        format!(
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 100, {fields}}}\n"
+        )
+    };
+    let ok = Policy::from_yaml("t.yaml", &rule("local_budget: 10, local_budget_ttl: 250ms")).unwrap();
+    let budget = ok.rules()[0].local_budget.unwrap();
+    assert_eq!((budget.size, budget.ttl.as_millis()), (10, 250));
+    let default_ttl = Policy::from_yaml("t.yaml", &rule("local_budget: 100")).unwrap();
+    assert_eq!(default_ttl.rules()[0].local_budget.unwrap().ttl.as_millis(), 100);
+
+    // The column is the value's: `local_budget: ` ends at 69, `local_budget_ttl: ` at 73 or 90.
+    assert_eq!(
+        error(&rule("local_budget: 101")),
+        "t.yaml:4:70: `local_budget` 101 must be between 1 and the limit's capacity, 100"
+    );
+    assert_eq!(
+        error(&rule("local_budget: 0")),
+        "t.yaml:4:70: `local_budget` 0 must be between 1 and the limit's capacity, 100"
+    );
+    assert_eq!(
+        error(&rule("local_budget: -3")),
+        "t.yaml:4:70: `local_budget` -3 must be between 1 and the limit's capacity, 100"
+    );
+    assert_eq!(
+        error(&rule("local_budget: 5, mode: shadow")),
+        "t.yaml:4:70: `local_budget` applies to enforced limits only, not `mode: shadow`"
+    );
+    assert_eq!(
+        error(&rule("local_budget: 5, algorithm: leaky_bucket")),
+        "t.yaml:4:70: `local_budget` cannot be used with leaky_bucket: each request must get \
+         its own delay from the store"
+    );
+    assert_eq!(
+        error(&rule("local_budget_ttl: 1s")),
+        "t.yaml:4:74: `local_budget_ttl` needs `local_budget`"
+    );
+    assert_eq!(
+        error(&rule("local_budget: 5, local_budget_ttl: 2m")),
+        "t.yaml:4:91: `local_budget_ttl` must be between 1ms and 60s"
+    );
+    assert!(
+        error(&rule("local_budget: 5, local_budget_ttl: soon"))
+            .starts_with("t.yaml:4:91: invalid `local_budget_ttl` `soon`:")
+    );
+}

@@ -3,7 +3,9 @@
 mod candidate;
 mod fallback;
 mod keys;
+mod local_budget;
 mod overrides;
+mod prefilter;
 mod request;
 mod response;
 

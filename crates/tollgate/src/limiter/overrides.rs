@@ -77,9 +77,17 @@ pub struct Overrides {
     next_id: AtomicU64,
     /// Told after every local change (set, delete), for sharing with other replicas.
     changed: Mutex<Option<UnboundedSender<()>>>,
+    /// Counts every change, local or adopted.
+    generation: AtomicU64,
 }
 
 impl Overrides {
+    /// A number that changes whenever an override is set, deleted or adopted from another
+    /// replica (not when one expires).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
     /// The limit an override gives this rule and descriptor at `now`, if any.
     pub fn find(
         &self,
@@ -134,6 +142,7 @@ impl Overrides {
     }
 
     fn notify(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
         if let Some(tx) = self.changed.lock().as_ref() {
             let _ = tx.send(());
         }
@@ -156,6 +165,7 @@ impl Overrides {
         let max = list.iter().map(|o| o.id).max().unwrap_or(0);
         self.next_id.fetch_max(max, Ordering::Relaxed);
         self.list.store(Arc::new(list));
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Every override still in force at `now` (expired ones are dropped).

@@ -11,7 +11,7 @@ use tollgate_core::{Algorithm, MAX_LIMIT, MAX_LOG_LIMIT, Params};
 
 use super::document::{Count, DescriptorDoc, DomainDoc, RateLimitDoc, ReplacesDoc};
 use super::identity::{self, PathStep};
-use super::rule::RuleMode;
+use super::rule::{LocalBudget, RuleMode};
 use super::snapshot::DomainTable;
 use super::tree::{Level, Node, ValueMatch};
 use super::{Location, Policy, PolicyError, PolicyErrors, Rule, Unit};
@@ -241,6 +241,7 @@ impl<'f> SourceCompiler<'f> {
         let (limit, unit) = self.limit(doc, &block);
         let (on_store_error, local_share) = self.failure_posture(doc);
         let mode = self.mode(doc, descriptor.shadow_mode.unwrap_or(false));
+        let local_budget = self.local_budget(doc, limit.as_ref(), mode);
 
         let (name, name_location, explicit) =
             match doc.name.as_ref().filter(|n| !n.value.is_empty()) {
@@ -276,6 +277,7 @@ impl<'f> SourceCompiler<'f> {
             replaces: replaces.iter().map(|(name, _)| name.clone()).collect(),
             on_store_error,
             local_share,
+            local_budget,
             location: block.clone().unwrap_or_else(|| Location {
                 file: self.file.to_owned(),
                 line: 0,
@@ -337,6 +339,76 @@ impl<'f> SourceCompiler<'f> {
             );
         }
         parsed
+    }
+
+    /// Validates `local_budget` and `local_budget_ttl` against the rule's limit and mode.
+    fn local_budget(
+        &mut self,
+        doc: &RateLimitDoc,
+        limit: Option<&Params>,
+        mode: RuleMode,
+    ) -> Option<LocalBudget> {
+        let ttl = doc.local_budget_ttl.as_ref().and_then(|text| {
+            let at = self.location(&text.referenced);
+            let (min, max) = LocalBudget::TTL_RANGE;
+            match humantime::parse_duration(text.value.trim()) {
+                Ok(ttl) if (min..=max).contains(&ttl) => Some(ttl),
+                Ok(_) => {
+                    self.error(at, format!("`local_budget_ttl` must be between {min:?} and {max:?}"));
+                    None
+                }
+                Err(e) => {
+                    self.error(at, format!("invalid `local_budget_ttl` `{}`: {e}", text.value));
+                    None
+                }
+            }
+        });
+        let Some(size) = &doc.local_budget else {
+            if let Some(text) = &doc.local_budget_ttl {
+                self.error(
+                    self.location(&text.referenced),
+                    "`local_budget_ttl` needs `local_budget`",
+                );
+            }
+            return None;
+        };
+        let at = self.location(&size.referenced);
+        if mode != RuleMode::Enforce {
+            self.error(
+                at,
+                format!("`local_budget` applies to enforced limits only, not `mode: {}`", mode.name()),
+            );
+            return None;
+        }
+        if doc.unlimited.as_ref().is_some_and(|u| u.value) {
+            self.error(at, "`local_budget` has no meaning with `unlimited: true`");
+            return None;
+        }
+        // A bad limit is reported on its own field.
+        let limit = limit?;
+        if limit.algorithm() == Algorithm::LeakyBucket {
+            self.error(
+                at,
+                "`local_budget` cannot be used with leaky_bucket: each request must get its own \
+                 delay from the store",
+            );
+            return None;
+        }
+        let capacity = limit.capacity();
+        match u64::try_from(size.value.number) {
+            Ok(n) if (1..=capacity).contains(&n) => Some(LocalBudget {
+                size: n,
+                ttl: ttl.unwrap_or(LocalBudget::DEFAULT_TTL),
+            }),
+            _ => {
+                let n = shown(size.value);
+                self.error(
+                    at,
+                    format!("`local_budget`{n} must be between 1 and the limit's capacity, {capacity}"),
+                );
+                None
+            }
+        }
     }
 
     /// Validates `on_store_error` and `local_share`.

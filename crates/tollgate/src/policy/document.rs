@@ -75,6 +75,13 @@ pub(super) struct RateLimitDoc {
     /// store is unavailable and the posture is `local`; for example `0.25` with four replicas.
     /// Between 0 (exclusive) and 1; defaults to the server's `--local-share`.
     pub local_share: Option<Spanned<f64>>,
+    /// Extension, for hot keys on a shared store: each replica reserves this many units of a
+    /// key's quota from the store at a time and admits from its reservation without calling the
+    /// store; what it did not use goes back when the reservation expires. Enforced limits only.
+    pub local_budget: Option<Spanned<Count>>,
+    /// Extension: how long a `local_budget` reservation lives, such as `100ms` (the default);
+    /// between 1ms and 60s. It bounds how far admissions can drift (see docs/local-budgets.md).
+    pub local_budget_ttl: Option<Spanned<String>>,
 }
 
 /// One `replaces` entry: `{name: other_limit}`.

@@ -18,6 +18,6 @@ mod tree;
 mod unit;
 
 pub use error::{Location, PolicyError, PolicyErrors};
-pub use rule::{Rule, RuleMode};
+pub use rule::{LocalBudget, Rule, RuleMode};
 pub use snapshot::Policy;
 pub use unit::Unit;

@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use tollgate_core::Params;
 
 use super::{Location, Unit};
@@ -32,8 +34,28 @@ pub struct Rule {
     pub on_store_error: Option<Posture>,
     /// `local_share`; `None` means the server's default share.
     pub local_share: Option<f64>,
+    /// `local_budget` and `local_budget_ttl`; `None` means every decision goes to the store.
+    pub local_budget: Option<LocalBudget>,
     /// Where the rule's `rate_limit` block is.
     pub location: Location,
+}
+
+/// A rule's `local_budget`: the units a replica reserves from the store at a time, and how
+/// long a reservation lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalBudget {
+    /// Units per reservation, at least 1 and at most the limit's capacity.
+    pub size: u64,
+    /// Lifetime of a reservation.
+    pub ttl: Duration,
+}
+
+impl LocalBudget {
+    /// The reservation lifetime when `local_budget_ttl` is not given.
+    pub const DEFAULT_TTL: Duration = Duration::from_millis(100);
+    /// The shortest and longest `local_budget_ttl` accepted.
+    pub const TTL_RANGE: (Duration, Duration) =
+        (Duration::from_millis(1), Duration::from_secs(60));
 }
 
 /// How a rule acts on a request over its limit.

@@ -539,6 +539,24 @@ fn parse_reply<'a>(
 }
 
 impl RedisStore {
+    /// Runs `work` under the in-flight cap and the decision deadline.
+    async fn bounded<T>(
+        &self,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        // No queue: when the cap is reached, excess decisions go to the posture at once.
+        let _in_flight = self.in_flight.try_acquire().map_err(|_| {
+            StoreError::Unavailable(format!(
+                "{} store calls already in flight; shedding",
+                self.options.max_in_flight
+            ))
+        })?;
+        match tokio::time::timeout(self.options.command_timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(unavailable("redis", "deadline exceeded")),
+        }
+    }
+
     async fn decide_all(
         &self,
         charges: &[Charge<'_>],
@@ -547,13 +565,6 @@ impl RedisStore {
         for c in charges {
             script::fits_lua(c.params).map_err(StoreError::InvalidData)?;
         }
-        // No queue: when the cap is reached, excess decisions go to the posture at once.
-        let _in_flight = self.in_flight.try_acquire().map_err(|_| {
-            StoreError::Unavailable(format!(
-                "{} store calls already in flight; shedding",
-                self.options.max_in_flight
-            ))
-        })?;
         let mut keys = Vec::with_capacity(charges.len() * 96);
         let mut spans = Vec::with_capacity(charges.len());
         let mut slots = Vec::with_capacity(charges.len());
@@ -562,11 +573,58 @@ impl RedisStore {
             slots.push(slot::redis_key(&mut keys, c.key));
             spans.push(start..keys.len());
         }
-        let work = self.apply_within_deadline(charges, &keys, &spans, &slots, commit);
-        match tokio::time::timeout(self.options.command_timeout, work).await {
-            Ok(result) => result,
-            Err(_) => Err(unavailable("redis", "deadline exceeded")),
-        }
+        self.bounded(self.apply_within_deadline(charges, &keys, &spans, &slots, commit))
+            .await
+    }
+
+    /// Charges one enforced counter like [`Store::apply`], and also returns the instant (µs,
+    /// the store's clock) the charge was made at, for a later [`RedisStore::give_back`].
+    pub async fn reserve(&self, charge: Charge<'_>) -> Result<(Decision, i64), StoreError> {
+        script::fits_lua(charge.params).map_err(StoreError::InvalidData)?;
+        let mut keys = Vec::with_capacity(96);
+        let slot = match self.connection {
+            Connection::Single(_) => {
+                slot::redis_key(&mut keys, charge.key);
+                0
+            }
+            Connection::Cluster(_) => slot::redis_key(&mut keys, charge.key),
+        };
+        let group = Group {
+            slot,
+            indexes: vec![0],
+        };
+        let charges = [charge];
+        let spans = [0..keys.len()];
+        let reply = self
+            .bounded(self.run_decide(&charges, &keys, &spans, &group, true))
+            .await?;
+        let decision = reply.decisions.first().copied().ok_or_else(|| {
+            StoreError::InvalidData("the script answered no decision".into())
+        })?;
+        Ok((decision, reply.now_micros))
+    }
+
+    /// Takes back `charge.cost` of a charge [`RedisStore::reserve`] made at `at` (see the
+    /// REFUND contract in [`script`]: exact when nothing else charged the counter since, never
+    /// more than was charged).
+    pub async fn give_back(&self, charge: Charge<'_>, at: i64) -> Result<(), StoreError> {
+        let mut keys = Vec::with_capacity(96);
+        let slot = slot::redis_key(&mut keys, charge.key);
+        let slot = match self.connection {
+            Connection::Single(_) => 0,
+            Connection::Cluster(_) => slot,
+        };
+        let mut invocation = self.refund.prepare_invoke();
+        invocation.arg(at).key(&keys);
+        invocation
+            .arg(algorithm_code(charge.params.algorithm()))
+            .arg(charge.params.limit())
+            .arg(charge.params.period_micros())
+            .arg(charge.params.burst())
+            .arg(charge.cost);
+        self.bounded(self.invoke_on_slot(slot, &invocation))
+            .await
+            .map(drop)
     }
 }
 
