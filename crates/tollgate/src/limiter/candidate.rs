@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tollgate_core::Timestamp;
 
 use super::request::RequestDescriptor;
-use super::{TOP_KEYS_PER_RULE, describe_entries};
+use super::{TOP_KEYS_PER_RULE, record_top_key};
 use crate::lifecycle::sources_hash;
 use crate::metrics::{Outcome, RuleCounters, escape_label};
 use crate::observe::{TopEntry, TopKeys};
@@ -119,7 +119,7 @@ impl Candidate {
         }
         self.counters.record(rule.index, denial(rule.mode));
         if let Some(top) = self.top.get(rule.index) {
-            top.record(&describe_entries(descriptor), descriptor.cost());
+            record_top_key(top, descriptor);
         }
     }
 

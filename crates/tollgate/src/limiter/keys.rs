@@ -4,17 +4,22 @@
 
 use std::io::Write;
 
+use smallvec::SmallVec;
 use tollgate_core::Params;
 
 use super::request::RequestDescriptor;
 
-fn push_part(buf: &mut Vec<u8>, part: &[u8]) {
+/// Every counter key of one request, back to back. Inline up to 512 bytes (four descriptors
+/// of typical size), so building keys allocates nothing on the hot path.
+pub type KeyBuf = SmallVec<[u8; 512]>;
+
+fn push_part(buf: &mut KeyBuf, part: &[u8]) {
     // Decimal length, then ':' — readable in `redis-cli`, and injective.
     let _ = write!(buf, "{}:", part.len());
     buf.extend_from_slice(part);
 }
 
-fn push_entries(buf: &mut Vec<u8>, descriptor: &RequestDescriptor) {
+fn push_entries(buf: &mut KeyBuf, descriptor: &RequestDescriptor) {
     let _ = write!(buf, "{}|", descriptor.entries().len());
     for (key, value) in descriptor.entries() {
         push_part(buf, key.as_bytes());
@@ -23,7 +28,7 @@ fn push_entries(buf: &mut Vec<u8>, descriptor: &RequestDescriptor) {
 }
 
 /// Appends the key of a configured rule's counter for `descriptor`.
-pub fn rule_key(buf: &mut Vec<u8>, rule_identity: &str, descriptor: &RequestDescriptor) {
+pub fn rule_key(buf: &mut KeyBuf, rule_identity: &str, descriptor: &RequestDescriptor) {
     buf.extend_from_slice(b"r|");
     push_part(buf, rule_identity.as_bytes());
     push_entries(buf, descriptor);
@@ -33,7 +38,7 @@ pub fn rule_key(buf: &mut Vec<u8>, rule_identity: &str, descriptor: &RequestDesc
 /// `c|` and the candidate's hash, so a candidate never touches a live counter, and candidates
 /// with different texts never share one.
 pub fn candidate_rule_key(
-    buf: &mut Vec<u8>,
+    buf: &mut KeyBuf,
     candidate_hash: &str,
     rule_identity: &str,
     descriptor: &RequestDescriptor,
@@ -45,7 +50,7 @@ pub fn candidate_rule_key(
 
 /// Appends the key of a caller-supplied limit override's counter.
 pub fn override_key(
-    buf: &mut Vec<u8>,
+    buf: &mut KeyBuf,
     domain: &str,
     descriptor: &RequestDescriptor,
     params: &Params,
@@ -60,7 +65,7 @@ pub fn override_key(
 mod tests {
     use super::*;
 
-    fn key(identity: &str, entries: &[(&str, &str)]) -> Vec<u8> {
+    fn key(identity: &str, entries: &[(&str, &str)]) -> KeyBuf {
         let d = RequestDescriptor::new(
             entries
                 .iter()
@@ -70,7 +75,7 @@ mod tests {
             None,
         )
         .unwrap();
-        let mut buf = Vec::new();
+        let mut buf = KeyBuf::new();
         rule_key(&mut buf, identity, &d);
         buf
     }
@@ -92,11 +97,11 @@ mod tests {
     #[test]
     fn candidate_keys_never_meet_live_or_other_candidates_keys() {
         let d = RequestDescriptor::new(vec![("user".into(), "alice".into())], 1, None).unwrap();
-        let mut live = Vec::new();
+        let mut live = KeyBuf::new();
         rule_key(&mut live, "r", &d);
-        let mut one = Vec::new();
+        let mut one = KeyBuf::new();
         candidate_rule_key(&mut one, "0123456789abcdef", "r", &d);
-        let mut other = Vec::new();
+        let mut other = KeyBuf::new();
         candidate_rule_key(&mut other, "fedcba9876543210", "r", &d);
         assert!(one.starts_with(b"c|16:0123456789abcdef"));
         assert_ne!(one, live);

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
+use smallvec::SmallVec;
 use tollgate_core::{Timestamp, Verdict};
 use tracing::warn;
 
@@ -25,7 +26,7 @@ pub use request::{
     CheckRequest, InvalidRequest, LimitOverride, MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES,
     MAX_FIELD_LEN, RequestDescriptor, check_cost,
 };
-pub use response::{AppliedLimit, CheckResponse, Code, DescriptorStatus};
+pub use response::{AppliedLimit, CheckResponse, Code, DescriptorStatus, Statuses};
 
 use self::fallback::Fallback;
 use crate::clock::{SharedClock, SystemClock};
@@ -33,7 +34,8 @@ use crate::metrics::{Outcome, RuleCounters};
 use crate::observe::{Histogram, TopEntry, TopKeys};
 use crate::policy::{Policy, Rule, RuleMode};
 use crate::resilience::Posture;
-use crate::store::{Charge, Store, StoreBackend, StoreError};
+use crate::store::{Charge, Decisions, INLINE_CHARGES, Store, StoreBackend, StoreError};
+use keys::KeyBuf;
 
 /// Why a request could not be decided. A store failure is not one of them: the failure
 /// postures answer instead (see [`FailureSettings`]).
@@ -216,8 +218,7 @@ impl Limiter {
         };
 
         // One store call for both: the candidate's charges go after the live ones.
-        let mut charges: Vec<Charge<'_>> =
-            Vec::with_capacity(live.spans.len() + shadow.as_ref().map_or(0, |p| p.spans.len()));
+        let mut charges: SmallVec<[Charge<'_>; INLINE_CHARGES]> = SmallVec::new();
         live.push_charges(descriptors, true, &mut charges);
         let live_charges = charges.len();
         if let Some(plan) = &shadow {
@@ -225,10 +226,10 @@ impl Limiter {
         }
 
         let started = tokio::time::Instant::now();
-        let answer = match (charges.is_empty(), commit) {
-            (true, _) => Ok(Vec::new()),
-            (false, true) => self.store.apply(&charges).await,
-            (false, false) => self.store.peek(&charges).await,
+        let answer = if charges.is_empty() {
+            Ok(Decisions::new())
+        } else {
+            self.store.decide(&charges, commit).await
         };
         if !charges.is_empty() {
             self.store_latency[usize::from(!commit)].observe(started.elapsed());
@@ -236,13 +237,14 @@ impl Limiter {
         let (decisions, postures) = match answer {
             Ok(mut decisions) => {
                 if let (Some(candidate), Some(plan)) = (&candidate, &shadow) {
-                    let shadowed = decisions.split_off(live_charges.min(decisions.len()));
+                    let shadowed = decisions.get(live_charges..).unwrap_or_default();
                     for ((i, _), decision) in plan.spans.iter().zip(shadowed) {
                         if let Some(rule) = plan.limits[*i].as_ref().and_then(AppliedLimit::rule) {
                             let denied = decision.verdict != Verdict::Allowed;
                             candidate.record(rule, &descriptors[*i], denied);
                         }
                     }
+                    decisions.truncate(live_charges);
                 }
                 (decisions, None)
             }
@@ -262,11 +264,11 @@ impl Limiter {
                     .fallback
                     .decide(live_only, &postures, &shares, commit)
                     .await;
-                (decisions, Some(postures))
+                (Decisions::from_vec(decisions), Some(postures))
             }
         };
 
-        let mut statuses: Vec<DescriptorStatus> = descriptors
+        let mut statuses: Statuses = descriptors
             .iter()
             .map(|_| DescriptorStatus::unlimited())
             .collect();
@@ -288,7 +290,7 @@ impl Limiter {
                 };
                 snapshot.counters.record(rule.index, outcome);
                 if denied && let Some(top) = snapshot.top.get(rule.index) {
-                    top.record(&describe_entries(&descriptors[*i]), descriptors[*i].cost());
+                    record_top_key(top, &descriptors[*i]);
                 }
             }
             let code = if denied && mode == RuleMode::Enforce {
@@ -328,7 +330,7 @@ impl Limiter {
         side: Side<'_>,
     ) -> Result<Plan, LimitError> {
         let descriptors = request.descriptors();
-        let mut limits: Vec<Option<AppliedLimit>> = Vec::with_capacity(descriptors.len());
+        let mut limits: Limits = SmallVec::with_capacity(descriptors.len());
         for d in descriptors {
             limits.push(match (d.limit_override(), side) {
                 (Some(o), Side::Live) => {
@@ -361,8 +363,8 @@ impl Limiter {
         drop_replaced(&mut limits);
 
         // Build every key into one buffer; the charges borrow slices of it.
-        let mut key_buf = Vec::with_capacity(64 * descriptors.len());
-        let mut spans: Vec<(usize, Range<usize>)> = Vec::with_capacity(descriptors.len());
+        let mut key_buf = KeyBuf::new();
+        let mut spans: Spans = SmallVec::with_capacity(descriptors.len());
         for (i, (descriptor, limit)) in descriptors.iter().zip(&limits).enumerate() {
             let start = key_buf.len();
             match (limit, side) {
@@ -525,15 +527,21 @@ enum Side<'a> {
     Candidate(&'a str),
 }
 
-/// The limits one policy applies to a request's descriptors, and their counter keys.
+/// Per request descriptor: the limit applied, if any.
+type Limits = SmallVec<[Option<AppliedLimit>; INLINE_CHARGES]>;
+/// Per charged descriptor: its index and the range of its key in the key buffer.
+type Spans = SmallVec<[(usize, Range<usize>); INLINE_CHARGES]>;
+
+/// The limits one policy applies to a request's descriptors, and their counter keys. Inline
+/// up to four descriptors: planning a request allocates nothing.
 #[derive(Debug)]
 struct Plan {
     /// Per request descriptor: the limit applied, if any.
-    limits: Vec<Option<AppliedLimit>>,
+    limits: Limits,
     /// Every counter key, back to back.
-    key_buf: Vec<u8>,
+    key_buf: KeyBuf,
     /// Per charged descriptor: its index and the range of its key in `key_buf`.
-    spans: Vec<(usize, Range<usize>)>,
+    spans: Spans,
 }
 
 impl Plan {
@@ -543,7 +551,7 @@ impl Plan {
         &'a self,
         descriptors: &[RequestDescriptor],
         may_enforce: bool,
-        charges: &mut Vec<Charge<'a>>,
+        charges: &mut impl Extend<Charge<'a>>,
     ) {
         charges.extend(self.spans.iter().filter_map(|(i, span)| {
             let limit = self.limits[*i].as_ref()?;
@@ -562,17 +570,65 @@ fn mode_of(limit: &AppliedLimit) -> RuleMode {
     limit.rule().map_or(RuleMode::Enforce, |r| r.mode)
 }
 
-/// `key=value,key=value`: how a descriptor is shown in top-key listings.
-fn describe_entries(descriptor: &RequestDescriptor) -> String {
-    let mut out = String::new();
-    for (n, (key, value)) in descriptor.entries().iter().enumerate() {
-        if n > 0 {
-            out.push(',');
-        }
-        let _ = write!(out, "{key}={value}");
-    }
-    out
+/// Counts a denial of `descriptor` in `top`, shown as `key=value,key=value`.
+fn record_top_key(top: &TopKeys, descriptor: &RequestDescriptor) {
+    let mut text = TopKeyText::default();
+    describe_entries(descriptor, &mut text);
+    top.record(text.as_str(), descriptor.cost());
 }
+
+/// `key=value,key=value`: how a descriptor is shown in top-key listings.
+fn describe_entries(descriptor: &RequestDescriptor, out: &mut impl Write) {
+    for (n, (key, value)) in descriptor.entries().iter().enumerate() {
+        let separator = if n > 0 { "," } else { "" };
+        if write!(out, "{separator}{key}={value}").is_err() {
+            break;
+        }
+    }
+}
+
+/// A top-key description on the stack: the top-keys table keeps at most
+/// [`MAX_KEY_BYTES`](crate::observe::MAX_KEY_BYTES) bytes of a key, so nothing longer is ever
+/// built, and recording a denial allocates nothing unless the key is new to the table.
+struct TopKeyText {
+    bytes: [u8; crate::observe::MAX_KEY_BYTES],
+    len: usize,
+}
+
+impl Default for TopKeyText {
+    fn default() -> Self {
+        TopKeyText {
+            bytes: [0; crate::observe::MAX_KEY_BYTES],
+            len: 0,
+        }
+    }
+}
+
+impl TopKeyText {
+    fn as_str(&self) -> &str {
+        // Only whole chars are ever copied in, so this is always valid UTF-8.
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
+    }
+}
+
+impl Write for TopKeyText {
+    /// Appends whole chars while they fit; errs once the buffer is full (the text is cut at the
+    /// last char boundary that fits, as `TopKeys` would cut it).
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        for c in s.chars() {
+            let end = self.len + c.len_utf8();
+            let Some(slot) = self.bytes.get_mut(self.len..end) else {
+                return Err(std::fmt::Error);
+            };
+            c.encode_utf8(slot);
+            self.len = end;
+        }
+        Ok(())
+    }
+}
+
+// `drop_replaced` keeps one bit per descriptor in a u64.
+const _: () = assert!(MAX_DESCRIPTORS <= 64);
 
 /// Drops the limits replaced by another limit matched in the same request (envoyproxy/ratelimit's
 /// `replaces`): a replaced descriptor is answered OK without a limit.
@@ -584,16 +640,16 @@ fn drop_replaced(limits: &mut [Option<AppliedLimit>]) {
             .filter_map(AppliedLimit::rule)
             .any(|rule| rule.replaces.iter().any(|r| r == name))
     };
-    let drop: Vec<bool> = limits
-        .iter()
-        .map(|l| {
-            l.as_ref()
-                .and_then(AppliedLimit::rule)
-                .is_some_and(|rule| replaced(&rule.name, limits))
-        })
-        .collect();
-    for (limit, drop) in limits.iter_mut().zip(drop) {
-        if drop {
+    // At most MAX_DESCRIPTORS (64) limits: one bit each, decided before any is dropped.
+    let drop = limits.iter().enumerate().fold(0u64, |drop, (n, l)| {
+        let replaced = l
+            .as_ref()
+            .and_then(AppliedLimit::rule)
+            .is_some_and(|rule| replaced(&rule.name, limits));
+        drop | (u64::from(replaced) << (n % 64))
+    });
+    for (n, limit) in limits.iter_mut().enumerate() {
+        if drop & (1 << (n % 64)) != 0 {
             *limit = None;
         }
     }

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
 use tollgate_core::{Decision, Params, Verdict};
 
 use crate::policy::Rule;
@@ -90,13 +91,16 @@ impl DescriptorStatus {
     }
 }
 
+/// One status per request descriptor, inline up to four (it derefs to a slice).
+pub type Statuses = SmallVec<[DescriptorStatus; 4]>;
+
 /// Result for a whole request.
 #[derive(Debug, Clone)]
 pub struct CheckResponse {
     /// OK when every enforced limit allowed.
     pub overall: Code,
     /// One per request descriptor, in request order.
-    pub statuses: Vec<DescriptorStatus>,
+    pub statuses: Statuses,
 }
 
 impl CheckResponse {

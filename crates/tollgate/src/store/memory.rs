@@ -10,9 +10,10 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 
 use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
 use tollgate_core::{Decision, State, Timestamp, Transition, decide};
 
-use super::{Charge, Store, StoreError, admitted};
+use super::{Charge, Decisions, INLINE_CHARGES, Store, StoreError, admitted};
 use crate::clock::SharedClock;
 
 const SHARDS: usize = 64;
@@ -75,21 +76,25 @@ impl MemoryStore {
         self.sweep(self.clock.now())
     }
 
-    fn apply_locked(&self, charges: &[Charge<'_>], commit: bool) -> Vec<Decision> {
+    /// Decides `charges` and, when `commit` and the request is admitted, commits them. Up to
+    /// [`INLINE_CHARGES`] charges on existing keys, nothing is allocated.
+    pub(crate) fn decide(&self, charges: &[Charge<'_>], commit: bool) -> Decisions {
         let now = self.clock.now();
-        let mut shard_ids: Vec<usize> = charges.iter().map(|c| self.shard_of(c.key)).collect();
+        let mut shard_ids: SmallVec<[usize; INLINE_CHARGES]> =
+            charges.iter().map(|c| self.shard_of(c.key)).collect();
         let mut order = shard_ids.clone();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
+        let mut guards: SmallVec<[(usize, MutexGuard<'_, Shard>); INLINE_CHARGES]> =
             order.iter().map(|&i| (i, self.shards[i].lock())).collect();
         let guard_index = |shard: usize| order.binary_search(&shard).unwrap_or(0);
         for id in shard_ids.iter_mut() {
             *id = guard_index(*id);
         }
 
-        let mut decisions = Vec::with_capacity(charges.len());
-        let mut transitions = Vec::with_capacity(charges.len());
+        let mut decisions = Decisions::with_capacity(charges.len());
+        let mut transitions: SmallVec<[Transition; INLINE_CHARGES]> =
+            SmallVec::with_capacity(charges.len());
         for (i, charge) in charges.iter().enumerate() {
             let map = &guards[shard_ids[i]].1;
             let stored = map.get(charge.key).map(|e| &e.state);
@@ -144,11 +149,11 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     async fn apply(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
-        Ok(self.apply_locked(charges, true))
+        Ok(self.decide(charges, true).into_vec())
     }
 
     async fn peek(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
-        Ok(self.apply_locked(charges, false))
+        Ok(self.decide(charges, false).into_vec())
     }
 
     async fn key_count(&self) -> Result<usize, StoreError> {

@@ -7,6 +7,7 @@ mod url;
 use std::future::Future;
 use std::time::Duration;
 
+use smallvec::SmallVec;
 use tollgate_core::{Decision, Params};
 
 pub use self::redis::{CoalesceOptions, RedisOptions, RedisStore, SharedPolicy};
@@ -25,6 +26,12 @@ pub struct Charge<'a> {
     /// Whether a denial of this charge denies the request (false for shadow-mode rules).
     pub enforce: bool,
 }
+
+/// Charges of one request kept inline, without a heap allocation, by the limiter's hot path.
+pub const INLINE_CHARGES: usize = 4;
+
+/// One decision per charge, inline up to [`INLINE_CHARGES`] (see [`StoreBackend::decide`]).
+pub type Decisions = SmallVec<[Decision; INLINE_CHARGES]>;
 
 /// Why a store could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -142,6 +149,20 @@ impl StoreBackend {
         match self {
             StoreBackend::Memory(_) => "memory",
             StoreBackend::Redis(_) => "redis",
+        }
+    }
+
+    /// [`Store::apply`] when `commit`, else [`Store::peek`], with the decisions inline: on the
+    /// memory store a request of up to [`INLINE_CHARGES`] warm keys allocates nothing.
+    pub async fn decide(
+        &self,
+        charges: &[Charge<'_>],
+        commit: bool,
+    ) -> Result<Decisions, StoreError> {
+        match (self, commit) {
+            (StoreBackend::Memory(m), _) => Ok(m.decide(charges, commit)),
+            (StoreBackend::Redis(r), true) => r.apply(charges).await.map(Decisions::from_vec),
+            (StoreBackend::Redis(r), false) => r.peek(charges).await.map(Decisions::from_vec),
         }
     }
 
