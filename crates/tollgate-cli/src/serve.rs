@@ -104,6 +104,10 @@ pub struct ServeArgs {
     /// none left the request is allowed. Example: `api_key=header:x-api-key,path=path`.
     #[arg(long, value_name = "KEY=SOURCE,...", requires = "authorize_domain")]
     authorize_descriptor: Vec<DescriptorMapping>,
+    /// Do not remember the shared store's denials (the prefilter answers a key denied until
+    /// its retry-after without calling Redis; see the README).
+    #[arg(long)]
+    no_prefilter: bool,
     /// How often expired counters are dropped from the in-memory store.
     #[arg(long, default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
     sweep_interval: Duration,
@@ -128,6 +132,9 @@ fn humantime_duration(s: &str) -> Result<Duration, String> {
     }
     Ok(parsed)
 }
+
+/// How often lapsed local budgets are given back and cleared denials forgotten.
+const HOT_KEY_SWEEP: Duration = Duration::from_millis(50);
 
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(&args.log_format);
@@ -245,9 +252,10 @@ async fn serve(
         local_share: args.local_share,
         ..FailureSettings::default()
     };
-    let limiter = Arc::new(Limiter::with_failure_settings(
-        policy, store, settings, clock,
-    ));
+    let limiter = Arc::new(
+        Limiter::with_failure_settings(policy, store, settings, clock)
+            .with_prefilter(!args.no_prefilter),
+    );
 
     let http = TcpListener::bind(args.http_addr)
         .await
@@ -279,18 +287,26 @@ async fn serve(
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(args.sweep_interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Unused local budgets of keys gone quiet go back to the store within this.
+            let mut hot = tokio::time::interval(HOT_KEY_SWEEP);
+            hot.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                tokio::select! {
-                    _ = tick.tick() => {
-                        // Redis expires keys itself (every key has a TTL).
-                        if let StoreBackend::Memory(m) = limiter.store() {
-                            m.sweep_now();
-                        }
-                        limiter.local_store().sweep_now();
-                    }
+                let hot_keys = tokio::select! {
+                    _ = tick.tick() => false,
+                    _ = hot.tick() => true,
                     _ = rx.wait_for(|stop| *stop) => break,
+                };
+                if hot_keys {
+                    limiter.sweep_hot_keys().await;
+                    continue;
                 }
+                // Redis expires keys itself (every key has a TTL).
+                if let StoreBackend::Memory(m) = limiter.store() {
+                    m.sweep_now();
+                }
+                limiter.local_store().sweep_now();
             }
+            limiter.release_local_budgets().await;
         })
     };
 

@@ -553,11 +553,15 @@ fn local_budgets_are_checked_against_their_limit() {
             "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 100, {fields}}}\n"
         )
     };
-    let ok = Policy::from_yaml("t.yaml", &rule("local_budget: 10, local_budget_ttl: 250ms")).unwrap();
+    let ok =
+        Policy::from_yaml("t.yaml", &rule("local_budget: 10, local_budget_ttl: 250ms")).unwrap();
     let budget = ok.rules()[0].local_budget.unwrap();
     assert_eq!((budget.size, budget.ttl.as_millis()), (10, 250));
     let default_ttl = Policy::from_yaml("t.yaml", &rule("local_budget: 100")).unwrap();
-    assert_eq!(default_ttl.rules()[0].local_budget.unwrap().ttl.as_millis(), 100);
+    assert_eq!(
+        default_ttl.rules()[0].local_budget.unwrap().ttl.as_millis(),
+        100
+    );
 
     // The column is the value's: `local_budget: ` ends at 69, `local_budget_ttl: ` at 73 or 90.
     assert_eq!(

@@ -82,7 +82,9 @@ impl Lease {
             verdict: Verdict::Allowed,
             // The store's count when reserved, plus what this replica still holds of it.
             remaining: reserved.remaining.saturating_add(self.tokens),
-            reset_after: reserved.reset_after.saturating_sub(now.saturating_since(at)),
+            reset_after: reserved
+                .reset_after
+                .saturating_sub(now.saturating_since(at)),
             retry_after: None,
             delay: Duration::ZERO,
             ..reserved
@@ -90,10 +92,12 @@ impl Lease {
     }
 }
 
+type Shard = parking_lot::Mutex<HashMap<Box<[u8]>, Arc<AsyncMutex<Lease>>>>;
+
 /// This replica's leases, by counter key.
 #[derive(Debug)]
 pub struct Leases {
-    shards: Box<[parking_lot::Mutex<HashMap<Box<[u8]>, Arc<AsyncMutex<Lease>>>>]>,
+    shards: Box<[Shard]>,
     hasher: RandomState,
 }
 

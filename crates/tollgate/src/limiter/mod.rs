@@ -2,6 +2,7 @@
 
 mod candidate;
 mod fallback;
+mod hot_keys;
 mod keys;
 mod local_budget;
 mod overrides;
@@ -76,6 +77,14 @@ pub struct Limiter {
     fail_open: AtomicU64,
     /// When a store error was last logged (microseconds), so an outage cannot flood the log.
     last_error_log: AtomicU64,
+    /// Remembered store denials (`None` when disabled); used with a Redis store only.
+    prefilter: Option<prefilter::Prefilter>,
+    /// Local budgets in use on this replica.
+    leases: local_budget::Leases,
+    /// Counts policy replacements, for [`Limiter::epoch`].
+    policy_epoch: AtomicU64,
+    prefilter_denials: AtomicU64,
+    local_admissions: AtomicU64,
 }
 
 impl Limiter {
@@ -108,7 +117,19 @@ impl Limiter {
             store_errors: AtomicU64::new(0),
             fail_open: AtomicU64::new(0),
             last_error_log: AtomicU64::new(0),
+            prefilter: Some(prefilter::Prefilter::default()),
+            leases: local_budget::Leases::default(),
+            policy_epoch: AtomicU64::new(0),
+            prefilter_denials: AtomicU64::new(0),
+            local_admissions: AtomicU64::new(0),
         }
+    }
+
+    /// Turns the prefilter (remembered denials, Redis store only) on or off; it is on by
+    /// default.
+    pub fn with_prefilter(mut self, on: bool) -> Self {
+        self.prefilter = on.then(prefilter::Prefilter::default);
+        self
     }
 
     /// The server-wide failure settings.
@@ -155,6 +176,8 @@ impl Limiter {
     /// Replaces the policy atomically; requests in flight finish on the old one.
     pub fn replace_policy(&self, policy: Policy) {
         self.snapshot.store(Arc::new(Self::snapshot(policy)));
+        // After the store: a decision made under the old policy records the old epoch.
+        self.policy_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The store.
@@ -202,6 +225,9 @@ impl Limiter {
         request: &CheckRequest,
         commit: bool,
     ) -> Result<CheckResponse, LimitError> {
+        // Before the policy and overrides are read: what is remembered under this epoch was
+        // decided with them or newer ones.
+        let epoch = self.epoch();
         let snapshot = self.snapshot.load();
         let descriptors = request.descriptors();
         let now = self.clock.now();
@@ -225,17 +251,30 @@ impl Limiter {
             plan.push_charges(descriptors, false, &mut charges);
         }
 
+        if commit
+            && let Some(denial) = self.prefiltered(&live, &charges[..live_charges], now, epoch)
+        {
+            return Ok(self.prefiltered_response(&snapshot, &live, descriptors, denial));
+        }
+
         let started = tokio::time::Instant::now();
         let answer = if charges.is_empty() {
             Ok(Decisions::new())
+        } else if commit {
+            self.apply_with_budgets(&live, &charges, live_charges, now, epoch)
+                .await
         } else {
-            self.store.decide(&charges, commit).await
+            self.store.decide(&charges, false).await
         };
         if !charges.is_empty() {
             self.store_latency[usize::from(!commit)].observe(started.elapsed());
         }
         let (decisions, postures) = match answer {
             Ok(mut decisions) => {
+                if commit {
+                    let live_decisions = decisions.get(..live_charges).unwrap_or_default();
+                    self.remember_denials(&live, &charges, live_decisions, now, epoch);
+                }
                 if let (Some(candidate), Some(plan)) = (&candidate, &shadow) {
                     let shadowed = decisions.get(live_charges..).unwrap_or_default();
                     for ((i, _), decision) in plan.spans.iter().zip(shadowed) {
@@ -456,10 +495,28 @@ impl Limiter {
                 "Requests allowed by an `open` posture while the store could not decide.",
                 &self.fail_open,
             ),
+            (
+                "tollgate_prefilter_denials_total",
+                "Requests denied from a remembered store denial, without calling the store.",
+                &self.prefilter_denials,
+            ),
+            (
+                "tollgate_local_budget_admissions_total",
+                "Limits admitted from this replica's local budgets, without calling the store.",
+                &self.local_admissions,
+            ),
         ];
         for (name, help, value) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
+        }
+        if let Some(prefilter) = &self.prefilter {
+            let name = "tollgate_prefilter_entries";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Store denials remembered by the prefilter.\n# TYPE {name} gauge\n{name} {}",
+                prefilter.len()
+            );
         }
         out.push_str("# HELP tollgate_breaker_state Circuit breaker per store node: 0 closed, 1 half-open, 2 open.\n");
         out.push_str("# TYPE tollgate_breaker_state gauge\n");

@@ -3,8 +3,11 @@
 //!
 //! Why it never denies what the store would allow: the store denied a request of cost `c` on a
 //! counter at `t` and said it fits again at `t + retry_after` if nothing else is charged. Between
-//! the two, other requests can only consume more, and a larger cost needs more room, so a
-//! request of cost `>= c` before `t + retry_after` is denied by the store too. What could make
+//! the two, other requests can only consume more, so a request of cost `c` before
+//! `t + retry_after` is denied by the store too. Only requests of that same cost are answered,
+//! so the retry-after given is the store's own (another cost has another retry-after; it goes to
+//! the store); other requests charging the key in between can only make the true one later, and
+//! a request this replica sees admitted on the key makes it forget the denial. What could make
 //! the store allow earlier is a change of limit, which is why an entry is valid only within the
 //! epoch it was recorded in (the limiter starts a new epoch when the policy changes, a version
 //! is rolled back or a runtime override is set or removed), and a counter given back, which
@@ -30,21 +33,24 @@ struct Denial {
     /// The store's answer and when it was given.
     decision: Decision,
     at: Timestamp,
-    /// The cost it was given for: only requests at least as costly are denied from it.
+    /// The cost it was given for: only requests of this cost are denied from it.
     cost: u64,
     epoch: u64,
 }
 
 impl Denial {
     fn until(&self) -> Timestamp {
-        self.at.saturating_add(self.decision.retry_after.unwrap_or(Duration::ZERO))
+        self.at
+            .saturating_add(self.decision.retry_after.unwrap_or(Duration::ZERO))
     }
 }
+
+type Shard = Mutex<HashMap<Box<[u8]>, Denial>>;
 
 /// Remembered denials, by counter key.
 #[derive(Debug)]
 pub struct Prefilter {
-    shards: Box<[Mutex<HashMap<Box<[u8]>, Denial>>]>,
+    shards: Box<[Shard]>,
     hasher: RandomState,
 }
 
@@ -58,15 +64,16 @@ impl Default for Prefilter {
 }
 
 impl Prefilter {
-    fn shard(&self, key: &[u8]) -> &Mutex<HashMap<Box<[u8]>, Denial>> {
+    fn shard(&self, key: &[u8]) -> &Shard {
         &self.shards[(self.hasher.hash_one(key) as usize) & (SHARDS - 1)]
     }
 
-    /// The store's denial of a request of `cost` on `key` at `now`, if one recorded in `epoch`
-    /// still holds: its retry-after and reset shortened by the time passed since.
+    /// The store's denial of a request of `cost` on `key` at `now`, if one of the same cost
+    /// recorded in `epoch` still holds: its retry-after and reset shortened by the time passed
+    /// since.
     pub fn check(&self, key: &[u8], cost: u64, now: Timestamp, epoch: u64) -> Option<Decision> {
         let denial = *self.shard(key).lock().get(key)?;
-        if denial.epoch != epoch || cost < denial.cost || now < denial.at {
+        if denial.epoch != epoch || cost != denial.cost || now < denial.at {
             return None;
         }
         let left = denial.until().saturating_since(now);
@@ -101,6 +108,14 @@ impl Prefilter {
                 shard.insert(key.into(), denial);
             }
             None => {}
+        }
+    }
+
+    /// Forgets the denial remembered for `key`, if any.
+    pub fn forget(&self, key: &[u8]) {
+        let mut shard = self.shard(key).lock();
+        if !shard.is_empty() {
+            shard.remove(key);
         }
     }
 
@@ -142,16 +157,17 @@ mod tests {
     }
 
     #[test]
-    fn a_denial_holds_until_its_retry_after_for_costs_at_least_as_high() {
+    fn a_denial_holds_until_its_retry_after_for_the_same_cost() {
         let p = Prefilter::default();
         p.record(b"k", 2, &denial(100), at(0), 7);
         let hit = p.check(b"k", 2, at(40), 7).unwrap();
         assert_eq!(hit.retry_after, Some(Duration::from_millis(60)));
         assert_eq!(hit.reset_after, Duration::from_millis(160));
         assert_eq!(hit.verdict, Verdict::Denied);
-        assert!(p.check(b"k", 3, at(99), 7).is_some());
-        // A cheaper request may fit: ask the store.
+        assert!(p.check(b"k", 2, at(99), 7).is_some());
+        // A cheaper request may fit, a costlier one has a later retry-after: ask the store.
         assert!(p.check(b"k", 1, at(40), 7).is_none());
+        assert!(p.check(b"k", 3, at(40), 7).is_none());
         // On time, the store decides again.
         assert!(p.check(b"k", 2, at(100), 7).is_none());
         assert!(p.check(b"other", 2, at(40), 7).is_none());

@@ -354,11 +354,17 @@ impl<'f> SourceCompiler<'f> {
             match humantime::parse_duration(text.value.trim()) {
                 Ok(ttl) if (min..=max).contains(&ttl) => Some(ttl),
                 Ok(_) => {
-                    self.error(at, format!("`local_budget_ttl` must be between {min:?} and {max:?}"));
+                    self.error(
+                        at,
+                        format!("`local_budget_ttl` must be between {min:?} and {max:?}"),
+                    );
                     None
                 }
                 Err(e) => {
-                    self.error(at, format!("invalid `local_budget_ttl` `{}`: {e}", text.value));
+                    self.error(
+                        at,
+                        format!("invalid `local_budget_ttl` `{}`: {e}", text.value),
+                    );
                     None
                 }
             }
@@ -376,7 +382,10 @@ impl<'f> SourceCompiler<'f> {
         if mode != RuleMode::Enforce {
             self.error(
                 at,
-                format!("`local_budget` applies to enforced limits only, not `mode: {}`", mode.name()),
+                format!(
+                    "`local_budget` applies to enforced limits only, not `mode: {}`",
+                    mode.name()
+                ),
             );
             return None;
         }
@@ -404,7 +413,9 @@ impl<'f> SourceCompiler<'f> {
                 let n = shown(size.value);
                 self.error(
                     at,
-                    format!("`local_budget`{n} must be between 1 and the limit's capacity, {capacity}"),
+                    format!(
+                        "`local_budget`{n} must be between 1 and the limit's capacity, {capacity}"
+                    ),
                 );
                 None
             }

@@ -54,8 +54,7 @@ impl LocalBudget {
     /// The reservation lifetime when `local_budget_ttl` is not given.
     pub const DEFAULT_TTL: Duration = Duration::from_millis(100);
     /// The shortest and longest `local_budget_ttl` accepted.
-    pub const TTL_RANGE: (Duration, Duration) =
-        (Duration::from_millis(1), Duration::from_secs(60));
+    pub const TTL_RANGE: (Duration, Duration) = (Duration::from_millis(1), Duration::from_secs(60));
 }
 
 /// How a rule acts on a request over its limit.

@@ -594,13 +594,15 @@ impl RedisStore {
             indexes: vec![0],
         };
         let charges = [charge];
-        let spans = [0..keys.len()];
+        let span = 0..keys.len();
         let reply = self
-            .bounded(self.run_decide(&charges, &keys, &spans, &group, true))
+            .bounded(self.run_decide(&charges, &keys, std::slice::from_ref(&span), &group, true))
             .await?;
-        let decision = reply.decisions.first().copied().ok_or_else(|| {
-            StoreError::InvalidData("the script answered no decision".into())
-        })?;
+        let decision = reply
+            .decisions
+            .first()
+            .copied()
+            .ok_or_else(|| StoreError::InvalidData("the script answered no decision".into()))?;
         Ok((decision, reply.now_micros))
     }
 

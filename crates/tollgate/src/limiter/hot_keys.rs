@@ -1,0 +1,237 @@
+//! What keeps a hot key off the shared store: the [`Prefilter`] answers remembered denials, and
+//! [`Leases`] admit from local budgets. Both apply to a Redis store only (the memory store is
+//! already local) and to charged decisions only (`explain` always asks the store).
+
+use std::sync::atomic::Ordering;
+
+use smallvec::SmallVec;
+use tollgate_core::{Decision, Timestamp};
+
+use super::prefilter::Prefilter;
+use super::{AppliedLimit, Code, DescriptorStatus, Limiter, Plan, Snapshot, Statuses, mode_of};
+use super::{CheckResponse, RequestDescriptor, record_top_key};
+use crate::metrics::Outcome;
+use crate::policy::RuleMode;
+use crate::store::{Charge, Decisions, INLINE_CHARGES, StoreBackend, StoreError, admitted};
+
+/// Whether the prefilter may remember a denial by `limit`: an enforced limit of the policy, or
+/// one the caller sent (its key names its params). Not a limit changed by a runtime override
+/// (it may expire), nor one with a local budget (other replicas give units back early).
+fn prefilterable(limit: &AppliedLimit) -> bool {
+    match limit {
+        AppliedLimit::Rule(rule) => rule.mode == RuleMode::Enforce && rule.local_budget.is_none(),
+        AppliedLimit::Override(_) => true,
+        AppliedLimit::Overridden(..) => false,
+    }
+}
+
+impl Limiter {
+    /// The epoch denials and leases are valid in: it changes with the policy (a reload, a
+    /// rollback) and with every runtime override set, deleted or adopted.
+    pub(super) fn epoch(&self) -> u64 {
+        (self.policy_epoch.load(Ordering::Acquire) << 32)
+            | (self.overrides.generation() & 0xffff_ffff)
+    }
+
+    fn prefilter(&self) -> Option<&Prefilter> {
+        match self.store {
+            StoreBackend::Redis(_) => self.prefilter.as_ref(),
+            StoreBackend::Memory(_) => None,
+        }
+    }
+
+    /// A live charge the prefilter denies, by its index among `plan`'s spans.
+    pub(super) fn prefiltered(
+        &self,
+        plan: &Plan,
+        charges: &[Charge<'_>],
+        now: Timestamp,
+        epoch: u64,
+    ) -> Option<(usize, Decision)> {
+        let prefilter = self.prefilter()?;
+        plan.spans
+            .iter()
+            .zip(charges)
+            .enumerate()
+            .find_map(|(n, ((i, _), charge))| {
+                let limit = plan.limits[*i].as_ref()?;
+                if !charge.enforce || !prefilterable(limit) {
+                    return None;
+                }
+                let denial = prefilter.check(charge.key, charge.cost, now, epoch)?;
+                Some((n, denial))
+            })
+    }
+
+    /// Remembers the store's denials of the live charges for the prefilter, and forgets a
+    /// remembered denial of a key the store just charged (a cheaper request fit), whose
+    /// retry-after has moved.
+    pub(super) fn remember_denials(
+        &self,
+        plan: &Plan,
+        charges: &[Charge<'_>],
+        decisions: &[Decision],
+        now: Timestamp,
+        epoch: u64,
+    ) {
+        let Some(prefilter) = self.prefilter() else {
+            return;
+        };
+        for (((i, _), charge), decision) in plan.spans.iter().zip(charges).zip(decisions) {
+            let remember = plan.limits[*i].as_ref().is_some_and(prefilterable);
+            if !remember || !charge.enforce {
+                continue;
+            }
+            if decision.is_allowed() {
+                prefilter.forget(charge.key);
+            } else {
+                prefilter.record(charge.key, charge.cost, decision, now, epoch);
+            }
+        }
+    }
+
+    /// The answer to a request the prefilter denies at span `n`: that limit denies; the other
+    /// limits were not evaluated (nothing would have been charged) and report no counters.
+    pub(super) fn prefiltered_response(
+        &self,
+        snapshot: &Snapshot,
+        plan: &Plan,
+        descriptors: &[RequestDescriptor],
+        (n, denial): (usize, Decision),
+    ) -> CheckResponse {
+        self.prefilter_denials.fetch_add(1, Ordering::Relaxed);
+        let mut statuses: Statuses = descriptors
+            .iter()
+            .map(|_| DescriptorStatus::unlimited())
+            .collect();
+        for (m, (i, _)) in plan.spans.iter().enumerate() {
+            let limit = plan.limits[*i].clone();
+            let denies = m == n;
+            if denies && let Some(rule) = limit.as_ref().and_then(AppliedLimit::rule) {
+                snapshot.counters.record(rule.index, Outcome::Denied);
+                if let Some(top) = snapshot.top.get(rule.index) {
+                    record_top_key(top, &descriptors[*i]);
+                }
+            }
+            statuses[*i] = DescriptorStatus {
+                code: if denies { Code::OverLimit } else { Code::Ok },
+                limit,
+                decision: denies.then_some(denial),
+                ..DescriptorStatus::unlimited()
+            };
+        }
+        CheckResponse {
+            overall: Code::OverLimit,
+            statuses,
+        }
+    }
+
+    /// Charges `charges` (the first `live` of them the live policy's), serving the live
+    /// charges whose rule has a local budget from this replica's leases and the rest from the
+    /// store. All or nothing: if the store denies the request, the leases get their units back.
+    pub(super) async fn apply_with_budgets(
+        &self,
+        plan: &Plan,
+        charges: &[Charge<'_>],
+        live: usize,
+        now: Timestamp,
+        epoch: u64,
+    ) -> Result<Decisions, StoreError> {
+        let StoreBackend::Redis(redis) = &self.store else {
+            return self.store.decide(charges, true).await;
+        };
+        let budgets = plan
+            .spans
+            .iter()
+            .zip(&charges[..live])
+            .map(|((i, _), charge)| {
+                let limit = plan.limits[*i].as_ref()?;
+                let budget = match limit {
+                    AppliedLimit::Rule(rule) if mode_of(limit) == RuleMode::Enforce => {
+                        rule.local_budget?
+                    }
+                    _ => return None,
+                };
+                Some((*charge, budget))
+            });
+        let budgets: SmallVec<[_; INLINE_CHARGES]> = budgets.collect();
+        if budgets.iter().all(Option::is_none) {
+            return self.store.decide(charges, true).await;
+        }
+        let mut local: SmallVec<[Option<Decision>; INLINE_CHARGES]> = SmallVec::new();
+        for budget in &budgets {
+            local.push(match budget {
+                Some((charge, budget)) => {
+                    self.leases.take(redis, *charge, *budget, now, epoch).await
+                }
+                None => None,
+            });
+        }
+        local.resize(charges.len(), None);
+        let rest: SmallVec<[Charge<'_>; INLINE_CHARGES]> = charges
+            .iter()
+            .zip(&local)
+            .filter(|(_, served)| served.is_none())
+            .map(|(charge, _)| *charge)
+            .collect();
+        let served = local.iter().flatten().count() as u64;
+        let answer = if rest.is_empty() {
+            Ok(Decisions::new())
+        } else {
+            self.store.decide(&rest, true).await
+        };
+        let merged = answer.map(|decided| {
+            let mut decided = decided.into_iter();
+            local
+                .iter()
+                .map(|served| served.or_else(|| decided.next()))
+                .collect::<Option<Decisions>>()
+        });
+        let admitted = matches!(&merged, Ok(Some(d)) if admitted(charges, d));
+        if !admitted {
+            give_back(&self.leases, charges, &local).await;
+        } else {
+            self.local_admissions.fetch_add(served, Ordering::Relaxed);
+        }
+        merged?
+            .ok_or_else(|| StoreError::InvalidData("the store answered too few decisions".into()))
+    }
+
+    /// Gives back the unused units of lapsed leases and forgets cleared denials. Returns how
+    /// many leases were released.
+    pub async fn sweep_hot_keys(&self) -> usize {
+        let (now, epoch) = (self.clock.now(), self.epoch());
+        if let Some(prefilter) = self.prefilter() {
+            prefilter.sweep(now, epoch);
+        }
+        match &self.store {
+            StoreBackend::Redis(redis) => self.leases.sweep(redis, now, epoch).await,
+            StoreBackend::Memory(_) => 0,
+        }
+    }
+}
+
+impl Limiter {
+    /// Gives back every local budget now (at shutdown).
+    pub async fn release_local_budgets(&self) -> usize {
+        match &self.store {
+            StoreBackend::Redis(redis) => {
+                self.leases.sweep(redis, Timestamp::MAX, self.epoch()).await
+            }
+            StoreBackend::Memory(_) => 0,
+        }
+    }
+}
+
+/// Returns to their leases the units a denied request took from them.
+async fn give_back(
+    leases: &super::local_budget::Leases,
+    charges: &[Charge<'_>],
+    local: &[Option<Decision>],
+) {
+    for (charge, served) in charges.iter().zip(local) {
+        if served.is_some() {
+            leases.put_back(charge.key, charge.cost).await;
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! The prefilter and local budgets, on a real `redis-server`, with a manual clock that drives
+//! both the limiters and the store's scripts so every instant is known.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::clock::{Clock, ManualClock, SystemClock};
+use tollgate::limiter::{
+    CheckRequest, CheckResponse, Code, FailureSettings, Limiter, Override, RequestDescriptor,
+};
+use tollgate::policy::Policy;
+use tollgate::resilience::Posture;
+use tollgate::store::{RedisOptions, RedisStore, StoreBackend, StoreUrl};
+use tollgate_core::Algorithm;
+use tollgate_testkit::{FaultProxy, Mode, RedisServer};
+
+/// One rule per algorithm in each of two identical domains, `a` and `b` (so two limiters can
+/// run the same sequence on separate counters of one Redis).
+fn twin_policy(limit: u64, period: &str) -> String {
+    let mut yaml = String::new();
+    for domain in ["a", "b"] {
+        yaml.push_str(&format!("---\ndomain: {domain}\ndescriptors:\n"));
+        for algorithm in Algorithm::ALL {
+            yaml.push_str(&format!(
+                "  - key: {algorithm}\n    rate_limit: {{period: {period}, requests_per_unit: {limit}, algorithm: {algorithm}}}\n"
+            ));
+        }
+    }
+    yaml
+}
+
+fn policy(yaml: &str) -> Policy {
+    let sources: Vec<(String, String)> = yaml
+        .split("---\n")
+        .filter(|doc| !doc.trim().is_empty())
+        .enumerate()
+        .map(|(n, doc)| (format!("p{n}.yaml"), doc.to_owned()))
+        .collect();
+    Policy::from_sources(&sources).unwrap()
+}
+
+async fn limiter(url: &str, clock: &Arc<ManualClock>, yaml: &str, prefilter: bool) -> Limiter {
+    let url: StoreUrl = url.parse().unwrap();
+    let options = RedisOptions {
+        command_timeout: Duration::from_secs(2),
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::connect(&url, options, clock.clone())
+        .await
+        .unwrap()
+        .pin_clock(clock.clone());
+    let store = StoreBackend::Redis(Box::new(store));
+    assert!(store.wait_ready(Duration::from_secs(10)).await);
+    Limiter::with_failure_settings(
+        policy(yaml),
+        store,
+        FailureSettings::default(),
+        clock.clone(),
+    )
+    .with_prefilter(prefilter)
+}
+
+fn request(domain: &str, key: &str, value: &str, cost: u64) -> CheckRequest {
+    let entries = vec![(key.to_owned(), value.to_owned())];
+    let descriptor = RequestDescriptor::new(entries, cost, None).unwrap();
+    CheckRequest::new(domain.to_owned(), vec![descriptor]).unwrap()
+}
+
+/// The verdict and retry-after a caller sees.
+fn seen(response: &CheckResponse) -> (Code, Option<Duration>) {
+    let retry = response
+        .statuses
+        .iter()
+        .filter_map(|s| s.decision)
+        .filter_map(|d| d.retry_after)
+        .max();
+    (response.overall, retry)
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+/// A wall clock start, so Redis TTLs derived from the pinned time are meaningful.
+fn wall_clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::new(SystemClock::new().now()))
+}
+
+/// xorshift64: a fixed sequence, the same on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// The prefilter never changes an answer: a limiter with it and one without, fed the same
+/// requests (random costs, random clock steps, every algorithm, runtime overrides set and
+/// deleted, a policy reload), give the same verdicts and retry-afters; and the prefilter did
+/// answer some of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prefilter_never_changes_an_answer() {
+    let redis = RedisServer::start();
+    let clock = wall_clock();
+    let yaml = twin_policy(5, "2s");
+    let with = limiter(&redis.url(), &clock, &yaml, true).await;
+    let without = limiter(&redis.url(), &clock, &yaml, false).await;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut override_ids = Vec::new();
+    for step in 0..3000 {
+        let algorithm = Algorithm::ALL[rng.below(6) as usize].name();
+        let value = if rng.below(8) == 0 { "y" } else { "x" };
+        // Mostly unit costs, as hot keys are; sometimes heavier requests.
+        let cost = if rng.below(4) == 0 {
+            2 + rng.below(2)
+        } else {
+            1
+        };
+        match rng.below(100) {
+            0 => {
+                // A runtime override on both, with a higher or lower limit.
+                let o = Override {
+                    id: 0,
+                    domain: String::new(),
+                    rule: algorithm.to_owned(),
+                    entries: vec![(algorithm.to_owned(), value.to_owned())],
+                    requests_per_unit: 1 + rng.below(10),
+                    period: None,
+                    expires_at: None,
+                    reason: "test".into(),
+                };
+                for (domain, limiter) in [("a", &with), ("b", &without)] {
+                    let id = limiter.overrides().set(Override {
+                        domain: domain.into(),
+                        ..o.clone()
+                    });
+                    override_ids.push((domain, id));
+                }
+            }
+            1 if !override_ids.is_empty() => {
+                for (domain, id) in override_ids.drain(..) {
+                    let limiter = if domain == "a" { &with } else { &without };
+                    limiter.overrides().delete(id);
+                }
+            }
+            2 => {
+                let reloaded = twin_policy(3 + rng.below(5), "2s");
+                with.replace_policy(policy(&reloaded));
+                without.replace_policy(policy(&reloaded));
+            }
+            _ => {}
+        }
+        clock.advance(Duration::from_micros(rng.below(60_000)));
+        let a = with
+            .check(&request("a", algorithm, value, cost))
+            .await
+            .unwrap();
+        let b = without
+            .check(&request("b", algorithm, value, cost))
+            .await
+            .unwrap();
+        assert_eq!(
+            seen(&a),
+            seen(&b),
+            "step {step}: {algorithm} {value} cost {cost}"
+        );
+        assert!(
+            a.degraded().is_none() && b.degraded().is_none(),
+            "step {step}"
+        );
+    }
+    let metrics = with.render_metrics().await;
+    let answered = metric(&metrics, "tollgate_prefilter_denials_total");
+    assert!(
+        answered > 100,
+        "the prefilter answered only {answered} requests"
+    );
+    let metrics = without.render_metrics().await;
+    assert_eq!(metric(&metrics, "tollgate_prefilter_denials_total"), 0);
+}
+
+/// A remembered denial is answered without Redis: with Redis unreachable, the denied key is
+/// still denied as over its limit (not by a failure posture) until its retry-after; then the
+/// posture answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remembered_denials_need_no_store() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let clock = wall_clock();
+    let yaml = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 10s, requests_per_unit: 2}\n";
+    let limiter = limiter(&proxy.url(), &clock, yaml, true).await;
+    for _ in 0..2 {
+        assert!(
+            limiter
+                .check(&request("a", "k", "v", 1))
+                .await
+                .unwrap()
+                .allowed()
+        );
+    }
+    let denied = limiter.check(&request("a", "k", "v", 1)).await.unwrap();
+    let (code, retry) = seen(&denied);
+    assert_eq!(code, Code::OverLimit);
+    let retry = retry.unwrap();
+
+    proxy.set_mode(Mode::Refuse);
+    let half = Duration::from_micros(retry.as_micros() as u64 / 2);
+    clock.advance(half);
+    let again = limiter.check(&request("a", "k", "v", 1)).await.unwrap();
+    assert_eq!(seen(&again), (Code::OverLimit, Some(retry - half)));
+    assert_eq!(again.degraded(), None);
+    // Another cost, or another key, goes to the (unreachable) store.
+    let costly = limiter.check(&request("a", "k", "v", 2)).await.unwrap();
+    assert_eq!(costly.degraded(), Some(Posture::Open));
+    let other = limiter.check(&request("a", "k", "w", 1)).await.unwrap();
+    assert_eq!(other.degraded(), Some(Posture::Open));
+    // At the retry-after the store must decide again: the posture answers.
+    clock.advance(retry - half);
+    let due = limiter.check(&request("a", "k", "v", 1)).await.unwrap();
+    assert_eq!(due.degraded(), Some(Posture::Open));
+}
+
+/// Three replicas with local budgets on one Redis, many requests in flight on each: a fixed
+/// window never admits more than its limit, and once the leases are given back the rest of
+/// the quota is admitted to the unit (nothing is lost). Most admissions come from the leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_budgets_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    for algorithm in [
+        "fixed_window",
+        "gcra",
+        "token_bucket",
+        "sliding_window_counter",
+    ] {
+        let clock = wall_clock();
+        let yaml = format!(
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {{period: 1h, requests_per_unit: 500, algorithm: {algorithm}, local_budget: 20, local_budget_ttl: 1s}}\n"
+        );
+        let mut replicas = Vec::new();
+        for _ in 0..3 {
+            replicas.push(limiter(&redis.url(), &clock, &yaml, true).await);
+        }
+        let key = format!("hot-{algorithm}");
+        let wave = |n: usize| {
+            let requests = (0..n).map(|i| {
+                let (replica, key) = (&replicas[i % 3], &key);
+                async move {
+                    replica
+                        .check(&request("a", "k", key, 1))
+                        .await
+                        .unwrap()
+                        .allowed()
+                }
+            });
+            futures_util::future::join_all(requests)
+        };
+        let first: usize = wave(900).await.into_iter().filter(|a| *a).count();
+        assert!(
+            first <= 500,
+            "{algorithm}: {first} admitted over a limit of 500"
+        );
+        // At most three leases of 20 sit unused, and only while they live.
+        assert!(first >= 500 - 3 * 20, "{algorithm}: only {first} admitted");
+        // The leases lapse and are given back: the remaining quota is admitted, no more.
+        clock.advance(Duration::from_secs(2));
+        for replica in &replicas {
+            replica.sweep_hot_keys().await;
+        }
+        let second: usize = wave(300).await.into_iter().filter(|a| *a).count();
+        clock.advance(Duration::from_secs(2));
+        for replica in &replicas {
+            replica.release_local_budgets().await;
+        }
+        let third: usize = wave(100).await.into_iter().filter(|a| *a).count();
+        // Two seconds of refill at 500 per hour is less than one unit.
+        assert_eq!(
+            first + second + third,
+            500,
+            "{algorithm}: {first} + {second} + {third}"
+        );
+        let local: u64 =
+            futures_util::future::join_all(replicas.iter().map(|r| r.render_metrics()))
+                .await
+                .iter()
+                .map(|m| metric(m, "tollgate_local_budget_admissions_total"))
+                .sum();
+        assert!(
+            local >= 400,
+            "{algorithm}: only {local} admissions came from leases"
+        );
+    }
+}
+
+/// A request a second limit denies gives its local-budget units back: the budget rule's
+/// counter only ever counts admitted requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_request_returns_what_it_took_from_a_lease() {
+    let redis = RedisServer::start();
+    let clock = wall_clock();
+    let yaml = "domain: a
+descriptors:
+  - key: tenant
+    rate_limit: {period: 1h, requests_per_unit: 100, local_budget: 10}
+  - key: user
+    rate_limit: {period: 1h, requests_per_unit: 3}
+";
+    let limiter = limiter(&redis.url(), &clock, yaml, false).await;
+    let both = || {
+        let descriptors = ["tenant", "user"]
+            .map(|k| RequestDescriptor::new(vec![(k.into(), "t1".into())], 1, None).unwrap());
+        CheckRequest::new("a".into(), descriptors.to_vec()).unwrap()
+    };
+    let requests: Vec<CheckRequest> = (0..10).map(|_| both()).collect();
+    let admitted = futures_util::future::join_all(requests.iter().map(|r| limiter.check(r)))
+        .await
+        .into_iter()
+        .filter(|r| r.as_ref().unwrap().allowed())
+        .count();
+    assert_eq!(admitted, 3);
+    limiter.release_local_budgets().await;
+    // The tenant counter holds exactly the three admitted requests: explain answers for one
+    // more, which would leave 96.
+    let tenant = request("a", "tenant", "t1", 1);
+    let answer = limiter.explain(&tenant).await.unwrap();
+    assert_eq!(answer.statuses[0].decision.unwrap().remaining, 96);
+}
