@@ -160,6 +160,14 @@ impl Drop for Server {
     }
 }
 
+/// The value of the unlabelled sample `name` in Prometheus text.
+#[allow(dead_code)] // not every test binary reads metrics
+pub fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
+}
+
 /// An RLS descriptor from `(key, value)` pairs.
 pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {

@@ -159,10 +159,13 @@ impl Limiter {
             return self.store.decide(charges, true).await;
         }
         let mut local: SmallVec<[Option<Decision>; INLINE_CHARGES]> = SmallVec::new();
+        let mut store_spared = 0;
         for budget in &budgets {
             local.push(match budget {
                 Some((charge, budget)) => {
-                    self.leases.take(redis, *charge, *budget, now, epoch).await
+                    let taken = self.leases.take(redis, *charge, *budget, now, epoch).await;
+                    store_spared += u64::from(taken.is_some_and(|(_, spared)| spared));
+                    taken.map(|(decision, _)| decision)
                 }
                 None => None,
             });
@@ -174,7 +177,6 @@ impl Limiter {
             .filter(|(_, served)| served.is_none())
             .map(|(charge, _)| *charge)
             .collect();
-        let served = local.iter().flatten().count() as u64;
         let answer = if rest.is_empty() {
             Ok(Decisions::new())
         } else {
@@ -191,7 +193,8 @@ impl Limiter {
         if !admitted {
             give_back(&self.leases, charges, &local).await;
         } else {
-            self.local_admissions.fetch_add(served, Ordering::Relaxed);
+            self.local_admissions
+                .fetch_add(store_spared, Ordering::Relaxed);
         }
         merged?
             .ok_or_else(|| StoreError::InvalidData("the store answered too few decisions".into()))

@@ -123,9 +123,10 @@ impl Leases {
     }
 
     /// Admits `request` from this replica's lease on its key, reserving a new lease from
-    /// `store` when needed. `None` means the store must decide this request itself: no lease
-    /// could be had (the store has less than `budget.size` left, is failing, or the cost is
-    /// larger than a lease).
+    /// `store` when needed; with the answer, whether the store was left alone (no reservation
+    /// was needed). `None` means the store must decide this request itself: no lease could be
+    /// had (the store has less than `budget.size` left, is failing, or the cost is larger than
+    /// a lease).
     pub async fn take(
         &self,
         store: &RedisStore,
@@ -133,7 +134,7 @@ impl Leases {
         budget: LocalBudget,
         now: Timestamp,
         epoch: u64,
-    ) -> Option<Decision> {
+    ) -> Option<(Decision, bool)> {
         let Charge {
             key, params, cost, ..
         } = request;
@@ -148,7 +149,7 @@ impl Leases {
         let current = lease.params.as_ref() == Some(params) && lease.epoch == epoch;
         if current && now < lease.expires && lease.tokens >= cost {
             lease.tokens -= cost;
-            return lease.served(now);
+            return lease.served(now).map(|d| (d, true));
         }
         lease.release(store, key).await;
         if now < lease.backoff_until {
@@ -180,7 +181,7 @@ impl Leases {
             backoff_until: Timestamp::EPOCH,
             retired: false,
         };
-        lease.served(now)
+        lease.served(now).map(|d| (d, false))
     }
 
     /// Returns `cost` taken by [`Leases::take`] for a request another limit then denied.

@@ -502,7 +502,7 @@ impl Limiter {
             ),
             (
                 "tollgate_local_budget_admissions_total",
-                "Limits admitted from this replica's local budgets, without calling the store.",
+                "Limits admitted from a local budget already reserved, without calling the store.",
                 &self.local_admissions,
             ),
         ];
