@@ -1,7 +1,8 @@
 //! `tollgate bench`: a bounded load generator for Envoy RLS v3 gRPC and the HTTP API.
 //!
-//! Workers share a few connections; each worker sends one request at a time (closed loop), or
-//! follows a schedule with `--rate` (open loop). In open loop a latency is measured from the
+//! Workers share `--connections` real connections (gRPC: HTTP/2 channels, requests multiplexed;
+//! HTTP: HTTP/1.1 keep-alive sockets, one request in flight on each); each worker sends one
+//! request at a time (closed loop), or follows a schedule with `--rate` (open loop). In open loop a latency is measured from the
 //! request's scheduled start, so a slow server is not hidden by the generator falling behind.
 
 mod histogram;
@@ -22,6 +23,11 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use http::{StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tonic::transport::{Channel, Endpoint};
 
@@ -63,9 +69,11 @@ pub struct BenchArgs {
     /// Number of concurrent workers (requests in flight at most).
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
-    /// gRPC channels (HTTP: clients, each with its own keep-alive pool) shared by the workers.
-    #[arg(long, default_value_t = 1)]
-    connections: usize,
+    /// Real connections shared by the workers, worker `i` using connection `i mod K`. gRPC: K
+    /// HTTP/2 channels, requests multiplexed (default 1). HTTP: K HTTP/1.1 keep-alive sockets,
+    /// one request in flight on each, so at most K in flight (default: one per worker).
+    #[arg(long, value_name = "K")]
+    connections: Option<usize>,
     /// Stop after this long (for example `5s`); at most 10 minutes.
     #[arg(long, value_parser = humantime::parse_duration)]
     duration: Option<Duration>,
@@ -193,7 +201,11 @@ impl Plan {
         {
             bail!("--zipf must be a finite number >= 0");
         }
-        if args.concurrency == 0 || args.connections == 0 {
+        let connections = args.connections.unwrap_or(match protocol {
+            Protocol::Grpc => 1,
+            Protocol::Http => args.concurrency,
+        });
+        if args.concurrency == 0 || connections == 0 {
             bail!("--concurrency and --connections must be at least 1");
         }
         let duration = args.duration.unwrap_or(DEFAULT_DURATION);
@@ -228,7 +240,7 @@ impl Plan {
             descriptors,
             keys: KeySpace::new(args.keys, args.zipf),
             concurrency: args.concurrency,
-            connections: args.connections,
+            connections,
             duration,
             requests: args.requests,
             interval,
@@ -327,14 +339,49 @@ fn now() -> Instant {
     Instant::now()
 }
 
+/// One HTTP/1.1 keep-alive socket. HTTP/1.1 has no multiplexing, so the lock keeps one request
+/// in flight on it; a worker waiting for the lock is waiting for the connection.
+type HttpConnection = Arc<tokio::sync::Mutex<SendRequest<Full<Bytes>>>>;
+
 #[derive(Debug, Clone)]
 enum Client {
     Grpc(RateLimitServiceClient<Channel>),
     Http {
-        client: reqwest::Client,
-        url: String,
+        connection: HttpConnection,
+        /// `HOST:PORT`, sent as `Host`.
+        host: Arc<str>,
         body: Arc<str>,
     },
+}
+
+async fn connect_http(authority: &str) -> anyhow::Result<HttpConnection> {
+    let stream = tokio::time::timeout(REQUEST_TIMEOUT, tokio::net::TcpStream::connect(authority))
+        .await
+        .map_err(|_| anyhow::anyhow!("connecting timed out"))??;
+    stream.set_nodelay(true)?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    // Drives the socket; when it ends, the next send on this connection reports why.
+    tokio::spawn(connection);
+    Ok(Arc::new(tokio::sync::Mutex::new(sender)))
+}
+
+/// Sends one `POST /v1/check` and drains the answer; the status code.
+async fn post_check(
+    connection: &HttpConnection,
+    host: &str,
+    body: String,
+) -> anyhow::Result<StatusCode> {
+    let request = http::Request::post("/v1/check")
+        .header(header::HOST, host)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))?;
+    let mut sender = connection.lock().await;
+    sender.ready().await?;
+    let response = sender.send_request(request).await?;
+    let status = response.status();
+    // Read to the end so the connection is ready for the next request.
+    response.into_body().collect().await?;
+    Ok(status)
 }
 
 async fn connect(plan: &Plan) -> anyhow::Result<Vec<Client>> {
@@ -352,11 +399,10 @@ async fn connect(plan: &Plan) -> anyhow::Result<Vec<Client>> {
                 Client::Grpc(RateLimitServiceClient::new(channel))
             }
             Protocol::Http => Client::Http {
-                client: reqwest::Client::builder()
-                    .timeout(REQUEST_TIMEOUT)
-                    .tcp_nodelay(true)
-                    .build()?,
-                url: format!("http://{}/v1/check", plan.authority),
+                connection: connect_http(&plan.authority)
+                    .await
+                    .with_context(|| format!("could not connect to http://{}", plan.authority))?,
+                host: plan.authority.as_str().into(),
                 body: plan.http_body_template().into(),
             },
         };
@@ -381,27 +427,19 @@ async fn send(client: &mut Client, plan: &Plan, key: &str, tally: &Tally) -> Out
                 },
             }
         }
-        Client::Http { client, url, body } => {
+        Client::Http {
+            connection,
+            host,
+            body,
+        } => {
             let body = body.replace("{key}", key);
-            let sent = client
-                .post(url.as_str())
-                .header("content-type", "application/json")
-                .body(body)
-                .send()
-                .await;
-            match sent {
-                Err(e) => tally.error(format!("http: {e}")),
-                Ok(response) => {
-                    let status = response.status().as_u16();
-                    // Drain the body so the connection is reused.
-                    let drained = response.bytes().await;
-                    match (status, drained) {
-                        (_, Err(e)) => tally.error(format!("http: {e}")),
-                        (200, Ok(_)) => Outcome::Ok,
-                        (429, Ok(_)) => Outcome::OverLimit,
-                        (other, Ok(_)) => tally.error(format!("http: status {other}")),
-                    }
-                }
+            let sent = tokio::time::timeout(REQUEST_TIMEOUT, post_check(connection, host, body));
+            match sent.await {
+                Err(_) => tally.error("http: request timed out".into()),
+                Ok(Err(e)) => tally.error(format!("http: {e:#}")),
+                Ok(Ok(StatusCode::OK)) => Outcome::Ok,
+                Ok(Ok(StatusCode::TOO_MANY_REQUESTS)) => Outcome::OverLimit,
+                Ok(Ok(other)) => tally.error(format!("http: status {}", other.as_u16())),
             }
         }
     }
@@ -523,7 +561,7 @@ impl Report {
         self.requests as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
     }
 
-    fn to_json(&self, args: &BenchArgs, protocol: Protocol) -> Value {
+    fn to_json(&self, args: &BenchArgs, protocol: Protocol, connections: usize) -> Value {
         let q = |p| micros(self.latency.quantile(p));
         let mut out = json!({
             "target": args.target,
@@ -532,7 +570,7 @@ impl Report {
             "keys": args.keys,
             "zipf": args.zipf,
             "concurrency": args.concurrency,
-            "connections": args.connections,
+            "connections": connections,
             "rate": args.rate,
             "elapsed_s": self.elapsed.as_secs_f64(),
             "requests": self.requests,
@@ -595,13 +633,14 @@ impl Report {
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let plan = Plan::new(&args)?;
     let protocol = plan.protocol;
+    let connections = plan.connections;
     let show_progress = args.progress || std::io::stderr().is_terminal();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let report = runtime.block_on(run_plan(plan, show_progress))?;
     if args.json {
-        println!("{}", report.to_json(&args, protocol));
+        println!("{}", report.to_json(&args, protocol, connections));
     } else {
         print!("{}", report.render(&args));
     }

@@ -5,6 +5,9 @@ mod support;
 
 use std::process::{Command, Output};
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use serde_json::Value;
 use support::{BenchServer, Server, binary, descriptor};
@@ -338,5 +341,59 @@ async fn bench_server_rejects_malformed_requests_like_serve() {
             (b.code(), b.message()),
             "{request:?}"
         );
+    }
+}
+
+/// A loopback TCP proxy to `upstream` that counts the connections it accepts.
+async fn counting_proxy(
+    upstream: std::net::SocketAddr,
+) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test]
+async fn connections_are_real_sockets_for_both_protocols() {
+    let ceiling = BenchServer::start();
+    for (scheme, upstream) in [("grpc", ceiling.grpc), ("http", ceiling.http)] {
+        let (proxy, accepted) = counting_proxy(upstream).await;
+        let target = format!("{scheme}://{proxy}");
+        let report = tokio::task::spawn_blocking(move || {
+            bench_json(&[
+                "--target",
+                &target,
+                "--domain",
+                "bench",
+                "--descriptor",
+                "user=u{key}",
+                "--keys",
+                "100",
+                "--concurrency",
+                "12",
+                "--connections",
+                "3",
+                "--requests",
+                "600",
+            ])
+        })
+        .await
+        .unwrap();
+        assert_consistent(&report);
+        assert_eq!(report["ok"], 600, "{report}");
+        assert_eq!(report["connections"], 3, "{report}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 3, "{scheme}: {report}");
     }
 }
