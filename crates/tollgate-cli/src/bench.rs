@@ -2,8 +2,9 @@
 //!
 //! Workers share `--connections` real connections (gRPC: HTTP/2 channels, requests multiplexed;
 //! HTTP: HTTP/1.1 keep-alive sockets, one request in flight on each); each worker sends one
-//! request at a time (closed loop), or follows a schedule with `--rate` (open loop). In open loop a latency is measured from the
-//! request's scheduled start, so a slow server is not hidden by the generator falling behind.
+//! request at a time (closed loop), or follows a schedule with `--rate` (open loop). In open
+//! loop a request sent late because the previous answer came late is measured from its
+//! scheduled start, so a slow server is not hidden by the generator falling behind.
 
 mod histogram;
 mod keys;
@@ -461,9 +462,15 @@ async fn worker(
         .map(|i| start + i.mul_f64(index as f64 / plan.concurrency as f64));
     let mut key = String::new();
     loop {
-        if let Some(at) = next {
-            tokio::time::sleep_until(at.into()).await;
-        }
+        // Open loop: `late` when this worker's previous request ended after this one's slot.
+        let late = match next {
+            Some(at) if now() >= at => true,
+            Some(at) => {
+                tokio::time::sleep_until(at.into()).await;
+                false
+            }
+            None => false,
+        };
         let sent_at = now();
         if !tally.claim(plan.requests, deadline, sent_at) {
             break;
@@ -472,8 +479,13 @@ async fn worker(
         key.push_str(&plan.keys.sample(&mut rng).to_string());
         let outcome = send(&mut client, &plan, &key, &tally).await;
         let finished = now();
-        // Open loop: latency counts from the scheduled start, not from when the worker got to it.
-        let began = next.map_or(sent_at, |at| at.min(sent_at));
+        // Open loop: a request made late by the previous answer counts from its scheduled start,
+        // so a slow server is not hidden by the schedule slipping. One that waited for its slot
+        // counts from its send: the timer wakes up to 1 ms late, which is not the server's doing.
+        let began = match next {
+            Some(at) if late => at,
+            _ => sent_at,
+        };
         histogram.record(finished - began);
         tally.count(outcome);
         if let (Some(at), Some(interval)) = (next.as_mut(), plan.interval) {
