@@ -1,8 +1,10 @@
 //! `tollgate bench`: a bounded load generator for Envoy RLS v3 gRPC and the HTTP API.
 //!
-//! Workers share a few connections; each worker sends one request at a time (closed loop), or
-//! follows a schedule with `--rate` (open loop). In open loop a latency is measured from the
-//! request's scheduled start, so a slow server is not hidden by the generator falling behind.
+//! Workers share `--connections` real connections (gRPC: HTTP/2 channels, requests multiplexed;
+//! HTTP: HTTP/1.1 keep-alive sockets, one request in flight on each); each worker sends one
+//! request at a time (closed loop), or follows a schedule with `--rate` (open loop). In open
+//! loop a request sent late because the previous answer came late is measured from its
+//! scheduled start, so a slow server is not hidden by the generator falling behind.
 
 mod histogram;
 mod keys;
@@ -22,6 +24,11 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use http::{StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tonic::transport::{Channel, Endpoint};
 
@@ -63,9 +70,11 @@ pub struct BenchArgs {
     /// Number of concurrent workers (requests in flight at most).
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
-    /// gRPC channels (HTTP: clients, each with its own keep-alive pool) shared by the workers.
-    #[arg(long, default_value_t = 1)]
-    connections: usize,
+    /// Real connections shared by the workers, worker `i` using connection `i mod K`. gRPC: K
+    /// HTTP/2 channels, requests multiplexed (default 1). HTTP: K HTTP/1.1 keep-alive sockets,
+    /// one request in flight on each, so at most K in flight (default: one per worker).
+    #[arg(long, value_name = "K")]
+    connections: Option<usize>,
     /// Stop after this long (for example `5s`); at most 10 minutes.
     #[arg(long, value_parser = humantime::parse_duration)]
     duration: Option<Duration>,
@@ -193,7 +202,11 @@ impl Plan {
         {
             bail!("--zipf must be a finite number >= 0");
         }
-        if args.concurrency == 0 || args.connections == 0 {
+        let connections = args.connections.unwrap_or(match protocol {
+            Protocol::Grpc => 1,
+            Protocol::Http => args.concurrency,
+        });
+        if args.concurrency == 0 || connections == 0 {
             bail!("--concurrency and --connections must be at least 1");
         }
         let duration = args.duration.unwrap_or(DEFAULT_DURATION);
@@ -228,7 +241,7 @@ impl Plan {
             descriptors,
             keys: KeySpace::new(args.keys, args.zipf),
             concurrency: args.concurrency,
-            connections: args.connections,
+            connections,
             duration,
             requests: args.requests,
             interval,
@@ -327,14 +340,49 @@ fn now() -> Instant {
     Instant::now()
 }
 
+/// One HTTP/1.1 keep-alive socket. HTTP/1.1 has no multiplexing, so the lock keeps one request
+/// in flight on it; a worker waiting for the lock is waiting for the connection.
+type HttpConnection = Arc<tokio::sync::Mutex<SendRequest<Full<Bytes>>>>;
+
 #[derive(Debug, Clone)]
 enum Client {
     Grpc(RateLimitServiceClient<Channel>),
     Http {
-        client: reqwest::Client,
-        url: String,
+        connection: HttpConnection,
+        /// `HOST:PORT`, sent as `Host`.
+        host: Arc<str>,
         body: Arc<str>,
     },
+}
+
+async fn connect_http(authority: &str) -> anyhow::Result<HttpConnection> {
+    let stream = tokio::time::timeout(REQUEST_TIMEOUT, tokio::net::TcpStream::connect(authority))
+        .await
+        .map_err(|_| anyhow::anyhow!("connecting timed out"))??;
+    stream.set_nodelay(true)?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    // Drives the socket; when it ends, the next send on this connection reports why.
+    tokio::spawn(connection);
+    Ok(Arc::new(tokio::sync::Mutex::new(sender)))
+}
+
+/// Sends one `POST /v1/check` and drains the answer; the status code.
+async fn post_check(
+    connection: &HttpConnection,
+    host: &str,
+    body: String,
+) -> anyhow::Result<StatusCode> {
+    let request = http::Request::post("/v1/check")
+        .header(header::HOST, host)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))?;
+    let mut sender = connection.lock().await;
+    sender.ready().await?;
+    let response = sender.send_request(request).await?;
+    let status = response.status();
+    // Read to the end so the connection is ready for the next request.
+    response.into_body().collect().await?;
+    Ok(status)
 }
 
 async fn connect(plan: &Plan) -> anyhow::Result<Vec<Client>> {
@@ -352,11 +400,10 @@ async fn connect(plan: &Plan) -> anyhow::Result<Vec<Client>> {
                 Client::Grpc(RateLimitServiceClient::new(channel))
             }
             Protocol::Http => Client::Http {
-                client: reqwest::Client::builder()
-                    .timeout(REQUEST_TIMEOUT)
-                    .tcp_nodelay(true)
-                    .build()?,
-                url: format!("http://{}/v1/check", plan.authority),
+                connection: connect_http(&plan.authority)
+                    .await
+                    .with_context(|| format!("could not connect to http://{}", plan.authority))?,
+                host: plan.authority.as_str().into(),
                 body: plan.http_body_template().into(),
             },
         };
@@ -381,27 +428,19 @@ async fn send(client: &mut Client, plan: &Plan, key: &str, tally: &Tally) -> Out
                 },
             }
         }
-        Client::Http { client, url, body } => {
+        Client::Http {
+            connection,
+            host,
+            body,
+        } => {
             let body = body.replace("{key}", key);
-            let sent = client
-                .post(url.as_str())
-                .header("content-type", "application/json")
-                .body(body)
-                .send()
-                .await;
-            match sent {
-                Err(e) => tally.error(format!("http: {e}")),
-                Ok(response) => {
-                    let status = response.status().as_u16();
-                    // Drain the body so the connection is reused.
-                    let drained = response.bytes().await;
-                    match (status, drained) {
-                        (_, Err(e)) => tally.error(format!("http: {e}")),
-                        (200, Ok(_)) => Outcome::Ok,
-                        (429, Ok(_)) => Outcome::OverLimit,
-                        (other, Ok(_)) => tally.error(format!("http: status {other}")),
-                    }
-                }
+            let sent = tokio::time::timeout(REQUEST_TIMEOUT, post_check(connection, host, body));
+            match sent.await {
+                Err(_) => tally.error("http: request timed out".into()),
+                Ok(Err(e)) => tally.error(format!("http: {e:#}")),
+                Ok(Ok(StatusCode::OK)) => Outcome::Ok,
+                Ok(Ok(StatusCode::TOO_MANY_REQUESTS)) => Outcome::OverLimit,
+                Ok(Ok(other)) => tally.error(format!("http: status {}", other.as_u16())),
             }
         }
     }
@@ -423,9 +462,15 @@ async fn worker(
         .map(|i| start + i.mul_f64(index as f64 / plan.concurrency as f64));
     let mut key = String::new();
     loop {
-        if let Some(at) = next {
-            tokio::time::sleep_until(at.into()).await;
-        }
+        // Open loop: `late` when this worker's previous request ended after this one's slot.
+        let late = match next {
+            Some(at) if now() >= at => true,
+            Some(at) => {
+                tokio::time::sleep_until(at.into()).await;
+                false
+            }
+            None => false,
+        };
         let sent_at = now();
         if !tally.claim(plan.requests, deadline, sent_at) {
             break;
@@ -434,8 +479,13 @@ async fn worker(
         key.push_str(&plan.keys.sample(&mut rng).to_string());
         let outcome = send(&mut client, &plan, &key, &tally).await;
         let finished = now();
-        // Open loop: latency counts from the scheduled start, not from when the worker got to it.
-        let began = next.map_or(sent_at, |at| at.min(sent_at));
+        // Open loop: a request made late by the previous answer counts from its scheduled start,
+        // so a slow server is not hidden by the schedule slipping. One that waited for its slot
+        // counts from its send: the timer wakes up to 1 ms late, which is not the server's doing.
+        let began = match next {
+            Some(at) if late => at,
+            _ => sent_at,
+        };
         histogram.record(finished - began);
         tally.count(outcome);
         if let (Some(at), Some(interval)) = (next.as_mut(), plan.interval) {
@@ -523,7 +573,7 @@ impl Report {
         self.requests as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
     }
 
-    fn to_json(&self, args: &BenchArgs, protocol: Protocol) -> Value {
+    fn to_json(&self, args: &BenchArgs, protocol: Protocol, connections: usize) -> Value {
         let q = |p| micros(self.latency.quantile(p));
         let mut out = json!({
             "target": args.target,
@@ -532,7 +582,7 @@ impl Report {
             "keys": args.keys,
             "zipf": args.zipf,
             "concurrency": args.concurrency,
-            "connections": args.connections,
+            "connections": connections,
             "rate": args.rate,
             "elapsed_s": self.elapsed.as_secs_f64(),
             "requests": self.requests,
@@ -595,13 +645,14 @@ impl Report {
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let plan = Plan::new(&args)?;
     let protocol = plan.protocol;
+    let connections = plan.connections;
     let show_progress = args.progress || std::io::stderr().is_terminal();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let report = runtime.block_on(run_plan(plan, show_progress))?;
     if args.json {
-        println!("{}", report.to_json(&args, protocol));
+        println!("{}", report.to_json(&args, protocol, connections));
     } else {
         print!("{}", report.render(&args));
     }

@@ -2,6 +2,7 @@
 
 mod admin_client;
 mod bench;
+mod bench_server;
 mod check;
 mod policy;
 mod serve;
@@ -39,6 +40,10 @@ enum Command {
     /// Load a rate-limit server (tollgate or any Envoy RLS v3 server) and report throughput,
     /// latency and outcomes; bounded in time, loopback targets only by default.
     Bench(Box<bench::BenchArgs>),
+    /// A no-op Envoy RLS v3 / HTTP server that allows every valid request and counts nothing:
+    /// the ceiling `tollgate bench` measures `serve` against. A benchmarking aid, never for
+    /// production.
+    BenchServer(bench_server::BenchServerArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +55,7 @@ fn main() -> ExitCode {
         Command::Policy(args) => policy::run(args),
         Command::Top(args) => top::run(args),
         Command::Bench(args) => bench::run(*args),
+        Command::BenchServer(args) => bench_server::run(args),
     };
     match result {
         Ok(code) => code,

@@ -167,7 +167,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     runtime.block_on(serve(args, sources, policy))
 }
 
-fn init_logging(format: &str) {
+pub(crate) fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt()
@@ -418,7 +418,7 @@ async fn watch_policy(
 
 /// Waits for Ctrl-C or SIGTERM. `term` is registered at startup, before the listening lines are
 /// printed, so an early SIGTERM is a clean shutdown rather than the default action.
-async fn shutdown_signal(term: Option<tokio::signal::unix::Signal>) {
+pub(crate) async fn shutdown_signal(term: Option<tokio::signal::unix::Signal>) {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -5,8 +5,12 @@ mod support;
 
 use std::process::{Command, Output};
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use serde_json::Value;
-use support::{Server, binary};
+use support::{BenchServer, Server, binary, descriptor};
 
 const POLICY: &str = r#"
 domain: bench
@@ -234,4 +238,162 @@ fn a_bound_is_required_and_long_runs_are_refused() {
     let out = bench(&long);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("10 minutes"));
+}
+
+#[test]
+fn bench_server_admits_what_serve_denies() {
+    let ceiling = BenchServer::start();
+    for target in [
+        format!("grpc://{}", ceiling.grpc),
+        format!("http://{}", ceiling.http),
+    ] {
+        // The same run that admits exactly 100 against `serve` (see above).
+        let out = bench(&[
+            "--target",
+            &target,
+            "--domain",
+            "bench",
+            "--descriptor",
+            "daily=c{key}",
+            "--keys",
+            "1",
+            "--concurrency",
+            "16",
+            "--requests",
+            "300",
+            "--verify",
+            "100",
+            "--json",
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_consistent(&report);
+        assert_eq!(report["ok"], 300, "{report}");
+        assert_eq!(report["over_limit"], 0, "{report}");
+        assert_eq!(report["verify"]["passed"], false, "{report}");
+    }
+}
+
+/// Invalid HTTP bodies and gRPC requests get the same answer from `serve` and `bench-server`.
+#[tokio::test]
+async fn bench_server_rejects_malformed_requests_like_serve() {
+    let real = Server::start(POLICY);
+    let ceiling = BenchServer::start();
+    let bodies = [
+        "not json",
+        r#"{"domain": "bench", "descriptors": []}"#,
+        r#"{"domain": "", "descriptors": [{"entries": [{"key": "user", "value": "a"}]}]}"#,
+        r#"{"domain": "bench", "descriptors": [{"entries": [{"key": "user", "value": "a"}]}], "hits_addend": 0}"#,
+        r#"{"domain": "bench", "descriptors": [{"entries": [{"key": "user", "value": "a"}]}], "extra": 1}"#,
+    ];
+    let http = reqwest::Client::new();
+    for body in bodies {
+        let mut answers = Vec::new();
+        for addr in [real.http, ceiling.http] {
+            let response = http
+                .post(format!("http://{addr}/v1/check"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            answers.push((response.status().as_u16(), response.text().await.unwrap()));
+        }
+        assert_eq!(answers[0].0, 400, "{body}: {answers:?}");
+        assert_eq!(answers[0], answers[1], "{body}");
+    }
+    let requests = [
+        RateLimitRequest {
+            domain: String::new(),
+            descriptors: vec![descriptor(&[("user", "a")])],
+            hits_addend: 1,
+        },
+        RateLimitRequest {
+            domain: "bench".into(),
+            descriptors: vec![],
+            hits_addend: 1,
+        },
+        RateLimitRequest {
+            domain: "bench".into(),
+            descriptors: vec![descriptor(&[("", "a")])],
+            hits_addend: 1,
+        },
+    ];
+    let mut real_client = real.grpc_client().await;
+    let mut ceiling_client =
+        envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(
+            format!("http://{}", ceiling.grpc),
+        )
+        .await
+        .unwrap();
+    for request in requests {
+        let a = real_client
+            .should_rate_limit(request.clone())
+            .await
+            .unwrap_err();
+        let b = ceiling_client
+            .should_rate_limit(request.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(a.code(), tonic::Code::InvalidArgument, "{request:?}");
+        assert_eq!(
+            (a.code(), a.message()),
+            (b.code(), b.message()),
+            "{request:?}"
+        );
+    }
+}
+
+/// A loopback TCP proxy to `upstream` that counts the connections it accepts.
+async fn counting_proxy(
+    upstream: std::net::SocketAddr,
+) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test]
+async fn connections_are_real_sockets_for_both_protocols() {
+    let ceiling = BenchServer::start();
+    for (scheme, upstream) in [("grpc", ceiling.grpc), ("http", ceiling.http)] {
+        let (proxy, accepted) = counting_proxy(upstream).await;
+        let target = format!("{scheme}://{proxy}");
+        let report = tokio::task::spawn_blocking(move || {
+            bench_json(&[
+                "--target",
+                &target,
+                "--domain",
+                "bench",
+                "--descriptor",
+                "user=u{key}",
+                "--keys",
+                "100",
+                "--concurrency",
+                "12",
+                "--connections",
+                "3",
+                "--requests",
+                "600",
+            ])
+        })
+        .await
+        .unwrap();
+        assert_consistent(&report);
+        assert_eq!(report["ok"], 600, "{report}");
+        assert_eq!(report["connections"], 3, "{report}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 3, "{scheme}: {report}");
+    }
 }

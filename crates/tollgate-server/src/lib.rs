@@ -4,12 +4,18 @@
 //! - [`grpc`]: serves `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
 //! - [`http`]: serves `POST /v1/check`, `POST /json` (envoyproxy/ratelimit's proto3-JSON), health and
 //!   Prometheus metrics.
+//!
+//! Both decision paths are generic over [`Decide`]: the [`tollgate::limiter::Limiter`] in
+//! `tollgate serve`, [`AllowAll`] in the no-op `tollgate bench-server` that benchmarks compare
+//! against.
 
 pub mod admin;
+mod decide;
 mod error_map;
 pub mod grpc;
 pub mod headers;
 pub mod http;
 mod units;
 
+pub use decide::{AllowAll, Decide};
 pub use error_map::ErrorClass;

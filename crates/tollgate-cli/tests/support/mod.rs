@@ -168,6 +168,48 @@ pub fn metric(text: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
 }
 
+/// A running `tollgate bench-server` (the no-op ceiling); killed when dropped.
+pub struct BenchServer {
+    child: Child,
+    pub http: SocketAddr,
+    pub grpc: SocketAddr,
+}
+
+impl BenchServer {
+    pub fn start() -> BenchServer {
+        let mut child = Command::new(binary())
+            .arg("bench-server")
+            .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let mut addr = |prefix: &str| -> SocketAddr {
+            let line = lines
+                .next()
+                .expect("bench-server exited before listening")
+                .unwrap();
+            line.strip_prefix(prefix)
+                .unwrap_or_else(|| panic!("unexpected line `{line}`"))
+                .parse()
+                .unwrap()
+        };
+        let http = addr("http listening on ");
+        let grpc = addr("grpc listening on ");
+        BenchServer { child, http, grpc }
+    }
+}
+
+impl Drop for BenchServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// An RLS descriptor from `(key, value)` pairs.
 pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {

@@ -9,26 +9,34 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tollgate::limiter::Limiter;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::{Request, Response, Status};
 
-use crate::ErrorClass;
 use crate::headers::{DEGRADED, SOFT_EXCEEDED};
+use crate::{Decide, ErrorClass};
 
 pub use decode::decode_request;
 pub use encode::encode_response;
 
-/// The RLS service over a shared [`Limiter`].
-#[derive(Debug, Clone)]
-pub struct RlsService {
-    limiter: Arc<Limiter>,
+/// The RLS service over a shared decider: a [`tollgate::limiter::Limiter`], or
+/// [`crate::AllowAll`] for the no-op ceiling server.
+#[derive(Debug)]
+pub struct RlsService<D> {
+    decider: Arc<D>,
 }
 
-impl RlsService {
-    /// A service deciding with `limiter`.
-    pub fn new(limiter: Arc<Limiter>) -> Self {
-        RlsService { limiter }
+impl<D> Clone for RlsService<D> {
+    fn clone(&self) -> Self {
+        RlsService {
+            decider: self.decider.clone(),
+        }
+    }
+}
+
+impl<D: Decide> RlsService<D> {
+    /// A service deciding with `decider`.
+    pub fn new(decider: Arc<D>) -> Self {
+        RlsService { decider }
     }
 
     /// The tonic server wrapper, ready to add to a router.
@@ -38,14 +46,14 @@ impl RlsService {
 }
 
 #[tonic::async_trait]
-impl RateLimitService for RlsService {
+impl<D: Decide> RateLimitService for RlsService<D> {
     async fn should_rate_limit(
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let check = decode_request(request.get_ref())
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        match self.limiter.check(&check).await {
+        match self.decider.decide(&check).await {
             Ok(decided) => {
                 let encoded = encode_response(&decided);
                 // tollgate's own markers also travel as gRPC metadata, for callers that read it

@@ -12,13 +12,14 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tollgate::limiter::{
-    CheckRequest, CheckResponse, Code, DescriptorStatus, InvalidRequest, LimitOverride, Limiter,
+    CheckRequest, CheckResponse, Code, DescriptorStatus, InvalidRequest, LimitOverride,
     RequestDescriptor, check_cost,
 };
 use tollgate::resilience::Posture;
 use tollgate_core::Verdict;
 
 use super::{add_rate_limit_headers, decision_status, error_response, limit_error_response};
+use crate::Decide;
 use crate::headers::ceil_ms;
 use crate::units::{period_of_unit, unit_from_name};
 
@@ -174,7 +175,7 @@ fn encode(decided: &CheckResponse) -> WireResponse<'_> {
     }
 }
 
-pub async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
+pub async fn check<D: Decide>(State(decider): State<Arc<D>>, body: Bytes) -> Response {
     let wire: WireRequest = match serde_json::from_slice(&body) {
         Ok(w) => w,
         Err(e) => {
@@ -185,7 +186,7 @@ pub async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response
         Ok(r) => r,
         Err(e) => return error_response(StatusCode::BAD_REQUEST, format!("invalid request: {e}")),
     };
-    match limiter.check(&request).await {
+    match decider.decide(&request).await {
         Ok(decided) => {
             let mut response =
                 (decision_status(&decided), axum::Json(encode(&decided))).into_response();

@@ -24,10 +24,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use serde::Serialize;
 use tollgate::lifecycle::Lifecycle;
-use tollgate::limiter::{CheckResponse, LimitError};
+use tollgate::limiter::{CheckResponse, LimitError, Limiter};
 
-use crate::ErrorClass;
 use crate::headers::rate_limit_headers;
+use crate::{AllowAll, ErrorClass};
 
 /// Largest accepted request body.
 const MAX_BODY: usize = 64 * 1024;
@@ -56,7 +56,7 @@ pub fn router_with_authorize(
             mapping: authorize.map(Arc::new),
         });
     Router::new()
-        .route("/v1/check", post(check::check))
+        .route("/v1/check", post(check::check::<Limiter>))
         .route("/v1/explain", post(explain::explain))
         .route("/json", post(envoy_json::check))
         .route("/healthz", get(ops::healthz))
@@ -65,6 +65,17 @@ pub fn router_with_authorize(
         .with_state(limiter)
         .merge(metrics)
         .merge(forward_auth)
+}
+
+/// The no-op ceiling router: `POST /v1/check` through the same decoder, validation, encoder and
+/// body limit as [`router`], answered by [`AllowAll`]; `GET /healthz`. Nothing is counted. For
+/// `tollgate bench-server` only, never for production.
+pub fn allow_all_router() -> Router {
+    Router::new()
+        .route("/v1/check", post(check::check::<AllowAll>))
+        .route("/healthz", get(ops::healthz))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(Arc::new(AllowAll))
 }
 
 /// A JSON error body: `{"error": "..."}`.

@@ -1,0 +1,80 @@
+//! `tollgate bench-server`: a no-op rate-limit server on the same stack as `tollgate serve`.
+//!
+//! It decodes and validates every request exactly like `serve` (same tonic RLS service, same
+//! axum `POST /v1/check` handler and body limit, same logging setup) and then allows it without
+//! a policy or a store. Its throughput is the ceiling `tollgate bench` compares `serve` with; see
+//! `docs/benchmarks.md`. A benchmarking aid, never for production.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use tokio::net::TcpListener;
+use tollgate_server::AllowAll;
+use tollgate_server::grpc::RlsService;
+use tracing::{info, warn};
+
+#[derive(Debug, Args)]
+pub struct BenchServerArgs {
+    /// Address of the HTTP API (`POST /v1/check`, `GET /healthz`).
+    #[arg(long, default_value = "127.0.0.1:18090", value_name = "ADDR")]
+    http_addr: SocketAddr,
+    /// Address of the Envoy RLS v3 gRPC service.
+    #[arg(long, default_value = "127.0.0.1:18091", value_name = "ADDR")]
+    grpc_addr: SocketAddr,
+    /// Log format: `text` or `json`.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"], value_name = "FORMAT")]
+    log_format: String,
+}
+
+pub fn run(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
+    crate::serve::init_logging(&args.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
+    let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let http = TcpListener::bind(args.http_addr)
+        .await
+        .with_context(|| format!("cannot listen on {} for HTTP", args.http_addr))?;
+    let grpc = TcpListener::bind(args.grpc_addr)
+        .await
+        .with_context(|| format!("cannot listen on {} for gRPC", args.grpc_addr))?;
+    // The same lines as `serve`, so scripts and tests find ports chosen with `:0`.
+    println!("http listening on {}", http.local_addr()?);
+    println!("grpc listening on {}", grpc.local_addr()?);
+    warn!(
+        "No-op bench server: every request is allowed and nothing is counted; never use it in production"
+    );
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let http_server = axum::serve(http, tollgate_server::http::allow_all_router())
+        .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(RlsService::new(Arc::new(AllowAll)).into_server())
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(grpc),
+            stopped(stop_rx.clone()),
+        );
+    let http_task = tokio::spawn(async move { http_server.await });
+    let grpc_task = tokio::spawn(grpc_server);
+
+    crate::serve::shutdown_signal(terminate).await;
+    info!("Shutting down");
+    let _ = stop_tx.send(true);
+    if let Err(e) = http_task.await? {
+        warn!(error = %e, "HTTP server stopped with an error");
+    }
+    if let Err(e) = grpc_task.await? {
+        warn!(error = %e, "gRPC server stopped with an error");
+    }
+    Ok(ExitCode::SUCCESS)
+}
