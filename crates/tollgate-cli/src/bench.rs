@@ -48,8 +48,9 @@ const MAX_KEYS: u64 = 10_000_000;
 #[command(group(ArgGroup::new("bound").required(true).multiple(true).args(["duration", "requests"])))]
 pub struct BenchArgs {
     /// Server to load: `grpc://HOST:PORT` (Envoy RLS v3) or `http://HOST:PORT` (`POST /v1/check`).
-    #[arg(long)]
-    target: String,
+    /// Repeat for several replicas (same scheme): connection `j` goes to target `j mod N`.
+    #[arg(long = "target", required = true, value_name = "TARGET")]
+    targets: Vec<String>,
     /// Domain of every request.
     #[arg(long)]
     domain: String,
@@ -71,8 +72,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
     /// Real connections shared by the workers, worker `i` using connection `i mod K`. gRPC: K
-    /// HTTP/2 channels, requests multiplexed (default 1). HTTP: K HTTP/1.1 keep-alive sockets,
-    /// one request in flight on each, so at most K in flight (default: one per worker).
+    /// HTTP/2 channels, requests multiplexed (default: one per target). HTTP: K HTTP/1.1
+    /// keep-alive sockets, one request in flight on each, so at most K in flight (default: one
+    /// per worker).
     #[arg(long, value_name = "K")]
     connections: Option<usize>,
     /// Stop after this long (for example `5s`); at most 10 minutes.
@@ -124,8 +126,8 @@ struct EntryTemplate {
 #[derive(Debug)]
 struct Plan {
     protocol: Protocol,
-    /// `HOST:PORT` as given.
-    authority: String,
+    /// `HOST:PORT` of each target, as given.
+    authorities: Vec<String>,
     domain: String,
     descriptors: Vec<Vec<EntryTemplate>>,
     keys: KeySpace,
@@ -187,12 +189,21 @@ fn parse_descriptor(text: &str) -> anyhow::Result<Vec<EntryTemplate>> {
 
 impl Plan {
     fn new(args: &BenchArgs) -> anyhow::Result<Plan> {
-        let (protocol, authority) = parse_target(&args.target)?;
-        if !args.allow_remote && !is_loopback(&authority)? {
-            bail!(
-                "target `{}` is not a loopback address; pass --allow-remote to load a remote server",
-                args.target
-            );
+        let mut authorities = Vec::with_capacity(args.targets.len());
+        let mut protocols = Vec::with_capacity(args.targets.len());
+        for target in &args.targets {
+            let (protocol, authority) = parse_target(target)?;
+            if !args.allow_remote && !is_loopback(&authority)? {
+                bail!(
+                    "target `{target}` is not a loopback address; pass --allow-remote to load a remote server"
+                );
+            }
+            protocols.push(protocol);
+            authorities.push(authority);
+        }
+        let protocol = protocols[0];
+        if protocols.iter().any(|p| *p != protocol) {
+            bail!("every --target must use the same scheme (all grpc:// or all http://)");
         }
         if args.keys == 0 || args.keys > MAX_KEYS {
             bail!("--keys must be between 1 and {MAX_KEYS}");
@@ -203,11 +214,17 @@ impl Plan {
             bail!("--zipf must be a finite number >= 0");
         }
         let connections = args.connections.unwrap_or(match protocol {
-            Protocol::Grpc => 1,
-            Protocol::Http => args.concurrency,
+            Protocol::Grpc => authorities.len(),
+            Protocol::Http => args.concurrency.max(authorities.len()),
         });
         if args.concurrency == 0 || connections == 0 {
             bail!("--concurrency and --connections must be at least 1");
+        }
+        if connections < authorities.len() {
+            bail!(
+                "--connections {connections} cannot reach {} targets: give at least one per target",
+                authorities.len()
+            );
         }
         let duration = args.duration.unwrap_or(DEFAULT_DURATION);
         if duration > MAX_DURATION {
@@ -236,7 +253,7 @@ impl Plan {
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Plan {
             protocol,
-            authority,
+            authorities,
             domain: args.domain.clone(),
             descriptors,
             keys: KeySpace::new(args.keys, args.zipf),
@@ -387,23 +404,24 @@ async fn post_check(
 
 async fn connect(plan: &Plan) -> anyhow::Result<Vec<Client>> {
     let mut clients = Vec::with_capacity(plan.connections);
-    for _ in 0..plan.connections {
+    for j in 0..plan.connections {
+        let authority = &plan.authorities[j % plan.authorities.len()];
         let client = match plan.protocol {
             Protocol::Grpc => {
-                let endpoint = Endpoint::from_shared(format!("http://{}", plan.authority))?
+                let endpoint = Endpoint::from_shared(format!("http://{authority}"))?
                     .connect_timeout(REQUEST_TIMEOUT)
                     .tcp_nodelay(true);
                 let channel = endpoint
                     .connect()
                     .await
-                    .with_context(|| format!("could not connect to grpc://{}", plan.authority))?;
+                    .with_context(|| format!("could not connect to grpc://{authority}"))?;
                 Client::Grpc(RateLimitServiceClient::new(channel))
             }
             Protocol::Http => Client::Http {
-                connection: connect_http(&plan.authority)
+                connection: connect_http(authority)
                     .await
-                    .with_context(|| format!("could not connect to http://{}", plan.authority))?,
-                host: plan.authority.as_str().into(),
+                    .with_context(|| format!("could not connect to http://{authority}"))?,
+                host: authority.as_str().into(),
                 body: plan.http_body_template().into(),
             },
         };
@@ -576,7 +594,7 @@ impl Report {
     fn to_json(&self, args: &BenchArgs, protocol: Protocol, connections: usize) -> Value {
         let q = |p| micros(self.latency.quantile(p));
         let mut out = json!({
-            "target": args.target,
+            "target": args.targets.join(","),
             "protocol": protocol.name(),
             "domain": args.domain,
             "keys": args.keys,
@@ -691,7 +709,7 @@ mod tests {
         let entries = parse_descriptor("user=u{key},plan=free").unwrap();
         let plan_body = Plan {
             protocol: Protocol::Http,
-            authority: "127.0.0.1:1".into(),
+            authorities: vec!["127.0.0.1:1".into()],
             domain: "api".into(),
             descriptors: vec![entries],
             keys: KeySpace::new(1, None),

@@ -136,6 +136,62 @@ fn verify_admits_exactly_the_limit_of_a_single_key() {
     }
 }
 
+/// Several `--target`s: three replicas on one Redis, one with local budgets, share the
+/// load and the quota; over both protocols exactly the limit is admitted.
+#[test]
+fn verify_across_replicas_on_one_redis() {
+    let redis = tollgate_testkit::RedisServer::start();
+    let policy = format!(
+        "{POLICY}  - key: budgeted\n    rate_limit: {{unit: day, requests_per_unit: 100, local_budget: 8}}\n"
+    );
+    let args = ["--store", &redis.url(), "--store-timeout", "2s"];
+    let servers: Vec<Server> = (0..3)
+        .map(|_| Server::start_with_args(&policy, &args))
+        .collect();
+    for (scheme, key) in [("grpc", "daily"), ("http", "daily"), ("grpc", "budgeted")] {
+        let targets: Vec<String> = servers
+            .iter()
+            .map(|s| match scheme {
+                "grpc" => format!("--target=grpc://{}", s.grpc),
+                _ => format!("--target=http://{}", s.http),
+            })
+            .collect();
+        let descriptor = format!("{key}={scheme}{{key}}");
+        let mut args: Vec<&str> = targets.iter().map(String::as_str).collect();
+        args.extend([
+            "--domain",
+            "bench",
+            "--descriptor",
+            &descriptor,
+            "--keys",
+            "1",
+            "--concurrency",
+            "24",
+            "--requests",
+            "300",
+            "--verify",
+            "100",
+        ]);
+        let report = bench_json(&args);
+        assert_consistent(&report);
+        assert_eq!(report["connections"], if scheme == "grpc" { 3 } else { 24 });
+        // A budgeted key may leave up to three leases of 8 unused while they live.
+        let admitted = report["verify"]["admitted"].as_u64().unwrap();
+        let least = if key == "budgeted" { 100 - 3 * 8 } else { 100 };
+        assert!(
+            (least..=100).contains(&admitted),
+            "{key} over {scheme}: {report}"
+        );
+        assert_eq!(report["errors"], 0, "{report}");
+    }
+    // No answer came from a failure posture.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    for server in &servers {
+        let metrics = runtime.block_on(server.metrics());
+        assert_eq!(support::metric(&metrics, "tollgate_store_errors_total"), 0);
+    }
+}
+
 #[test]
 fn verify_fails_when_more_than_the_limit_is_admitted() {
     let server = Server::start(POLICY);
