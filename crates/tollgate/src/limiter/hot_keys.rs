@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 use tollgate_core::{Decision, Timestamp};
 
+use super::local_budget::Taken;
 use super::prefilter::Prefilter;
 use super::{AppliedLimit, Code, DescriptorStatus, Limiter, Plan, Snapshot, Statuses, mode_of};
 use super::{CheckResponse, RequestDescriptor, record_top_key};
@@ -158,23 +159,20 @@ impl Limiter {
         if budgets.iter().all(Option::is_none) {
             return self.store.decide(charges, true).await;
         }
-        let mut local: SmallVec<[Option<Decision>; INLINE_CHARGES]> = SmallVec::new();
-        let mut store_spared = 0;
+        let mut taken: SmallVec<[Option<Taken>; INLINE_CHARGES]> = SmallVec::new();
         for budget in &budgets {
-            local.push(match budget {
+            taken.push(match budget {
                 Some((charge, budget)) => {
-                    let taken = self.leases.take(redis, *charge, *budget, now, epoch).await;
-                    store_spared += u64::from(taken.is_some_and(|(_, spared)| spared));
-                    taken.map(|(decision, _)| decision)
+                    self.leases.take(redis, *charge, *budget, now, epoch).await
                 }
                 None => None,
             });
         }
-        local.resize(charges.len(), None);
+        taken.resize(charges.len(), None);
         let rest: SmallVec<[Charge<'_>; INLINE_CHARGES]> = charges
             .iter()
-            .zip(&local)
-            .filter(|(_, served)| served.is_none())
+            .zip(&taken)
+            .filter(|(_, taken)| taken.is_none())
             .map(|(charge, _)| *charge)
             .collect();
         let answer = if rest.is_empty() {
@@ -184,17 +182,20 @@ impl Limiter {
         };
         let merged = answer.map(|decided| {
             let mut decided = decided.into_iter();
-            local
+            taken
                 .iter()
-                .map(|served| served.or_else(|| decided.next()))
+                .map(|t| t.map(|t| t.decision).or_else(|| decided.next()))
                 .collect::<Option<Decisions>>()
         });
         let admitted = matches!(&merged, Ok(Some(d)) if admitted(charges, d));
-        if !admitted {
-            give_back(&self.leases, charges, &local).await;
-        } else {
-            self.local_admissions
-                .fetch_add(store_spared, Ordering::Relaxed);
+        for (charge, t) in charges.iter().zip(&taken) {
+            match t {
+                Some(t) if !admitted => self.leases.put_back(charge.key, t, charge.cost),
+                Some(t) if t.spared_the_store => {
+                    self.local_admissions.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => {}
+            }
         }
         merged?
             .ok_or_else(|| StoreError::InvalidData("the store answered too few decisions".into()))
@@ -212,9 +213,7 @@ impl Limiter {
             StoreBackend::Memory(_) => 0,
         }
     }
-}
 
-impl Limiter {
     /// Gives back every local budget now (at shutdown).
     pub async fn release_local_budgets(&self) -> usize {
         match &self.store {
@@ -222,19 +221,6 @@ impl Limiter {
                 self.leases.sweep(redis, Timestamp::MAX, self.epoch()).await
             }
             StoreBackend::Memory(_) => 0,
-        }
-    }
-}
-
-/// Returns to their leases the units a denied request took from them.
-async fn give_back(
-    leases: &super::local_budget::Leases,
-    charges: &[Charge<'_>],
-    local: &[Option<Decision>],
-) {
-    for (charge, served) in charges.iter().zip(local) {
-        if served.is_some() {
-            leases.put_back(charge.key, charge.cost).await;
         }
     }
 }

@@ -44,6 +44,8 @@ struct Lease {
     /// The params and epoch it was reserved under.
     params: Option<Params>,
     epoch: u64,
+    /// Counts reservations, so units taken from one lease never go back into the next.
+    serial: u64,
     /// The store's answer to the reservation and when it came (this replica's clock).
     reserved: Option<(Decision, Timestamp)>,
     /// Until when no new reservation is tried: the store had less than a lease left.
@@ -52,27 +54,42 @@ struct Lease {
     retired: bool,
 }
 
+/// What a lease can do for a request.
+enum Attempt {
+    Taken(Decision),
+    /// The store refused a lease lately: decide this request at the store.
+    BackingOff,
+    /// Reserve a new lease (or, retired, give up).
+    Renew,
+}
+
+/// Units to give back: the params, the number, and the store's instant of their charge.
+type Unused = (Params, u64, i64);
+
 impl Lease {
-    /// Gives back what is left unused, and empties the lease.
-    async fn release(&mut self, store: &RedisStore, key: &[u8]) {
+    fn attempt(&mut self, params: &Params, cost: u64, now: Timestamp, epoch: u64) -> Attempt {
+        let current = self.params.as_ref() == Some(params) && self.epoch == epoch;
+        if self.retired {
+            return Attempt::BackingOff;
+        }
+        if current && now < self.expires && self.tokens >= cost {
+            self.tokens -= cost;
+            if let Some(decision) = self.served(now) {
+                return Attempt::Taken(decision);
+            }
+        }
+        if now < self.backoff_until {
+            return Attempt::BackingOff;
+        }
+        Attempt::Renew
+    }
+
+    /// Empties the lease; returns what must be given back to the store.
+    fn empty(&mut self) -> Option<Unused> {
         let tokens = std::mem::take(&mut self.tokens);
-        let Some(params) = self.params.take() else {
-            return;
-        };
+        let params = self.params.take()?;
         self.reserved = None;
-        if tokens == 0 {
-            return;
-        }
-        let charge = Charge {
-            key,
-            params: &params,
-            cost: tokens,
-            enforce: true,
-        };
-        if let Err(e) = store.give_back(charge, self.charged_at).await {
-            // The units stay charged: under-admission until the counter resets, never over.
-            debug!(error = %e, tokens, "Could not give back an unused local budget");
-        }
+        (tokens > 0).then_some((params, tokens, self.charged_at))
     }
 
     /// The answer for a request served from this lease at `now`.
@@ -92,7 +109,39 @@ impl Lease {
     }
 }
 
-type Shard = parking_lot::Mutex<HashMap<Box<[u8]>, Arc<AsyncMutex<Lease>>>>;
+/// Gives `unused` units of `key` back to the store.
+async fn give_back(store: &RedisStore, key: &[u8], (params, tokens, at): Unused) {
+    let charge = Charge {
+        key,
+        params: &params,
+        cost: tokens,
+        enforce: true,
+    };
+    if let Err(e) = store.give_back(charge, at).await {
+        // The units stay charged: under-admission until the counter resets, never over.
+        debug!(error = %e, tokens, "Could not give back an unused local budget");
+    }
+}
+
+/// A key's lease, and the lock that lets one request at a time reserve a new one. Taking
+/// from a live lease only needs the short, synchronous lock.
+#[derive(Debug, Default)]
+struct Slot {
+    lease: parking_lot::Mutex<Lease>,
+    renewal: AsyncMutex<()>,
+}
+
+/// A request admitted from a lease.
+#[derive(Debug, Clone, Copy)]
+pub struct Taken {
+    pub decision: Decision,
+    /// Served from a lease already held: the store was not called.
+    pub spared_the_store: bool,
+    /// The lease it came from, for [`Leases::put_back`].
+    serial: u64,
+}
+
+type Shard = parking_lot::Mutex<HashMap<Box<[u8]>, Arc<Slot>>>;
 
 /// This replica's leases, by counter key.
 #[derive(Debug)]
@@ -113,20 +162,19 @@ impl Default for Leases {
 }
 
 impl Leases {
-    fn lease(&self, key: &[u8]) -> Arc<AsyncMutex<Lease>> {
+    fn slot(&self, key: &[u8]) -> Arc<Slot> {
         let shard = &self.shards[(self.hasher.hash_one(key) as usize) & (SHARDS - 1)];
         let mut map = shard.lock();
         match map.get(key) {
-            Some(lease) => lease.clone(),
+            Some(slot) => slot.clone(),
             None => map.entry(key.into()).or_default().clone(),
         }
     }
 
     /// Admits `request` from this replica's lease on its key, reserving a new lease from
-    /// `store` when needed; with the answer, whether the store was left alone (no reservation
-    /// was needed). `None` means the store must decide this request itself: no lease could be
-    /// had (the store has less than `budget.size` left, is failing, or the cost is larger than
-    /// a lease).
+    /// `store` when needed. `None` means the store must decide this request itself: no lease
+    /// could be had (the store has less than `budget.size` left, is failing, or the cost is
+    /// larger than a lease).
     pub async fn take(
         &self,
         store: &RedisStore,
@@ -134,26 +182,37 @@ impl Leases {
         budget: LocalBudget,
         now: Timestamp,
         epoch: u64,
-    ) -> Option<(Decision, bool)> {
+    ) -> Option<Taken> {
         let Charge {
             key, params, cost, ..
         } = request;
         if cost > budget.size {
             return None;
         }
-        let lease = self.lease(key);
-        let mut lease = lease.lock().await;
-        if lease.retired {
-            return None;
+        let slot = self.slot(key);
+        let attempt = |lease: &mut Lease| match lease.attempt(params, cost, now, epoch) {
+            Attempt::Taken(decision) => Some(Some(Taken {
+                decision,
+                spared_the_store: true,
+                serial: lease.serial,
+            })),
+            Attempt::BackingOff => Some(None),
+            Attempt::Renew => None,
+        };
+        if let Some(answer) = attempt(&mut slot.lease.lock()) {
+            return answer;
         }
-        let current = lease.params.as_ref() == Some(params) && lease.epoch == epoch;
-        if current && now < lease.expires && lease.tokens >= cost {
-            lease.tokens -= cost;
-            return lease.served(now).map(|d| (d, true));
-        }
-        lease.release(store, key).await;
-        if now < lease.backoff_until {
-            return None;
+        let _renewing = slot.renewal.lock().await;
+        // Another request may have reserved a lease while this one waited.
+        let unused = {
+            let mut lease = slot.lease.lock();
+            if let Some(answer) = attempt(&mut lease) {
+                return answer;
+            }
+            lease.empty()
+        };
+        if let Some(unused) = unused {
+            give_back(store, key, unused).await;
         }
         let charge = Charge {
             key,
@@ -162,6 +221,7 @@ impl Leases {
             enforce: true,
         };
         let (decision, charged_at) = store.reserve(charge).await.ok()?;
+        let mut lease = slot.lease.lock();
         if !decision.is_allowed() {
             lease.backoff_until = now.saturating_add(budget.ttl);
             return None;
@@ -177,18 +237,25 @@ impl Leases {
             charged_at,
             params: Some(*params),
             epoch,
+            serial: lease.serial + 1,
             reserved: Some((decision, now)),
             backoff_until: Timestamp::EPOCH,
             retired: false,
         };
-        lease.served(now).map(|d| (d, false))
+        Some(Taken {
+            decision: lease.served(now)?,
+            spared_the_store: false,
+            serial: lease.serial,
+        })
     }
 
-    /// Returns `cost` taken by [`Leases::take`] for a request another limit then denied.
-    pub async fn put_back(&self, key: &[u8], cost: u64) {
-        let lease = self.lease(key);
-        let mut lease = lease.lock().await;
-        if lease.params.is_some() {
+    /// Returns the units `taken` took from `key`'s lease, for a request another limit then
+    /// denied. If that lease has been replaced since, they stay charged (under-admission by
+    /// `cost` until the counter resets, never over).
+    pub fn put_back(&self, key: &[u8], taken: &Taken, cost: u64) {
+        let slot = self.slot(key);
+        let mut lease = slot.lease.lock();
+        if lease.serial == taken.serial && lease.params.is_some() {
             lease.tokens += cost;
         }
     }
@@ -196,26 +263,28 @@ impl Leases {
     /// Gives back the unused units of every lease that has lapsed at `now` (or was reserved in
     /// another epoch) and forgets it. Returns how many leases were released.
     pub async fn sweep(&self, store: &RedisStore, now: Timestamp, epoch: u64) -> usize {
-        let mut lapsed = Vec::new();
+        let mut lapsed: Vec<(Box<[u8]>, Option<Unused>)> = Vec::new();
         for shard in self.shards.iter() {
             let mut map = shard.lock();
-            map.retain(|key, lease| {
-                // A lease in use right now is not lapsing.
-                let Ok(l) = lease.try_lock() else {
+            map.retain(|key, slot| {
+                // A lease being renewed right now is not lapsing.
+                let Ok(_renewing) = slot.renewal.try_lock() else {
                     return true;
                 };
-                let live = l.epoch == epoch && now < l.expires.max(l.backoff_until);
+                let mut lease = slot.lease.lock();
+                let live = lease.epoch == epoch && now < lease.expires.max(lease.backoff_until);
                 if !live {
-                    lapsed.push((key.clone(), lease.clone()));
+                    lease.retired = true;
+                    lapsed.push((key.clone(), lease.empty()));
                 }
                 live
             });
         }
         let released = lapsed.len();
-        for (key, lease) in lapsed {
-            let mut lease = lease.lock().await;
-            lease.retired = true;
-            lease.release(store, &key).await;
+        for (key, unused) in lapsed {
+            if let Some(unused) = unused {
+                give_back(store, &key, unused).await;
+            }
         }
         released
     }
