@@ -62,14 +62,20 @@ start_replicas() {
   redis-cli -p "$REDIS_PORT" flushall >/dev/null
   REPLICA_PIDS=(); TARGETS=(); METRICS=()
   for i in 1 2 3; do
-    RUST_LOG=warn "$BIN" serve --config "$TMP/policy.yaml" --store "redis://127.0.0.1:$REDIS_PORT" \
-      --store-timeout 100ms --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 \
-      --admin-addr 127.0.0.1:0 "$@" >"$TMP/replica$i.out" 2>"$TMP/replica$i.err" &
+    if [ "${1:-}" = ceiling ]; then
+      RUST_LOG=warn "$BIN" bench-server --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 \
+        >"$TMP/replica$i.out" 2>"$TMP/replica$i.err" &
+    else
+      RUST_LOG=warn "$BIN" serve --config "$TMP/policy.yaml" --store "redis://127.0.0.1:$REDIS_PORT" \
+        --store-timeout 100ms --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 \
+        --admin-addr 127.0.0.1:0 "$@" >"$TMP/replica$i.out" 2>"$TMP/replica$i.err" &
+    fi
     REPLICA_PIDS+=($!)
     PIDS+=($!)
   done
   for i in 1 2 3; do
-    for _ in $(seq 100); do grep -q "admin listening" "$TMP/replica$i.out" && break; sleep 0.05; done
+    for _ in $(seq 100); do grep -q "grpc listening" "$TMP/replica$i.out" && break; sleep 0.05; done
+    sleep 0.2
     TARGETS+=("--target=grpc://$(sed -n 's/^grpc listening on //p' "$TMP/replica$i.out")")
     METRICS+=("http://$(sed -n 's/^http listening on //p' "$TMP/replica$i.out")/metrics")
   done
@@ -80,11 +86,11 @@ stop_replicas() {
   for pid in "${REPLICA_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
 
-# Sum of an unlabelled counter over the replicas.
+# Sum of an unlabelled counter over the replicas (0 for the no-op servers).
 metric_sum() {
   local total=0 v
   for url in "${METRICS[@]}"; do
-    v=$(curl -s "$url" | sed -n "s/^$1 //p")
+    v=$(curl -s "$url" 2>/dev/null | sed -n "s/^$1 //p" || true)
     total=$((total + ${v:-0}))
   done
   echo "$total"
@@ -93,19 +99,27 @@ metric_sum() {
 RESULTS=$TMP/results.jsonl
 run() { # run NAME DESCRIPTOR
   local name=$1 descriptor=$2
+  local counters="tollgate_store_errors_total tollgate_prefilter_denials_total tollgate_local_budget_admissions_total"
+  local before=() after=() c
+  for c in $counters; do before+=("$(metric_sum "$c")"); done
   echo "running $name (${SECONDS_PER_RUN}s)..." >&2
   "$BIN" bench "${TARGETS[@]}" --domain hot --descriptor "$descriptor" --keys 1 \
     --concurrency 256 --duration "${SECONDS_PER_RUN}s" --json >"$TMP/run.json"
-  python3 - "$name" "$TMP/run.json" "$(metric_sum tollgate_store_errors_total)" \
-    "$(metric_sum tollgate_prefilter_denials_total)" \
-    "$(metric_sum tollgate_local_budget_admissions_total)" >>"$RESULTS" <<'PY'
+  for c in $counters; do after+=("$(metric_sum "$c")"); done
+  python3 - "$name" "$TMP/run.json" "${before[@]}" "${after[@]}" >>"$RESULTS" <<'PY'
 import json, sys
-name, path, errors, prefiltered, local = sys.argv[1:]
+name, path = sys.argv[1:3]
+before, after = sys.argv[3:6], sys.argv[6:9]
+errors, prefiltered, local = (int(a) - int(b) for a, b in zip(after, before))
 r = json.load(open(path))
-r.update(name=name, store_errors=int(errors), prefiltered=int(prefiltered), local=int(local))
+r.update(name=name, store_errors=errors, prefiltered=prefiltered, local=local)
 print(json.dumps(r))
 PY
 }
+
+start_replicas ceiling
+run "ceiling: no-op servers" "plain=hot"
+stop_replicas
 
 start_replicas --store-batch 0
 run "per-request, one script call each" "plain=hot"
@@ -146,6 +160,9 @@ print()
 print(f"local budgets / per-request coalesced: {ratio('local budgets (500)', 'per-request, coalesced (default)'):.2f}x")
 print(f"local budgets / per-request, one call each: {ratio('local budgets (500)', 'per-request, one script call each'):.2f}x")
 print(f"prefilter / no prefilter on an exhausted key: {ratio('exhausted key, prefilter', 'exhausted key, no prefilter'):.2f}x")
+print(f"local budgets / ceiling: {ratio('local budgets (500)', 'ceiling: no-op servers'):.2f}; "
+      f"prefilter / ceiling: {ratio('exhausted key, prefilter', 'ceiling: no-op servers'):.2f}; "
+      f"per-request coalesced / ceiling: {ratio('per-request, coalesced (default)', 'ceiling: no-op servers'):.2f}")
 print()
 print("Drift with local_budget 200, 3 replicas (limit 20000 per hour; rate 5.6/s):")
 for r in rows:

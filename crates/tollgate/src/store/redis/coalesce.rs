@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 
 use super::script;
 use crate::clock::SharedClock;
-use crate::store::StoreError;
+use crate::store::{Charge, StoreError};
 
 /// How decisions are coalesced on a single Redis server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +68,33 @@ pub(super) struct Request {
     pub charges: Vec<(Range<usize>, [u64; 6])>,
     /// Write if admitted.
     pub commit: bool,
+}
+
+impl Request {
+    /// An empty request for `charges` charges.
+    pub fn new(commit: bool, charges: usize) -> Self {
+        Request {
+            keys: Vec::with_capacity(charges * 64),
+            charges: Vec::with_capacity(charges),
+            commit,
+        }
+    }
+
+    /// Adds `charge`, whose Redis key is `key`.
+    pub fn push(&mut self, key: &[u8], charge: &Charge<'_>) {
+        let start = self.keys.len();
+        self.keys.extend_from_slice(key);
+        let params = charge.params;
+        let args = [
+            u64::from(script::algorithm_code(params.algorithm())),
+            params.limit(),
+            params.period_micros(),
+            params.burst(),
+            charge.cost,
+            u64::from(charge.enforce),
+        ];
+        self.charges.push((start..self.keys.len(), args));
+    }
 }
 
 type Answer = Result<Vec<i64>, StoreError>;
@@ -198,24 +225,40 @@ async fn send(
     batch: Vec<Job>,
     now: Option<u64>,
 ) {
-    let mut invocation = script.prepare_invoke();
-    match now {
-        Some(now) => invocation.arg(now),
-        None => invocation.arg(""),
-    };
-    invocation.arg(batch.len());
+    // EVALSHA built in one buffer (a ScriptInvocation would copy every argument twice).
+    let keys: usize = batch.iter().map(|job| job.request.charges.len()).sum();
+    let mut call = redis::cmd("EVALSHA");
+    call.arg(script.get_hash()).arg(keys);
     for Job { request, .. } in &batch {
-        invocation
-            .arg(request.charges.len())
+        for (key, _) in &request.charges {
+            call.arg(&request.keys[key.clone()]);
+        }
+    }
+    match now {
+        Some(now) => call.arg(now),
+        None => call.arg(""),
+    };
+    call.arg(batch.len());
+    for Job { request, .. } in &batch {
+        call.arg(request.charges.len())
             .arg(if request.commit { "1" } else { "0" });
-        for (key, args) in &request.charges {
-            invocation.key(&request.keys[key.clone()]);
+        for (_, args) in &request.charges {
             for arg in args {
-                invocation.arg(*arg);
+                call.arg(*arg);
             }
         }
     }
-    match invocation.invoke_async::<Vec<Value>>(connection).await {
+    let mut answer = call.query_async::<Vec<Value>>(connection).await;
+    if let Err(e) = &answer
+        && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+    {
+        // Redis restarted or flushed its scripts: load it and try once more.
+        answer = match script.load_async(connection).await {
+            Ok(_) => call.query_async(connection).await,
+            Err(e) => Err(e),
+        };
+    }
+    match answer {
         Ok(replies) if replies.len() == batch.len() => {
             for (job, reply) in batch.into_iter().zip(replies) {
                 let _ = job.reply.send(parse(reply));

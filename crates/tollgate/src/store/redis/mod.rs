@@ -467,22 +467,9 @@ fn batch_request(
     group: &Group,
     commit: bool,
 ) -> Request {
-    let mut request = Request {
-        commit,
-        ..Request::default()
-    };
+    let mut request = Request::new(commit, group.indexes.len());
     for &i in &group.indexes {
-        let (c, start) = (&charges[i], request.keys.len());
-        request.keys.extend_from_slice(&keys[spans[i].clone()]);
-        let args = [
-            u64::from(algorithm_code(c.params.algorithm())),
-            c.params.limit(),
-            c.params.period_micros(),
-            c.params.burst(),
-            c.cost,
-            u64::from(c.enforce),
-        ];
-        request.charges.push((start..request.keys.len(), args));
+        request.push(&keys[spans[i].clone()], &charges[i]);
     }
     request
 }
@@ -564,6 +551,23 @@ impl RedisStore {
     ) -> Result<Vec<Decision>, StoreError> {
         for c in charges {
             script::fits_lua(c.params).map_err(StoreError::InvalidData)?;
+        }
+        if let Some(coalescer) = &self.coalescer {
+            // One server: the whole request is one entry of a batch.
+            let mut request = Request::new(commit, charges.len());
+            let mut key = Vec::with_capacity(96);
+            for c in charges {
+                key.clear();
+                slot::redis_key(&mut key, c.key);
+                request.push(&key, c);
+            }
+            let decide = async {
+                let raw = self
+                    .through_breaker(0, |_| coalescer.decide(request))
+                    .await?;
+                parse_reply(&raw, charges.iter()).map(|reply| reply.decisions)
+            };
+            return self.bounded(decide).await;
         }
         let mut keys = Vec::with_capacity(charges.len() * 96);
         let mut spans = Vec::with_capacity(charges.len());
