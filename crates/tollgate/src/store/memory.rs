@@ -76,9 +76,10 @@ impl MemoryStore {
         self.sweep(self.clock.now())
     }
 
-    /// Decides `charges` and, when `commit` and the request is admitted, commits them. Up to
-    /// [`INLINE_CHARGES`] charges on existing keys, nothing is allocated.
-    pub(crate) fn decide(&self, charges: &[Charge<'_>], commit: bool) -> Decisions {
+    /// Decides `charges` into `decisions` (empty) and, when `commit` and the request is
+    /// admitted, commits them. Up to [`INLINE_CHARGES`] charges on existing keys, nothing is
+    /// allocated.
+    pub(crate) fn decide(&self, charges: &[Charge<'_>], commit: bool, decisions: &mut Decisions) {
         let now = self.clock.now();
         let mut shard_ids: SmallVec<[usize; INLINE_CHARGES]> =
             charges.iter().map(|c| self.shard_of(c.key)).collect();
@@ -92,9 +93,7 @@ impl MemoryStore {
             *id = guard_index(*id);
         }
 
-        let mut decisions = Decisions::with_capacity(charges.len());
-        let mut transitions: SmallVec<[Transition; INLINE_CHARGES]> =
-            SmallVec::with_capacity(charges.len());
+        let mut transitions: SmallVec<[Transition; INLINE_CHARGES]> = SmallVec::new();
         for (i, charge) in charges.iter().enumerate() {
             let map = &guards[shard_ids[i]].1;
             let stored = map.get(charge.key).map(|e| &e.state);
@@ -126,7 +125,7 @@ impl MemoryStore {
             transitions.push(transition);
         }
 
-        if commit && admitted(charges, &decisions) {
+        if commit && admitted(charges, decisions) {
             for ((charge, transition), shard) in charges.iter().zip(transitions).zip(&shard_ids) {
                 if transition == Transition::Keep {
                     continue;
@@ -143,17 +142,20 @@ impl MemoryStore {
                 entry.expires_at = entry.state.expires_at(charge.params);
             }
         }
-        decisions
     }
 }
 
 impl Store for MemoryStore {
     async fn apply(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
-        Ok(self.decide(charges, true).into_vec())
+        let mut decisions = Decisions::new();
+        self.decide(charges, true, &mut decisions);
+        Ok(decisions.into_vec())
     }
 
     async fn peek(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
-        Ok(self.decide(charges, false).into_vec())
+        let mut decisions = Decisions::new();
+        self.decide(charges, false, &mut decisions);
+        Ok(decisions.into_vec())
     }
 
     async fn key_count(&self) -> Result<usize, StoreError> {
