@@ -5,7 +5,7 @@
 //!
 //! Not covered, and allocating by design: a key the store has never seen (a new map entry), a
 //! sliding log growing past its largest length so far, a denied key entering the top-keys table,
-//! more than four descriptors or 512 bytes of counter keys, a shadow candidate, runtime
+//! more than four descriptors or 256 bytes of counter keys, a shadow candidate, runtime
 //! overrides, the Redis store and the failure postures.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -9,7 +9,7 @@ use tollgate_core::{Decision, Timestamp};
 
 use super::local_budget::Taken;
 use super::prefilter::Prefilter;
-use super::{AppliedLimit, Code, DescriptorStatus, Limiter, Plan, Snapshot, Statuses, mode_of};
+use super::{AppliedLimit, Code, DescriptorStatus, Limiter, Plan, Snapshot, Statuses};
 use super::{CheckResponse, RequestDescriptor, record_top_key};
 use crate::metrics::Outcome;
 use crate::policy::RuleMode;
@@ -127,44 +127,37 @@ impl Limiter {
         }
     }
 
-    /// Charges `charges` (the first `live` of them the live policy's), serving the live
-    /// charges whose rule has a local budget from this replica's leases and the rest from the
-    /// store. All or nothing: if the store denies the request, the leases get their units back.
+    /// Charges `charges` (the first `live` of them the live policy's) into `decisions`,
+    /// serving the live charges whose rule has a local budget from this replica's leases and
+    /// the rest from the store. All or nothing: if the store denies the request, the leases get
+    /// their units back.
     pub(super) async fn apply_with_budgets(
         &self,
         plan: &Plan,
         charges: &[Charge<'_>],
         live: usize,
-        now: Timestamp,
-        epoch: u64,
-    ) -> Result<Decisions, StoreError> {
+        (now, epoch): (Timestamp, u64),
+        decisions: &mut Decisions,
+    ) -> Result<(), StoreError> {
         let StoreBackend::Redis(redis) = &self.store else {
-            return self.store.decide(charges, true).await;
+            return self.store.decide(charges, true, decisions).await;
         };
-        let budgets = plan
+        let budget_of = |(i, _): &(usize, _)| match plan.limits[*i].as_ref()? {
+            AppliedLimit::Rule(rule) if rule.mode == RuleMode::Enforce => rule.local_budget,
+            _ => None,
+        };
+        if !plan
             .spans
             .iter()
-            .zip(&charges[..live])
-            .map(|((i, _), charge)| {
-                let limit = plan.limits[*i].as_ref()?;
-                let budget = match limit {
-                    AppliedLimit::Rule(rule) if mode_of(limit) == RuleMode::Enforce => {
-                        rule.local_budget?
-                    }
-                    _ => return None,
-                };
-                Some((*charge, budget))
-            });
-        let budgets: SmallVec<[_; INLINE_CHARGES]> = budgets.collect();
-        if budgets.iter().all(Option::is_none) {
-            return self.store.decide(charges, true).await;
+            .take(live)
+            .any(|span| budget_of(span).is_some())
+        {
+            return self.store.decide(charges, true, decisions).await;
         }
         let mut taken: SmallVec<[Option<Taken>; INLINE_CHARGES]> = SmallVec::new();
-        for budget in &budgets {
-            taken.push(match budget {
-                Some((charge, budget)) => {
-                    self.leases.take(redis, *charge, *budget, now, epoch).await
-                }
+        for (span, charge) in plan.spans.iter().zip(&charges[..live]) {
+            taken.push(match budget_of(span) {
+                Some(budget) => self.leases.take(redis, *charge, budget, now, epoch).await,
                 None => None,
             });
         }
@@ -175,19 +168,26 @@ impl Limiter {
             .filter(|(_, taken)| taken.is_none())
             .map(|(charge, _)| *charge)
             .collect();
+        let mut decided = Decisions::new();
         let answer = if rest.is_empty() {
-            Ok(Decisions::new())
+            Ok(())
         } else {
-            self.store.decide(&rest, true).await
+            self.store.decide(&rest, true, &mut decided).await
         };
-        let merged = answer.map(|decided| {
-            let mut decided = decided.into_iter();
+        let mut decided = decided.into_iter();
+        decisions.clear();
+        decisions.extend(
             taken
                 .iter()
-                .map(|t| t.map(|t| t.decision).or_else(|| decided.next()))
-                .collect::<Option<Decisions>>()
-        });
-        let admitted = matches!(&merged, Ok(Some(d)) if admitted(charges, d));
+                .map_while(|t| t.map(|t| t.decision).or_else(|| decided.next())),
+        );
+        let answer = match answer {
+            Ok(()) if decisions.len() < charges.len() => Err(StoreError::InvalidData(
+                "the store answered too few decisions".into(),
+            )),
+            answer => answer,
+        };
+        let admitted = answer.is_ok() && admitted(charges, decisions);
         for (charge, t) in charges.iter().zip(&taken) {
             match t {
                 Some(t) if !admitted => self.leases.put_back(charge.key, t, charge.cost),
@@ -197,8 +197,7 @@ impl Limiter {
                 _ => {}
             }
         }
-        merged?
-            .ok_or_else(|| StoreError::InvalidData("the store answered too few decisions".into()))
+        answer
     }
 
     /// Gives back the unused units of lapsed leases and forgets cleared denials. Returns how

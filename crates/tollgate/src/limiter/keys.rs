@@ -9,9 +9,9 @@ use tollgate_core::Params;
 
 use super::request::RequestDescriptor;
 
-/// Every counter key of one request, back to back. Inline up to 512 bytes (four descriptors
+/// Every counter key of one request, back to back. Inline up to 256 bytes (four descriptors
 /// of typical size), so building keys allocates nothing on the hot path.
-pub type KeyBuf = SmallVec<[u8; 512]>;
+pub type KeyBuf = SmallVec<[u8; 256]>;
 
 fn push_part(buf: &mut KeyBuf, part: &[u8]) {
     // Decimal length, then ':' — readable in `redis-cli`, and injective.

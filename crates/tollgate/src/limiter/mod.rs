@@ -231,15 +231,28 @@ impl Limiter {
         let snapshot = self.snapshot.load();
         let descriptors = request.descriptors();
         let now = self.clock.now();
-        let live = self.plan(&snapshot.policy, request, now, Side::Live)?;
+        // Plans are filled in place: each holds a few hundred bytes inline.
+        let mut live = Plan::default();
+        self.plan(&snapshot.policy, request, now, Side::Live, &mut live)?;
         // Only charged decisions feed the candidate: explain shows the live policy alone.
         let candidate = if commit {
             self.candidate.load_full()
         } else {
             None
         };
+        // Boxed: a candidate is rare, and inline it would grow every check's future.
         let shadow = match &candidate {
-            Some(c) => Some(self.plan(c.policy(), request, now, Side::Candidate(c.hash()))?),
+            Some(c) => {
+                let mut plan = Box::<Plan>::default();
+                self.plan(
+                    c.policy(),
+                    request,
+                    now,
+                    Side::Candidate(c.hash()),
+                    &mut plan,
+                )?;
+                Some(plan)
+            }
             None => None,
         };
 
@@ -258,19 +271,21 @@ impl Limiter {
         }
 
         let started = tokio::time::Instant::now();
+        // Filled in place, like the plans: a few hundred bytes not copied from frame to frame.
+        let mut decisions = Decisions::new();
         let answer = if charges.is_empty() {
-            Ok(Decisions::new())
+            Ok(())
         } else if commit {
-            self.apply_with_budgets(&live, &charges, live_charges, now, epoch)
+            self.apply_with_budgets(&live, &charges, live_charges, (now, epoch), &mut decisions)
                 .await
         } else {
-            self.store.decide(&charges, false).await
+            self.store.decide(&charges, false, &mut decisions).await
         };
         if !charges.is_empty() {
             self.store_latency[usize::from(!commit)].observe(started.elapsed());
         }
-        let (decisions, postures) = match answer {
-            Ok(mut decisions) => {
+        let postures = match answer {
+            Ok(()) => {
                 if commit {
                     let live_decisions = decisions.get(..live_charges).unwrap_or_default();
                     self.remember_denials(&live, &charges, live_decisions, now, epoch);
@@ -285,7 +300,7 @@ impl Limiter {
                     }
                     decisions.truncate(live_charges);
                 }
-                (decisions, None)
+                None
             }
             Err(e) => {
                 if commit {
@@ -299,20 +314,23 @@ impl Limiter {
                     spans.iter().map(|(i, _)| self.posture_of(of(i))).collect();
                 let shares: Vec<f64> = spans.iter().map(|(i, _)| self.share_of(of(i))).collect();
                 let live_only = charges.get(..live_charges).unwrap_or_default();
-                let decisions = self
+                let fallback = self
                     .fallback
                     .decide(live_only, &postures, &shares, commit)
                     .await;
-                (Decisions::from_vec(decisions), Some(postures))
+                decisions = Decisions::from_vec(fallback);
+                Some(postures)
             }
         };
 
-        let mut statuses: Statuses = descriptors
-            .iter()
-            .map(|_| DescriptorStatus::unlimited())
-            .collect();
-        let mut overall = Code::Ok;
-        for (n, ((i, _), decision)) in live.spans.iter().zip(decisions).enumerate() {
+        // Built where it stays: the response holds its statuses inline.
+        let mut response = CheckResponse {
+            overall: Code::Ok,
+            statuses: Statuses::new(),
+        };
+        let statuses = &mut response.statuses;
+        statuses.extend(descriptors.iter().map(|_| DescriptorStatus::unlimited()));
+        for (n, ((i, _), &decision)) in live.spans.iter().zip(&decisions).enumerate() {
             let denied = decision.verdict != Verdict::Allowed;
             let limit = live.limits[*i].clone();
             let mode = limit.as_ref().map_or(RuleMode::Enforce, mode_of);
@@ -338,7 +356,7 @@ impl Limiter {
                 Code::Ok
             };
             if code == Code::OverLimit {
-                overall = Code::OverLimit;
+                response.overall = Code::OverLimit;
             }
             statuses[*i] = DescriptorStatus {
                 code,
@@ -349,14 +367,14 @@ impl Limiter {
                 degraded,
             };
         }
-        let response = CheckResponse { overall, statuses };
         if commit && response.allowed() && response.degraded() == Some(Posture::Open) {
             self.fail_open.fetch_add(1, Ordering::Relaxed);
         }
         Ok(response)
     }
 
-    /// Matches the request's descriptors against `policy` and builds their counter keys.
+    /// Matches the request's descriptors against `policy` and builds their counter keys into
+    /// `plan`, which is empty.
     ///
     /// For the live policy, a limit sent with a descriptor and the runtime overrides apply. A
     /// candidate is its policy alone: runtime overrides are ignored, and a descriptor carrying
@@ -367,9 +385,14 @@ impl Limiter {
         request: &CheckRequest,
         now: Timestamp,
         side: Side<'_>,
-    ) -> Result<Plan, LimitError> {
+        plan: &mut Plan,
+    ) -> Result<(), LimitError> {
         let descriptors = request.descriptors();
-        let mut limits: Limits = SmallVec::with_capacity(descriptors.len());
+        let Plan {
+            limits,
+            key_buf,
+            spans,
+        } = plan;
         for d in descriptors {
             limits.push(match (d.limit_override(), side) {
                 (Some(o), Side::Live) => {
@@ -399,34 +422,28 @@ impl Limiter {
                     }),
             });
         }
-        drop_replaced(&mut limits);
+        drop_replaced(limits);
 
         // Build every key into one buffer; the charges borrow slices of it.
-        let mut key_buf = KeyBuf::new();
-        let mut spans: Spans = SmallVec::with_capacity(descriptors.len());
-        for (i, (descriptor, limit)) in descriptors.iter().zip(&limits).enumerate() {
+        for (i, (descriptor, limit)) in descriptors.iter().zip(limits.iter()).enumerate() {
             let start = key_buf.len();
             match (limit, side) {
                 (Some(AppliedLimit::Override(params)), _) => {
-                    keys::override_key(&mut key_buf, request.domain(), descriptor, params)
+                    keys::override_key(key_buf, request.domain(), descriptor, params)
                 }
                 (
                     Some(AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _)),
                     Side::Live,
-                ) => keys::rule_key(&mut key_buf, &rule.identity, descriptor),
+                ) => keys::rule_key(key_buf, &rule.identity, descriptor),
                 (
                     Some(AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _)),
                     Side::Candidate(hash),
-                ) => keys::candidate_rule_key(&mut key_buf, hash, &rule.identity, descriptor),
+                ) => keys::candidate_rule_key(key_buf, hash, &rule.identity, descriptor),
                 (None, _) => continue,
             }
             spans.push((i, start..key_buf.len()));
         }
-        Ok(Plan {
-            limits,
-            key_buf,
-            spans,
-        })
+        Ok(())
     }
 
     fn posture_of(&self, limit: Option<&AppliedLimit>) -> Posture {
@@ -591,7 +608,7 @@ type Spans = SmallVec<[(usize, Range<usize>); INLINE_CHARGES]>;
 
 /// The limits one policy applies to a request's descriptors, and their counter keys. Inline
 /// up to four descriptors: planning a request allocates nothing.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Plan {
     /// Per request descriptor: the limit applied, if any.
     limits: Limits,

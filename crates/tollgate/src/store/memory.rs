@@ -6,25 +6,184 @@
 //! becomes equivalent to an empty one; [`MemoryStore::sweep`] drops entries past it, so memory is
 //! bounded by live keys.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
 use std::hash::{BuildHasher, RandomState};
+use std::num::NonZeroU64;
 
+use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
-use tollgate_core::{Decision, State, Timestamp, Transition, decide};
+use tollgate_core::{Decision, Params, State, Timestamp, Transition, decide};
 
 use super::{Charge, Decisions, INLINE_CHARGES, Store, StoreError, admitted};
 use crate::clock::SharedClock;
 
 const SHARDS: usize = 64;
 
+/// A counter key, inline up to 56 bytes (a rule key with a UUID-sized value spills to the heap).
+type Key = SmallVec<[u8; 56]>;
+
+/// One key and its state, in a single allocation of 128 bytes (see `Slot::SIZE`).
+///
+/// The table holds pointers to slots rather than slots: a hash table is between 44% and 88%
+/// full, so every byte in a bucket costs up to two and a quarter bytes per key, while a
+/// pointer costs eight.
 #[derive(Debug)]
-struct Entry {
-    state: State,
+struct Slot {
+    key: Key,
+    /// When the state becomes equivalent to an empty one; the entry may be swept from then on.
     expires_at: Timestamp,
+    state: Stored,
 }
 
-type Shard = HashMap<Box<[u8]>, Entry>;
+impl Slot {
+    /// What a slot occupies: `Key` 64 + 8 + `Stored` 40 bytes, one 128-byte malloc chunk.
+    #[cfg(test)]
+    const SIZE: usize = 112;
+
+    fn apply(&mut self, transition: Transition, params: &Params) {
+        self.state.apply(transition);
+        self.expires_at = self.state.load().expires_at(params);
+    }
+}
+
+/// A [`State`] as the memory store keeps it: the same values without `u128` fields, which
+/// would align the whole slot to 16 bytes and make it 16 bytes larger. The sliding log keeps
+/// its `State` boxed, so its entries are decided in place and never copied.
+#[derive(Debug)]
+enum Stored {
+    FixedWindow {
+        window: u64,
+        count: u64,
+    },
+    SlidingWindowLog(Box<State>),
+    SlidingWindowCounter {
+        window: u64,
+        current: u64,
+        previous: u64,
+    },
+    TokenBucket {
+        tokens_scaled: Halves,
+        updated: Timestamp,
+        scale: NonZeroU64,
+    },
+    Gcra {
+        tat_scaled: Halves,
+        scale: NonZeroU64,
+    },
+    LeakyBucket {
+        empty_at_scaled: Halves,
+        scale: NonZeroU64,
+    },
+}
+
+/// A `u128` as two `u64`, so it needs only 8-byte alignment.
+#[derive(Debug, Clone, Copy)]
+struct Halves([u64; 2]);
+
+impl From<u128> for Halves {
+    fn from(v: u128) -> Self {
+        // Truncation is the point: the high and the low half.
+        Halves([(v >> 64) as u64, v as u64])
+    }
+}
+
+impl From<Halves> for u128 {
+    fn from(Halves([high, low]): Halves) -> Self {
+        (u128::from(high) << 64) | u128::from(low)
+    }
+}
+
+impl Stored {
+    /// The state, borrowed for the sliding log and rebuilt (a few words) for the others.
+    fn load(&self) -> Cow<'_, State> {
+        Cow::Owned(match *self {
+            Stored::SlidingWindowLog(ref state) => return Cow::Borrowed(state),
+            Stored::FixedWindow { window, count } => State::FixedWindow { window, count },
+            Stored::SlidingWindowCounter {
+                window,
+                current,
+                previous,
+            } => State::SlidingWindowCounter {
+                window,
+                current,
+                previous,
+            },
+            Stored::TokenBucket {
+                tokens_scaled,
+                updated,
+                scale,
+            } => State::TokenBucket {
+                tokens_scaled: tokens_scaled.into(),
+                updated,
+                scale,
+            },
+            Stored::Gcra { tat_scaled, scale } => State::Gcra {
+                tat_scaled: tat_scaled.into(),
+                scale,
+            },
+            Stored::LeakyBucket {
+                empty_at_scaled,
+                scale,
+            } => State::LeakyBucket {
+                empty_at_scaled: empty_at_scaled.into(),
+                scale,
+            },
+        })
+    }
+
+    /// Applies `transition`; a sliding log is changed in place (no allocation once its buffer
+    /// has grown to its longest length).
+    fn apply(&mut self, transition: Transition) {
+        if let Stored::SlidingWindowLog(state) = self {
+            state.apply(transition);
+            return;
+        }
+        let mut state = self.load().into_owned();
+        state.apply(transition);
+        *self = Stored::from(state);
+    }
+}
+
+impl From<State> for Stored {
+    fn from(state: State) -> Self {
+        match state {
+            State::FixedWindow { window, count } => Stored::FixedWindow { window, count },
+            State::SlidingWindowLog { .. } => Stored::SlidingWindowLog(Box::new(state)),
+            State::SlidingWindowCounter {
+                window,
+                current,
+                previous,
+            } => Stored::SlidingWindowCounter {
+                window,
+                current,
+                previous,
+            },
+            State::TokenBucket {
+                tokens_scaled,
+                updated,
+                scale,
+            } => Stored::TokenBucket {
+                tokens_scaled: tokens_scaled.into(),
+                updated,
+                scale,
+            },
+            State::Gcra { tat_scaled, scale } => Stored::Gcra {
+                tat_scaled: tat_scaled.into(),
+                scale,
+            },
+            State::LeakyBucket {
+                empty_at_scaled,
+                scale,
+            } => Stored::LeakyBucket {
+                empty_at_scaled: empty_at_scaled.into(),
+                scale,
+            },
+        }
+    }
+}
+
+type Shard = HashTable<Box<Slot>>;
 
 /// In-process store; the default when no external store is configured.
 #[derive(Debug)]
@@ -38,25 +197,30 @@ impl MemoryStore {
     /// An empty store reading time from `clock`.
     pub fn new(clock: SharedClock) -> Self {
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
             hasher: RandomState::new(),
             clock,
         }
     }
 
-    fn shard_of(&self, key: &[u8]) -> usize {
-        // SHARDS is a power of two; the low bits of a keyed SipHash are uniform.
-        (self.hasher.hash_one(key) as usize) & (SHARDS - 1)
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn shard_of(hash: u64) -> usize {
+        // SHARDS is a power of two. The table uses the low bits (bucket) and the top seven
+        // (tag) of the same keyed SipHash, so the shard takes bits from the middle.
+        ((hash >> 32) as usize) & (SHARDS - 1)
     }
 
     /// Removes every entry whose state has expired at `now`. Returns how many were removed.
     pub fn sweep(&self, now: Timestamp) -> usize {
         let mut removed = 0;
         for shard in self.shards.iter() {
-            let mut map = shard.lock();
-            let before = map.len();
-            map.retain(|_, e| e.expires_at > now);
-            removed += before - map.len();
+            let mut table = shard.lock();
+            let before = table.len();
+            table.retain(|slot| slot.expires_at > now);
+            removed += before - table.len();
         }
         removed
     }
@@ -76,12 +240,15 @@ impl MemoryStore {
         self.sweep(self.clock.now())
     }
 
-    /// Decides `charges` and, when `commit` and the request is admitted, commits them. Up to
-    /// [`INLINE_CHARGES`] charges on existing keys, nothing is allocated.
-    pub(crate) fn decide(&self, charges: &[Charge<'_>], commit: bool) -> Decisions {
+    /// Decides `charges` into `decisions` (empty) and, when `commit` and the request is
+    /// admitted, commits them. Up to [`INLINE_CHARGES`] charges on existing keys, nothing is
+    /// allocated.
+    pub(crate) fn decide(&self, charges: &[Charge<'_>], commit: bool, decisions: &mut Decisions) {
         let now = self.clock.now();
+        let hashes: SmallVec<[u64; INLINE_CHARGES]> =
+            charges.iter().map(|c| self.hash(c.key)).collect();
         let mut shard_ids: SmallVec<[usize; INLINE_CHARGES]> =
-            charges.iter().map(|c| self.shard_of(c.key)).collect();
+            hashes.iter().map(|&h| Self::shard_of(h)).collect();
         let mut order = shard_ids.clone();
         order.sort_unstable();
         order.dedup();
@@ -92,18 +259,18 @@ impl MemoryStore {
             *id = guard_index(*id);
         }
 
-        let mut decisions = Decisions::with_capacity(charges.len());
-        let mut transitions: SmallVec<[Transition; INLINE_CHARGES]> =
-            SmallVec::with_capacity(charges.len());
+        let mut transitions: SmallVec<[Transition; INLINE_CHARGES]> = SmallVec::new();
         for (i, charge) in charges.iter().enumerate() {
-            let map = &guards[shard_ids[i]].1;
-            let stored = map.get(charge.key).map(|e| &e.state);
+            let table = &guards[shard_ids[i]].1;
+            let stored = table
+                .find(hashes[i], |slot| *slot.key == *charge.key)
+                .map(|slot| slot.state.load());
             let repeated = charges[..i].iter().any(|c| c.key == charge.key);
             let (decision, transition) = if repeated {
                 // The same counter twice in one request: decide against the state the earlier
                 // charges of this request leave behind.
                 let mut scratch = stored
-                    .cloned()
+                    .map(Cow::into_owned)
                     .unwrap_or_else(|| State::empty(charge.params));
                 for (prev, t) in charges[..i].iter().zip(&transitions) {
                     if prev.key == charge.key {
@@ -113,7 +280,7 @@ impl MemoryStore {
                 decide(charge.params, &scratch, now, charge.cost)
             } else {
                 match stored {
-                    Some(state) => decide(charge.params, state, now, charge.cost),
+                    Some(state) => decide(charge.params, &state, now, charge.cost),
                     None => decide(
                         charge.params,
                         &State::empty(charge.params),
@@ -126,37 +293,79 @@ impl MemoryStore {
             transitions.push(transition);
         }
 
-        if commit && admitted(charges, &decisions) {
-            for ((charge, transition), shard) in charges.iter().zip(transitions).zip(&shard_ids) {
+        if commit && admitted(charges, decisions) {
+            for (i, (charge, transition)) in charges.iter().zip(transitions).enumerate() {
                 if transition == Transition::Keep {
                     continue;
                 }
-                let map = &mut guards[*shard].1;
-                let entry = match map.get_mut(charge.key) {
-                    Some(entry) => entry,
-                    None => map.entry(charge.key.into()).or_insert(Entry {
-                        state: State::empty(charge.params),
-                        expires_at: now,
-                    }),
+                let table = &mut guards[shard_ids[i]].1;
+                let hash = hashes[i];
+                if let Some(slot) = table.find_mut(hash, |slot| *slot.key == *charge.key) {
+                    slot.apply(transition, charge.params);
+                    continue;
+                }
+                let mut state = State::empty(charge.params);
+                state.apply(transition);
+                let slot = Slot {
+                    key: Key::from_slice(charge.key),
+                    expires_at: state.expires_at(charge.params),
+                    state: Stored::from(state),
                 };
-                entry.state.apply(transition);
-                entry.expires_at = entry.state.expires_at(charge.params);
+                table.insert_unique(hash, Box::new(slot), |slot| self.hash(&slot.key));
             }
         }
-        decisions
     }
 }
 
 impl Store for MemoryStore {
     async fn apply(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
-        Ok(self.decide(charges, true).into_vec())
+        let mut decisions = Decisions::new();
+        self.decide(charges, true, &mut decisions);
+        Ok(decisions.into_vec())
     }
 
     async fn peek(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
-        Ok(self.decide(charges, false).into_vec())
+        let mut decisions = Decisions::new();
+        self.decide(charges, false, &mut decisions);
+        Ok(decisions.into_vec())
     }
 
     async fn key_count(&self) -> Result<usize, StoreError> {
         Ok(self.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tollgate_core::Algorithm;
+
+    use super::*;
+
+    #[test]
+    fn a_slot_fits_a_128_byte_allocation() {
+        assert_eq!(std::mem::size_of::<Slot>(), Slot::SIZE);
+    }
+
+    #[test]
+    fn every_state_is_kept_as_it_was_given() {
+        let now = Timestamp::from_micros(1_700_000_000_123_456);
+        for algorithm in Algorithm::ALL {
+            let params = Params::new(algorithm, 7, Duration::from_secs(3), None).unwrap();
+            let mut state = State::empty(&params);
+            for step in 0..3 {
+                let at = now.saturating_add(Duration::from_millis(step * 100));
+                let (_, transition) = decide(&params, &state, at, 2);
+                state.apply(transition);
+                let stored = Stored::from(state.clone());
+                assert_eq!(*stored.load(), state, "{algorithm}");
+            }
+        }
+        let wide = State::Gcra {
+            tat_scaled: u128::MAX - 5,
+            scale: NonZeroU64::MIN,
+        };
+        assert_eq!(*Stored::from(wide.clone()).load(), wide);
     }
 }

@@ -152,18 +152,28 @@ impl StoreBackend {
         }
     }
 
-    /// [`Store::apply`] when `commit`, else [`Store::peek`], with the decisions inline: on the
-    /// memory store a request of up to [`INLINE_CHARGES`] warm keys allocates nothing.
+    /// [`Store::apply`] when `commit`, else [`Store::peek`], with the decisions written into
+    /// `decisions` (cleared first), inline: on the memory store a request of up to
+    /// [`INLINE_CHARGES`] warm keys allocates nothing.
     pub async fn decide(
         &self,
         charges: &[Charge<'_>],
         commit: bool,
-    ) -> Result<Decisions, StoreError> {
-        match (self, commit) {
-            (StoreBackend::Memory(m), _) => Ok(m.decide(charges, commit)),
-            (StoreBackend::Redis(r), true) => r.apply(charges).await.map(Decisions::from_vec),
-            (StoreBackend::Redis(r), false) => r.peek(charges).await.map(Decisions::from_vec),
-        }
+        decisions: &mut Decisions,
+    ) -> Result<(), StoreError> {
+        decisions.clear();
+        // The Redis futures are boxed: inline they would make every caller's future, and every
+        // move of it, over a kilobyte larger, memory store included.
+        let answer = match (self, commit) {
+            (StoreBackend::Memory(m), _) => {
+                m.decide(charges, commit, decisions);
+                return Ok(());
+            }
+            (StoreBackend::Redis(r), true) => Box::pin(r.apply(charges)).await,
+            (StoreBackend::Redis(r), false) => Box::pin(r.peek(charges)).await,
+        };
+        decisions.extend(answer?);
+        Ok(())
     }
 
     /// Checks that this store can decide a limit exactly (Redis scripts work on doubles).
