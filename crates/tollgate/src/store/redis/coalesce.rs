@@ -84,13 +84,14 @@ impl Request {
     pub fn push(&mut self, key: &[u8], charge: &Charge<'_>) {
         let start = self.keys.len();
         self.keys.extend_from_slice(key);
-        let params = charge.params;
+        let [algorithm, limit, period, burst, cost] =
+            script::charge_args(charge.params, charge.cost);
         let args = [
-            u64::from(script::algorithm_code(params.algorithm())),
-            params.limit(),
-            params.period_micros(),
-            params.burst(),
-            charge.cost,
+            algorithm,
+            limit,
+            period,
+            burst,
+            cost,
             u64::from(charge.enforce),
         ];
         self.charges.push((start..self.keys.len(), args));

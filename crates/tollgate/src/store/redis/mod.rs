@@ -44,7 +44,7 @@ use tracing::{info, warn};
 use self::cluster::ClusterRouter;
 pub use self::coalesce::CoalesceOptions;
 use self::coalesce::{Coalescer, Request};
-use self::script::algorithm_code;
+use self::script::charge_args;
 pub use self::shared_policy::{OVERRIDES_KEY, POLICY_KEY, SharedPolicy};
 use self::topology::Topology;
 use super::url::StoreUrl;
@@ -349,11 +349,7 @@ impl RedisStore {
         for &i in &group.indexes {
             let c = &charges[i];
             invocation
-                .arg(algorithm_code(c.params.algorithm()))
-                .arg(c.params.limit())
-                .arg(c.params.period_micros())
-                .arg(c.params.burst())
-                .arg(c.cost)
+                .arg(&charge_args(c.params, c.cost)[..])
                 .arg(if c.enforce { "1" } else { "0" });
         }
         let raw = self.invoke_on_slot(group.slot, &invocation).await?;
@@ -377,13 +373,9 @@ impl RedisStore {
             }
             any = true;
             let c = &charges[i];
-            invocation.key(&keys[spans[i].clone()]);
             invocation
-                .arg(algorithm_code(c.params.algorithm()))
-                .arg(c.params.limit())
-                .arg(c.params.period_micros())
-                .arg(c.params.burst())
-                .arg(c.cost);
+                .key(&keys[spans[i].clone()])
+                .arg(&charge_args(c.params, c.cost)[..]);
         }
         if any {
             self.invoke_on_slot(group.slot, &invocation).await?;
@@ -581,18 +573,22 @@ impl RedisStore {
             .await
     }
 
+    /// Appends `counter_key`'s Redis key to `buf`; returns the slot to call (0 on a single
+    /// server, which holds every slot).
+    fn key_and_slot(&self, buf: &mut Vec<u8>, counter_key: &[u8]) -> u16 {
+        let slot = slot::redis_key(buf, counter_key);
+        match self.connection {
+            Connection::Single(_) => 0,
+            Connection::Cluster(_) => slot,
+        }
+    }
+
     /// Charges one enforced counter like [`Store::apply`], and also returns the instant (µs,
     /// the store's clock) the charge was made at, for a later [`RedisStore::give_back`].
     pub async fn reserve(&self, charge: Charge<'_>) -> Result<(Decision, i64), StoreError> {
         script::fits_lua(charge.params).map_err(StoreError::InvalidData)?;
         let mut keys = Vec::with_capacity(96);
-        let slot = match self.connection {
-            Connection::Single(_) => {
-                slot::redis_key(&mut keys, charge.key);
-                0
-            }
-            Connection::Cluster(_) => slot::redis_key(&mut keys, charge.key),
-        };
+        let slot = self.key_and_slot(&mut keys, charge.key);
         let group = Group {
             slot,
             indexes: vec![0],
@@ -615,19 +611,12 @@ impl RedisStore {
     /// more than was charged).
     pub async fn give_back(&self, charge: Charge<'_>, at: i64) -> Result<(), StoreError> {
         let mut keys = Vec::with_capacity(96);
-        let slot = slot::redis_key(&mut keys, charge.key);
-        let slot = match self.connection {
-            Connection::Single(_) => 0,
-            Connection::Cluster(_) => slot,
-        };
+        let slot = self.key_and_slot(&mut keys, charge.key);
         let mut invocation = self.refund.prepare_invoke();
-        invocation.arg(at).key(&keys);
         invocation
-            .arg(algorithm_code(charge.params.algorithm()))
-            .arg(charge.params.limit())
-            .arg(charge.params.period_micros())
-            .arg(charge.params.burst())
-            .arg(charge.cost);
+            .arg(at)
+            .key(&keys)
+            .arg(&charge_args(charge.params, charge.cost)[..]);
         self.bounded(self.invoke_on_slot(slot, &invocation))
             .await
             .map(drop)

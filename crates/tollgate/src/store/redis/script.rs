@@ -96,46 +96,43 @@
 
 use tollgate_core::{Algorithm, Params};
 
+/// The helpers, the twins and the per-key state, then `$driver`: one script.
+macro_rules! script {
+    ($($driver:literal),+) => {
+        concat!(
+            include_str!("lua/exact.lua"),
+            include_str!("lua/fixed_window.lua"),
+            include_str!("lua/sliding_window_counter.lua"),
+            include_str!("lua/gcra.lua"),
+            include_str!("lua/token_bucket.lua"),
+            include_str!("lua/leaky_bucket.lua"),
+            include_str!("lua/sliding_window_log.lua"),
+            include_str!("lua/state.lua"),
+            $(include_str!($driver)),+
+        )
+    };
+}
+
 /// The DECIDE script. See the [module documentation](self) for its contract.
-pub const DECIDE_SCRIPT: &str = concat!(
-    include_str!("lua/exact.lua"),
-    include_str!("lua/fixed_window.lua"),
-    include_str!("lua/sliding_window_counter.lua"),
-    include_str!("lua/gcra.lua"),
-    include_str!("lua/token_bucket.lua"),
-    include_str!("lua/leaky_bucket.lua"),
-    include_str!("lua/sliding_window_log.lua"),
-    include_str!("lua/state.lua"),
-    include_str!("lua/decide.lua"),
-    include_str!("lua/decide_one.lua"),
-);
+pub const DECIDE_SCRIPT: &str = script!("lua/decide.lua", "lua/decide_one.lua");
 
 /// The DECIDE_BATCH script. See the [module documentation](self) for its contract.
-pub const DECIDE_BATCH_SCRIPT: &str = concat!(
-    include_str!("lua/exact.lua"),
-    include_str!("lua/fixed_window.lua"),
-    include_str!("lua/sliding_window_counter.lua"),
-    include_str!("lua/gcra.lua"),
-    include_str!("lua/token_bucket.lua"),
-    include_str!("lua/leaky_bucket.lua"),
-    include_str!("lua/sliding_window_log.lua"),
-    include_str!("lua/state.lua"),
-    include_str!("lua/decide.lua"),
-    include_str!("lua/decide_batch.lua"),
-);
+pub const DECIDE_BATCH_SCRIPT: &str = script!("lua/decide.lua", "lua/decide_batch.lua");
 
 /// The REFUND script. See the [module documentation](self) for its contract.
-pub const REFUND_SCRIPT: &str = concat!(
-    include_str!("lua/exact.lua"),
-    include_str!("lua/fixed_window.lua"),
-    include_str!("lua/sliding_window_counter.lua"),
-    include_str!("lua/gcra.lua"),
-    include_str!("lua/token_bucket.lua"),
-    include_str!("lua/leaky_bucket.lua"),
-    include_str!("lua/sliding_window_log.lua"),
-    include_str!("lua/state.lua"),
-    include_str!("lua/refund.lua"),
-);
+pub const REFUND_SCRIPT: &str = script!("lua/refund.lua");
+
+/// The five numbers that describe a charge to every script: algorithm code, limit, period in
+/// microseconds, burst and cost.
+pub fn charge_args(params: &Params, cost: u64) -> [u64; 5] {
+    [
+        u64::from(algorithm_code(params.algorithm())),
+        params.limit(),
+        params.period_micros(),
+        params.burst(),
+        cost,
+    ]
+}
 
 /// The scripts refuse a `now` at or past this (2^52 µs, in the year 2112): every instant they
 /// form must stay below 2^53 to be exact in a Lua double.
