@@ -1,7 +1,7 @@
 //! `tollgate bench-server`: a no-op rate-limit server on the same stack as `tollgate serve`.
 //!
 //! It decodes and validates every request exactly like `serve` (same tonic RLS service, same
-//! axum `POST /v1/check` handler and body limit, same logging setup) and then allows it without
+//! axum `POST /v1/check` handler and body limit, same socket options and logging setup) and then allows it without
 //! a policy or a store. Its throughput is the ceiling `tollgate bench` compares `serve` with; see
 //! `docs/benchmarks.md`. A benchmarking aid, never for production.
 
@@ -56,14 +56,14 @@ async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let http_server = axum::serve(http, tollgate_server::http::allow_all_router())
-        .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let http_server = axum::serve(
+        crate::serve::no_delay_http(http),
+        tollgate_server::http::allow_all_router(),
+    )
+    .with_graceful_shutdown(stopped(stop_rx.clone()));
     let grpc_server = tonic::transport::Server::builder()
         .add_service(RlsService::new(Arc::new(AllowAll)).into_server())
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(grpc),
-            stopped(stop_rx.clone()),
-        );
+        .serve_with_incoming_shutdown(crate::serve::no_delay_grpc(grpc), stopped(stop_rx.clone()));
     let http_task = tokio::spawn(async move { http_server.await });
     let grpc_task = tokio::spawn(grpc_server);
 

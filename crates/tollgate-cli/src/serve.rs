@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use clap::Args;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -326,7 +327,7 @@ async fn serve(
         .clone()
         .map(|domain| AuthorizeMapping::new(domain, args.authorize_descriptor.clone()));
     let http_server = axum::serve(
-        http,
+        no_delay_http(http),
         tollgate_server::http::router_with_authorize(lifecycle.clone(), authorize),
     )
     .with_graceful_shutdown(stopped(stop_rx.clone()));
@@ -337,10 +338,7 @@ async fn serve(
     .with_graceful_shutdown(stopped(stop_rx.clone()));
     let grpc_server = tonic::transport::Server::builder()
         .add_service(RlsService::new(limiter.clone()).into_server())
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(grpc),
-            stopped(stop_rx.clone()),
-        );
+        .serve_with_incoming_shutdown(no_delay_grpc(grpc), stopped(stop_rx.clone()));
 
     let http_task = tokio::spawn(async move { http_server.await });
     let admin_task = tokio::spawn(async move { admin_server.await });
@@ -363,6 +361,25 @@ async fn serve(
     let _ = sync.await;
     info!("Stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The HTTP listener with `TCP_NODELAY` on every accepted connection (shared with
+/// `bench-server`, so the ceiling runs the same socket setup).
+pub(crate) fn no_delay_http(
+    listener: TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
+    listener.tap_io(|stream| {
+        if let Err(e) = stream.set_nodelay(true) {
+            warn!(error = %e, "Could not set TCP_NODELAY on an HTTP connection");
+        }
+    })
+}
+
+/// The gRPC listener with `TCP_NODELAY` on every accepted connection. Without it an HTTP/2
+/// answer written in several small frames waits on Nagle's algorithm for the caller's delayed
+/// ACK: gRPC latencies of 1-2 ms at low load and a 40 ms tail.
+pub(crate) fn no_delay_grpc(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// Reloads the policy on SIGHUP and whenever the config path's contents change.

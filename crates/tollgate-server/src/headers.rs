@@ -6,6 +6,7 @@
 //! `RateLimit: "name";r=..;t=..`. A denial that can clear also gets `Retry-After` (whole
 //! seconds, rounded up, at least 1).
 
+use std::fmt::{self, Write};
 use std::time::Duration;
 
 use tollgate::limiter::CheckResponse;
@@ -37,68 +38,86 @@ pub fn ceil_secs(d: Duration) -> u64 {
 /// The headers for a response, in a fixed order.
 pub fn rate_limit_headers(response: &CheckResponse) -> Vec<(&'static str, String)> {
     let mut headers = Vec::with_capacity(7);
+    each_rate_limit_header(response, |name, value| {
+        headers.push((name, value.to_owned()));
+    });
+    headers
+}
+
+/// Calls `emit(name, value)` for each header of [`rate_limit_headers`], in the same order. Every
+/// value is formatted into one buffer reused across headers: this runs on every decision, and a
+/// `String` per header was a visible share of a request's cost.
+pub fn each_rate_limit_header(response: &CheckResponse, mut emit: impl FnMut(&'static str, &str)) {
+    let mut buffer = String::with_capacity(64);
+    let mut put = |name: &'static str, value: fmt::Arguments<'_>| {
+        buffer.clear();
+        // Writing into a String cannot fail.
+        let _ = buffer.write_fmt(value);
+        emit(name, &buffer);
+    };
     if let Some(posture) = response.degraded() {
-        headers.push((DEGRADED, posture.name().to_owned()));
+        put(DEGRADED, format_args!("{}", posture.name()));
     }
     if let Some(delay) = response.soft_delay() {
-        headers.push((SOFT_EXCEEDED, ceil_ms(delay).to_string()));
+        put(SOFT_EXCEEDED, format_args!("{}", ceil_ms(delay)));
     }
     if response.unavailable() {
         // Not a real limit: no quota headers, only when to try again.
         if let Some(retry) = response.retry_after() {
-            headers.push((RETRY_AFTER, ceil_secs(retry).max(1).to_string()));
+            put(RETRY_AFTER, format_args!("{}", ceil_secs(retry).max(1)));
         }
-        return headers;
+        return;
     }
     let Some(status) = response.binding() else {
-        return headers;
+        return;
     };
     let (Some(limit), Some(decision)) = (&status.limit, status.decision) else {
-        return headers;
+        return;
     };
     let Some(params) = limit.params() else {
-        return headers;
+        return;
     };
     let reset = ceil_secs(decision.reset_after);
-    let name = sf_string(limit.name());
-    headers.push((LIMIT, decision.limit.to_string()));
-    headers.push((REMAINING, decision.remaining.to_string()));
-    headers.push((RESET, reset.to_string()));
-    headers.push((
+    let name = SfString(limit.name());
+    put(LIMIT, format_args!("{}", decision.limit));
+    put(REMAINING, format_args!("{}", decision.remaining));
+    put(RESET, format_args!("{reset}"));
+    put(
         POLICY,
-        format!(
+        format_args!(
             "{name};q={};w={}",
             params.limit(),
             ceil_secs(params.period())
         ),
-    ));
-    headers.push((
+    );
+    put(
         RATELIMIT,
-        format!("{name};r={};t={reset}", decision.remaining),
-    ));
+        format_args!("{name};r={};t={reset}", decision.remaining),
+    );
     if let Some(retry) = response.retry_after() {
-        headers.push((RETRY_AFTER, ceil_secs(retry).max(1).to_string()));
+        put(RETRY_AFTER, format_args!("{}", ceil_secs(retry).max(1)));
     }
-    headers
 }
 
-/// A structured-field string (RFC 8941): quoted, with `\` and `"` escaped; characters outside
-/// printable ASCII are replaced by `?` since sf-strings cannot carry them.
-fn sf_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
+/// A structured-field string (RFC 8941) when displayed: quoted, with `\` and `"` escaped;
+/// characters outside printable ASCII are replaced by `?` since sf-strings cannot carry them.
+struct SfString<'a>(&'a str);
+
+impl fmt::Display for SfString<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_char('"')?;
+        for c in self.0.chars() {
+            match c {
+                '"' | '\\' => {
+                    f.write_char('\\')?;
+                    f.write_char(c)?;
+                }
+                ' '..='~' => f.write_char(c)?,
+                _ => f.write_char('?')?,
             }
-            ' '..='~' => out.push(c),
-            _ => out.push('?'),
         }
+        f.write_char('"')
     }
-    out.push('"');
-    out
 }
 
 #[cfg(test)]
@@ -115,7 +134,7 @@ mod tests {
 
     #[test]
     fn structured_field_strings_escape_quotes() {
-        assert_eq!(sf_string(r#"a"b\c"#), r#""a\"b\\c""#);
-        assert_eq!(sf_string("é"), "\"?\"");
+        assert_eq!(SfString(r#"a"b\c"#).to_string(), r#""a\"b\\c""#);
+        assert_eq!(SfString("é").to_string(), "\"?\"");
     }
 }

@@ -7,12 +7,13 @@ use tollgate::limiter::{
 
 use crate::units::period_of_unit;
 
-/// Validates an RLS request.
-pub fn decode_request(request: &RateLimitRequest) -> Result<CheckRequest, InvalidRequest> {
+/// Validates an RLS request. It takes the request by value so that the domain and every entry
+/// move into the [`CheckRequest`] instead of being copied.
+pub fn decode_request(request: RateLimitRequest) -> Result<CheckRequest, InvalidRequest> {
     // proto3 cannot tell 0 from unset: Envoy documents 0 as "1 hit".
     let request_cost = u64::from(request.hits_addend.max(1));
     let mut descriptors = Vec::with_capacity(request.descriptors.len());
-    for (i, d) in request.descriptors.iter().enumerate() {
+    for (i, d) in request.descriptors.into_iter().enumerate() {
         if d.is_negative_hits {
             // Refunds arrive with the Redis work; refusing is better than silently charging.
             return Err(InvalidRequest(format!(
@@ -20,12 +21,12 @@ pub fn decode_request(request: &RateLimitRequest) -> Result<CheckRequest, Invali
             )));
         }
         // A per-descriptor hits_addend overrides the request's; its 0 also means 1.
-        let cost = match &d.hits_addend {
+        let cost = match d.hits_addend {
             Some(v) => v.value.max(1),
             None => request_cost,
         };
         let cost = check_cost(cost).map_err(|e| InvalidRequest(format!("descriptor {i}: {e}")))?;
-        let limit_override = match &d.limit {
+        let limit_override = match d.limit {
             None => None,
             Some(l) => {
                 let period = period_of_unit(l.unit).ok_or_else(|| {
@@ -40,15 +41,11 @@ pub fn decode_request(request: &RateLimitRequest) -> Result<CheckRequest, Invali
                 )
             }
         };
-        let entries = d
-            .entries
-            .iter()
-            .map(|e| (e.key.clone(), e.value.clone()))
-            .collect();
+        let entries = d.entries.into_iter().map(|e| (e.key, e.value)).collect();
         descriptors.push(
             RequestDescriptor::new(entries, cost, limit_override)
                 .map_err(|e| InvalidRequest(format!("descriptor {i}: {e}")))?,
         );
     }
-    CheckRequest::new(request.domain.clone(), descriptors)
+    CheckRequest::new(request.domain, descriptors)
 }

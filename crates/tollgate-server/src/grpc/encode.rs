@@ -8,7 +8,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::google::protobuf::Duration as WireDuration;
 use tollgate::limiter::{CheckResponse, Code, DescriptorStatus};
 
-use crate::headers::rate_limit_headers;
+use crate::headers::each_rate_limit_header;
 use crate::units::unit_of_period;
 
 fn wire_code(code: Code) -> i32 {
@@ -48,17 +48,18 @@ fn encode_status(status: &DescriptorStatus) -> WireStatus {
 
 /// Encodes a decision, with the rate-limit headers in `response_headers_to_add`.
 pub fn encode_response(response: &CheckResponse) -> RateLimitResponse {
+    let mut headers = Vec::new();
+    each_rate_limit_header(response, |key, value| {
+        headers.push(HeaderValue {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            ..Default::default()
+        });
+    });
     RateLimitResponse {
         overall_code: wire_code(response.overall),
         statuses: response.statuses.iter().map(encode_status).collect(),
-        response_headers_to_add: rate_limit_headers(response)
-            .into_iter()
-            .map(|(key, value)| HeaderValue {
-                key: key.to_owned(),
-                value,
-                ..Default::default()
-            })
-            .collect(),
+        response_headers_to_add: headers,
         ..Default::default()
     }
 }

@@ -51,7 +51,7 @@ impl<D: Decide> RateLimitService for RlsService<D> {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let check = decode_request(request.get_ref())
+        let check = decode_request(request.into_inner())
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         match self.decider.decide(&check).await {
             Ok(decided) => {

@@ -217,7 +217,7 @@ pub async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response
         Ok(w) => w,
         Err(e) => return error_response(StatusCode::BAD_REQUEST, format!("invalid request: {e}")),
     };
-    let request = match decode_request(&wire) {
+    let request = match decode_request(wire) {
         Ok(r) => r,
         Err(e) => return error_response(StatusCode::BAD_REQUEST, format!("invalid request: {e}")),
     };

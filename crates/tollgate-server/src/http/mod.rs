@@ -26,7 +26,7 @@ use serde::Serialize;
 use tollgate::lifecycle::Lifecycle;
 use tollgate::limiter::{CheckResponse, LimitError, Limiter};
 
-use crate::headers::rate_limit_headers;
+use crate::headers::each_rate_limit_header;
 use crate::{AllowAll, ErrorClass};
 
 /// Largest accepted request body.
@@ -95,11 +95,12 @@ fn limit_error_response(error: &LimitError) -> Response {
 
 /// Adds the rate-limit headers of `decided` to `headers`.
 fn add_rate_limit_headers(headers: &mut HeaderMap, decided: &CheckResponse) {
-    for (name, value) in rate_limit_headers(decided) {
-        if let Ok(value) = HeaderValue::from_str(&value) {
+    headers.reserve(7);
+    each_rate_limit_header(decided, |name, value| {
+        if let Ok(value) = HeaderValue::from_str(value) {
             headers.insert(HeaderName::from_static(name), value);
         }
-    }
+    });
 }
 
 /// 200 when allowed, 429 when denied by a limit, 503 when denied because the limiter is

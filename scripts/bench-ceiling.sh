@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# The ceiling measurement of docs/benchmarks.md: `tollgate serve` (memory store) against
+# `tollgate bench-server` (the no-op server on the same stack), both loaded by `tollgate bench`
+# on this machine, over gRPC and HTTP.
+#
+#   1. closed loop, RUNS times, alternating ceiling / real: max throughput at the same
+#      concurrency, and the ratio real / ceiling (target >= 0.85);
+#   2. open loop (--rate) at half the real server's median max: its p99 (target < 1 ms).
+#
+# Usage: scripts/bench-ceiling.sh
+# Environment (defaults in brackets): RUNS [3], DURATION [5s], KEYS [10000],
+#   GRPC_CONCURRENCY [64], GRPC_CONNECTIONS [2], HTTP_CONCURRENCY [32], HTTP_CONNECTIONS [32].
+# Everything listens on 127.0.0.1 ports chosen by the kernel; servers are stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/tollgate-target}"
+RUNS="${RUNS:-3}"
+DURATION="${DURATION:-5s}"
+KEYS="${KEYS:-10000}"
+GRPC_CONCURRENCY="${GRPC_CONCURRENCY:-64}"
+GRPC_CONNECTIONS="${GRPC_CONNECTIONS:-2}"
+HTTP_CONCURRENCY="${HTTP_CONCURRENCY:-32}"
+HTTP_CONNECTIONS="${HTTP_CONNECTIONS:-32}"
+
+command -v jq >/dev/null || { echo "bench-ceiling: jq is required" >&2; exit 2; }
+
+cargo build --release -j 2 -p tollgate-cli >&2
+bin="$CARGO_TARGET_DIR/release/tollgate"
+
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+
+cat >"$work/policy.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, unit: second, requests_per_unit: 1000}
+YAML
+
+# start NAME ARGS...: runs the binary with ARGS, waits (10 s at most) for its listening lines.
+start() {
+  local name="$1"; shift
+  RUST_LOG=warn "$bin" "$@" --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 \
+    >"$work/$name.out" 2>"$work/$name.err" &
+  pids+=("$!")
+  eval "pid_$name=$!"
+  for _ in $(seq 100); do
+    if grep -q '^grpc listening on ' "$work/$name.out" 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  echo "bench-ceiling: $name did not start:" >&2
+  cat "$work/$name.err" >&2
+  exit 2
+}
+addr() { sed -n "s/^$2 listening on //p" "$work/$1.out"; }
+# CPU ticks (user + system) a server has used so far, from /proc (Linux).
+ticks() { local pid="pid_$1"; awk '{ print $14 + $15 }' "/proc/${!pid}/stat"; }
+hz="$(getconf CLK_TCK)"
+
+start ceiling bench-server
+start real serve --config "$work/policy.yaml" --admin-addr 127.0.0.1:0
+
+# bench PROTOCOL SERVER [--rate R]: one run, its JSON report on stdout, with the server's CPU
+# time per request added as `server_cpu_us_per_request`.
+bench() {
+  local protocol="$1" server="$2"; shift 2
+  local c k
+  if [ "$protocol" = grpc ]; then c="$GRPC_CONCURRENCY"; k="$GRPC_CONNECTIONS"
+  else c="$HTTP_CONCURRENCY"; k="$HTTP_CONNECTIONS"; fi
+  local before after
+  before="$(ticks "$server")"
+  timeout 120 "$bin" bench --target "$protocol://$(addr "$server" "$protocol")" --domain bench \
+    --descriptor 'user=u{key}' --keys "$KEYS" --concurrency "$c" --connections "$k" \
+    --duration "$DURATION" --json "$@" >"$work/last.json"
+  after="$(ticks "$server")"
+  jq -c --argjson t $((after - before)) --argjson hz "$hz" \
+    '. + {server_cpu_us_per_request: ($t / $hz * 1e6 / .requests * 10 | round / 10)}' "$work/last.json"
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+range() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%s–%s", lo, hi }'; }
+
+echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')"
+echo "# $(nproc) CPUs; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# gRPC: concurrency $GRPC_CONCURRENCY, $GRPC_CONNECTIONS channels; HTTP: concurrency $HTTP_CONCURRENCY, $HTTP_CONNECTIONS connections; $KEYS keys; $DURATION per run"
+echo
+printf '%-5s %-4s %-8s %12s %9s %9s %8s %12s\n' proto run server req/s p50_us p99_us errors cpu_us/req
+for run in $(seq "$RUNS"); do
+  for protocol in grpc http; do
+    # Alternate which server goes first, so a slow spell on the shared cores hits both.
+    if [ $((run % 2)) = 1 ]; then order="ceiling real"; else order="real ceiling"; fi
+    for server in $order; do
+      bench "$protocol" "$server" >"$work/$protocol.$server.$run.json"
+      jq -r --arg p "$protocol" --arg r "$run" --arg s "$server" \
+        '[$p, $r, $s, (.throughput_rps | floor), .latency_us.p50, .latency_us.p99, .errors, .server_cpu_us_per_request] | @tsv' \
+        "$work/$protocol.$server.$run.json" | awk -F'\t' '{ printf "%-5s %-4s %-8s %12s %9s %9s %8s %12s\n", $1, $2, $3, $4, $5, $6, $7, $8 }'
+    done
+  done
+done
+
+echo
+printf '%-5s %-8s %s\n' proto "open" "loop at half the real server's median max"
+for protocol in grpc http; do
+  real_max="$(jq -s -r '.[].throughput_rps' "$work/$protocol".real.*.json | median)"
+  rate="$(awk -v m="$real_max" 'BEGIN { printf "%d", m / 2 }')"
+  echo "$rate" >"$work/$protocol.rate"
+  for run in $(seq "$RUNS"); do
+    bench "$protocol" real --rate "$rate" >"$work/$protocol.open.$run.json"
+    jq -r --arg p "$protocol" --arg r "$run" --arg rate "$rate" \
+      '"\($p)  run \($r)  rate \($rate)/s: \(.throughput_rps | floor) req/s  p50 \(.latency_us.p50) µs  p90 \(.latency_us.p90) µs  p99 \(.latency_us.p99) µs  p99.9 \(.latency_us.p99_9) µs  errors \(.errors)"' \
+      "$work/$protocol.open.$run.json"
+  done
+done
+
+echo
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+echo "| protocol | ceiling req/s (median, range) | tollgate req/s (median, range) | ratio (median, range) | ≥ 0.85 | server CPU µs/req, ceiling / tollgate (medians) | open-loop rate | p99 µs (median, range) | < 1 ms |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for protocol in grpc http; do
+  ceiling="$(jq -s -r '.[].throughput_rps | floor' "$work/$protocol".ceiling.*.json)"
+  real="$(jq -s -r '.[].throughput_rps | floor' "$work/$protocol".real.*.json)"
+  ratios="$(for run in $(seq "$RUNS"); do
+    jq -s -r '.[1].throughput_rps / .[0].throughput_rps * 1000 | round / 1000' \
+      "$work/$protocol.ceiling.$run.json" "$work/$protocol.real.$run.json"
+  done)"
+  p99s="$(jq -s -r '.[].latency_us.p99' "$work/$protocol".open.*.json)"
+  ratio_median="$(echo "$ratios" | median)"
+  p99_median="$(echo "$p99s" | median)"
+  cpu_ceiling="$(jq -s -r '.[].server_cpu_us_per_request' "$work/$protocol".ceiling.*.json | median)"
+  cpu_real="$(jq -s -r '.[].server_cpu_us_per_request' "$work/$protocol".real.*.json | median)"
+  printf '| %s | %s (%s) | %s (%s) | %s (%s) | %s | %s / %s | %s/s | %s (%s) | %s |\n' "$protocol" \
+    "$(echo "$ceiling" | median)" "$(echo "$ceiling" | range)" \
+    "$(echo "$real" | median)" "$(echo "$real" | range)" \
+    "$ratio_median" "$(echo "$ratios" | range)" \
+    "$(awk -v r="$ratio_median" 'BEGIN { print (r >= 0.85) ? "yes" : "no" }')" \
+    "$cpu_ceiling" "$cpu_real" \
+    "$(cat "$work/$protocol.rate")" "$p99_median" "$(echo "$p99s" | range)" \
+    "$(awk -v p="$p99_median" 'BEGIN { print (p < 1000) ? "yes" : "no" }')"
+done
