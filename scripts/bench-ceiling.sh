@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/tollgate-target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 RUNS="${RUNS:-3}"
 DURATION="${DURATION:-5s}"
 KEYS="${KEYS:-10000}"

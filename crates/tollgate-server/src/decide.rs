@@ -6,8 +6,12 @@
 //! decision. The dispatch is static: the real server pays nothing for it.
 
 use std::future::Future;
+use std::time::Duration;
 
-use tollgate::limiter::{CheckRequest, CheckResponse, Code, DescriptorStatus, LimitError, Limiter};
+use tollgate::limiter::{
+    AppliedLimit, CheckRequest, CheckResponse, Code, DescriptorStatus, LimitError, Limiter,
+};
+use tollgate_core::{Algorithm, Decision, Params, Verdict};
 
 /// Something that answers a validated [`CheckRequest`].
 pub trait Decide: Send + Sync + 'static {
@@ -29,20 +33,41 @@ impl Decide for Limiter {
 
 /// Allows every request without looking at a policy or a store: the ceiling `tollgate bench`
 /// measures tollgate against (`tollgate bench-server`). A benchmarking aid, never for production.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AllowAll;
+///
+/// Each descriptor gets the answer shape a real allowed decision has (a limit, remaining quota,
+/// reset time), so the transports encode the same headers and body as for `tollgate serve`,
+/// and the two servers differ only in the decision itself.
+#[derive(Debug, Clone, Copy)]
+pub struct AllowAll {
+    limit: Params,
+}
+
+impl Default for AllowAll {
+    fn default() -> Self {
+        AllowAll {
+            limit: Params::new(Algorithm::FixedWindow, 1000, Duration::from_secs(1), None)
+                .unwrap_or_else(|_| unreachable!("1000 per second is a valid limit")),
+        }
+    }
+}
 
 impl Decide for AllowAll {
     async fn decide(&self, request: &CheckRequest) -> Result<CheckResponse, LimitError> {
-        // One unlimited OK status per descriptor, as the real limiter reports a descriptor that
-        // matched no rule: a valid, minimal answer.
+        let decision = Decision {
+            verdict: Verdict::Allowed,
+            limit: self.limit.limit(),
+            remaining: self.limit.limit() - 1,
+            reset_after: self.limit.period(),
+            retry_after: None,
+            delay: Duration::ZERO,
+        };
         let statuses = request
             .descriptors()
             .iter()
             .map(|_| DescriptorStatus {
                 code: Code::Ok,
-                limit: None,
-                decision: None,
+                limit: Some(AppliedLimit::Override(self.limit)),
+                decision: Some(decision),
                 shadow_would_deny: false,
                 soft_exceeded: false,
                 degraded: None,

@@ -75,7 +75,7 @@ pub fn allow_all_router() -> Router {
         .route("/v1/check", post(check::check::<AllowAll>))
         .route("/healthz", get(ops::healthz))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
-        .with_state(Arc::new(AllowAll))
+        .with_state(Arc::new(AllowAll::default()))
 }
 
 /// A JSON error body: `{"error": "..."}`.
