@@ -33,6 +33,7 @@ echo "building the release binary..." >&2
 REDIS_PORT=$(free_port)
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
   --logfile "$TMP/redis.log" &
+REDIS_PID=$!
 PIDS+=($!)
 for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 
@@ -102,17 +103,23 @@ run() { # run NAME DESCRIPTOR
   local counters="tollgate_store_errors_total tollgate_prefilter_denials_total tollgate_local_budget_admissions_total"
   local before=() after=() c
   for c in $counters; do before+=("$(metric_sum "$c")"); done
+  # Redis CPU time (user + system, in clock ticks) spent during the run.
+  local redis_before redis_after
+  redis_before=$(awk '{print $14 + $15}' "/proc/$REDIS_PID/stat")
   echo "running $name (${SECONDS_PER_RUN}s)..." >&2
   "$BIN" bench "${TARGETS[@]}" --domain hot --descriptor "$descriptor" --keys 1 \
     --concurrency 256 --duration "${SECONDS_PER_RUN}s" --json >"$TMP/run.json"
   for c in $counters; do after+=("$(metric_sum "$c")"); done
-  python3 - "$name" "$TMP/run.json" "${before[@]}" "${after[@]}" >>"$RESULTS" <<'PY'
+  redis_after=$(awk '{print $14 + $15}' "/proc/$REDIS_PID/stat")
+  python3 - "$name" "$TMP/run.json" "$((redis_after - redis_before))" "$(getconf CLK_TCK)" \
+    "${before[@]}" "${after[@]}" >>"$RESULTS" <<'PY'
 import json, sys
-name, path = sys.argv[1:3]
-before, after = sys.argv[3:6], sys.argv[6:9]
+name, path, ticks, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+before, after = sys.argv[5:8], sys.argv[8:11]
 errors, prefiltered, local = (int(a) - int(b) for a, b in zip(after, before))
 r = json.load(open(path))
-r.update(name=name, store_errors=errors, prefiltered=prefiltered, local=local)
+redis_us = ticks / hz * 1e6 / max(r["requests"], 1)
+r.update(name=name, store_errors=errors, prefiltered=prefiltered, local=local, redis_us=redis_us)
 print(json.dumps(r))
 PY
 }
@@ -147,12 +154,13 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 seconds = float(sys.argv[2])
 print(f"3 replicas on one Redis, --keys 1 --concurrency 256, {seconds:g}s per run, gRPC")
 print()
-print("| scenario | req/s | p50 ms | p99 ms | ok | over limit | errors | store errors | prefilter answers | local-budget admissions |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| scenario | req/s | p50 ms | p99 ms | ok | over limit | errors | store errors | prefilter answers | local-budget admissions | Redis CPU µs/request |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     l = r["latency_us"]
     print(f"| {r['name']} | {r['throughput_rps']:,.0f} | {l['p50']/1000:.2f} | {l['p99']/1000:.2f} "
-          f"| {r['ok']} | {r['over_limit']} | {r['errors']} | {r['store_errors']} | {r['prefiltered']} | {r['local']} |")
+          f"| {r['ok']} | {r['over_limit']} | {r['errors']} | {r['store_errors']} | {r['prefiltered']} "
+          f"| {r['local']} | {r['redis_us']:.2f} |")
 base = {r["name"]: r["throughput_rps"] for r in rows}
 def ratio(a, b):
     return base[a] / base[b]
@@ -163,6 +171,13 @@ print(f"prefilter / no prefilter on an exhausted key: {ratio('exhausted key, pre
 print(f"local budgets / ceiling: {ratio('local budgets (500)', 'ceiling: no-op servers'):.2f}; "
       f"prefilter / ceiling: {ratio('exhausted key, prefilter', 'ceiling: no-op servers'):.2f}; "
       f"per-request coalesced / ceiling: {ratio('per-request, coalesced (default)', 'ceiling: no-op servers'):.2f}")
+cpu = {r["name"]: r["redis_us"] for r in rows}
+per_request = cpu["per-request, coalesced (default)"]
+for name in ["local budgets (500)", "exhausted key, prefilter"]:
+    if cpu[name] > 0:
+        print(f"Redis CPU per request, per-request coalesced / {name}: {per_request / cpu[name]:.0f}x")
+    else:
+        print(f"Redis CPU per request for {name}: below one clock tick over the run")
 print()
 print("Drift with local_budget 200, 3 replicas (limit 20000 per hour; rate 5.6/s):")
 for r in rows:
