@@ -13,30 +13,8 @@ set -euo pipefail
 
 SECONDS_PER_RUN=${1:-5}
 ROUNDS=${2:-3}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tollgate
-TMP=$(mktemp -d)
-PIDS=()
-
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-echo "building the release binary..." >&2
-(cd "$ROOT" && cargo build --release -p tollgate-cli >&2)
-
-REDIS_PORT=$(free_port)
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
-  --logfile "$TMP/redis.log" &
-PIDS+=($!)
-for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+# shellcheck source=scripts/bench-common.sh
+source "$(dirname "$0")/bench-common.sh"
 
 cat >"$TMP/policy.yaml" <<'EOF'
 domain: bench
