@@ -9,9 +9,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::Context;
 use clap::Args;
-use tokio::net::TcpListener;
 use tollgate_server::AllowAll;
 use tollgate_server::grpc::RlsService;
 use tracing::{info, warn};
@@ -39,12 +37,8 @@ pub fn run(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
 
 async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
     let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    let http = TcpListener::bind(args.http_addr)
-        .await
-        .with_context(|| format!("cannot listen on {} for HTTP", args.http_addr))?;
-    let grpc = TcpListener::bind(args.grpc_addr)
-        .await
-        .with_context(|| format!("cannot listen on {} for gRPC", args.grpc_addr))?;
+    let http = crate::serve::listen(args.http_addr, "HTTP").await?;
+    let grpc = crate::serve::listen(args.grpc_addr, "gRPC").await?;
     // The same lines as `serve`, so scripts and tests find ports chosen with `:0`.
     println!("http listening on {}", http.local_addr()?);
     println!("grpc listening on {}", grpc.local_addr()?);

@@ -258,15 +258,9 @@ async fn serve(
             .with_prefilter(!args.no_prefilter),
     );
 
-    let http = TcpListener::bind(args.http_addr)
-        .await
-        .with_context(|| format!("cannot listen on {} for HTTP", args.http_addr))?;
-    let grpc = TcpListener::bind(args.grpc_addr)
-        .await
-        .with_context(|| format!("cannot listen on {} for gRPC", args.grpc_addr))?;
-    let admin = TcpListener::bind(args.admin_addr)
-        .await
-        .with_context(|| format!("cannot listen on {} for the admin API", args.admin_addr))?;
+    let http = listen(args.http_addr, "HTTP").await?;
+    let grpc = listen(args.grpc_addr, "gRPC").await?;
+    let admin = listen(args.admin_addr, "the admin API").await?;
     // Printed on stdout, one line each, so scripts and tests can find ports chosen with `:0`.
     println!("http listening on {}", http.local_addr()?);
     println!("grpc listening on {}", grpc.local_addr()?);
@@ -365,6 +359,13 @@ async fn serve(
 
 /// The HTTP listener with `TCP_NODELAY` on every accepted connection (shared with
 /// `bench-server`, so the ceiling runs the same socket setup).
+/// Binds `addr` for `what`; the error names both.
+pub(crate) async fn listen(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for {what}"))
+}
+
 pub(crate) fn no_delay_http(
     listener: TcpListener,
 ) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {

@@ -44,32 +44,15 @@ impl Server {
     }
 
     fn spawn(config: &Path, args: &[&str], dir: tempfile::TempDir) -> Server {
-        let mut child = Command::new(binary())
+        let mut command = Command::new(binary());
+        command
             .args(["serve", "--config"])
             .arg(config)
             .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
             .args(["--admin-addr", "127.0.0.1:0"])
             .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = BufReader::new(stdout).lines();
-        let mut addr = |prefix: &str| -> SocketAddr {
-            let line = lines
-                .next()
-                .expect("server exited before listening")
-                .unwrap();
-            line.strip_prefix(prefix)
-                .unwrap_or_else(|| panic!("unexpected line `{line}`"))
-                .parse()
-                .unwrap()
-        };
-        let http = addr("http listening on ");
-        let grpc = addr("grpc listening on ");
-        let admin = addr("admin listening on ");
+            .stderr(Stdio::inherit());
+        let (child, [http, grpc, admin]) = listening(command, ["http", "grpc", "admin"]);
         Server {
             child,
             http,
@@ -177,30 +160,37 @@ pub struct BenchServer {
 
 impl BenchServer {
     pub fn start() -> BenchServer {
-        let mut child = Command::new(binary())
+        let mut command = Command::new(binary());
+        command
             .arg("bench-server")
             .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = BufReader::new(stdout).lines();
-        let mut addr = |prefix: &str| -> SocketAddr {
-            let line = lines
-                .next()
-                .expect("bench-server exited before listening")
-                .unwrap();
-            line.strip_prefix(prefix)
-                .unwrap_or_else(|| panic!("unexpected line `{line}`"))
-                .parse()
-                .unwrap()
-        };
-        let http = addr("http listening on ");
-        let grpc = addr("grpc listening on ");
+            .stderr(Stdio::null());
+        let (child, [http, grpc]) = listening(command, ["http", "grpc"]);
         BenchServer { child, http, grpc }
     }
+}
+
+/// Spawns `command` (with `RUST_LOG=warn`) and reads the `NAME listening on ADDR` lines it
+/// prints, in the order of `names`.
+fn listening<const N: usize>(mut command: Command, names: [&str; N]) -> (Child, [SocketAddr; N]) {
+    let mut child = command
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let addrs = names.map(|name| {
+        let line = lines
+            .next()
+            .unwrap_or_else(|| panic!("exited before `{name} listening on`"))
+            .unwrap();
+        line.strip_prefix(&format!("{name} listening on "))
+            .unwrap_or_else(|| panic!("unexpected line `{line}`"))
+            .parse()
+            .unwrap()
+    });
+    (child, addrs)
 }
 
 impl Drop for BenchServer {
