@@ -1,7 +1,8 @@
 //! The in-process limiter: the service's [`Limiter`] in the caller's process.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use tollgate::clock::SystemClock;
 use tollgate::limiter::{CheckRequest, CheckResponse, FailureSettings, LimitError, Limiter};
@@ -64,8 +65,14 @@ impl Embedded {
         store
             .check_policy(&policy)
             .map_err(|problems| OpenError::Unsupported(problems.to_string()))?;
-        let limiter = Limiter::with_failure_settings(policy, store, options.failure, clock);
-        Ok(Self::from_limiter(Arc::new(limiter)))
+        let limiter = Arc::new(Limiter::with_failure_settings(
+            policy,
+            store,
+            options.failure,
+            clock,
+        ));
+        tokio::spawn(maintain(Arc::downgrade(&limiter)));
+        Ok(Self::from_limiter(limiter))
     }
 
     /// Wraps a limiter built elsewhere.
@@ -76,6 +83,31 @@ impl Embedded {
     /// The limiter itself, for decisions with the full [`CheckResponse`].
     pub fn limiter(&self) -> &Arc<Limiter> {
         &self.limiter
+    }
+}
+
+/// What `tollgate serve`'s sweeper does, for as long as the limiter lives: drops expired
+/// counters from the memory stores every second, and gives unused local budgets back to Redis
+/// (and forgets cleared denials) every 50 ms.
+async fn maintain(limiter: Weak<Limiter>) {
+    const HOT_KEYS: Duration = Duration::from_millis(50);
+    const COUNTERS_EVERY: u32 = 20;
+    let mut tick = tokio::time::interval(HOT_KEYS);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut n: u32 = 0;
+    loop {
+        tick.tick().await;
+        let Some(limiter) = limiter.upgrade() else {
+            return;
+        };
+        limiter.sweep_hot_keys().await;
+        n = n.wrapping_add(1);
+        if n % COUNTERS_EVERY == 0 {
+            if let StoreBackend::Memory(m) = limiter.store() {
+                m.sweep_now();
+            }
+            limiter.local_store().sweep_now();
+        }
     }
 }
 
