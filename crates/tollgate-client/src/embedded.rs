@@ -102,7 +102,7 @@ async fn maintain(limiter: Weak<Limiter>) {
         };
         limiter.sweep_hot_keys().await;
         n = n.wrapping_add(1);
-        if n % COUNTERS_EVERY == 0 {
+        if n.is_multiple_of(COUNTERS_EVERY) {
             if let StoreBackend::Memory(m) = limiter.store() {
                 m.sweep_now();
             }
