@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -52,6 +53,9 @@ type Shard = Mutex<HashMap<Box<[u8]>, Denial>>;
 pub struct Prefilter {
     shards: Box<[Shard]>,
     hasher: RandomState,
+    /// Whether any denial may be remembered: lets the common case (nothing remembered) skip
+    /// hashing and locking.
+    any: AtomicBool,
 }
 
 impl Default for Prefilter {
@@ -59,6 +63,7 @@ impl Default for Prefilter {
         Prefilter {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
+            any: AtomicBool::new(false),
         }
     }
 }
@@ -72,6 +77,9 @@ impl Prefilter {
     /// recorded in `epoch` still holds: its retry-after and reset shortened by the time passed
     /// since.
     pub fn check(&self, key: &[u8], cost: u64, now: Timestamp, epoch: u64) -> Option<Decision> {
+        if !self.any.load(Ordering::Relaxed) {
+            return None;
+        }
         let denial = *self.shard(key).lock().get(key)?;
         if denial.epoch != epoch || cost != denial.cost || now < denial.at {
             return None;
@@ -105,6 +113,7 @@ impl Prefilter {
         match shard.get_mut(key) {
             Some(entry) => *entry = denial,
             None if !full => {
+                self.any.store(true, Ordering::Relaxed);
                 shard.insert(key.into(), denial);
             }
             None => {}
@@ -113,6 +122,9 @@ impl Prefilter {
 
     /// Forgets the denial remembered for `key`, if any.
     pub fn forget(&self, key: &[u8]) {
+        if !self.any.load(Ordering::Relaxed) {
+            return;
+        }
         let mut shard = self.shard(key).lock();
         if !shard.is_empty() {
             shard.remove(key);
@@ -121,13 +133,17 @@ impl Prefilter {
 
     /// Drops the denials that have cleared at `now` (or belong to an older epoch).
     pub fn sweep(&self, now: Timestamp, epoch: u64) -> usize {
-        let mut removed = 0;
+        let (mut removed, mut remaining) = (0, 0);
         for shard in self.shards.iter() {
             let mut map = shard.lock();
             let before = map.len();
             map.retain(|_, d| d.epoch == epoch && d.until() > now);
             removed += before - map.len();
+            remaining += map.len();
         }
+        // A denial recorded while this sweep ran may be hidden until the next one (the
+        // prefilter then simply asks the store).
+        self.any.store(remaining > 0, Ordering::Relaxed);
         removed
     }
 

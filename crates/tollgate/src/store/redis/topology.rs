@@ -17,9 +17,9 @@ use crate::resilience::{Breaker, BreakerConfig, BreakerState};
 /// Slot owners and per-node breakers.
 #[derive(Debug)]
 pub(super) struct Topology {
-    /// The single server's address; `None` for a cluster, whose slots have no owner until the
-    /// first `CLUSTER SLOTS` answer.
-    single: Option<Arc<str>>,
+    /// The single server's address and breaker (also in `breakers`), looked up without a lock;
+    /// `None` for a cluster, whose slots have no owner until the first `CLUSTER SLOTS` answer.
+    single: Option<(Arc<str>, Arc<Breaker>)>,
     owners: RwLock<Vec<Arc<str>>>,
     breakers: Mutex<HashMap<Arc<str>, Arc<Breaker>>>,
     config: BreakerConfig,
@@ -29,7 +29,11 @@ pub(super) struct Topology {
 impl Topology {
     /// One server owning every slot.
     pub fn single(node: &str, config: BreakerConfig, clock: SharedClock) -> Self {
-        Self::new(Some(node.into()), config, clock)
+        let node: Arc<str> = node.into();
+        let breaker = Arc::new(Breaker::new(config, clock.clone()));
+        let topology = Self::new(Some((node.clone(), breaker.clone())), config, clock);
+        topology.breakers.lock().insert(node, breaker);
+        topology
     }
 
     /// A cluster whose slot map is not known yet.
@@ -37,7 +41,11 @@ impl Topology {
         Self::new(None, config, clock)
     }
 
-    fn new(single: Option<Arc<str>>, config: BreakerConfig, clock: SharedClock) -> Self {
+    fn new(
+        single: Option<(Arc<str>, Arc<Breaker>)>,
+        config: BreakerConfig,
+        clock: SharedClock,
+    ) -> Self {
         Topology {
             single,
             owners: RwLock::new(Vec::new()),
@@ -49,10 +57,10 @@ impl Topology {
 
     /// The node owning `slot` and its breaker; `None` while a cluster's map is unknown.
     pub fn breaker_for(&self, slot: u16) -> Option<(Arc<str>, Arc<Breaker>)> {
-        let node = match &self.single {
-            Some(node) => node.clone(),
-            None => self.owners.read().get(usize::from(slot))?.clone(),
-        };
+        if let Some((node, breaker)) = &self.single {
+            return Some((node.clone(), breaker.clone()));
+        }
+        let node = self.owners.read().get(usize::from(slot))?.clone();
         let breaker = self
             .breakers
             .lock()
@@ -71,7 +79,7 @@ impl Topology {
 
     /// Every node that owns a slot.
     pub fn primaries(&self) -> Vec<Arc<str>> {
-        if let Some(node) = &self.single {
+        if let Some((node, _)) = &self.single {
             return vec![node.clone()];
         }
         let mut nodes: Vec<Arc<str>> = Vec::new();
