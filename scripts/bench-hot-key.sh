@@ -30,6 +30,15 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 20000, algorithm: gcra, local_budget: 200}
   - key: sliding_drift
     rate_limit: {unit: hour, requests_per_unit: 20000, algorithm: sliding_window_counter, local_budget: 200}
+  # 1000 per second, with and without local budgets: the drift while the rate binds.
+  - key: gcra_rate
+    rate_limit: {unit: second, requests_per_unit: 1000, algorithm: gcra}
+  - key: gcra_rate_budget
+    rate_limit: {unit: second, requests_per_unit: 1000, algorithm: gcra, local_budget: 50}
+  - key: sliding_rate
+    rate_limit: {unit: second, requests_per_unit: 1000, algorithm: sliding_window_counter}
+  - key: sliding_rate_budget
+    rate_limit: {unit: second, requests_per_unit: 1000, algorithm: sliding_window_counter, local_budget: 50}
 EOF
 
 REPLICA_PIDS=()
@@ -114,6 +123,10 @@ run "local budgets (500)" "budgeted=hot"
 run "drift: fixed window" "fixed_drift=hot"
 run "drift: gcra" "gcra_drift=hot"
 run "drift: sliding window counter" "sliding_drift=hot"
+run "rate: gcra 1000/s" "gcra_rate=hot"
+run "rate: gcra 1000/s, local budget 50" "gcra_rate_budget=hot"
+run "rate: sliding counter 1000/s" "sliding_rate=hot"
+run "rate: sliding counter 1000/s, local budget 50" "sliding_rate_budget=hot"
 stop_replicas
 
 start_replicas --no-prefilter
@@ -167,4 +180,13 @@ for r in rows:
     bound = 0 if "fixed" in r["name"] else 3 * 200
     print(f"- {r['name'][7:]}: admitted {admitted}, the algorithm alone {exact}, "
           f"over by {admitted - exact} (bound {bound}), under by at most {3*200} while leases live")
+print()
+print("While a rate of 1000/s binds (local_budget 50, ttl 100ms, 3 replicas), per second of run:")
+for algorithm, bound in [("gcra", "min(3*50, 1000*0.1) = 100"), ("sliding counter", "3*50 = 150 per window")]:
+    plain = next(r for r in rows if r["name"] == f"rate: {algorithm} 1000/s")
+    budget = next(r for r in rows if r["name"] == f"rate: {algorithm} 1000/s, local budget 50")
+    a = plain["ok"] / plain["elapsed_s"]
+    b = budget["ok"] / budget["elapsed_s"]
+    print(f"- {algorithm}: without budgets {plain['ok']} in {plain['elapsed_s']:.2f}s ({a:.0f}/s), "
+          f"with {budget['ok']} in {budget['elapsed_s']:.2f}s ({b:.0f}/s); bound on the excess {bound}")
 PY
