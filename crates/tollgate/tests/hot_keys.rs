@@ -13,7 +13,7 @@ use tollgate::policy::Policy;
 use tollgate::resilience::Posture;
 use tollgate::store::{RedisOptions, RedisStore, StoreBackend, StoreUrl};
 use tollgate_core::Algorithm;
-use tollgate_testkit::{FaultProxy, Mode, RedisServer};
+use tollgate_testkit::{FaultProxy, Mode, RedisCluster, RedisServer};
 
 /// One rule per algorithm in each of two identical domains, `a` and `b` (so two limiters can
 /// run the same sequence on separate counters of one Redis).
@@ -233,19 +233,38 @@ async fn remembered_denials_need_no_store() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_budgets_admit_exactly_the_limit() {
     let redis = RedisServer::start();
-    for algorithm in [
+    let algorithms = [
         "fixed_window",
         "gcra",
         "token_bucket",
         "sliding_window_counter",
-    ] {
+    ];
+    budgets_admit_exactly_the_limit(&redis.url(), &algorithms).await;
+}
+
+/// The same on a 3+3 Redis Cluster: leases are reserved and given back on the slot that owns
+/// the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_budgets_admit_exactly_the_limit_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 1);
+    let seeds: Vec<String> = cluster
+        .primary_ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let url = format!("redis+cluster://{}", seeds.join(","));
+    budgets_admit_exactly_the_limit(&url, &["fixed_window", "gcra"]).await;
+}
+
+async fn budgets_admit_exactly_the_limit(url: &str, algorithms: &[&str]) {
+    for algorithm in algorithms {
         let clock = wall_clock();
         let yaml = format!(
             "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {{period: 1h, requests_per_unit: 500, algorithm: {algorithm}, local_budget: 20, local_budget_ttl: 1s}}\n"
         );
         let mut replicas = Vec::new();
         for _ in 0..3 {
-            replicas.push(limiter(&redis.url(), &clock, &yaml, true).await);
+            replicas.push(limiter(url, &clock, &yaml, true).await);
         }
         let key = format!("hot-{algorithm}");
         let wave = |n: usize| {
