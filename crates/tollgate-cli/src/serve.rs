@@ -243,6 +243,15 @@ async fn serve(
         );
         return Ok(ExitCode::FAILURE);
     }
+    if let StoreBackend::Memory(_) = store {
+        let budgeted = policy.rules().iter().filter(|r| r.local_budget.is_some()).count();
+        if budgeted > 0 {
+            info!(
+                rules = budgeted,
+                "local_budget has no effect on the memory store (every decision is local already)"
+            );
+        }
+    }
     if store.wait_ready(args.store_connect_timeout).await {
         info!(store = %args.store, "Store ready");
     } else {
