@@ -244,7 +244,11 @@ async fn serve(
         return Ok(ExitCode::FAILURE);
     }
     if let StoreBackend::Memory(_) = store {
-        let budgeted = policy.rules().iter().filter(|r| r.local_budget.is_some()).count();
+        let budgeted = policy
+            .rules()
+            .iter()
+            .filter(|r| r.local_budget.is_some())
+            .count();
         if budgeted > 0 {
             info!(
                 rules = budgeted,
