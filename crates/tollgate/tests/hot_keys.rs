@@ -350,3 +350,87 @@ descriptors:
     let answer = limiter.explain(&tenant).await.unwrap();
     assert_eq!(answer.statuses[0].decision.unwrap().remaining, 96);
 }
+
+/// A request that charges one counter twice is denied by its second charge; the counter
+/// itself still has room, so the prefilter must not remember that denial for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_charged_twice_is_not_remembered_from_its_second_charge() {
+    let redis = RedisServer::start();
+    let clock = wall_clock();
+    let yaml =
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 1h, requests_per_unit: 2}\n";
+    let limiter = limiter(&redis.url(), &clock, yaml, true).await;
+    assert!(
+        limiter
+            .check(&request("a", "k", "v", 1))
+            .await
+            .unwrap()
+            .allowed()
+    );
+    let twice = {
+        let d = || RequestDescriptor::new(vec![("k".into(), "v".into())], 1, None).unwrap();
+        CheckRequest::new("a".into(), vec![d(), d()]).unwrap()
+    };
+    assert!(!limiter.check(&twice).await.unwrap().allowed());
+    // One unit is left: Redis admits a single charge, and so must the limiter.
+    assert!(
+        limiter
+            .check(&request("a", "k", "v", 1))
+            .await
+            .unwrap()
+            .allowed()
+    );
+}
+
+/// A lease reserved under an old policy is given back after the rule lost its budget and a
+/// denial was remembered for it: the denial is forgotten, since Redis has room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_give_back_clears_a_remembered_denial() {
+    let redis = RedisServer::start();
+    let clock = wall_clock();
+    let rule = |extra: &str| {
+        format!(
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {{period: 1h, requests_per_unit: 10{extra}}}\n"
+        )
+    };
+    let limiter = limiter(&redis.url(), &clock, &rule(", local_budget: 5"), true).await;
+    // A lease of 5: one used, four held.
+    assert!(
+        limiter
+            .check(&request("a", "k", "v", 1))
+            .await
+            .unwrap()
+            .allowed()
+    );
+    limiter.replace_policy(policy(&rule("")));
+    // Without the budget: five more fill the counter, the next is denied and remembered.
+    for _ in 0..5 {
+        assert!(
+            limiter
+                .check(&request("a", "k", "v", 1))
+                .await
+                .unwrap()
+                .allowed()
+        );
+    }
+    assert!(
+        !limiter
+            .check(&request("a", "k", "v", 1))
+            .await
+            .unwrap()
+            .allowed()
+    );
+    // The old lease lapses: its four units go back to Redis.
+    assert_eq!(limiter.sweep_hot_keys().await, 1);
+    for n in 0..4 {
+        let answer = limiter.check(&request("a", "k", "v", 1)).await.unwrap();
+        assert!(answer.allowed(), "unit {n} given back");
+    }
+    assert!(
+        !limiter
+            .check(&request("a", "k", "v", 1))
+            .await
+            .unwrap()
+            .allowed()
+    );
+}

@@ -78,9 +78,13 @@ impl Limiter {
         let Some(prefilter) = self.prefilter() else {
             return;
         };
-        for (((i, _), charge), decision) in plan.spans.iter().zip(charges).zip(decisions) {
+        let spans = plan.spans.iter().zip(charges).zip(decisions).enumerate();
+        for (n, (((i, _), charge), decision)) in spans {
             let remember = plan.limits[*i].as_ref().is_some_and(prefilterable);
-            if !remember || !charge.enforce {
+            // A key charged twice in one request: only its first charge was decided against
+            // the stored state alone; the later ones saw the earlier ones' tentative effect.
+            let repeated = charges[..n].iter().any(|c| c.key == charge.key);
+            if !remember || !charge.enforce || repeated {
                 continue;
             }
             if decision.is_allowed() {
@@ -179,7 +183,7 @@ impl Limiter {
         decisions.extend(
             taken
                 .iter()
-                .map_while(|t| t.map(|t| t.decision).or_else(|| decided.next())),
+                .map_while(|t| t.as_ref().map(|t| t.decision).or_else(|| decided.next())),
         );
         let answer = match answer {
             Ok(()) if decisions.len() < charges.len() => Err(StoreError::InvalidData(
@@ -190,7 +194,7 @@ impl Limiter {
         let admitted = answer.is_ok() && admitted(charges, decisions);
         for (charge, t) in charges.iter().zip(&taken) {
             match t {
-                Some(t) if !admitted => self.leases.put_back(charge.key, t, charge.cost),
+                Some(t) if !admitted => self.leases.put_back(t, charge.cost),
                 Some(t) if t.spared_the_store => {
                     self.local_admissions.fetch_add(1, Ordering::Relaxed);
                 }
@@ -201,25 +205,32 @@ impl Limiter {
     }
 
     /// Gives back the unused units of lapsed leases and forgets cleared denials. Returns how
-    /// many leases were released.
+    /// many keys got units back.
     pub async fn sweep_hot_keys(&self) -> usize {
         let (now, epoch) = (self.clock.now(), self.epoch());
         if let Some(prefilter) = self.prefilter() {
             prefilter.sweep(now, epoch);
         }
-        match &self.store {
-            StoreBackend::Redis(redis) => self.leases.sweep(redis, now, epoch).await,
-            StoreBackend::Memory(_) => 0,
-        }
+        self.release_leases(now, epoch).await
     }
 
-    /// Gives back every local budget now (at shutdown).
+    /// Gives back every local budget now (at shutdown). Returns how many keys got units back.
     pub async fn release_local_budgets(&self) -> usize {
-        match &self.store {
-            StoreBackend::Redis(redis) => {
-                self.leases.sweep(redis, Timestamp::MAX, self.epoch()).await
+        self.release_leases(Timestamp::MAX, self.epoch()).await
+    }
+
+    async fn release_leases(&self, now: Timestamp, epoch: u64) -> usize {
+        let StoreBackend::Redis(redis) = &self.store else {
+            return 0;
+        };
+        let credited = self.leases.sweep(redis, now, epoch).await;
+        // A lease of an older epoch may be given back to a counter whose rule lost its
+        // budget meanwhile: a denial remembered for it may no longer hold.
+        if let Some(prefilter) = self.prefilter() {
+            for key in &credited {
+                prefilter.forget(key);
             }
-            StoreBackend::Memory(_) => 0,
         }
+        credited.len()
     }
 }

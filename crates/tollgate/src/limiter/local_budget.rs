@@ -132,12 +132,13 @@ struct Slot {
 }
 
 /// A request admitted from a lease.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Taken {
     pub decision: Decision,
     /// Served from a lease already held: the store was not called.
     pub spared_the_store: bool,
-    /// The lease it came from, for [`Leases::put_back`].
+    /// The slot and lease it came from, for [`Leases::put_back`].
+    slot: Arc<Slot>,
     serial: u64,
 }
 
@@ -194,6 +195,7 @@ impl Leases {
             Attempt::Taken(decision) => Some(Some(Taken {
                 decision,
                 spared_the_store: true,
+                slot: slot.clone(),
                 serial: lease.serial,
             })),
             Attempt::BackingOff => Some(None),
@@ -220,12 +222,17 @@ impl Leases {
             cost: budget.size,
             enforce: true,
         };
-        let (decision, charged_at) = store.reserve(charge).await.ok()?;
+        let reserved = store.reserve(charge).await;
         let mut lease = slot.lease.lock();
-        if !decision.is_allowed() {
-            lease.backoff_until = now.saturating_add(budget.ttl);
-            return None;
-        }
+        let (decision, charged_at) = match reserved {
+            Ok((decision, at)) if decision.is_allowed() => (decision, at),
+            // Less than a lease left, or the store failing: the requests waiting behind this
+            // one (and the next TTL's) ask the store one by one instead of queueing here.
+            _ => {
+                lease.backoff_until = now.saturating_add(budget.ttl);
+                return None;
+            }
+        };
         // A fixed window's lease ends with its window, so it never spends into the next one.
         let hold = match params.algorithm() {
             Algorithm::FixedWindow => budget.ttl.min(decision.reset_after),
@@ -242,27 +249,30 @@ impl Leases {
             backoff_until: Timestamp::EPOCH,
             retired: false,
         };
+        let decision = lease.served(now)?;
+        let serial = lease.serial;
+        drop(lease);
         Some(Taken {
-            decision: lease.served(now)?,
+            decision,
             spared_the_store: false,
-            serial: lease.serial,
+            slot: slot.clone(),
+            serial,
         })
     }
 
-    /// Returns the units `taken` took from `key`'s lease, for a request another limit then
-    /// denied. If that lease has been replaced since, they stay charged (under-admission by
+    /// Returns the `cost` units `taken` took, for a request another limit then denied. If
+    /// that lease has been replaced or retired since, they stay charged (under-admission by
     /// `cost` until the counter resets, never over).
-    pub fn put_back(&self, key: &[u8], taken: &Taken, cost: u64) {
-        let slot = self.slot(key);
-        let mut lease = slot.lease.lock();
-        if lease.serial == taken.serial && lease.params.is_some() {
+    pub fn put_back(&self, taken: &Taken, cost: u64) {
+        let mut lease = taken.slot.lease.lock();
+        if lease.serial == taken.serial && !lease.retired && lease.params.is_some() {
             lease.tokens += cost;
         }
     }
 
     /// Gives back the unused units of every lease that has lapsed at `now` (or was reserved in
-    /// another epoch) and forgets it. Returns how many leases were released.
-    pub async fn sweep(&self, store: &RedisStore, now: Timestamp, epoch: u64) -> usize {
+    /// another epoch) and forgets it. Returns the keys that got units back.
+    pub async fn sweep(&self, store: &RedisStore, now: Timestamp, epoch: u64) -> Vec<Box<[u8]>> {
         let mut lapsed: Vec<(Box<[u8]>, Option<Unused>)> = Vec::new();
         for shard in self.shards.iter() {
             let mut map = shard.lock();
@@ -280,12 +290,13 @@ impl Leases {
                 live
             });
         }
-        let released = lapsed.len();
+        let mut credited = Vec::new();
         for (key, unused) in lapsed {
             if let Some(unused) = unused {
                 give_back(store, &key, unused).await;
+                credited.push(key);
             }
         }
-        released
+        credited
     }
 }
