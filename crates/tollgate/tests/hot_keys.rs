@@ -67,6 +67,12 @@ fn request(domain: &str, key: &str, value: &str, cost: u64) -> CheckRequest {
     CheckRequest::new(domain.to_owned(), vec![descriptor]).unwrap()
 }
 
+/// Whether `limiter` admits one unit on descriptor `k=value` of domain `a`.
+async fn admits(limiter: &Limiter, value: &str) -> bool {
+    let answer = limiter.check(&request("a", "k", value, 1)).await.unwrap();
+    answer.allowed()
+}
+
 /// The verdict and retry-after a caller sees.
 fn seen(response: &CheckResponse) -> (Code, Option<Duration>) {
     let retry = response
@@ -197,13 +203,7 @@ async fn remembered_denials_need_no_store() {
     let yaml = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 10s, requests_per_unit: 2}\n";
     let limiter = limiter(&proxy.url(), &clock, yaml, true).await;
     for _ in 0..2 {
-        assert!(
-            limiter
-                .check(&request("a", "k", "v", 1))
-                .await
-                .unwrap()
-                .allowed()
-        );
+        assert!(admits(&limiter, "v").await);
     }
     let denied = limiter.check(&request("a", "k", "v", 1)).await.unwrap();
     let (code, retry) = seen(&denied);
@@ -360,26 +360,14 @@ async fn a_key_charged_twice_is_not_remembered_from_its_second_charge() {
     let yaml =
         "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 1h, requests_per_unit: 2}\n";
     let limiter = limiter(&redis.url(), &clock, yaml, true).await;
-    assert!(
-        limiter
-            .check(&request("a", "k", "v", 1))
-            .await
-            .unwrap()
-            .allowed()
-    );
+    assert!(admits(&limiter, "v").await);
     let twice = {
         let d = || RequestDescriptor::new(vec![("k".into(), "v".into())], 1, None).unwrap();
         CheckRequest::new("a".into(), vec![d(), d()]).unwrap()
     };
     assert!(!limiter.check(&twice).await.unwrap().allowed());
     // One unit is left: Redis admits a single charge, and so must the limiter.
-    assert!(
-        limiter
-            .check(&request("a", "k", "v", 1))
-            .await
-            .unwrap()
-            .allowed()
-    );
+    assert!(admits(&limiter, "v").await);
 }
 
 /// A lease reserved under an old policy is given back after the rule lost its budget and a
@@ -395,42 +383,18 @@ async fn a_late_give_back_clears_a_remembered_denial() {
     };
     let limiter = limiter(&redis.url(), &clock, &rule(", local_budget: 5"), true).await;
     // A lease of 5: one used, four held.
-    assert!(
-        limiter
-            .check(&request("a", "k", "v", 1))
-            .await
-            .unwrap()
-            .allowed()
-    );
+    assert!(admits(&limiter, "v").await);
     limiter.replace_policy(policy(&rule("")));
     // Without the budget: five more fill the counter, the next is denied and remembered.
     for _ in 0..5 {
-        assert!(
-            limiter
-                .check(&request("a", "k", "v", 1))
-                .await
-                .unwrap()
-                .allowed()
-        );
+        assert!(admits(&limiter, "v").await);
     }
-    assert!(
-        !limiter
-            .check(&request("a", "k", "v", 1))
-            .await
-            .unwrap()
-            .allowed()
-    );
+    assert!(!admits(&limiter, "v").await);
     // The old lease lapses: its four units go back to Redis.
     assert_eq!(limiter.sweep_hot_keys().await, 1);
     for n in 0..4 {
         let answer = limiter.check(&request("a", "k", "v", 1)).await.unwrap();
         assert!(answer.allowed(), "unit {n} given back");
     }
-    assert!(
-        !limiter
-            .check(&request("a", "k", "v", 1))
-            .await
-            .unwrap()
-            .allowed()
-    );
+    assert!(!admits(&limiter, "v").await);
 }
