@@ -156,12 +156,25 @@ impl Coalescer {
         )
     }
 
-    /// Queues `request` and waits for its DECIDE reply.
-    pub async fn decide(&self, request: Request) -> Answer {
-        let (reply, answer) = oneshot::channel();
+    /// A place in the queue, or why there is none (the queue is full: this process is behind,
+    /// which says nothing about the Redis server, so it is kept apart from the breaker).
+    pub fn place(&self) -> Result<Place<'_>, StoreError> {
         self.jobs
-            .try_send(Job { request, reply })
-            .map_err(|_| StoreError::Unavailable("redis batch queue full or closed".into()))?;
+            .try_reserve()
+            .map(Place)
+            .map_err(|_| StoreError::Unavailable("redis batch queue full or closed".into()))
+    }
+}
+
+/// A reserved place in the coalescer's queue.
+#[derive(Debug)]
+pub(super) struct Place<'a>(mpsc::Permit<'a, Job>);
+
+impl Place<'_> {
+    /// Queues `request` and waits for its DECIDE reply.
+    pub async fn decide(self, request: Request) -> Answer {
+        let (reply, answer) = oneshot::channel();
+        self.0.send(Job { request, reply });
         answer
             .await
             .map_err(|_| StoreError::Unavailable("redis batch dropped".into()))?

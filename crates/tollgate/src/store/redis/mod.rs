@@ -332,8 +332,9 @@ impl RedisStore {
     ) -> Result<Reply, StoreError> {
         if let Some(coalescer) = &self.coalescer {
             let request = batch_request(charges, keys, spans, group, commit);
+            let place = coalescer.place()?;
             let raw = self
-                .through_breaker(group.slot, |_| coalescer.decide(request))
+                .through_breaker(group.slot, |_| place.decide(request))
                 .await?;
             return parse_reply(&raw, group.indexes.iter().map(|&i| &charges[i]));
         }
@@ -554,9 +555,8 @@ impl RedisStore {
                 request.push(&key, c);
             }
             let decide = async {
-                let raw = self
-                    .through_breaker(0, |_| coalescer.decide(request))
-                    .await?;
+                let place = coalescer.place()?;
+                let raw = self.through_breaker(0, |_| place.decide(request)).await?;
                 parse_reply(&raw, charges.iter()).map(|reply| reply.decisions)
             };
             return self.bounded(decide).await;
