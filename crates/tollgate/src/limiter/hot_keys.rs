@@ -146,8 +146,9 @@ impl Limiter {
         let StoreBackend::Redis(redis) = &self.store else {
             return self.store.decide(charges, true, decisions).await;
         };
+        // The policy only accepts a budget on an enforced rule; an overridden limit has none.
         let budget_of = |(i, _): &(usize, _)| match plan.limits[*i].as_ref()? {
-            AppliedLimit::Rule(rule) if rule.mode == RuleMode::Enforce => rule.local_budget,
+            AppliedLimit::Rule(rule) => rule.local_budget,
             _ => None,
         };
         if !plan
@@ -194,7 +195,7 @@ impl Limiter {
         let admitted = answer.is_ok() && admitted(charges, decisions);
         for (charge, t) in charges.iter().zip(&taken) {
             match t {
-                Some(t) if !admitted => self.leases.put_back(t, charge.cost),
+                Some(t) if !admitted => t.put_back(charge.cost),
                 Some(t) if t.spared_the_store => {
                     self.local_admissions.fetch_add(1, Ordering::Relaxed);
                 }

@@ -137,9 +137,21 @@ pub struct Taken {
     pub decision: Decision,
     /// Served from a lease already held: the store was not called.
     pub spared_the_store: bool,
-    /// The slot and lease it came from, for [`Leases::put_back`].
+    /// The slot and lease it came from, for [`Taken::put_back`].
     slot: Arc<Slot>,
     serial: u64,
+}
+
+impl Taken {
+    /// Returns the `cost` units taken, for a request another limit then denied. If that lease
+    /// has been replaced or retired since, they stay charged (under-admission by `cost` until
+    /// the counter resets, never over).
+    pub fn put_back(&self, cost: u64) {
+        let mut lease = self.slot.lease.lock();
+        if lease.serial == self.serial && !lease.retired && lease.params.is_some() {
+            lease.tokens += cost;
+        }
+    }
 }
 
 type Shard = parking_lot::Mutex<HashMap<Box<[u8]>, Arc<Slot>>>;
@@ -191,28 +203,37 @@ impl Leases {
             return None;
         }
         let slot = self.slot(key);
+        // Whether the lease decides, and from which serial: `None` to reserve a new one.
         let attempt = |lease: &mut Lease| match lease.attempt(params, cost, now, epoch) {
-            Attempt::Taken(decision) => Some(Some(Taken {
-                decision,
-                spared_the_store: true,
-                slot: slot.clone(),
-                serial: lease.serial,
-            })),
+            Attempt::Taken(decision) => Some(Some((decision, lease.serial))),
             Attempt::BackingOff => Some(None),
             Attempt::Renew => None,
         };
-        if let Some(answer) = attempt(&mut slot.lease.lock()) {
-            return answer;
-        }
-        let _renewing = slot.renewal.lock().await;
-        // Another request may have reserved a lease while this one waited.
-        let unused = {
-            let mut lease = slot.lease.lock();
-            if let Some(answer) = attempt(&mut lease) {
-                return answer;
-            }
-            lease.empty()
+        let from_lease = |answer: Option<(Decision, u64)>, slot: Arc<Slot>| {
+            answer.map(|(decision, serial)| Taken {
+                decision,
+                spared_the_store: true,
+                slot,
+                serial,
+            })
         };
+        let first = attempt(&mut slot.lease.lock());
+        if let Some(answer) = first {
+            return from_lease(answer, slot);
+        }
+        let renewing = slot.renewal.lock().await;
+        // Another request may have reserved a lease while this one waited.
+        let (again, unused) = {
+            let mut lease = slot.lease.lock();
+            match attempt(&mut lease) {
+                Some(answer) => (Some(answer), None),
+                None => (None, lease.empty()),
+            }
+        };
+        if let Some(answer) = again {
+            drop(renewing);
+            return from_lease(answer, slot);
+        }
         if let Some(unused) = unused {
             give_back(store, key, unused).await;
         }
@@ -252,22 +273,13 @@ impl Leases {
         let decision = lease.served(now)?;
         let serial = lease.serial;
         drop(lease);
+        drop(renewing);
         Some(Taken {
             decision,
             spared_the_store: false,
-            slot: slot.clone(),
+            slot,
             serial,
         })
-    }
-
-    /// Returns the `cost` units `taken` took, for a request another limit then denied. If
-    /// that lease has been replaced or retired since, they stay charged (under-admission by
-    /// `cost` until the counter resets, never over).
-    pub fn put_back(&self, taken: &Taken, cost: u64) {
-        let mut lease = taken.slot.lease.lock();
-        if lease.serial == taken.serial && !lease.retired && lease.params.is_some() {
-            lease.tokens += cost;
-        }
     }
 
     /// Gives back the unused units of every lease that has lapsed at `now` (or was reserved in

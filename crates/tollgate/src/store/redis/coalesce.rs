@@ -59,7 +59,7 @@ impl CoalesceOptions {
 }
 
 /// One request's charges for the batch script.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Request {
     /// The charges' Redis keys, back to back.
     pub keys: Vec<u8>,
@@ -80,10 +80,10 @@ impl Request {
         }
     }
 
-    /// Adds `charge`, whose Redis key is `key`.
-    pub fn push(&mut self, key: &[u8], charge: &Charge<'_>) {
+    /// Adds `charge`, writing its Redis key.
+    pub fn push(&mut self, charge: &Charge<'_>) {
         let start = self.keys.len();
-        self.keys.extend_from_slice(key);
+        super::slot::redis_key(&mut self.keys, charge.key);
         let [algorithm, limit, period, burst, cost] =
             script::charge_args(charge.params, charge.cost);
         let args = [

@@ -331,7 +331,10 @@ impl RedisStore {
         commit: bool,
     ) -> Result<Reply, StoreError> {
         if let Some(coalescer) = &self.coalescer {
-            let request = batch_request(charges, keys, spans, group, commit);
+            let mut request = Request::new(commit, group.indexes.len());
+            for &i in &group.indexes {
+                request.push(&charges[i]);
+            }
             let place = coalescer.place()?;
             let raw = self
                 .through_breaker(group.slot, |_| place.decide(request))
@@ -452,21 +455,6 @@ impl RedisStore {
     }
 }
 
-/// A group's charges as a request for the coalescer.
-fn batch_request(
-    charges: &[Charge<'_>],
-    keys: &[u8],
-    spans: &[Range<usize>],
-    group: &Group,
-    commit: bool,
-) -> Request {
-    let mut request = Request::new(commit, group.indexes.len());
-    for &i in &group.indexes {
-        request.push(&keys[spans[i].clone()], &charges[i]);
-    }
-    request
-}
-
 /// The decisions of several groups' replies, in request order.
 fn gather(charges: usize, groups: &[Group], replies: &[Reply]) -> Vec<Decision> {
     let mut decisions = vec![None; charges];
@@ -548,11 +536,8 @@ impl RedisStore {
         if let Some(coalescer) = &self.coalescer {
             // One server: the whole request is one entry of a batch.
             let mut request = Request::new(commit, charges.len());
-            let mut key = Vec::with_capacity(96);
             for c in charges {
-                key.clear();
-                slot::redis_key(&mut key, c.key);
-                request.push(&key, c);
+                request.push(c);
             }
             let decide = async {
                 let place = coalescer.place()?;
