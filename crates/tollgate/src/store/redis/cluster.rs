@@ -49,7 +49,7 @@ impl ClusterRouter {
             return Ok(c.clone());
         }
         let url = node_url(&self.seeds[0], node);
-        let client = redis::Client::open(url.as_str())
+        let client = super::open_client(url.as_str())
             .map_err(|e| StoreError::Unavailable(format!("invalid node address {node}: {e}")))?;
         let connection =
             ConnectionManager::new_lazy_with_config(client, manager_config(&self.options))

@@ -118,6 +118,17 @@ impl Drop for RedisStore {
     }
 }
 
+/// A client for `url` whose connections send at once (`TCP_NODELAY`). The redis crate leaves
+/// Nagle's algorithm on, which may hold a pipelined call back until the previous one is
+/// acknowledged; coalescing keeps several calls in flight on one connection.
+fn open_client(url: &str) -> redis::RedisResult<redis::Client> {
+    use redis::IntoConnectionInfo;
+    let info = url
+        .into_connection_info()?
+        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+    redis::Client::open(info)
+}
+
 fn unavailable(context: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("{context}: {e}"))
 }
@@ -175,8 +186,8 @@ impl RedisStore {
                 return Err(StoreError::Unavailable("memory is not a Redis URL".into()));
             }
             StoreUrl::Redis(url) => {
-                let client = redis::Client::open(url.as_str())
-                    .map_err(|e| unavailable("invalid Redis URL", e))?;
+                let client =
+                    open_client(url.as_str()).map_err(|e| unavailable("invalid Redis URL", e))?;
                 let node = client.get_connection_info().addr().to_string();
                 let manager = ConnectionManager::new_lazy_with_config(
                     client,
@@ -188,7 +199,7 @@ impl RedisStore {
             }
             StoreUrl::Cluster(seeds) => {
                 for seed in seeds {
-                    redis::Client::open(seed.as_str())
+                    open_client(seed.as_str())
                         .map_err(|e| unavailable("invalid cluster seed URL", e))?;
                 }
                 let topology = Arc::new(Topology::cluster(options.breaker, clock));
