@@ -23,7 +23,13 @@ GRPC_CONNECTIONS="${GRPC_CONNECTIONS:-2}"
 HTTP_CONCURRENCY="${HTTP_CONCURRENCY:-32}"
 HTTP_CONNECTIONS="${HTTP_CONNECTIONS:-32}"
 
-command -v jq >/dev/null || { echo "bench-ceiling: jq is required" >&2; exit 2; }
+# field EXPR FILE...: EXPR (Python, over the report `d`) for each JSON report, one per line.
+field() {
+  python3 -c 'import json, sys
+for path in sys.argv[2:]:
+    d = json.load(open(path))
+    print(eval(sys.argv[1]))' "$@"
+}
 
 cargo build --release -j 2 -p tollgate-cli >&2
 bin="$CARGO_TARGET_DIR/release/tollgate"
@@ -80,8 +86,11 @@ bench() {
     --descriptor 'user=u{key}' --keys "$KEYS" --concurrency "$c" --connections "$k" \
     --duration "$DURATION" --json "$@" >"$work/last.json"
   after="$(ticks "$server")"
-  jq -c --argjson t $((after - before)) --argjson hz "$hz" \
-    '. + {server_cpu_us_per_request: ($t / $hz * 1e6 / .requests * 10 | round / 10)}' "$work/last.json"
+  python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+ticks, hz = int(sys.argv[2]), int(sys.argv[3])
+d["server_cpu_us_per_request"] = round(ticks / hz * 1e6 / max(d["requests"], 1), 1)
+print(json.dumps(d))' "$work/last.json" $((after - before)) "$hz"
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -98,9 +107,9 @@ for run in $(seq "$RUNS"); do
     if [ $((run % 2)) = 1 ]; then order="ceiling real"; else order="real ceiling"; fi
     for server in $order; do
       bench "$protocol" "$server" >"$work/$protocol.$server.$run.json"
-      jq -r --arg p "$protocol" --arg r "$run" --arg s "$server" \
-        '[$p, $r, $s, (.throughput_rps | floor), .latency_us.p50, .latency_us.p99, .errors, .server_cpu_us_per_request] | @tsv' \
-        "$work/$protocol.$server.$run.json" | awk -F'\t' '{ printf "%-5s %-4s %-8s %12s %9s %9s %8s %12s\n", $1, $2, $3, $4, $5, $6, $7, $8 }'
+      field '"\t".join(map(str, [int(d["throughput_rps"]), d["latency_us"]["p50"], d["latency_us"]["p99"], d["errors"], d["server_cpu_us_per_request"]]))' \
+        "$work/$protocol.$server.$run.json" | awk -F'\t' -v p="$protocol" -v r="$run" -v s="$server" \
+        '{ printf "%-5s %-4s %-8s %12s %9s %9s %8s %12s\n", p, r, s, $1, $2, $3, $4, $5 }'
     done
   done
 done
@@ -108,14 +117,13 @@ done
 echo
 printf '%-5s %-8s %s\n' proto "open" "loop at half the real server's median max"
 for protocol in grpc http; do
-  real_max="$(jq -s -r '.[].throughput_rps' "$work/$protocol".real.*.json | median)"
+  real_max="$(field 'd["throughput_rps"]' "$work/$protocol".real.*.json | median)"
   rate="$(awk -v m="$real_max" 'BEGIN { printf "%d", m / 2 }')"
   echo "$rate" >"$work/$protocol.rate"
   for run in $(seq "$RUNS"); do
     bench "$protocol" real --rate "$rate" >"$work/$protocol.open.$run.json"
-    jq -r --arg p "$protocol" --arg r "$run" --arg rate "$rate" \
-      '"\($p)  run \($r)  rate \($rate)/s: \(.throughput_rps | floor) req/s  p50 \(.latency_us.p50) µs  p90 \(.latency_us.p90) µs  p99 \(.latency_us.p99) µs  p99.9 \(.latency_us.p99_9) µs  errors \(.errors)"' \
-      "$work/$protocol.open.$run.json"
+    echo "$protocol  run $run  rate $rate/s: $(field '"{} req/s  p50 {} µs  p90 {} µs  p99 {} µs  p99.9 {} µs  errors {}".format(int(d["throughput_rps"]), d["latency_us"]["p50"], d["latency_us"]["p90"], d["latency_us"]["p99"], d["latency_us"]["p99_9"], d["errors"])' \
+      "$work/$protocol.open.$run.json")"
   done
 done
 
@@ -125,17 +133,18 @@ echo
 echo "| protocol | ceiling req/s (median, range) | tollgate req/s (median, range) | ratio (median, range) | ≥ 0.85 | server CPU µs/req, ceiling / tollgate (medians) | open-loop rate | p99 µs (median, range) | < 1 ms |"
 echo "|---|---|---|---|---|---|---|---|---|"
 for protocol in grpc http; do
-  ceiling="$(jq -s -r '.[].throughput_rps | floor' "$work/$protocol".ceiling.*.json)"
-  real="$(jq -s -r '.[].throughput_rps | floor' "$work/$protocol".real.*.json)"
+  ceiling="$(field 'int(d["throughput_rps"])' "$work/$protocol".ceiling.*.json)"
+  real="$(field 'int(d["throughput_rps"])' "$work/$protocol".real.*.json)"
   ratios="$(for run in $(seq "$RUNS"); do
-    jq -s -r '.[1].throughput_rps / .[0].throughput_rps * 1000 | round / 1000' \
-      "$work/$protocol.ceiling.$run.json" "$work/$protocol.real.$run.json"
+    paste <(field 'd["throughput_rps"]' "$work/$protocol.ceiling.$run.json") \
+      <(field 'd["throughput_rps"]' "$work/$protocol.real.$run.json") |
+      awk '{ printf "%.3f\n", $2 / $1 }'
   done)"
-  p99s="$(jq -s -r '.[].latency_us.p99' "$work/$protocol".open.*.json)"
+  p99s="$(field 'd["latency_us"]["p99"]' "$work/$protocol".open.*.json)"
   ratio_median="$(echo "$ratios" | median)"
   p99_median="$(echo "$p99s" | median)"
-  cpu_ceiling="$(jq -s -r '.[].server_cpu_us_per_request' "$work/$protocol".ceiling.*.json | median)"
-  cpu_real="$(jq -s -r '.[].server_cpu_us_per_request' "$work/$protocol".real.*.json | median)"
+  cpu_ceiling="$(field 'd["server_cpu_us_per_request"]' "$work/$protocol".ceiling.*.json | median)"
+  cpu_real="$(field 'd["server_cpu_us_per_request"]' "$work/$protocol".real.*.json | median)"
   printf '| %s | %s (%s) | %s (%s) | %s (%s) | %s | %s / %s | %s/s | %s (%s) | %s |\n' "$protocol" \
     "$(echo "$ceiling" | median)" "$(echo "$ceiling" | range)" \
     "$(echo "$real" | median)" "$(echo "$real" | range)" \
