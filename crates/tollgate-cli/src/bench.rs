@@ -8,6 +8,7 @@
 
 mod histogram;
 mod keys;
+mod pacer;
 
 use std::io::IsTerminal;
 use std::net::{IpAddr, ToSocketAddrs};
@@ -34,6 +35,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use histogram::Histogram;
 use keys::{KeySpace, Rng};
+use pacer::Schedule;
 
 /// The longest run the tool agrees to.
 const MAX_DURATION: Duration = Duration::from_secs(600);
@@ -135,8 +137,8 @@ struct Plan {
     connections: usize,
     duration: Duration,
     requests: Option<u64>,
-    /// Time between two requests of one worker in open loop.
-    interval: Option<Duration>,
+    /// Open loop: requests per second in total.
+    rate: Option<f64>,
 }
 
 fn parse_target(target: &str) -> anyhow::Result<(Protocol, String)> {
@@ -236,13 +238,11 @@ impl Plan {
         if args.requests == Some(0) {
             bail!("--requests must be at least 1");
         }
-        let interval = match args.rate {
-            None => None,
-            Some(rate) if rate.is_finite() && rate > 0.0 => {
-                Some(Duration::from_secs_f64(args.concurrency as f64 / rate))
-            }
-            Some(_) => bail!("--rate must be a positive number of requests per second"),
-        };
+        if let Some(rate) = args.rate
+            && !(rate.is_finite() && rate > 0.0)
+        {
+            bail!("--rate must be a positive number of requests per second");
+        }
         if args.verify.is_some() && args.keys != 1 {
             bail!("--verify needs a single key (--keys 1)");
         }
@@ -261,7 +261,7 @@ impl Plan {
             connections,
             duration,
             requests: args.requests,
-            interval,
+            rate: args.rate,
         })
     }
 
@@ -469,24 +469,16 @@ async fn worker(
     mut client: Client,
     plan: Arc<Plan>,
     tally: Arc<Tally>,
-    start: Instant,
+    schedule: Option<Arc<Schedule>>,
     deadline: Instant,
 ) -> Histogram {
     let mut histogram = Histogram::default();
     let mut rng = Rng::new(0x5EED ^ (index as u64).wrapping_mul(0x9E37_79B9));
-    // Stagger open-loop workers so their sends spread over one interval.
-    let mut next = plan
-        .interval
-        .map(|i| start + i.mul_f64(index as f64 / plan.concurrency as f64));
     let mut key = String::new();
-    loop {
-        // Open loop: `late` when this worker's previous request ended after this one's slot.
-        let late = match next {
-            Some(at) if now() >= at => true,
-            Some(at) => {
-                tokio::time::sleep_until(at.into()).await;
-                false
-            }
+    for slot in 0u64.. {
+        // Open loop: `late` when this worker's previous request ended after this one was due.
+        let late = match &schedule {
+            Some(schedule) => schedule.wait(index, slot).await,
             None => false,
         };
         let sent_at = now();
@@ -497,18 +489,15 @@ async fn worker(
         key.push_str(&plan.keys.sample(&mut rng).to_string());
         let outcome = send(&mut client, &plan, &key, &tally).await;
         let finished = now();
-        // Open loop: a request made late by the previous answer counts from its scheduled start,
+        // Open loop: a request made late by the previous answer counts from when it was due,
         // so a slow server is not hidden by the schedule slipping. One that waited for its slot
-        // counts from its send: the timer wakes up to 1 ms late, which is not the server's doing.
-        let began = match next {
-            Some(at) if late => at,
+        // counts from its send: waking the worker is not the server's doing.
+        let began = match &schedule {
+            Some(schedule) if late => schedule.due(index, slot),
             _ => sent_at,
         };
         histogram.record(finished - began);
         tally.count(outcome);
-        if let (Some(at), Some(interval)) = (next.as_mut(), plan.interval) {
-            *at += interval;
-        }
     }
     histogram
 }
@@ -549,6 +538,13 @@ async fn run_plan(plan: Plan, show_progress: bool) -> anyhow::Result<Report> {
     let start = now();
     let deadline = start + plan.duration;
     let ticker = show_progress.then(|| tokio::spawn(progress(tally.clone(), start)));
+    let schedule = plan
+        .rate
+        .map(|rate| Arc::new(Schedule::new(start, rate, plan.concurrency)));
+    let pacer = schedule.clone().map(|schedule| {
+        let tally = tally.clone();
+        tokio::task::spawn_blocking(move || schedule.run(deadline, &tally.stop))
+    });
     let workers: Vec<_> = (0..plan.concurrency)
         .map(|i| {
             let client = clients[i % clients.len()].clone();
@@ -557,19 +553,29 @@ async fn run_plan(plan: Plan, show_progress: bool) -> anyhow::Result<Report> {
                 client,
                 plan.clone(),
                 tally.clone(),
-                start,
+                schedule.clone(),
                 deadline,
             ))
         })
         .collect();
     let mut latency = Histogram::default();
+    let mut failed = None;
     for w in workers {
-        latency.merge(&w.await.context("a worker failed")?);
+        match w.await {
+            Ok(histogram) => latency.merge(&histogram),
+            Err(e) => failed = Some(e),
+        }
     }
     let elapsed = start.elapsed();
     tally.stop.store(true, Ordering::Relaxed);
     if let Some(t) = ticker {
         t.abort();
+    }
+    if let Some(pacer) = pacer {
+        pacer.await.context("the open-loop pacer failed")?;
+    }
+    if let Some(e) = failed {
+        return Err(e).context("a worker failed");
     }
     Ok(Report {
         elapsed,
@@ -717,7 +723,7 @@ mod tests {
             connections: 1,
             duration: Duration::from_secs(1),
             requests: None,
-            interval: None,
+            rate: None,
         };
         let request = plan_body.grpc_request("42");
         assert_eq!(request.descriptors[0].entries[0].value, "u42");

@@ -1,0 +1,135 @@
+//! Open loop: releases each worker's requests on schedule.
+//!
+//! The schedule is `--rate` requests per second in total: slot `k` is due at `start + k / rate`
+//! and belongs to worker `k mod concurrency`. Tokio's timers tick in whole milliseconds, so
+//! workers sleeping on their own wake together on each tick and send in bursts of `rate / 1000`
+//! requests, a queue at the server that no real fleet of clients makes. One thread sleeping
+//! until each slot spreads them as scheduled instead, to within the kernel's timer slack (about
+//! 50 µs).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::now;
+
+/// The pacer re-checks whether the run was stopped at least this often.
+const MAX_NAP: Duration = Duration::from_millis(10);
+
+#[derive(Debug)]
+pub struct Schedule {
+    start: Instant,
+    /// Time between two slots.
+    spacing: Duration,
+    gates: Box<[Gate]>,
+}
+
+/// One worker's slots released so far.
+#[derive(Debug, Default)]
+struct Gate {
+    released: AtomicU64,
+    notify: Notify,
+}
+
+impl Schedule {
+    pub fn new(start: Instant, rate: f64, workers: usize) -> Self {
+        Schedule {
+            start,
+            spacing: Duration::from_secs_f64(1.0 / rate),
+            gates: (0..workers.max(1)).map(|_| Gate::default()).collect(),
+        }
+    }
+
+    fn at(&self, slot: u64) -> Instant {
+        self.start + self.spacing.mul_f64(slot as f64)
+    }
+
+    /// When `worker`'s `n`th slot (from 0) is due.
+    pub fn due(&self, worker: usize, n: u64) -> Instant {
+        self.at(n * self.gates.len() as u64 + worker as u64)
+    }
+
+    /// Waits until `worker`'s `n`th slot is released. True if it already was: the worker's
+    /// previous request ended after this one was due.
+    pub async fn wait(&self, worker: usize, n: u64) -> bool {
+        let Some(gate) = self.gates.get(worker) else {
+            return true;
+        };
+        if gate.released.load(Ordering::Acquire) > n {
+            return true;
+        }
+        // `notify_one` keeps a permit when nobody waits yet, so no release is missed.
+        while gate.released.load(Ordering::Acquire) <= n {
+            gate.notify.notified().await;
+        }
+        false
+    }
+
+    /// Releases slots as they fall due, until `deadline` or `stop`; then releases every worker
+    /// for good, so none waits for a slot that will not come. Runs on its own thread.
+    pub fn run(&self, deadline: Instant, stop: &AtomicBool) {
+        let mut slot = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let at = self.at(slot);
+            if at >= deadline {
+                break;
+            }
+            let wait = at.saturating_duration_since(now());
+            if !wait.is_zero() {
+                std::thread::sleep(wait.min(MAX_NAP));
+                continue;
+            }
+            let gate = &self.gates[(slot % self.gates.len() as u64) as usize];
+            gate.released.fetch_add(1, Ordering::Release);
+            gate.notify.notify_one();
+            slot += 1;
+        }
+        for gate in self.gates.iter() {
+            gate.released.store(u64::MAX, Ordering::Release);
+            gate.notify.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn slots_go_round_the_workers_in_order() {
+        let start = now();
+        let schedule = Schedule::new(start, 1000.0, 4);
+        assert_eq!(schedule.due(0, 0), start);
+        assert_eq!(schedule.due(3, 0), start + Duration::from_millis(3));
+        assert_eq!(schedule.due(1, 2), start + Duration::from_millis(9));
+    }
+
+    #[tokio::test]
+    async fn a_worker_waits_for_its_slot_and_knows_when_it_is_late() {
+        // 100 slots a second over two workers: worker `w`'s slot `n` is due at (2n + w) * 10 ms.
+        // Margins of hundreds of ms, so a busy machine does not turn waiting into lateness.
+        let start = now();
+        let schedule = Arc::new(Schedule::new(start, 100.0, 2));
+        let stop = Arc::new(AtomicBool::new(false));
+        let pacer = {
+            let (schedule, stop) = (schedule.clone(), stop.clone());
+            std::thread::spawn(move || schedule.run(start + Duration::from_secs(10), &stop))
+        };
+        // Worker 1's slot 25 is due at 510 ms: waiting for it is not late, and it is not
+        // released early.
+        assert!(!schedule.wait(1, 25).await);
+        assert!(now() >= schedule.due(1, 25));
+        // Worker 0's slots 0..=2 were due by 40 ms: they are released already, late.
+        assert!(schedule.wait(0, 2).await);
+        // Its slot 80 is due at 1.6 s.
+        assert!(!schedule.wait(0, 80).await);
+        assert!(now() >= schedule.due(0, 80));
+        stop.store(true, Ordering::Relaxed);
+        pacer.join().unwrap();
+        // Once the pacer is done, nobody waits.
+        assert!(schedule.wait(1, 1_000_000).await);
+    }
+}
