@@ -104,6 +104,7 @@ struct Counts {
 pub struct Lifecycle {
     limiter: Arc<Limiter>,
     config: Option<PathBuf>,
+    /// Locked after `current` when both are needed (activation), never before it.
     history: Mutex<Vec<Arc<PolicyVersion>>>,
     current: Mutex<Arc<PolicyVersion>>,
     counts: Counts,
@@ -268,9 +269,10 @@ impl Lifecycle {
 
     /// Returns to version `to`, or to the one before the running one.
     pub fn rollback(&self, to: Option<u64>) -> Result<Activation, String> {
+        // Not under the history lock: activations take `current` first, then `history`.
+        let current = self.current().seq;
         let target = {
             let history = self.history.lock();
-            let current = self.current.lock().seq;
             match to {
                 Some(seq) => history.iter().find(|v| v.seq == seq).cloned(),
                 None => history.iter().rev().find(|v| v.seq < current).cloned(),
@@ -453,6 +455,57 @@ mod tests {
     fn a_line_diff_shows_what_changed() {
         let d = line_diff("a\nb\nc", "a\nB\nc\nd");
         assert_eq!(d, vec![" a", "-b", "+B", " c", "+d"]);
+    }
+
+    /// An activation takes `current` then `history`; a rollback used to take them the other
+    /// way round, and the two racing could deadlock.
+    #[test]
+    fn rollbacks_racing_activations_finish() {
+        use crate::clock::ManualClock;
+        use crate::store::{MemoryStore, StoreBackend};
+
+        let policy = |n: u32| {
+            vec![(
+                "p.yaml".to_owned(),
+                format!(
+                    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: {n}}}\n"
+                ),
+            )]
+        };
+        let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
+            1_700_000_000_000_000,
+        )));
+        let first = Policy::from_sources(&policy(1)).unwrap();
+        let limiter = Arc::new(Limiter::new(
+            first,
+            StoreBackend::Memory(MemoryStore::new(clock)),
+        ));
+        let lifecycle = Arc::new(Lifecycle::new(limiter, None, policy(1)));
+        let (done, finished) = std::sync::mpsc::channel();
+        let pusher = {
+            let (lifecycle, done) = (lifecycle.clone(), done.clone());
+            std::thread::spawn(move || {
+                for n in 0..2000 {
+                    lifecycle
+                        .activate(policy(2 + n % 50), Origin::Push)
+                        .unwrap();
+                }
+                done.send(()).unwrap();
+            })
+        };
+        let roller = std::thread::spawn(move || {
+            for _ in 0..2000 {
+                let _ = lifecycle.rollback(None);
+            }
+            done.send(()).unwrap();
+        });
+        for _ in 0..2 {
+            finished
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .expect("an activation and a rollback deadlocked");
+        }
+        pusher.join().unwrap();
+        roller.join().unwrap();
     }
 
     #[test]
