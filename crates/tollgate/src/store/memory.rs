@@ -252,8 +252,8 @@ impl MemoryStore {
         let mut order = shard_ids.clone();
         order.sort_unstable();
         order.dedup();
-        let mut guards: SmallVec<[(usize, MutexGuard<'_, Shard>); INLINE_CHARGES]> =
-            order.iter().map(|&i| (i, self.shards[i].lock())).collect();
+        let mut guards: SmallVec<[MutexGuard<'_, Shard>; INLINE_CHARGES]> =
+            order.iter().map(|&i| self.shards[i].lock()).collect();
         let guard_index = |shard: usize| order.binary_search(&shard).unwrap_or(0);
         for id in shard_ids.iter_mut() {
             *id = guard_index(*id);
@@ -261,17 +261,16 @@ impl MemoryStore {
 
         let mut transitions: SmallVec<[Transition; INLINE_CHARGES]> = SmallVec::new();
         for (i, charge) in charges.iter().enumerate() {
-            let table = &guards[shard_ids[i]].1;
+            let table = &guards[shard_ids[i]];
             let stored = table
                 .find(hashes[i], |slot| *slot.key == *charge.key)
-                .map(|slot| slot.state.load());
+                .map(|slot| slot.state.load())
+                .unwrap_or_else(|| Cow::Owned(State::empty(charge.params)));
             let repeated = charges[..i].iter().any(|c| c.key == charge.key);
             let (decision, transition) = if repeated {
                 // The same counter twice in one request: decide against the state the earlier
                 // charges of this request leave behind.
-                let mut scratch = stored
-                    .map(Cow::into_owned)
-                    .unwrap_or_else(|| State::empty(charge.params));
+                let mut scratch = stored.into_owned();
                 for (prev, t) in charges[..i].iter().zip(&transitions) {
                     if prev.key == charge.key {
                         scratch.apply(Transition::clone(t));
@@ -279,15 +278,7 @@ impl MemoryStore {
                 }
                 decide(charge.params, &scratch, now, charge.cost)
             } else {
-                match stored {
-                    Some(state) => decide(charge.params, &state, now, charge.cost),
-                    None => decide(
-                        charge.params,
-                        &State::empty(charge.params),
-                        now,
-                        charge.cost,
-                    ),
-                }
+                decide(charge.params, &stored, now, charge.cost)
             };
             decisions.push(decision);
             transitions.push(transition);
@@ -298,7 +289,7 @@ impl MemoryStore {
                 if transition == Transition::Keep {
                     continue;
                 }
-                let table = &mut guards[shard_ids[i]].1;
+                let table = &mut guards[shard_ids[i]];
                 let hash = hashes[i];
                 if let Some(slot) = table.find_mut(hash, |slot| *slot.key == *charge.key) {
                     slot.apply(transition, charge.params);

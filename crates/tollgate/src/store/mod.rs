@@ -70,7 +70,9 @@ pub trait Store: Send + Sync {
         charges: &[Charge<'_>],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
-    /// Number of live keys (for metrics and tests).
+    /// Number of keys held (for metrics and tests): the memory store counts its entries, expired
+    /// ones included until swept; Redis answers `DBSIZE` summed over the primaries, which also
+    /// counts the shared policy and any key that is not tollgate's.
     fn key_count(&self) -> impl Future<Output = Result<usize, StoreError>> + Send;
 }
 

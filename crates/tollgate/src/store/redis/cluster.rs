@@ -5,7 +5,7 @@
 //! for every other node wait too. A rate limiter must not let one dead primary stall the slots
 //! of the others, so tollgate keeps the slot map itself ([`Topology`], refreshed from
 //! `CLUSTER SLOTS` of any live node every second and at once on a `MOVED`), talks to each node
-//! over its own connection, follows one `MOVED` redirect per call, and lets each node's circuit
+//! over its own connection, follows up to three `MOVED` redirects per call, and lets each node's circuit
 //! breaker decide whether to call it at all.
 
 use std::collections::HashMap;

@@ -342,15 +342,8 @@ impl RedisStore {
         commit: bool,
     ) -> Result<Reply, StoreError> {
         if let Some(coalescer) = &self.coalescer {
-            let mut request = Request::new(commit, group.indexes.len());
-            for &i in &group.indexes {
-                request.push(&charges[i]);
-            }
-            let place = coalescer.place()?;
-            let raw = self
-                .through_breaker(group.slot, |_| place.decide(request))
-                .await?;
-            return parse_reply(&raw, group.indexes.iter().map(|&i| &charges[i]));
+            let charges = group.indexes.iter().map(|&i| &charges[i]);
+            return self.coalesced(coalescer, charges, commit).await;
         }
         let mut invocation = self.decide.prepare_invoke();
         for &i in &group.indexes {
@@ -369,6 +362,22 @@ impl RedisStore {
         }
         let raw = self.invoke_on_slot(group.slot, &invocation).await?;
         parse_reply(&raw, group.indexes.iter().map(|&i| &charges[i]))
+    }
+
+    /// Decides `charges` as one entry of a coalesced batch (one server only).
+    async fn coalesced<'a>(
+        &self,
+        coalescer: &Coalescer,
+        charges: impl ExactSizeIterator<Item = &'a Charge<'a>> + Clone,
+        commit: bool,
+    ) -> Result<Reply, StoreError> {
+        let mut request = Request::new(commit, charges.len());
+        for c in charges.clone() {
+            request.push(c);
+        }
+        let place = coalescer.place()?;
+        let raw = self.through_breaker(0, |_| place.decide(request)).await?;
+        parse_reply(&raw, charges)
     }
 
     async fn run_refund(
@@ -398,14 +407,16 @@ impl RedisStore {
         Ok(())
     }
 
-    /// A request whose counters span several slots: peek everywhere, then charge everywhere,
-    /// refunding the slots that charged if another lost a race (see the module docs).
+    /// A request whose counters span several slots: peek everywhere, then (to `commit`)
+    /// charge everywhere, refunding the slots that charged if another lost a race (see the
+    /// module docs).
     async fn apply_across_slots(
         &self,
         charges: &[Charge<'_>],
         keys: &[u8],
         spans: &[Range<usize>],
         groups: &[Group],
+        commit: bool,
     ) -> Result<Vec<Decision>, StoreError> {
         let gather = |replies: &[Reply]| gather(charges.len(), groups, replies);
         let all = |commit: bool| {
@@ -416,7 +427,7 @@ impl RedisStore {
             )
         };
         let peeks = all(false).await?;
-        if peeks.iter().any(|r| !r.admitted) {
+        if !commit || peeks.iter().any(|r| !r.admitted) {
             return Ok(gather(&peeks));
         }
         let commits = all(true).await?;
@@ -439,12 +450,8 @@ impl RedisStore {
         commit: bool,
     ) -> Result<Vec<Decision>, StoreError> {
         let mut groups: Vec<Group> = Vec::new();
-        for (i, slot) in slots.iter().enumerate() {
-            // One server holds every slot: one call covers the whole request.
-            let slot = match self.connection {
-                Connection::Single(_) => 0,
-                Connection::Cluster(_) => *slot,
-            };
+        // One server holds every slot (all 0 here): one call covers the whole request.
+        for (i, &slot) in slots.iter().enumerate() {
             match groups.iter_mut().find(|g| g.slot == slot) {
                 Some(g) => g.indexes.push(i),
                 None => groups.push(Group {
@@ -457,12 +464,8 @@ impl RedisStore {
             let reply = self.run_decide(charges, keys, spans, only, commit).await?;
             return Ok(reply.decisions);
         }
-        if !commit {
-            let peek = |g| self.run_decide(charges, keys, spans, g, false);
-            let peeks = try_join_all(groups.iter().map(peek)).await?;
-            return Ok(gather(charges.len(), &groups, &peeks));
-        }
-        self.apply_across_slots(charges, keys, spans, &groups).await
+        self.apply_across_slots(charges, keys, spans, &groups, commit)
+            .await
     }
 }
 
@@ -546,23 +549,15 @@ impl RedisStore {
         }
         if let Some(coalescer) = &self.coalescer {
             // One server: the whole request is one entry of a batch.
-            let mut request = Request::new(commit, charges.len());
-            for c in charges {
-                request.push(c);
-            }
-            let decide = async {
-                let place = coalescer.place()?;
-                let raw = self.through_breaker(0, |_| place.decide(request)).await?;
-                parse_reply(&raw, charges.iter()).map(|reply| reply.decisions)
-            };
-            return self.bounded(decide).await;
+            let decide = self.coalesced(coalescer, charges.iter(), commit);
+            return self.bounded(decide).await.map(|reply| reply.decisions);
         }
         let mut keys = Vec::with_capacity(charges.len() * 96);
         let mut spans = Vec::with_capacity(charges.len());
         let mut slots = Vec::with_capacity(charges.len());
         for c in charges {
             let start = keys.len();
-            slots.push(slot::redis_key(&mut keys, c.key));
+            slots.push(self.key_and_slot(&mut keys, c.key));
             spans.push(start..keys.len());
         }
         self.bounded(self.apply_within_deadline(charges, &keys, &spans, &slots, commit))
