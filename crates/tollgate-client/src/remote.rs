@@ -8,7 +8,8 @@ use tollgate_server::headers;
 use crate::backend::{Backend, BackendError, Outcome, Verdict};
 
 /// What the caller answers when the service cannot be asked (unreachable, slower than the
-/// timeout, or failing with a `5xx` other than its own `503`). This is the caller's posture
+/// timeout, answering a status other than `200`, `429`, `503` or `400`, or a body that is not
+/// JSON). This is the caller's posture
 /// about the *service*; the service's own `on_store_error` postures still apply to its store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Posture {
@@ -61,10 +62,6 @@ impl Remote {
             posture,
         })
     }
-
-    fn fallback(&self) -> Verdict {
-        fallback(self.posture)
-    }
 }
 
 /// The verdict a caller-side `posture` gives when the service cannot be asked.
@@ -86,25 +83,35 @@ pub(crate) fn fallback(posture: Posture) -> Verdict {
     }
 }
 
+/// Refuses a request a remote client cannot send: limit overrides stay in-process.
+pub(crate) fn refuse_limit_overrides(request: &CheckRequest) -> Result<(), BackendError> {
+    if request
+        .descriptors()
+        .iter()
+        .any(|d| d.limit_override().is_some())
+    {
+        return Err(BackendError::Invalid(
+            "limit overrides are not sent by the remote client".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
 /// The `/v1/check` body for `request`.
 fn wire_body(request: &CheckRequest) -> Result<serde_json::Value, BackendError> {
+    refuse_limit_overrides(request)?;
     let descriptors = request
         .descriptors()
         .iter()
         .map(|d| {
-            if d.limit_override().is_some() {
-                return Err(BackendError::Invalid(
-                    "limit overrides are not sent by the remote client".to_owned(),
-                ));
-            }
             let entries: Vec<serde_json::Value> = d
                 .entries()
                 .iter()
                 .map(|(key, value)| serde_json::json!({"key": key, "value": value}))
                 .collect();
-            Ok(serde_json::json!({"entries": entries, "hits_addend": d.cost()}))
+            serde_json::json!({"entries": entries, "hits_addend": d.cost()})
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Vec<_>>();
     Ok(serde_json::json!({"domain": request.domain(), "descriptors": descriptors}))
 }
 
@@ -134,7 +141,7 @@ impl Backend for Remote {
         }
         .await;
         let Ok((status, headers, body)) = answer else {
-            return Ok(self.fallback());
+            return Ok(fallback(self.posture));
         };
         let outcome = match status.as_u16() {
             200 => Outcome::Allowed,
@@ -144,7 +151,7 @@ impl Backend for Remote {
                 let why = body["error"].as_str().unwrap_or("rejected by the service");
                 return Err(BackendError::Invalid(why.to_owned()));
             }
-            _ => return Ok(self.fallback()),
+            _ => return Ok(fallback(self.posture)),
         };
         let limit_name = body["statuses"].as_array().and_then(|statuses| {
             statuses

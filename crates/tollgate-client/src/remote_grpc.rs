@@ -14,7 +14,7 @@ use tollgate_server::headers;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::backend::{Backend, BackendError, Outcome, Verdict};
-use crate::remote::{FORWARDED, Posture, fallback};
+use crate::remote::{FORWARDED, Posture, fallback, refuse_limit_overrides};
 
 /// A client of a tollgate service's gRPC API. Cheap to clone; clones share one connection.
 #[derive(Debug, Clone)]
@@ -43,29 +43,23 @@ impl RemoteGrpc {
 }
 
 fn wire_request(request: &CheckRequest) -> Result<RateLimitRequest, BackendError> {
+    refuse_limit_overrides(request)?;
     let descriptors = request
         .descriptors()
         .iter()
-        .map(|d| {
-            if d.limit_override().is_some() {
-                return Err(BackendError::Invalid(
-                    "limit overrides are not sent by the remote client".to_owned(),
-                ));
-            }
-            Ok(RateLimitDescriptor {
-                entries: d
-                    .entries()
-                    .iter()
-                    .map(|(key, value)| Entry {
-                        key: key.clone(),
-                        value: value.clone(),
-                    })
-                    .collect(),
-                hits_addend: Some(UInt64Value { value: d.cost() }),
-                ..Default::default()
-            })
+        .map(|d| RateLimitDescriptor {
+            entries: d
+                .entries()
+                .iter()
+                .map(|(key, value)| Entry {
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+            hits_addend: Some(UInt64Value { value: d.cost() }),
+            ..Default::default()
         })
-        .collect::<Result<_, _>>()?;
+        .collect();
     Ok(RateLimitRequest {
         domain: request.domain().to_owned(),
         descriptors,

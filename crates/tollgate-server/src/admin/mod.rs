@@ -18,8 +18,8 @@
 //! | `DELETE /v1/admin/overrides/{id}` | remove one |
 //! | `GET /v1/admin/top?domain=D&rule=R&n=10` | the keys a rule denied most often |
 //!
-//! When a token is configured every request needs `Authorization: Bearer TOKEN`; a missing or
-//! wrong token gets `401` and changes nothing.
+//! When a token is configured every request to these routes needs `Authorization: Bearer
+//! TOKEN`; a missing or wrong token gets `401` and changes nothing (an unknown path is `404`).
 
 mod candidate;
 mod overrides;

@@ -15,7 +15,7 @@ pub fn decode_request(request: RateLimitRequest) -> Result<CheckRequest, Invalid
     let mut descriptors = Vec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.into_iter().enumerate() {
         if d.is_negative_hits {
-            // Refunds arrive with the Redis work; refusing is better than silently charging.
+            // Refunds from callers are not supported; refusing is better than silently charging.
             return Err(InvalidRequest(format!(
                 "descriptor {i}: is_negative_hits is not supported"
             )));

@@ -9,10 +9,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tonic::metadata::{Ascii, MetadataValue};
+use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
-use crate::headers::{DEGRADED, SOFT_EXCEEDED};
+use crate::headers::{DEGRADED, SOFT_EXCEEDED, ceil_ms};
 use crate::{Decide, ErrorClass};
 
 pub use decode::decode_request;
@@ -55,22 +55,15 @@ impl<D: Decide> RateLimitService for RlsService<D> {
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         match self.decider.decide(&check).await {
             Ok(decided) => {
-                let encoded = encode_response(&decided);
+                let mut response = Response::new(encode_response(&decided));
                 // tollgate's own markers also travel as gRPC metadata, for callers that read it
-                // rather than `response_headers_to_add`.
-                let markers: Vec<(&'static str, MetadataValue<Ascii>)> = encoded
-                    .response_headers_to_add
-                    .iter()
-                    .filter_map(|h| {
-                        let name = [DEGRADED, SOFT_EXCEEDED]
-                            .into_iter()
-                            .find(|n| *n == h.key)?;
-                        Some((name, h.value.parse().ok()?))
-                    })
-                    .collect();
-                let mut response = Response::new(encoded);
-                for (name, value) in markers {
-                    response.metadata_mut().insert(name, value);
+                // rather than `response_headers_to_add` (same values as those headers).
+                let metadata = response.metadata_mut();
+                if let Some(posture) = decided.degraded() {
+                    metadata.insert(DEGRADED, MetadataValue::from_static(posture.name()));
+                }
+                if let Some(delay) = decided.soft_delay() {
+                    metadata.insert(SOFT_EXCEEDED, MetadataValue::from(ceil_ms(delay)));
                 }
                 Ok(response)
             }

@@ -25,7 +25,7 @@ use crate::units::{period_of_unit, unit_from_name};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct WireRequest {
+struct WireRequest {
     domain: String,
     descriptors: Vec<WireDescriptor>,
     #[serde(default)]
@@ -175,16 +175,17 @@ fn encode(decided: &CheckResponse) -> WireResponse<'_> {
     }
 }
 
+/// A `/v1/check` body (also `/v1/explain`'s) as a request, or why it is not one (a `400`).
+pub(super) fn decode(body: &[u8]) -> Result<CheckRequest, String> {
+    let wire: WireRequest =
+        serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+    CheckRequest::try_from(wire).map_err(|e| format!("invalid request: {e}"))
+}
+
 pub async fn check<D: Decide>(State(decider): State<Arc<D>>, body: Bytes) -> Response {
-    let wire: WireRequest = match serde_json::from_slice(&body) {
-        Ok(w) => w,
-        Err(e) => {
-            return error_response(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}"));
-        }
-    };
-    let request = match CheckRequest::try_from(wire) {
+    let request = match decode(&body) {
         Ok(r) => r,
-        Err(e) => return error_response(StatusCode::BAD_REQUEST, format!("invalid request: {e}")),
+        Err(why) => return error_response(StatusCode::BAD_REQUEST, why),
     };
     match decider.decide(&request).await {
         Ok(decided) => {

@@ -1,7 +1,7 @@
 //! `POST /json`: envoyproxy/ratelimit's HTTP endpoint. The body is a `RateLimitRequest` in
 //! proto3 JSON (lowerCamelCase or original field names; 64-bit integers as numbers or strings;
 //! enums by name or number); the answer is a `RateLimitResponse` in proto3 JSON with `200` when
-//! OK and `429` when over the limit. The JSON is mapped onto the protobuf types and then goes
+//! OK, `429` when over the limit and `503` when a `closed` failure posture denied it. The JSON is mapped onto the protobuf types and then goes
 //! through exactly the same decoder and encoder as gRPC.
 
 use std::sync::Arc;

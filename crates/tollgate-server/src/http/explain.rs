@@ -9,26 +9,20 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use tollgate::limiter::{AppliedLimit, CheckRequest, Limiter};
+use tollgate::limiter::{AppliedLimit, Limiter};
 
-use super::check::{WireRequest, code_name};
-use super::error_response;
+use super::check::{code_name, decode};
+use super::{error_response, limit_error_response};
 use crate::headers::ceil_ms;
 
 pub async fn explain(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
-    let wire: WireRequest = match serde_json::from_slice(&body) {
-        Ok(w) => w,
-        Err(e) => {
-            return error_response(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}"));
-        }
-    };
-    let request = match CheckRequest::try_from(wire) {
+    let request = match decode(&body) {
         Ok(r) => r,
-        Err(e) => return error_response(StatusCode::BAD_REQUEST, format!("invalid request: {e}")),
+        Err(why) => return error_response(StatusCode::BAD_REQUEST, why),
     };
     let answer = match limiter.explain(&request).await {
         Ok(a) => a,
-        Err(e) => return error_response(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => return limit_error_response(&e),
     };
     let binding = answer.binding_index();
     let default_posture = limiter.failure_settings().posture;

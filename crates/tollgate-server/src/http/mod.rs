@@ -2,12 +2,12 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `POST /v1/check` | tollgate's JSON API: `200` allowed, `429` denied, `400` invalid |
+//! | `POST /v1/check` | tollgate's JSON API: `200` allowed, `429` denied, `503` denied by a `closed` failure posture, `400` invalid |
 //! | `POST /v1/explain` | the same body; charges nothing; which rules match and bind, current counters |
 //! | `POST /json` | envoyproxy/ratelimit's proto3-JSON endpoint, for drop-in users |
 //! | `ANY /v1/authorize` | forward auth for nginx `auth_request`: `200` allowed, `403` denied (see [`authorize`]) |
 //! | `GET /healthz` | the process is up |
-//! | `GET /readyz` | a policy is loaded and the store answers |
+//! | `GET /readyz` | a policy is loaded (`ready`, or `ready (degraded)` while the store does not answer and the failure postures do) |
 //! | `GET /metrics` | Prometheus text |
 
 pub mod authorize;
@@ -89,7 +89,7 @@ pub(crate) fn error_response(status: StatusCode, message: String) -> Response {
     (status, axum::Json(ErrorBody { error: message })).into_response()
 }
 
-fn limit_error_response(error: &LimitError) -> Response {
+pub(crate) fn limit_error_response(error: &LimitError) -> Response {
     error_response(ErrorClass::of(error).http_status(), error.to_string())
 }
 

@@ -21,20 +21,14 @@ pub async fn readyz(State(limiter): State<Arc<Limiter>>) -> impl IntoResponse {
     let policy = limiter.policy();
     let mut body = String::new();
     let store = limiter.store();
-    let health = match store.key_count().await {
-        Ok(keys) => format!("ok, {keys} keys"),
-        Err(e) => format!("degraded ({e}); failure postures answer"),
+    let (headline, health) = match store.key_count().await {
+        Ok(keys) => ("ready", format!("ok, {keys} keys")),
+        Err(e) => (
+            "ready (degraded)",
+            format!("degraded ({e}); failure postures answer"),
+        ),
     };
-    let degraded = health.starts_with("degraded");
-    let _ = writeln!(
-        body,
-        "{}",
-        if degraded {
-            "ready (degraded)"
-        } else {
-            "ready"
-        }
-    );
+    let _ = writeln!(body, "{headline}");
     let _ = writeln!(
         body,
         "policy: {} domains, {} rules",
