@@ -288,7 +288,12 @@ fn a_bound_is_required_and_long_runs_are_refused() {
         "k=v",
     ];
     let out = bench(&base);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--duration") && stderr.contains("--requests"),
+        "{stderr}"
+    );
     let mut long = base.to_vec();
     long.extend(["--duration", "11m"]);
     let out = bench(&long);

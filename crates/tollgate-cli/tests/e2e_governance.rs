@@ -146,7 +146,8 @@ async fn file_changes_reload_under_load_without_failures_and_keep_counters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_the_policy() {
-    let server = Server::start(V1);
+    // No file watcher: only the signal can bring version 2.
+    let server = Server::start_with_args(V1, &["--watch-interval", "0s"]);
     std::fs::write(
         &server.config,
         V1.replace("requests_per_unit: 3}", "requests_per_unit: 30}"),

@@ -390,7 +390,13 @@ async fn a_push_and_a_rollback_reach_every_replica_sharing_redis() {
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     wait_all(5).await;
 
-    // The shared key has a TTL like every other key.
+    // The shared key exists and has a TTL like every other key.
+    let ttl: i64 = redis
+        .cli(&["PTTL", tollgate::store::redis::POLICY_KEY])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(ttl > 0, "PTTL of the shared policy: {ttl}");
     assert!(keys_without_ttl(|args| redis.cli(args)).is_empty());
 }
 

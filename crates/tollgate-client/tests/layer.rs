@@ -238,7 +238,17 @@ descriptors:
     let body = again.into_body().collect().await.unwrap().to_bytes();
     let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(problem["detail"], "rate limit `per_ip` exceeded");
-    let other = app.oneshot(from([10, 0, 0, 2])).await.unwrap();
+    let other = app.clone().oneshot(from([10, 0, 0, 2])).await.unwrap();
     assert_eq!(other.status(), StatusCode::OK);
     assert_eq!(other.headers()["ratelimit-policy"], "\"per_ip\";q=1;w=3600");
+    // The path is a descriptor too: two admitted so far, three more addresses reach its 5.
+    for last in 3..=5 {
+        let ok = app.clone().oneshot(from([10, 0, 0, last])).await.unwrap();
+        assert_eq!(ok.status(), StatusCode::OK, "10.0.0.{last}");
+    }
+    let sixth = app.oneshot(from([10, 0, 0, 6])).await.unwrap();
+    assert_eq!(sixth.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body = sixth.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["detail"], "rate limit `admin` exceeded");
 }
