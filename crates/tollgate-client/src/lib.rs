@@ -1,8 +1,8 @@
 //! Call tollgate from Rust: an [`Embedded`] limiter (the service's own limiter, in your
 //! process, on the memory store or a Redis shared with tollgate services) and a tower
 //! [`RateLimitLayer`] that protects an axum or hyper service with it. The same layer works
-//! over [`Remote`], a client of a tollgate service's HTTP API with a caller-side [`Posture`]
-//! for when the service cannot be reached.
+//! over [`Remote`], a client of a tollgate service's HTTP API, or [`RemoteGrpc`], its Envoy
+//! RLS gRPC API, each with a caller-side [`Posture`] for when the service cannot be reached.
 //!
 //! ```
 //! use axum::{Router, routing::get};

@@ -1,9 +1,11 @@
-//! Transports for tollgate. Each handler is decode → [`tollgate::limiter::Limiter::check`] →
-//! encode; protocol quirks live in the decoders.
+//! Transports for tollgate. Each decision handler is decode → [`tollgate::limiter::Limiter::check`]
+//! → encode; protocol quirks live in the decoders.
 //!
 //! - [`grpc`]: serves `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
-//! - [`http`]: serves `POST /v1/check`, `POST /json` (envoyproxy/ratelimit's proto3-JSON), health and
-//!   Prometheus metrics.
+//! - [`http`]: serves `POST /v1/check`, `POST /json` (envoyproxy/ratelimit's proto3-JSON),
+//!   `/v1/authorize` (nginx forward auth), `POST /v1/explain` (no charge), health and Prometheus
+//!   metrics.
+//! - [`admin`]: the admin API (policy versions, candidates, overrides, top keys).
 //!
 //! Both decision paths are generic over [`Decide`]: the [`tollgate::limiter::Limiter`] in
 //! `tollgate serve`, [`AllowAll`] in the no-op `tollgate bench-server` that benchmarks compare

@@ -14,7 +14,7 @@
 //! | `POST /v1/admin/policy/promote` | the candidate becomes the running policy |
 //! | `POST /v1/admin/reload` | re-read the config path |
 //! | `GET /v1/admin/overrides` | overrides in force |
-//! | `PUT /v1/admin/overrides` | set one (see [`overrides`]) |
+//! | `PUT /v1/admin/overrides` | set one: `domain`, `rule`, `entries`, `requests_per_unit`, optional `period`, `expires_in`, `reason` |
 //! | `DELETE /v1/admin/overrides/{id}` | remove one |
 //! | `GET /v1/admin/top?domain=D&rule=R&n=10` | the keys a rule denied most often |
 //!
