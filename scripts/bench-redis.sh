@@ -38,15 +38,17 @@ CONFIGS=(
 )
 TARGETS=()
 METRICS=()
+SERVE_PIDS=()
 for i in "${!CONFIGS[@]}"; do
   args=${CONFIGS[$i]#*|}
   # shellcheck disable=SC2086
   RUST_LOG=warn "$BIN" serve --config "$TMP/policy.yaml" $args --http-addr 127.0.0.1:0 \
     --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 >"$TMP/s$i.out" 2>"$TMP/s$i.err" &
   PIDS+=($!)
+  SERVE_PIDS+=($!)
 done
 for i in "${!CONFIGS[@]}"; do
-  for _ in $(seq 100); do grep -q "admin listening" "$TMP/s$i.out" && break; sleep 0.05; done
+  wait_started "$TMP/s$i.out" "$TMP/s$i.err"
   TARGETS+=("grpc://$(sed -n 's/^grpc listening on //p' "$TMP/s$i.out")")
   METRICS+=("http://$(sed -n 's/^http listening on //p' "$TMP/s$i.out")/metrics")
 done
@@ -68,7 +70,7 @@ for round in $(seq "$ROUNDS"); do
     for i in "${!CONFIGS[@]}"; do
       name=${CONFIGS[$i]%%|*}
       echo "round $round, concurrency $concurrency: $name" >&2
-      before=$(sample "${METRICS[$i]}" "${PIDS[$((i + 1))]}")
+      before=$(sample "${METRICS[$i]}" "${SERVE_PIDS[$i]}")
       # The generator's CPU time, from its rusage once it has exited.
       python3 -c 'import resource, subprocess, sys
 subprocess.run(sys.argv[2:], stdout=open(sys.argv[1], "w"), check=True)
@@ -76,15 +78,15 @@ u = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(u.ru_utime + u.ru_stime)' "$TMP/run.json" "$BIN" bench --target "${TARGETS[$i]}" \
         --domain bench --descriptor 'user={key}' --keys 10000 --concurrency "$concurrency" \
         --duration "${SECONDS_PER_RUN}s" --json >"$TMP/bench.cpu"
-      after=$(sample "${METRICS[$i]}" "${PIDS[$((i + 1))]}")
+      after=$(sample "${METRICS[$i]}" "${SERVE_PIDS[$i]}")
       python3 - "$name" "$concurrency" "$TMP/run.json" "$TMP/bench.cpu" "$before" "$after" \
-        "$(uptime)" >>"$TMP/results.jsonl" <<'PY'
+        "$(uptime)" "$(getconf CLK_TCK)" >>"$TMP/results.jsonl" <<'PY'
 import json, sys
-name, concurrency, path, bench_cpu, before, after, load = sys.argv[1:]
+name, concurrency, path, bench_cpu, before, after, load, hz = sys.argv[1:]
 r = json.load(open(path))
 delta = [float(a or 0) - float(b or 0) for a, b in zip(after.split(), before.split())]
 errors, batches, batched, server, redis, idle = delta
-per_request = lambda ticks: ticks * 1e4 / max(r["requests"], 1)  # 100 ticks a second -> µs
+per_request = lambda ticks: ticks / int(hz) * 1e6 / max(r["requests"], 1)
 r.update(
     name=name, concurrency=int(concurrency), store_errors=int(errors),
     batches=int(batches), batched=int(batched),
