@@ -134,9 +134,6 @@ fn humantime_duration(s: &str) -> Result<Duration, String> {
     Ok(parsed)
 }
 
-/// How often lapsed local budgets are given back and cleared denials forgotten.
-const HOT_KEY_SWEEP: Duration = Duration::from_millis(50);
-
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(&args.log_format);
     let compiled = Policy::read_sources(&args.config)
@@ -295,8 +292,7 @@ async fn serve(
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(args.sweep_interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            // Unused local budgets of keys gone quiet go back to the store within this.
-            let mut hot = tokio::time::interval(HOT_KEY_SWEEP);
+            let mut hot = tokio::time::interval(Limiter::HOT_KEY_SWEEP);
             hot.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 let hot_keys = tokio::select! {
@@ -308,11 +304,7 @@ async fn serve(
                     limiter.sweep_hot_keys().await;
                     continue;
                 }
-                // Redis expires keys itself (every key has a TTL).
-                if let StoreBackend::Memory(m) = limiter.store() {
-                    m.sweep_now();
-                }
-                limiter.local_store().sweep_now();
+                limiter.sweep_expired();
             }
             limiter.release_local_budgets().await;
         })
@@ -370,8 +362,6 @@ async fn serve(
     Ok(ExitCode::SUCCESS)
 }
 
-/// The HTTP listener with `TCP_NODELAY` on every accepted connection (shared with
-/// `bench-server`, so the ceiling runs the same socket setup).
 /// Binds `addr` for `what`; the error names both.
 pub(crate) async fn listen(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr)
@@ -379,6 +369,8 @@ pub(crate) async fn listen(addr: SocketAddr, what: &str) -> anyhow::Result<TcpLi
         .with_context(|| format!("cannot listen on {addr} for {what}"))
 }
 
+/// The HTTP listener with `TCP_NODELAY` on every accepted connection (shared with
+/// `bench-server`, so the ceiling runs the same socket setup).
 pub(crate) fn no_delay_http(
     listener: TcpListener,
 ) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {

@@ -2,7 +2,6 @@
 
 use std::path::Path;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use tollgate::clock::SystemClock;
 use tollgate::limiter::{CheckRequest, CheckResponse, FailureSettings, LimitError, Limiter};
@@ -90,9 +89,9 @@ impl Embedded {
 /// counters from the memory stores every second, and gives unused local budgets back to Redis
 /// (and forgets cleared denials) every 50 ms.
 async fn maintain(limiter: Weak<Limiter>) {
-    const HOT_KEYS: Duration = Duration::from_millis(50);
+    // Counters every second: every 20th hot-key sweep.
     const COUNTERS_EVERY: u32 = 20;
-    let mut tick = tokio::time::interval(HOT_KEYS);
+    let mut tick = tokio::time::interval(Limiter::HOT_KEY_SWEEP);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut n: u32 = 0;
     loop {
@@ -103,10 +102,7 @@ async fn maintain(limiter: Weak<Limiter>) {
         limiter.sweep_hot_keys().await;
         n = n.wrapping_add(1);
         if n.is_multiple_of(COUNTERS_EVERY) {
-            if let StoreBackend::Memory(m) = limiter.store() {
-                m.sweep_now();
-            }
-            limiter.local_store().sweep_now();
+            limiter.sweep_expired();
         }
     }
 }

@@ -8,11 +8,12 @@
 
 use std::time::Duration;
 
+use smallvec::SmallVec;
 use tollgate_core::{Decision, Params, Verdict};
 
 use crate::clock::SharedClock;
 use crate::resilience::Posture;
-use crate::store::{Charge, MemoryStore, Store};
+use crate::store::{Charge, Decisions, INLINE_CHARGES, MemoryStore};
 
 /// Server-wide failure settings; a rule's `on_store_error` / `local_share` override them.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -56,14 +57,16 @@ impl Fallback {
     }
 
     /// Decides every charge by its posture. `postures[i]` and `shares[i]` belong to
-    /// `charges[i]`. Without `commit`, the local store is only asked (for explain).
-    pub async fn decide(
+    /// `charges[i]`. Without `commit`, the local store is only asked (for explain). Allocates
+    /// nothing for up to [`INLINE_CHARGES`] charges: while the store is down, every request
+    /// comes through here.
+    pub fn decide(
         &self,
         charges: &[Charge<'_>],
         postures: &[Posture],
         shares: &[f64],
         commit: bool,
-    ) -> Vec<Decision> {
+    ) -> Decisions {
         let closed = charges
             .iter()
             .zip(postures)
@@ -78,12 +81,12 @@ impl Fallback {
                 })
                 .collect();
         }
-        let local_params: Vec<Option<Params>> = charges
+        let local_params: SmallVec<[Option<Params>; INLINE_CHARGES]> = charges
             .iter()
             .zip(postures.iter().zip(shares))
             .map(|(c, (p, share))| (*p == Posture::Local).then(|| scaled(c.params, *share)))
             .collect();
-        let local_charges: Vec<Charge<'_>> = charges
+        let local_charges: SmallVec<[Charge<'_>; INLINE_CHARGES]> = charges
             .iter()
             .zip(&local_params)
             .filter_map(|(c, params)| {
@@ -93,15 +96,9 @@ impl Fallback {
                 })
             })
             .collect();
-        let answer = match commit {
-            true => self.local.apply(&local_charges).await,
-            false => self.local.peek(&local_charges).await,
-        };
-        let mut local = match answer {
-            Ok(d) => d.into_iter(),
-            // The memory store cannot fail; if it ever did, allowing is the open default.
-            Err(_) => Vec::new().into_iter(),
-        };
+        let mut decided = Decisions::new();
+        self.local.decide(&local_charges, commit, &mut decided);
+        let mut local = decided.into_iter();
         charges
             .iter()
             .zip(&local_params)
@@ -177,8 +174,8 @@ mod tests {
         assert_eq!(scaled(&tiny, 0.1).limit(), 1);
     }
 
-    #[tokio::test]
-    async fn local_enforces_the_share_and_open_allows() {
+    #[test]
+    fn local_enforces_the_share_and_open_allows() {
         let f = fallback();
         let p = Params::new(Algorithm::FixedWindow, 8, Duration::from_secs(60), None).unwrap();
         let charge = |key: &'static [u8]| Charge {
@@ -189,26 +186,22 @@ mod tests {
         };
         let mut allowed = 0;
         for _ in 0..10 {
-            let d = f
-                .decide(&[charge(b"k")], &[Posture::Local], &[0.25], true)
-                .await;
+            let d = f.decide(&[charge(b"k")], &[Posture::Local], &[0.25], true);
             allowed += u32::from(d[0].is_allowed());
         }
         assert_eq!(allowed, 2, "a quarter of 8");
-        let d = f
-            .decide(
-                &[charge(b"k"), charge(b"o")],
-                &[Posture::Local, Posture::Open],
-                &[0.25, 1.0],
-                true,
-            )
-            .await;
+        let d = f.decide(
+            &[charge(b"k"), charge(b"o")],
+            &[Posture::Local, Posture::Open],
+            &[0.25, 1.0],
+            true,
+        );
         assert_eq!(d[0].verdict, Verdict::Denied);
         assert!(d[1].is_allowed());
     }
 
-    #[tokio::test]
-    async fn one_enforced_closed_limit_denies_as_unavailable_and_charges_nothing() {
+    #[test]
+    fn one_enforced_closed_limit_denies_as_unavailable_and_charges_nothing() {
         let f = fallback();
         let p = Params::new(Algorithm::FixedWindow, 1, Duration::from_secs(60), None).unwrap();
         let local = Charge {
@@ -223,14 +216,12 @@ mod tests {
             cost: 1,
             enforce: true,
         };
-        let d = f
-            .decide(
-                &[local, closed],
-                &[Posture::Local, Posture::Closed],
-                &[1.0, 1.0],
-                true,
-            )
-            .await;
+        let d = f.decide(
+            &[local, closed],
+            &[Posture::Local, Posture::Closed],
+            &[1.0, 1.0],
+            true,
+        );
         assert_eq!(d[1].verdict, Verdict::Denied);
         assert_eq!(d[1].retry_after, Some(Duration::from_secs(1)));
         assert!(

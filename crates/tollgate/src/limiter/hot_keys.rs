@@ -4,6 +4,7 @@
 
 use std::ops::Range;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use smallvec::SmallVec;
 use tollgate_core::{Decision, Timestamp};
@@ -227,6 +228,10 @@ impl Limiter {
         }
         answer
     }
+
+    /// How often [`Limiter::sweep_hot_keys`] should run: unused local budgets of keys gone
+    /// quiet go back to the store within this.
+    pub const HOT_KEY_SWEEP: Duration = Duration::from_millis(50);
 
     /// Gives back the unused units of lapsed leases and forgets cleared denials. Returns how
     /// many keys got units back.

@@ -94,7 +94,8 @@ impl Limiter {
         Self::with_failure_settings(policy, store, FailureSettings::default(), clock)
     }
 
-    /// A limiter with explicit failure settings; `clock` drives the `local` posture's store.
+    /// A limiter with explicit failure settings. `clock` is the limiter's own time: the `local`
+    /// posture's store, override expiry, the prefilter and local budgets.
     pub fn with_failure_settings(
         policy: Policy,
         store: StoreBackend,
@@ -140,6 +141,15 @@ impl Limiter {
     /// The in-process store of the `local` posture (for sweeping and tests).
     pub fn local_store(&self) -> &crate::store::MemoryStore {
         self.fallback.local_store()
+    }
+
+    /// Drops expired counters from the in-process stores: the memory store, if that is the
+    /// store, and the `local` posture's. Redis expires its keys itself (every key has a TTL).
+    pub fn sweep_expired(&self) {
+        if let StoreBackend::Memory(m) = &self.store {
+            m.sweep_now();
+        }
+        self.local_store().sweep_now();
     }
 
     fn snapshot(policy: Policy) -> Snapshot {
@@ -214,8 +224,9 @@ impl Limiter {
         answer
     }
 
-    /// Decides one request without charging anything or counting it in metrics: which rules
-    /// match, which binds, and the current counters.
+    /// Decides one request without charging anything or counting it in the decision metrics
+    /// (its store call is timed as `op="peek"`): which rules match, which binds, and the
+    /// current counters.
     pub async fn explain(&self, request: &CheckRequest) -> Result<CheckResponse, LimitError> {
         self.decide(request, false).await
     }
@@ -310,20 +321,19 @@ impl Limiter {
                 // this request rather than report what a posture decided.
                 let (limits, spans) = (&live.limits, &live.spans);
                 let of = |i: &usize| limits[*i].as_ref();
-                let postures: Vec<Posture> =
+                let postures: SmallVec<[Posture; INLINE_CHARGES]> =
                     spans.iter().map(|(i, _)| self.posture_of(of(i))).collect();
-                let shares: Vec<f64> = spans.iter().map(|(i, _)| self.share_of(of(i))).collect();
+                let shares: SmallVec<[f64; INLINE_CHARGES]> =
+                    spans.iter().map(|(i, _)| self.share_of(of(i))).collect();
                 let live_only = charges.get(..live_charges).unwrap_or_default();
-                let fallback = self
-                    .fallback
-                    .decide(live_only, &postures, &shares, commit)
-                    .await;
-                decisions = Decisions::from_vec(fallback);
+                decisions = self.fallback.decide(live_only, &postures, &shares, commit);
                 Some(postures)
             }
         };
 
         // Built where it stays: the response holds its statuses inline.
+        // The charges borrow the plan's keys; the limits move out of it below.
+        drop(charges);
         let mut response = CheckResponse {
             overall: Code::Ok,
             statuses: Statuses::new(),
@@ -332,7 +342,8 @@ impl Limiter {
         statuses.extend(descriptors.iter().map(|_| DescriptorStatus::unlimited()));
         for (n, ((i, _), &decision)) in live.spans.iter().zip(&decisions).enumerate() {
             let denied = decision.verdict != Verdict::Allowed;
-            let limit = live.limits[*i].clone();
+            // Moved out: the plan is done with once its decisions are known.
+            let limit = live.limits[*i].take();
             let mode = limit.as_ref().map_or(RuleMode::Enforce, mode_of);
             let degraded = postures.as_ref().and_then(|p| p.get(n).copied());
             if let (true, Some(rule)) = (commit, limit.as_ref().and_then(AppliedLimit::rule)) {

@@ -62,7 +62,8 @@ pub struct DescriptorStatus {
     pub code: Code,
     /// The limit applied; `None` when nothing matched, the rule is unlimited or was replaced.
     pub limit: Option<AppliedLimit>,
-    /// The algorithm's decision; present exactly when `limit` is.
+    /// The algorithm's decision; present whenever `limit` is, except beside a prefilter denial,
+    /// which answers without asking the store about the request's other limits.
     pub decision: Option<Decision>,
     /// A shadow-mode rule that would have denied this request.
     pub shadow_would_deny: bool,
