@@ -10,6 +10,7 @@ mod histogram;
 mod keys;
 mod pacer;
 
+use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::net::{IpAddr, ToSocketAddrs};
 use std::process::ExitCode;
@@ -173,20 +174,13 @@ fn is_loopback(authority: &str) -> anyhow::Result<bool> {
 }
 
 fn parse_descriptor(text: &str) -> anyhow::Result<Vec<EntryTemplate>> {
-    text.split(',')
-        .map(|pair| {
-            let (key, value) = pair
-                .split_once('=')
-                .with_context(|| format!("descriptor entry `{pair}` is not key=value"))?;
-            if key.is_empty() {
-                bail!("descriptor entry `{pair}` has an empty key");
-            }
-            Ok(EntryTemplate {
-                key: key.to_string(),
-                value: value.to_string(),
-            })
+    Ok(crate::check::descriptor_entries(text)?
+        .into_iter()
+        .map(|(key, value)| EntryTemplate {
+            key: key.to_string(),
+            value: value.to_string(),
         })
-        .collect()
+        .collect())
 }
 
 impl Plan {
@@ -306,13 +300,14 @@ impl Plan {
 /// Counters shared by the workers and the progress printer.
 #[derive(Debug, Default)]
 struct Tally {
-    /// Requests started; also hands out the `--requests` budget.
+    /// The `--requests` budget handed out so far.
     issued: AtomicU64,
     done: AtomicU64,
     ok: AtomicU64,
     over_limit: AtomicU64,
     errors: AtomicU64,
     first_error: OnceLock<String>,
+    /// Set once every worker is done: stops the open-loop pacer.
     stop: AtomicBool,
 }
 
@@ -341,7 +336,7 @@ impl Tally {
 
     /// Claims one request of the budget; false once the run is over.
     fn claim(&self, budget: Option<u64>, deadline: Instant, now: Instant) -> bool {
-        if self.stop.load(Ordering::Relaxed) || now >= deadline {
+        if now >= deadline {
             return false;
         }
         match budget {
@@ -404,6 +399,7 @@ async fn post_check(
 
 async fn connect(plan: &Plan) -> anyhow::Result<Vec<Client>> {
     let mut clients = Vec::with_capacity(plan.connections);
+    let body: Arc<str> = plan.http_body_template().into();
     for j in 0..plan.connections {
         let authority = &plan.authorities[j % plan.authorities.len()];
         let client = match plan.protocol {
@@ -422,7 +418,7 @@ async fn connect(plan: &Plan) -> anyhow::Result<Vec<Client>> {
                     .await
                     .with_context(|| format!("could not connect to http://{authority}"))?,
                 host: authority.as_str().into(),
-                body: plan.http_body_template().into(),
+                body: body.clone(),
             },
         };
         clients.push(client);
@@ -486,7 +482,8 @@ async fn worker(
             break;
         }
         key.clear();
-        key.push_str(&plan.keys.sample(&mut rng).to_string());
+        // Writing into a String cannot fail.
+        let _ = write!(key, "{}", plan.keys.sample(&mut rng));
         let outcome = send(&mut client, &plan, &key, &tally).await;
         let finished = now();
         // Open loop: a request made late by the previous answer counts from when it was due,

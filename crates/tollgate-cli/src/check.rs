@@ -26,9 +26,10 @@ pub struct CheckArgs {
     json: bool,
 }
 
-fn parse_descriptor(text: &str) -> anyhow::Result<Value> {
-    let entries = text
-        .split(',')
+/// The `(key, value)` entries of a `--descriptor key=value[,key=value...]` argument (also
+/// `tollgate bench`'s, whose values are templates).
+pub(crate) fn descriptor_entries(text: &str) -> anyhow::Result<Vec<(&str, &str)>> {
+    text.split(',')
         .map(|pair| {
             let (key, value) = pair
                 .split_once('=')
@@ -36,9 +37,16 @@ fn parse_descriptor(text: &str) -> anyhow::Result<Value> {
             if key.is_empty() {
                 bail!("descriptor entry `{pair}` has an empty key");
             }
-            Ok(json!({ "key": key, "value": value }))
+            Ok((key, value))
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect()
+}
+
+fn parse_descriptor(text: &str) -> anyhow::Result<Value> {
+    let entries: Vec<Value> = descriptor_entries(text)?
+        .into_iter()
+        .map(|(key, value)| json!({ "key": key, "value": value }))
+        .collect();
     Ok(json!({ "entries": entries }))
 }
 
