@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
+use tollgate_server::headers;
 use tower::{Layer, Service};
 
 use crate::backend::{Backend, Outcome, Verdict};
@@ -154,9 +155,27 @@ fn detail(verdict: &Verdict) -> String {
     }
 }
 
+/// tollgate's own header names, built once: `HeaderName::try_from` copies a non-standard name
+/// on every call.
+static KNOWN_NAMES: [HeaderName; 8] = [
+    HeaderName::from_static(headers::DEGRADED),
+    HeaderName::from_static(headers::SOFT_EXCEEDED),
+    HeaderName::from_static(headers::LIMIT),
+    HeaderName::from_static(headers::REMAINING),
+    HeaderName::from_static(headers::RESET),
+    HeaderName::from_static(headers::POLICY),
+    HeaderName::from_static(headers::RATELIMIT),
+    HeaderName::from_static(headers::RETRY_AFTER),
+];
+
 fn add_headers(map: &mut http::HeaderMap, headers: &[(&'static str, String)]) {
     for (name, value) in headers {
-        if let (Ok(name), Ok(value)) = (HeaderName::try_from(*name), HeaderValue::from_str(value)) {
+        let name = KNOWN_NAMES
+            .iter()
+            .find(|known| known.as_str() == *name)
+            .cloned()
+            .or_else(|| HeaderName::try_from(*name).ok());
+        if let (Some(name), Ok(value)) = (name, HeaderValue::from_str(value)) {
             map.insert(name, value);
         }
     }
