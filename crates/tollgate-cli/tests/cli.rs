@@ -100,7 +100,15 @@ fn serve_refuses_an_invalid_policy() {
 
 #[test]
 fn every_subcommand_has_help() {
-    for sub in ["serve", "check", "validate", "policy", "top"] {
+    for sub in [
+        "serve",
+        "check",
+        "validate",
+        "policy",
+        "top",
+        "bench",
+        "bench-server",
+    ] {
         let out = Command::new(binary())
             .args([sub, "--help"])
             .output()

@@ -300,7 +300,9 @@ async fn overrides_change_one_value_expire_and_survive_reloads() {
     let server = Server::start(V1);
     let admin = reqwest::Client::new();
     let set = json!({"domain": "api", "rule": "per_tenant", "entries": [{"key": "tenant", "value": "acme"}],
-                     "requests_per_unit": 30, "expires_in": "2s", "reason": "launch"});
+                     "requests_per_unit": 30, "expires_in": "6s", "reason": "launch"});
+    // Six seconds: the reload below must happen well before it expires, even on a busy machine.
+    let set_at = tokio::time::Instant::now();
     let r = admin
         .put(server.admin_url("/v1/admin/overrides"))
         .json(&set)
@@ -348,7 +350,7 @@ async fn overrides_change_one_value_expire_and_survive_reloads() {
     assert!(r.text().await.unwrap().contains("no rule `nope`"));
 
     // It expires: back to the rule's 3 a day with the count (2 used) carried over.
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    tokio::time::sleep_until(set_at + Duration::from_millis(6100)).await;
     assert_eq!(check(&server, "tenant", "acme").await.status(), 200);
     assert_eq!(check(&server, "tenant", "acme").await.status(), 429);
     let list: Value = admin
@@ -399,8 +401,9 @@ async fn the_admin_api_refuses_a_missing_or_wrong_token_and_changes_nothing() {
         "nothing was pushed"
     );
 
-    // And a non-loopback admin address without a token does not start.
-    let out = Command::new(binary())
+    // And a non-loopback admin address without a token does not start: it exits with 2 at
+    // once (a server that started anyway is killed and fails the test instead of hanging it).
+    let mut refused = Command::new(binary())
         .args([
             "serve",
             "--config",
@@ -410,10 +413,28 @@ async fn the_admin_api_refuses_a_missing_or_wrong_token_and_changes_nothing() {
         ])
         .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
         .env_remove("TOLLGATE_ADMIN_TOKEN")
-        .output()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
-    assert_ne!(out.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("give a token"));
+    let mut status = None;
+    for _ in 0..200 {
+        status = refused.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let Some(status) = status else {
+        let _ = refused.kill();
+        panic!(
+            "serve still runs 10 s after starting with a non-loopback admin address and no token"
+        );
+    };
+    assert_eq!(status.code(), Some(2));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut refused.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("give a token"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -112,12 +112,7 @@ async fn three_replicas_on_one_redis_admit_exactly_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_replicas_on_a_cluster_admit_exactly_the_limit() {
     let cluster = RedisCluster::start(3, 1);
-    let seeds: Vec<String> = cluster
-        .primary_ports()
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
-    let servers = replicas(&format!("redis+cluster://{}", seeds.join(",")), 3);
+    let servers = replicas(&cluster.store_url(), 3);
     exactly_the_limit_across(&servers, "hot").await;
     for port in cluster.primary_ports() {
         assert!(
@@ -499,7 +494,7 @@ descriptors:
     let local: u64 = {
         let mut sum = 0;
         for server in &servers {
-            sum += support::metric(
+            sum += tollgate_testkit::metric_sample(
                 &server.metrics().await,
                 "tollgate_local_budget_admissions_total",
             );
@@ -512,7 +507,7 @@ descriptors:
     for i in 0..10 {
         assert_eq!(check(0, "plain").await, i < 5, "request {i}");
     }
-    let prefiltered = support::metric(
+    let prefiltered = tollgate_testkit::metric_sample(
         &servers[0].metrics().await,
         "tollgate_prefilter_denials_total",
     );

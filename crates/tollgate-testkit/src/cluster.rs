@@ -191,6 +191,16 @@ impl RedisCluster {
             .collect()
     }
 
+    /// A tollgate store URL (`redis+cluster://...`) with every primary as a seed.
+    pub fn store_url(&self) -> String {
+        let seeds: Vec<String> = self
+            .primary_ports()
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+cluster://{}", seeds.join(","))
+    }
+
     /// Ports of the replicas, ascending.
     pub fn replica_ports(&self) -> Vec<u16> {
         self.nodes()

@@ -42,6 +42,7 @@ mod cluster;
 mod deadline;
 mod node;
 mod port;
+mod prometheus;
 mod proxy;
 mod resp;
 mod server;
@@ -51,6 +52,7 @@ pub use binary::{redis_binary, redis_cli_binary};
 pub use cluster::{
     ClusterNode, DEFAULT_CLUSTER_TIMEOUT, NodeRole, RedisCluster, RedisClusterBuilder,
 };
+pub use prometheus::sample as metric_sample;
 pub use proxy::{FaultProxy, Mode};
 pub use server::{DEFAULT_READY_TIMEOUT, RedisServer, RedisServerBuilder};
 pub use slot::{SLOT_COUNT, key_slot};

@@ -389,12 +389,7 @@ async fn a_dead_primary_affects_only_its_own_slots() {
             &["CONFIG", "SET", "cluster-require-full-coverage", "no"],
         );
     }
-    let seeds: Vec<String> = cluster
-        .primary_ports()
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
-    let limiter = limiter(&format!("redis+cluster://{}", seeds.join(","))).await;
+    let limiter = limiter(&cluster.store_url()).await;
     // Find two users whose counters live on different primaries.
     let owner_of = |value: &str| {
         cluster

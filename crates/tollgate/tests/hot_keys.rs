@@ -13,7 +13,7 @@ use tollgate::policy::Policy;
 use tollgate::resilience::Posture;
 use tollgate::store::{RedisOptions, RedisStore, StoreBackend, StoreUrl};
 use tollgate_core::Algorithm;
-use tollgate_testkit::{FaultProxy, Mode, RedisCluster, RedisServer};
+use tollgate_testkit::{FaultProxy, Mode, RedisCluster, RedisServer, metric_sample};
 
 /// One rule per algorithm in each of two identical domains, `a` and `b` (so two limiters can
 /// run the same sequence on separate counters of one Redis).
@@ -82,12 +82,6 @@ fn seen(response: &CheckResponse) -> (Code, Option<Duration>) {
         .filter_map(|d| d.retry_after)
         .max();
     (response.overall, retry)
-}
-
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }
 
 /// A wall clock start, so Redis TTLs derived from the pinned time are meaningful.
@@ -183,13 +177,16 @@ async fn the_prefilter_never_changes_an_answer() {
         );
     }
     let metrics = with.render_metrics().await;
-    let answered = metric(&metrics, "tollgate_prefilter_denials_total");
+    let answered = metric_sample(&metrics, "tollgate_prefilter_denials_total");
     assert!(
         answered > 100,
         "the prefilter answered only {answered} requests"
     );
     let metrics = without.render_metrics().await;
-    assert_eq!(metric(&metrics, "tollgate_prefilter_denials_total"), 0);
+    assert_eq!(
+        metric_sample(&metrics, "tollgate_prefilter_denials_total"),
+        0
+    );
 }
 
 /// A remembered denial is answered without Redis: with Redis unreachable, the denied key is
@@ -247,12 +244,7 @@ async fn local_budgets_admit_exactly_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_budgets_admit_exactly_the_limit_on_a_cluster() {
     let cluster = RedisCluster::start(3, 1);
-    let seeds: Vec<String> = cluster
-        .primary_ports()
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
-    let url = format!("redis+cluster://{}", seeds.join(","));
+    let url = cluster.store_url();
     budgets_admit_exactly_the_limit(&url, &["fixed_window", "gcra"]).await;
 }
 
@@ -308,7 +300,7 @@ async fn budgets_admit_exactly_the_limit(url: &str, algorithms: &[&str]) {
             futures_util::future::join_all(replicas.iter().map(|r| r.render_metrics()))
                 .await
                 .iter()
-                .map(|m| metric(m, "tollgate_local_budget_admissions_total"))
+                .map(|m| metric_sample(m, "tollgate_local_budget_admissions_total"))
                 .sum();
         assert!(
             local >= 400,

@@ -1264,6 +1264,7 @@ return out";
                 return Ok(());
             }
             let lines: Vec<String> = call.invoke(&mut redis.con).unwrap();
+            prop_assert_eq!(lines.len(), kept.len());
             for ((a, b, m), line) in kept.into_iter().zip(lines) {
                 let product = u128::from(a) * u128::from(b);
                 let (m128, a128) = (u128::from(m), u128::from(a));

@@ -143,14 +143,6 @@ impl Drop for Server {
     }
 }
 
-/// The value of the unlabelled sample `name` in Prometheus text.
-#[allow(dead_code)] // not every test binary reads metrics
-pub fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
-}
-
 /// A running `tollgate bench-server` (the no-op ceiling); killed when dropped.
 pub struct BenchServer {
     child: Child,

@@ -155,14 +155,7 @@ async fn redis_cluster_conforms() {
             cluster.cli(port, &["FLUSHALL"]);
         }
         let clock = wall_clock();
-        let seeds = cluster
-            .primary_ports()
-            .iter()
-            .map(|p| format!("127.0.0.1:{p}"))
-            .collect::<Vec<_>>();
-        let url: StoreUrl = format!("redis+cluster://{}", seeds.join(","))
-            .parse()
-            .unwrap();
+        let url: StoreUrl = cluster.store_url().parse().unwrap();
         let store = RedisStore::connect(&url, options(), clock.clone())
             .await
             .unwrap()
