@@ -47,9 +47,7 @@ async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
     );
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
+    let stopped = crate::serve::stopped;
     let http_server = axum::serve(
         crate::serve::no_delay_http(http),
         tollgate_server::http::allow_all_router(),
@@ -64,11 +62,7 @@ async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
     crate::serve::shutdown_signal(terminate).await;
     info!("Shutting down");
     let _ = stop_tx.send(true);
-    if let Err(e) = http_task.await? {
-        warn!(error = %e, "HTTP server stopped with an error");
-    }
-    if let Err(e) = grpc_task.await? {
-        warn!(error = %e, "gRPC server stopped with an error");
-    }
+    crate::serve::join_server(http_task, "HTTP").await?;
+    crate::serve::join_server(grpc_task, "gRPC").await?;
     Ok(ExitCode::SUCCESS)
 }

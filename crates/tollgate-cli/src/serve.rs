@@ -12,7 +12,7 @@ use clap::Args;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tollgate::clock::SystemClock;
-use tollgate::lifecycle::{Lifecycle, Origin, sources_hash};
+use tollgate::lifecycle::Lifecycle;
 use tollgate::limiter::{FailureSettings, Limiter};
 use tollgate::policy::Policy;
 use tollgate::resilience::{BreakerConfig, Posture};
@@ -282,9 +282,6 @@ async fn serve(
     ));
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
 
     let sweeper = {
         let limiter = limiter.clone();
@@ -346,20 +343,30 @@ async fn serve(
     shutdown_signal(terminate).await;
     info!("Shutting down: finishing requests in flight");
     let _ = stop_tx.send(true);
-    if let Err(e) = http_task.await? {
-        warn!(error = %e, "HTTP server stopped with an error");
-    }
-    if let Err(e) = grpc_task.await? {
-        warn!(error = %e, "gRPC server stopped with an error");
-    }
-    if let Err(e) = admin_task.await? {
-        warn!(error = %e, "Admin server stopped with an error");
-    }
+    join_server(http_task, "HTTP").await?;
+    join_server(grpc_task, "gRPC").await?;
+    join_server(admin_task, "Admin").await?;
     let _ = sweeper.await;
     let _ = reloader.await;
     let _ = sync.await;
     info!("Stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves once `rx` says stop: the servers' graceful-shutdown signal.
+pub(crate) async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// Waits for a server's task and logs an error it stopped with.
+pub(crate) async fn join_server<E: std::fmt::Display>(
+    task: tokio::task::JoinHandle<Result<(), E>>,
+    what: &str,
+) -> anyhow::Result<()> {
+    if let Err(e) = task.await? {
+        warn!(error = %e, "{what} server stopped with an error");
+    }
+    Ok(())
 }
 
 /// Binds `addr` for `what`; the error names both.
@@ -395,8 +402,6 @@ async fn watch_policy(
     mut hangup: Option<tokio::signal::unix::Signal>,
     mut stop: watch::Receiver<bool>,
 ) {
-    // What the files held when last looked at: a push is not undone by unchanged files.
-    let mut seen = lifecycle.current().hash.clone();
     let mut tick = tokio::time::interval(if every.is_zero() {
         Duration::from_secs(3600)
     } else {
@@ -415,20 +420,8 @@ async fn watch_policy(
                 if every.is_zero() {
                     continue;
                 }
-                let Some(path) = lifecycle.config_path() else { continue };
-                match Policy::read_sources(path) {
-                    Ok(sources) => {
-                        let hash = sources_hash(&sources);
-                        if hash != seen {
-                            seen = hash;
-                            info!(path = %path.display(), "Policy files changed; reloading");
-                            // The life cycle logs a rejected candidate with every problem.
-                            let _ = lifecycle.activate(sources, Origin::File);
-                        }
-                    }
-                    // Mid-swap (a file briefly missing) or unreadable: try again next tick.
-                    Err(_) => continue,
-                }
+                // The life cycle logs a rejected candidate with every problem.
+                let _ = lifecycle.reload_if_files_changed();
             }
             _ = hup => {
                 info!("SIGHUP: reloading the policy");

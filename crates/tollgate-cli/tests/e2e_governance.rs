@@ -158,6 +158,39 @@ async fn sighup_reloads_the_policy() {
     assert_eq!(remaining(&server, "tenant", "t").await, 29);
 }
 
+/// Files read by a SIGHUP count as seen: the watcher's next look at them must not undo a push
+/// made in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_after_a_sighup_survives_the_file_watcher() {
+    let server = Server::start_with_args(V1, &["--watch-interval", "2s"]);
+    // After the watcher's first look (at start), well before its second (at 2 s).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    replace_file(
+        &server,
+        &V1.replace("requests_per_unit: 3}", "requests_per_unit: 30}"),
+    );
+    server.signal("HUP");
+    wait_for_version(&server, 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pushed = dir.path().join("pushed.yaml");
+    std::fs::write(
+        &pushed,
+        V1.replace("requests_per_unit: 3}", "requests_per_unit: 1}"),
+    )
+    .unwrap();
+    let (code, out, err) = server.policy_cli(&["push", pushed.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    wait_for_version(&server, 3).await;
+    // Past the watcher's next look: the push still runs.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(policy_version(&server).await, 3);
+    assert_eq!(
+        remaining(&server, "tenant", "t").await,
+        0,
+        "the pushed limit of 1"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_list_diff_and_rollback_from_the_cli() {
     let server = Server::start_with_args(V1, &["--watch-interval", "0s"]);

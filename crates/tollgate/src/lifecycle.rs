@@ -108,6 +108,10 @@ pub struct Lifecycle {
     history: Mutex<Vec<Arc<PolicyVersion>>>,
     current: Mutex<Arc<PolicyVersion>>,
     counts: Counts,
+    /// The hash of the config files when last read (at start, by a reload or by
+    /// [`Lifecycle::reload_if_files_changed`]): files that have not changed since never undo
+    /// a push or a rollback.
+    files_seen: Mutex<String>,
     /// Told about every version this replica activates itself (not ones it adopted), so they can
     /// be published to the other replicas.
     published: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Arc<PolicyVersion>>>>,
@@ -135,9 +139,10 @@ impl Lifecycle {
         sources: Vec<(String, String)>,
     ) -> Self {
         let rules = limiter.policy().rules().len();
+        let hash = sources_hash(&sources);
         let first = Arc::new(PolicyVersion {
             seq: 1,
-            hash: sources_hash(&sources),
+            hash: hash.clone(),
             origin: Origin::File,
             accepted_at: limiter.clock().now(),
             sources,
@@ -149,6 +154,7 @@ impl Lifecycle {
             history: Mutex::new(vec![first.clone()]),
             current: Mutex::new(first),
             counts: Counts::default(),
+            files_seen: Mutex::new(hash),
             published: Mutex::new(None),
         }
     }
@@ -259,12 +265,34 @@ impl Lifecycle {
             return Ok(Activation::Unchanged(self.current()));
         };
         match Policy::read_sources(path) {
-            Ok(sources) => self.activate(sources, Origin::File),
+            Ok(sources) => {
+                *self.files_seen.lock() = sources_hash(&sources);
+                self.activate(sources, Origin::File)
+            }
             Err(errors) => {
                 self.counts.rejected.fetch_add(1, Ordering::Relaxed);
                 Err(errors)
             }
         }
+    }
+
+    /// Re-reads the config path and activates it only if the files changed since they were
+    /// last read, so that unchanged files never undo a push or a rollback (the file watcher).
+    /// `None` when nothing changed, or when the files cannot be read right now (a file
+    /// briefly missing mid-swap): the next call tries again.
+    pub fn reload_if_files_changed(&self) -> Option<Result<Activation, PolicyErrors>> {
+        let path = self.config.as_ref()?;
+        let sources = Policy::read_sources(path).ok()?;
+        let hash = sources_hash(&sources);
+        {
+            let mut seen = self.files_seen.lock();
+            if *seen == hash {
+                return None;
+            }
+            *seen = hash;
+        }
+        info!(path = %path.display(), "Policy files changed; reloading");
+        Some(self.activate(sources, Origin::File))
     }
 
     /// Returns to version `to`, or to the one before the running one.
