@@ -75,12 +75,8 @@ impl AdminClient {
         if let Some(body) = body {
             request = request.json(&body);
         }
-        let url = format!("{}{path}", self.base);
         self.runtime.block_on(async {
-            let response = request
-                .send()
-                .await
-                .with_context(|| format!("could not reach {url}"))?;
+            let response = self.execute(request, path).await?;
             let status = response.status().as_u16();
             let body: Value = response
                 .json()
@@ -93,13 +89,33 @@ impl AdminClient {
     /// Sends a request and returns the status and the answer as text.
     pub fn send_text(&self, method: &str, path: &str) -> anyhow::Result<(u16, String)> {
         let request = self.request(method, path)?;
-        let url = format!("{}{path}", self.base);
         self.runtime.block_on(async {
-            let response = request
-                .send()
-                .await
-                .with_context(|| format!("could not reach {url}"))?;
+            let response = self.execute(request, path).await?;
             Ok((response.status().as_u16(), response.text().await?))
         })
     }
+
+    async fn execute(
+        &self,
+        request: reqwest::RequestBuilder,
+        path: &str,
+    ) -> anyhow::Result<reqwest::Response> {
+        request
+            .send()
+            .await
+            .with_context(|| format!("could not reach {}{path}", self.base))
+    }
+}
+
+/// The JSON answer of a `200`, or an error with the server's `error` (and its `problems`, one
+/// a line on stderr).
+pub fn expect_ok((status, body): (u16, Value)) -> anyhow::Result<Value> {
+    if status == 200 {
+        return Ok(body);
+    }
+    let error = body["error"].as_str().unwrap_or("request failed");
+    for problem in body["problems"].as_array().cloned().unwrap_or_default() {
+        eprintln!("{}", problem.as_str().unwrap_or_default());
+    }
+    anyhow::bail!("server answered {status}: {error}")
 }

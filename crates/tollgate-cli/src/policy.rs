@@ -11,7 +11,7 @@ use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 use tollgate::policy::Policy;
 
-use crate::admin_client::AdminClient;
+use crate::admin_client::{AdminClient, expect_ok};
 
 #[derive(Debug, Args)]
 pub struct PolicyArgs {
@@ -219,17 +219,6 @@ fn render_report(report: &Value) -> String {
         );
     }
     out
-}
-
-fn expect_ok((status, body): (u16, Value)) -> anyhow::Result<Value> {
-    if status == 200 {
-        return Ok(body);
-    }
-    let error = body["error"].as_str().unwrap_or("request failed");
-    for problem in body["problems"].as_array().cloned().unwrap_or_default() {
-        eprintln!("{}", problem.as_str().unwrap_or_default());
-    }
-    bail!("server answered {status}: {error}")
 }
 
 fn activation(answer: (u16, Value)) -> anyhow::Result<ExitCode> {

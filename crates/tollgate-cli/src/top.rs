@@ -2,10 +2,9 @@
 
 use std::process::ExitCode;
 
-use anyhow::bail;
 use clap::Args;
 
-use crate::admin_client::{AdminArgs, AdminClient};
+use crate::admin_client::{AdminArgs, AdminClient, expect_ok};
 
 #[derive(Debug, Args)]
 pub struct TopArgs {
@@ -30,13 +29,7 @@ pub fn run(args: TopArgs) -> anyhow::Result<ExitCode> {
         encode(&args.rule),
         args.count
     );
-    let (status, body) = client.send("GET", &query, None)?;
-    if status != 200 {
-        bail!(
-            "server answered {status}: {}",
-            body["error"].as_str().unwrap_or("?")
-        );
-    }
+    let body = expect_ok(client.send("GET", &query, None)?)?;
     let keys = body["keys"].as_array().cloned().unwrap_or_default();
     if keys.is_empty() {
         println!(
