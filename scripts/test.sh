@@ -40,7 +40,13 @@ fi
 step "Python interop client (grpcio + envoy-data-plane) in /var/tmp/tollgate-venv"
 venv=/var/tmp/tollgate-venv
 if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
+  if ! python3 -m venv "$venv"; then
+    # Debian's python3 ships venv without ensurepip: it comes with python3-venv.
+    rm -rf "$venv"
+    if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null
+    python3 -m venv "$venv"
+  fi
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/interop/requirements.txt
 export TOLLGATE_PYTHON="$venv/bin/python"
