@@ -7,7 +7,7 @@
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::policy::Policy;
+use crate::policy::{Policy, RuleMode};
 use crate::resilience::Posture;
 
 /// What happened to one descriptor checked against a rule.
@@ -24,6 +24,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// How a decision by a rule in `mode` is counted.
+    pub fn of(denied: bool, mode: RuleMode) -> Outcome {
+        match (denied, mode) {
+            (false, _) => Outcome::Allowed,
+            (true, RuleMode::Enforce) => Outcome::Denied,
+            (true, RuleMode::Shadow) => Outcome::ShadowWouldDeny,
+            (true, RuleMode::Soft) => Outcome::SoftExceeded,
+        }
+    }
+
     /// Every outcome, in rendering order.
     pub const ALL: [Outcome; 4] = [
         Outcome::Allowed,

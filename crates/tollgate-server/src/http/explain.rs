@@ -25,7 +25,6 @@ pub async fn explain(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Respon
         Err(e) => return limit_error_response(&e),
     };
     let binding = answer.binding_index();
-    let default_posture = limiter.failure_settings().posture;
     let statuses: Vec<Value> = answer
         .statuses
         .iter()
@@ -54,11 +53,7 @@ pub async fn explain(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Respon
                 });
                 v["rule_location"] = json!(rule.map(|r| r.location.to_string()));
                 v["mode"] = json!(rule.map_or("enforce", |r| r.mode.name()));
-                v["on_store_error"] = json!(
-                    rule.and_then(|r| r.on_store_error)
-                        .unwrap_or(default_posture)
-                        .name()
-                );
+                v["on_store_error"] = json!(limiter.posture_of(Some(limit)).name());
                 v["algorithm"] = json!(params.map(|p| p.algorithm().name()));
                 v["limit"] = json!(decision.limit);
                 v["period_ms"] = json!(params.map(|p| ceil_ms(p.period())));

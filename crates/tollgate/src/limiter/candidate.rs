@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tollgate_core::Timestamp;
 
 use super::request::RequestDescriptor;
-use super::{TOP_KEYS_PER_RULE, record_top_key};
+use super::{record_top_key, top_keys_per_rule};
 use crate::lifecycle::sources_hash;
 use crate::metrics::{Outcome, RuleCounters, escape_label};
 use crate::observe::{TopEntry, TopKeys};
@@ -55,11 +55,7 @@ impl Candidate {
     /// A candidate running `policy`, compiled (and validated) from `sources`, starting now.
     pub fn new(policy: Policy, sources: Vec<(String, String)>, started_at: Timestamp) -> Self {
         let counters = RuleCounters::for_policy(&policy);
-        let top = policy
-            .rules()
-            .iter()
-            .map(|_| TopKeys::new(TOP_KEYS_PER_RULE))
-            .collect();
+        let top = top_keys_per_rule(&policy);
         Candidate {
             hash: sources_hash(&sources),
             policy: Arc::new(policy),
@@ -102,7 +98,7 @@ impl Candidate {
                 name: rule.name.clone(),
                 mode: rule.mode,
                 allowed: self.counters.get(rule.index, Outcome::Allowed),
-                would_deny: self.counters.get(rule.index, denial(rule.mode)),
+                would_deny: self.counters.get(rule.index, Outcome::of(true, rule.mode)),
                 top: self
                     .top
                     .get(rule.index)
@@ -113,12 +109,9 @@ impl Candidate {
 
     /// Counts one decision `rule` of this candidate made for `descriptor`.
     pub(super) fn record(&self, rule: &Rule, descriptor: &RequestDescriptor, denied: bool) {
-        if !denied {
-            self.counters.record(rule.index, Outcome::Allowed);
-            return;
-        }
-        self.counters.record(rule.index, denial(rule.mode));
-        if let Some(top) = self.top.get(rule.index) {
+        self.counters
+            .record(rule.index, Outcome::of(denied, rule.mode));
+        if denied && let Some(top) = self.top.get(rule.index) {
             record_top_key(top, descriptor);
         }
     }
@@ -141,15 +134,6 @@ impl Candidate {
                 );
             }
         }
-    }
-}
-
-/// How a denial by a rule in `mode` is counted: as the live policy would count it.
-fn denial(mode: RuleMode) -> Outcome {
-    match mode {
-        RuleMode::Enforce => Outcome::Denied,
-        RuleMode::Shadow => Outcome::ShadowWouldDeny,
-        RuleMode::Soft => Outcome::SoftExceeded,
     }
 }
 

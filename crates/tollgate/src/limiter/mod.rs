@@ -154,11 +154,7 @@ impl Limiter {
 
     fn snapshot(policy: Policy) -> Snapshot {
         let counters = RuleCounters::for_policy(&policy);
-        let top = policy
-            .rules()
-            .iter()
-            .map(|_| TopKeys::new(TOP_KEYS_PER_RULE))
-            .collect();
+        let top = top_keys_per_rule(&policy);
         Snapshot {
             policy: Arc::new(policy),
             counters,
@@ -350,13 +346,9 @@ impl Limiter {
                 if let Some(posture) = degraded {
                     snapshot.counters.record_degraded(rule.index, posture);
                 }
-                let outcome = match (denied, mode) {
-                    (false, _) => Outcome::Allowed,
-                    (true, RuleMode::Enforce) => Outcome::Denied,
-                    (true, RuleMode::Shadow) => Outcome::ShadowWouldDeny,
-                    (true, RuleMode::Soft) => Outcome::SoftExceeded,
-                };
-                snapshot.counters.record(rule.index, outcome);
+                snapshot
+                    .counters
+                    .record(rule.index, Outcome::of(denied, mode));
                 if denied && let Some(top) = snapshot.top.get(rule.index) {
                     record_top_key(top, &descriptors[*i]);
                 }
@@ -457,7 +449,9 @@ impl Limiter {
         Ok(())
     }
 
-    fn posture_of(&self, limit: Option<&AppliedLimit>) -> Posture {
+    /// The failure posture that answers for `limit` when the store cannot: its rule's
+    /// `on_store_error`, else the default.
+    pub fn posture_of(&self, limit: Option<&AppliedLimit>) -> Posture {
         limit
             .and_then(AppliedLimit::rule)
             .and_then(|rule| rule.on_store_error)
@@ -656,6 +650,15 @@ fn mode_of(limit: &AppliedLimit) -> RuleMode {
 }
 
 /// Counts a denial of `descriptor` in `top`, shown as `key=value,key=value`.
+/// One table of top denied keys per rule of `policy`.
+fn top_keys_per_rule(policy: &Policy) -> Box<[TopKeys]> {
+    policy
+        .rules()
+        .iter()
+        .map(|_| TopKeys::new(TOP_KEYS_PER_RULE))
+        .collect()
+}
+
 fn record_top_key(top: &TopKeys, descriptor: &RequestDescriptor) {
     let mut text = TopKeyText::default();
     describe_entries(descriptor, &mut text);
