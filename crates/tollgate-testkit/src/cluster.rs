@@ -265,7 +265,9 @@ impl RedisCluster {
     /// Waits until the cluster is healthy: every running node reports `cluster_state:ok`, knows
     /// every node with none in handshake, flags no running node as failing, and sees all 16384 slots
     /// owned by running primaries with the same owners as every other node; every running replica
-    /// reports `master_link_status:up`. Stopped nodes are not asked.
+    /// reports `master_link_status:up`, and no node sees a running primary without slots (every
+    /// node meant to be a replica, a restarted failed-over primary included, is one everywhere).
+    /// Stopped nodes are not asked.
     ///
     /// # Panics
     ///
@@ -456,6 +458,18 @@ impl RedisCluster {
                 }
             }
             let owners = slot_owners(&view).map_err(|err| format!("127.0.0.1:{port} {err}"))?;
+            // A node that is becoming a replica (set up, or a failed-over primary restarted)
+            // shows as a primary without slots until every node has heard: not settled yet.
+            if let Some(empty) = view.iter().find(|entry| {
+                entry.role() == Some(NodeRole::Primary)
+                    && running.contains(&entry.port)
+                    && !owners.iter().any(|(_, owner)| *owner == entry.port)
+            }) {
+                return Err(format!(
+                    "127.0.0.1:{port} sees 127.0.0.1:{} as a primary without slots",
+                    empty.port
+                ));
+            }
             if let Some((stopped, _)) = owners.iter().find(|(_, owner)| !running.contains(owner)) {
                 return Err(format!(
                     "127.0.0.1:{port} sees slots {}-{} owned by a stopped node",
