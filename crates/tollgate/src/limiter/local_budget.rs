@@ -18,8 +18,6 @@
 //! `docs/local-budgets.md` derives these bounds and reports measured ones. Leaky buckets are
 //! refused (each request must get its own delay from the store), as are shadow and soft rules.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,10 +25,9 @@ use tokio::sync::Mutex as AsyncMutex;
 use tollgate_core::{Algorithm, Decision, Params, Timestamp, Verdict};
 use tracing::debug;
 
+use super::keyed_shards::KeyedShards;
 use crate::policy::LocalBudget;
 use crate::store::{Charge, RedisStore};
-
-const SHARDS: usize = 16;
 
 /// One key's lease on this replica.
 #[derive(Debug, Default)]
@@ -154,34 +151,15 @@ impl Taken {
     }
 }
 
-type Shard = parking_lot::Mutex<HashMap<Box<[u8]>, Arc<Slot>>>;
-
 /// This replica's leases, by counter key.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Leases {
-    shards: Box<[Shard]>,
-    hasher: RandomState,
-}
-
-impl Default for Leases {
-    fn default() -> Self {
-        Leases {
-            shards: (0..SHARDS)
-                .map(|_| parking_lot::Mutex::new(HashMap::new()))
-                .collect(),
-            hasher: RandomState::new(),
-        }
-    }
+    slots: KeyedShards<Arc<Slot>>,
 }
 
 impl Leases {
     fn slot(&self, key: &[u8]) -> Arc<Slot> {
-        let shard = &self.shards[(self.hasher.hash_one(key) as usize) & (SHARDS - 1)];
-        let mut map = shard.lock();
-        match map.get(key) {
-            Some(slot) => slot.clone(),
-            None => map.entry(key.into()).or_default().clone(),
-        }
+        self.slots.get_or_insert_with(key, Arc::default)
     }
 
     /// Admits `request` from this replica's lease on its key, reserving a new lease from
@@ -286,22 +264,19 @@ impl Leases {
     /// another epoch) and forgets it. Returns the keys that got units back.
     pub async fn sweep(&self, store: &RedisStore, now: Timestamp, epoch: u64) -> Vec<Box<[u8]>> {
         let mut lapsed: Vec<(Box<[u8]>, Option<Unused>)> = Vec::new();
-        for shard in self.shards.iter() {
-            let mut map = shard.lock();
-            map.retain(|key, slot| {
-                // A lease being renewed right now is not lapsing.
-                let Ok(_renewing) = slot.renewal.try_lock() else {
-                    return true;
-                };
-                let mut lease = slot.lease.lock();
-                let live = lease.epoch == epoch && now < lease.expires.max(lease.backoff_until);
-                if !live {
-                    lease.retired = true;
-                    lapsed.push((key.clone(), lease.empty()));
-                }
-                live
-            });
-        }
+        self.slots.retain(|key, slot| {
+            // A lease being renewed right now is not lapsing.
+            let Ok(_renewing) = slot.renewal.try_lock() else {
+                return true;
+            };
+            let mut lease = slot.lease.lock();
+            let live = lease.epoch == epoch && now < lease.expires.max(lease.backoff_until);
+            if !live {
+                lease.retired = true;
+                lapsed.push((key.into(), lease.empty()));
+            }
+            live
+        });
         let mut credited = Vec::new();
         for (key, unused) in lapsed {
             if let Some(unused) = unused {

@@ -3,6 +3,7 @@
 mod candidate;
 mod fallback;
 mod hot_keys;
+mod keyed_shards;
 mod keys;
 mod local_budget;
 mod overrides;

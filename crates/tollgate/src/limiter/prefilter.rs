@@ -16,17 +16,15 @@
 //! refunded (see `store::redis`): that is the one case left, for at most that request's cost
 //! and the time of one round trip.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use tollgate_core::{Decision, Timestamp, Verdict};
 
-const SHARDS: usize = 16;
+use super::keyed_shards::KeyedShards;
 
-/// Most denials remembered; beyond it new ones are not recorded until a sweep.
+/// Most denials remembered per shard (of 16); beyond it new ones are not recorded until a
+/// sweep.
 const MAX_ENTRIES_PER_SHARD: usize = 16_384;
 
 #[derive(Debug, Clone, Copy)]
@@ -46,33 +44,16 @@ impl Denial {
     }
 }
 
-type Shard = Mutex<HashMap<Box<[u8]>, Denial>>;
-
 /// Remembered denials, by counter key.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Prefilter {
-    shards: Box<[Shard]>,
-    hasher: RandomState,
+    denials: KeyedShards<Denial>,
     /// Whether any denial may be remembered: lets the common case (nothing remembered) skip
     /// hashing and locking.
     any: AtomicBool,
 }
 
-impl Default for Prefilter {
-    fn default() -> Self {
-        Prefilter {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
-            any: AtomicBool::new(false),
-        }
-    }
-}
-
 impl Prefilter {
-    fn shard(&self, key: &[u8]) -> &Shard {
-        &self.shards[(self.hasher.hash_one(key) as usize) & (SHARDS - 1)]
-    }
-
     /// The store's denial of a request of `cost` on `key` at `now`, if one of the same cost
     /// recorded in `epoch` still holds: its retry-after and reset shortened by the time passed
     /// since.
@@ -80,7 +61,7 @@ impl Prefilter {
         if !self.any.load(Ordering::Relaxed) {
             return None;
         }
-        let denial = *self.shard(key).lock().get(key)?;
+        let denial = self.denials.get(key, |d| *d)?;
         if denial.epoch != epoch || cost != denial.cost || now < denial.at {
             return None;
         }
@@ -108,15 +89,9 @@ impl Prefilter {
             cost,
             epoch,
         };
-        let mut shard = self.shard(key).lock();
-        let full = shard.len() >= MAX_ENTRIES_PER_SHARD;
-        match shard.get_mut(key) {
-            Some(entry) => *entry = denial,
-            None if !full => {
-                self.any.store(true, Ordering::Relaxed);
-                shard.insert(key.into(), denial);
-            }
-            None => {}
+        // A check that runs before `any` is raised only misses this denial, and asks the store.
+        if self.denials.set(key, denial, MAX_ENTRIES_PER_SHARD) {
+            self.any.store(true, Ordering::Relaxed);
         }
     }
 
@@ -125,22 +100,17 @@ impl Prefilter {
         if !self.any.load(Ordering::Relaxed) {
             return;
         }
-        let mut shard = self.shard(key).lock();
-        if !shard.is_empty() {
-            shard.remove(key);
-        }
+        self.denials.remove(key);
     }
 
     /// Drops the denials that have cleared at `now` (or belong to an older epoch).
     pub fn sweep(&self, now: Timestamp, epoch: u64) -> usize {
-        let (mut removed, mut remaining) = (0, 0);
-        for shard in self.shards.iter() {
-            let mut map = shard.lock();
-            let before = map.len();
-            map.retain(|_, d| d.epoch == epoch && d.until() > now);
-            removed += before - map.len();
-            remaining += map.len();
-        }
+        let mut removed = 0;
+        let remaining = self.denials.retain(|_, d| {
+            let keep = d.epoch == epoch && d.until() > now;
+            removed += usize::from(!keep);
+            keep
+        });
         // A denial recorded while this sweep ran may be hidden until the next one (the
         // prefilter then simply asks the store).
         self.any.store(remaining > 0, Ordering::Relaxed);
@@ -149,7 +119,7 @@ impl Prefilter {
 
     /// Denials remembered.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        self.denials.len()
     }
 }
 
