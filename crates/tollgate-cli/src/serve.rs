@@ -285,23 +285,22 @@ async fn serve(
 
     let sweeper = {
         let limiter = limiter.clone();
-        let mut rx = stop_rx.clone();
+        let rx = stop_rx.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(args.sweep_interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut hot = tokio::time::interval(Limiter::HOT_KEY_SWEEP);
             hot.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Leases and remembered denials exist on Redis only.
+            let hot_keys = matches!(limiter.store(), StoreBackend::Redis(_));
             loop {
-                let hot_keys = tokio::select! {
-                    _ = tick.tick() => false,
-                    _ = hot.tick() => true,
-                    _ = rx.wait_for(|stop| *stop) => break,
-                };
-                if hot_keys {
-                    limiter.sweep_hot_keys().await;
-                    continue;
+                tokio::select! {
+                    _ = tick.tick() => limiter.sweep_expired(),
+                    _ = hot.tick(), if hot_keys => {
+                        limiter.sweep_hot_keys().await;
+                    }
+                    _ = stopped(rx.clone()) => break,
                 }
-                limiter.sweep_expired();
             }
             limiter.release_local_budgets().await;
         })
