@@ -22,17 +22,6 @@ descriptors:
     rate_limit: {name: per_tenant, unit: day, requests_per_unit: 1}
 ";
 
-async fn check(server: &Server, key: &str, value: &str) -> reqwest::Response {
-    reqwest::Client::new()
-        .post(server.url("/v1/check"))
-        .json(
-            &json!({"domain": "api", "descriptors": [{"entries": [{"key": key, "value": value}]}]}),
-        )
-        .send()
-        .await
-        .unwrap()
-}
-
 async fn report(server: &Server) -> (u16, Value) {
     let r = reqwest::get(server.admin_url("/v1/admin/policy/candidate"))
         .await
@@ -72,7 +61,7 @@ async fn a_shadow_candidate_reports_what_it_would_deny_and_promote_makes_it_live
 
     // The live policy decides every request: 5 a day for each user, no tenant rule.
     for expected_remaining in [4, 3, 2, 1] {
-        let r = check(&server, "user", "a").await;
+        let r = server.check("user", "a").await;
         assert_eq!(r.status(), 200);
         let body: Value = r.json().await.unwrap();
         assert_eq!(
@@ -81,9 +70,9 @@ async fn a_shadow_candidate_reports_what_it_would_deny_and_promote_makes_it_live
         );
         assert_eq!(body["statuses"][0]["limit_name"], "per_user");
     }
-    assert_eq!(check(&server, "user", "b").await.status(), 200);
+    assert_eq!(server.check("user", "b").await.status(), 200);
     for _ in 0..2 {
-        assert_eq!(check(&server, "tenant", "t").await.status(), 200);
+        assert_eq!(server.check("tenant", "t").await.status(), 200);
     }
     // Explain charges nothing and is no traffic for the candidate either.
     let explained = reqwest::Client::new()
@@ -199,12 +188,12 @@ async fn a_shadow_candidate_reports_what_it_would_deny_and_promote_makes_it_live
     );
 
     // a used 4 of the live counter, so at 2 a day a is denied; b (1 used) gets one more.
-    assert_eq!(check(&server, "user", "a").await.status(), 429);
-    assert_eq!(check(&server, "user", "b").await.status(), 200);
-    assert_eq!(check(&server, "user", "b").await.status(), 429);
+    assert_eq!(server.check("user", "a").await.status(), 429);
+    assert_eq!(server.check("user", "b").await.status(), 200);
+    assert_eq!(server.check("user", "b").await.status(), 429);
     // The shadow's tenant counter was its own: the live per_tenant starts at zero.
-    assert_eq!(check(&server, "tenant", "t").await.status(), 200);
-    assert_eq!(check(&server, "tenant", "t").await.status(), 429);
+    assert_eq!(server.check("tenant", "t").await.status(), 200);
+    assert_eq!(server.check("tenant", "t").await.status(), 429);
     let (_, list, _) = server.policy_cli(&["list"]);
     let running = list.lines().find(|l| l.starts_with('*')).unwrap();
     assert!(
@@ -254,7 +243,7 @@ async fn drop_stops_shadowing_and_the_token_guards_the_candidate_routes() {
         token,
     ]);
     assert_eq!(code, 0, "{out}{err}");
-    check(&server, "user", "a").await;
+    server.check("user", "a").await;
     let (code, table, _) = server.policy_cli(&["candidate", "--token-file", token]);
     assert_eq!(code, 0);
     assert!(table.lines().any(|l| l.contains("per_user")), "{table}");
@@ -283,6 +272,6 @@ async fn drop_stops_shadowing_and_the_token_guards_the_candidate_routes() {
     );
 
     // The running policy never changed: a keeps the live 5 a day (1 used).
-    let body: Value = check(&server, "user", "a").await.json().await.unwrap();
+    let body: Value = server.check("user", "a").await.json().await.unwrap();
     assert_eq!(body["statuses"][0]["remaining"], 3);
 }

@@ -26,17 +26,8 @@ fn check_body(key: &str, value: &str) -> Value {
     json!({"domain": "api", "descriptors": [{"entries": [{"key": key, "value": value}]}]})
 }
 
-async fn check(server: &Server, key: &str, value: &str) -> reqwest::Response {
-    reqwest::Client::new()
-        .post(server.url("/v1/check"))
-        .json(&check_body(key, value))
-        .send()
-        .await
-        .unwrap()
-}
-
 async fn remaining(server: &Server, key: &str, value: &str) -> Value {
-    let r = check(server, key, value).await;
+    let r = server.check(key, value).await;
     let body: Value = r.json().await.unwrap();
     body["statuses"][0]["remaining"].clone()
 }
@@ -74,7 +65,7 @@ async fn wait_for_version(server: &Server, seq: u64) {
 async fn file_changes_reload_under_load_without_failures_and_keep_counters() {
     let server = Arc::new(Server::start(V1));
     for _ in 0..2 {
-        check(&server, "user", "alice").await;
+        server.check("user", "alice").await;
     }
     // Load from 16 callers while the file changes twice (one valid, one broken).
     let failures = Arc::new(AtomicU64::new(0));
@@ -205,9 +196,9 @@ async fn push_list_diff_and_rollback_from_the_cli() {
     let (code, out, err) = server.policy_cli(&["push", candidate.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("activated: version 2-"), "{out}");
-    check(&server, "tenant", "t").await;
+    server.check("tenant", "t").await;
     assert_eq!(
-        check(&server, "tenant", "t").await.status(),
+        server.check("tenant", "t").await.status(),
         429,
         "the pushed limit of 1 applies"
     );
@@ -247,9 +238,9 @@ async fn push_list_diff_and_rollback_from_the_cli() {
     assert_eq!(code, 0);
     assert!(out.starts_with("activated: version 3-"), "{out}");
     // The counter (1 used) carried over; back at 3 a day, two more are allowed, then none.
-    assert_eq!(check(&server, "tenant", "t").await.status(), 200);
-    assert_eq!(check(&server, "tenant", "t").await.status(), 200);
-    assert_eq!(check(&server, "tenant", "t").await.status(), 429);
+    assert_eq!(server.check("tenant", "t").await.status(), 200);
+    assert_eq!(server.check("tenant", "t").await.status(), 200);
+    assert_eq!(server.check("tenant", "t").await.status(), 429);
     let (_, show, _) = server.policy_cli(&["show", "3"]);
     assert!(show.contains("requests_per_unit: 3}"), "{show}");
     let (code, _, err) = server.policy_cli(&["rollback", "--to", "99"]);
@@ -260,7 +251,7 @@ async fn push_list_diff_and_rollback_from_the_cli() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_shows_the_binding_rule_and_charges_nothing() {
     let server = Server::start(V1);
-    check(&server, "tenant", "t").await;
+    server.check("tenant", "t").await;
     let body = json!({"domain": "api", "descriptors": [
         {"entries": [{"key": "user", "value": "u"}]},
         {"entries": [{"key": "tenant", "value": "t"}]},
@@ -305,10 +296,10 @@ async fn explain_shows_the_binding_rule_and_charges_nothing() {
 async fn a_soft_limit_allows_and_marks_the_overage() {
     let server = Server::start(V1);
     for _ in 0..2 {
-        let r = check(&server, "burst", "b").await;
+        let r = server.check("burst", "b").await;
         assert!(r.headers().get("x-tollgate-soft-exceeded").is_none());
     }
-    let r = check(&server, "burst", "b").await;
+    let r = server.check("burst", "b").await;
     assert_eq!(r.status(), 200, "soft: allowed");
     let delay: u64 = r.headers()["x-tollgate-soft-exceeded"]
         .to_str()
@@ -384,8 +375,8 @@ async fn overrides_change_one_value_expire_and_survive_reloads() {
 
     // It expires: back to the rule's 3 a day with the count (2 used) carried over.
     tokio::time::sleep_until(set_at + Duration::from_millis(6100)).await;
-    assert_eq!(check(&server, "tenant", "acme").await.status(), 200);
-    assert_eq!(check(&server, "tenant", "acme").await.status(), 429);
+    assert_eq!(server.check("tenant", "acme").await.status(), 200);
+    assert_eq!(server.check("tenant", "acme").await.status(), 429);
     let list: Value = admin
         .get(server.admin_url("/v1/admin/overrides"))
         .send()
@@ -475,7 +466,7 @@ async fn top_throttled_keys_and_the_metrics_families() {
     let server = Server::start(V1);
     for (user, tries) in [("noisy", 12), ("mild", 7), ("quiet", 5)] {
         for _ in 0..tries {
-            check(&server, "user", user).await;
+            server.check("user", user).await;
         }
     }
     let out = Command::new(binary())

@@ -4,7 +4,7 @@
 mod support;
 
 use serde_json::{Value, json};
-use support::Server;
+use support::{Server, header};
 
 const POLICY: &str = r#"
 domain: api
@@ -34,10 +34,6 @@ async fn post(server: &Server, path: &str, body: &Value) -> reqwest::Response {
         .send()
         .await
         .unwrap()
-}
-
-fn header<'a>(r: &'a reqwest::Response, name: &str) -> Option<&'a str> {
-    r.headers().get(name).map(|v| v.to_str().unwrap())
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use support::Server;
+use support::{Server, header};
 
 const NGINX: &str = "/usr/sbin/nginx";
 
@@ -155,10 +155,6 @@ fn free_port() -> SocketAddr {
         .unwrap()
         .local_addr()
         .unwrap()
-}
-
-fn header<'a>(r: &'a reqwest::Response, name: &str) -> Option<&'a str> {
-    r.headers().get(name).map(|v| v.to_str().unwrap())
 }
 
 async fn get(nginx: &Nginx, key: &str) -> reqwest::Response {

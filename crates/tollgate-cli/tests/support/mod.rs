@@ -67,6 +67,20 @@ impl Server {
         format!("http://{}{}", self.http, path)
     }
 
+    /// `POST /v1/check` with one descriptor `key=value` in domain `api`.
+    pub async fn check(&self, key: &str, value: &str) -> reqwest::Response {
+        let body = serde_json::json!({
+            "domain": "api",
+            "descriptors": [{"entries": [{"key": key, "value": value}]}],
+        });
+        reqwest::Client::new()
+            .post(self.url("/v1/check"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
     /// The server's `/metrics` text.
     pub async fn metrics(&self) -> String {
         reqwest::get(self.url("/metrics"))
@@ -141,6 +155,11 @@ impl Drop for Server {
             let _ = self.child.wait();
         }
     }
+}
+
+/// The value of header `name`, if the response has it.
+pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> Option<&'a str> {
+    r.headers().get(name).map(|v| v.to_str().unwrap())
 }
 
 /// A running `tollgate bench-server` (the no-op ceiling); killed when dropped.
