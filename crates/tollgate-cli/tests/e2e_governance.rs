@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Server, binary};
+use support::{Server, binary, eventually};
 
 const V1: &str = "domain: api
 descriptors:
@@ -49,16 +49,11 @@ async fn policy_version(server: &Server) -> u64 {
 }
 
 async fn wait_for_version(server: &Server, seq: u64) {
-    for _ in 0..100 {
-        if policy_version(server).await == seq {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!(
-        "version {seq} never became active:\n{}",
-        server.metrics().await
-    );
+    let what = format!("version {seq} became active");
+    eventually(Duration::from_secs(5), &what, async || {
+        policy_version(server).await == seq
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -104,12 +99,12 @@ async fn file_changes_reload_under_load_without_failures_and_keep_counters() {
         "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
     );
     let rejected = "tollgate_policy_reloads_total{result=\"rejected\"} 1";
-    for _ in 0..100 {
-        if server.metrics().await.contains(rejected) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        Duration::from_secs(5),
+        "the broken file was rejected",
+        async || server.metrics().await.contains(rejected),
+    )
+    .await;
     stop.store(true, Ordering::SeqCst);
     for c in callers {
         c.await.unwrap();

@@ -422,15 +422,12 @@ async fn overrides_reach_every_replica_sharing_redis() {
     let id = r.json::<serde_json::Value>().await.unwrap()["id"]
         .as_u64()
         .unwrap();
-    let mut seen = false;
-    for _ in 0..40 {
-        if limit_on(&servers[1]).await == 500 {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(seen, "the override reached the other replica");
+    support::eventually(
+        std::time::Duration::from_secs(2),
+        "the override reached the other replica",
+        async || limit_on(&servers[1]).await == 500,
+    )
+    .await;
 
     let r = http
         .delete(servers[1].admin_url(&format!("/v1/admin/overrides/{id}")))
@@ -438,15 +435,12 @@ async fn overrides_reach_every_replica_sharing_redis() {
         .await
         .unwrap();
     assert_eq!(r.status(), 204);
-    let mut gone = false;
-    for _ in 0..40 {
-        if limit_on(&servers[0]).await == 5 {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(gone, "the deletion reached the first replica");
+    support::eventually(
+        std::time::Duration::from_secs(2),
+        "the deletion reached the first replica",
+        async || limit_on(&servers[0]).await == 5,
+    )
+    .await;
 }
 
 /// `tollgate serve` with a local budget: two replicas admit exactly the limit of a hot key,

@@ -157,6 +157,18 @@ impl Drop for Server {
     }
 }
 
+/// Polls `done` every 50 ms until it holds; panics saying `what` did not happen if it still
+/// does not after `within`.
+pub async fn eventually(within: Duration, what: &str, mut done: impl AsyncFnMut() -> bool) {
+    for _ in 0..within.as_millis().div_ceil(50) {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(done().await, "{what} within {within:?}");
+}
+
 /// The value of header `name`, if the response has it.
 pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> Option<&'a str> {
     r.headers().get(name).map(|v| v.to_str().unwrap())
