@@ -41,9 +41,18 @@ impl Slot {
     #[cfg(test)]
     const SIZE: usize = 112;
 
+    /// Applies `transition` and renews the expiry from the same state, read once. A sliding
+    /// log is changed in place (no allocation once its buffer has grown to its longest length).
     fn apply(&mut self, transition: Transition, params: &Params) {
-        self.state.apply(transition);
-        self.expires_at = self.state.load().expires_at(params);
+        if let Stored::SlidingWindowLog(state) = &mut self.state {
+            state.apply(transition);
+            self.expires_at = state.expires_at(params);
+            return;
+        }
+        let mut state = self.state.load().into_owned();
+        state.apply(transition);
+        self.expires_at = state.expires_at(params);
+        self.state = Stored::from(state);
     }
 }
 
@@ -130,18 +139,6 @@ impl Stored {
                 scale,
             },
         })
-    }
-
-    /// Applies `transition`; a sliding log is changed in place (no allocation once its buffer
-    /// has grown to its longest length).
-    fn apply(&mut self, transition: Transition) {
-        if let Stored::SlidingWindowLog(state) = self {
-            state.apply(transition);
-            return;
-        }
-        let mut state = self.load().into_owned();
-        state.apply(transition);
-        *self = Stored::from(state);
     }
 }
 
