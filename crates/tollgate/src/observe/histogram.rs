@@ -84,11 +84,6 @@ impl Histogram {
         self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
-    /// The upper bounds in seconds, without the implicit `+Inf`.
-    pub fn bounds(&self) -> &'static [f64] {
-        self.bounds
-    }
-
     /// How many durations have been observed.
     pub fn count(&self) -> u64 {
         self.buckets.iter().fold(0, |sum, bucket| {
