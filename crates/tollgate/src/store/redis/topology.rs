@@ -14,13 +14,18 @@ use super::slot::SLOTS;
 use crate::clock::SharedClock;
 use crate::resilience::{Breaker, BreakerConfig, BreakerState};
 
+/// A node's address and its breaker.
+type Owner = (Arc<str>, Arc<Breaker>);
+
 /// Slot owners and per-node breakers.
 #[derive(Debug)]
 pub(super) struct Topology {
     /// The single server's address and breaker (also in `breakers`), looked up without a lock;
     /// `None` for a cluster, whose slots have no owner until the first `CLUSTER SLOTS` answer.
-    single: Option<(Arc<str>, Arc<Breaker>)>,
-    owners: RwLock<Vec<Arc<str>>>,
+    single: Option<Owner>,
+    /// Per slot, its owner with the owner's breaker: a call reads one entry under a read lock.
+    owners: RwLock<Vec<Owner>>,
+    /// Every node's breaker, kept across slot maps (a node that comes back finds its own).
     breakers: Mutex<HashMap<Arc<str>, Arc<Breaker>>>,
     config: BreakerConfig,
     clock: SharedClock,
@@ -41,11 +46,7 @@ impl Topology {
         Self::new(None, config, clock)
     }
 
-    fn new(
-        single: Option<(Arc<str>, Arc<Breaker>)>,
-        config: BreakerConfig,
-        clock: SharedClock,
-    ) -> Self {
+    fn new(single: Option<Owner>, config: BreakerConfig, clock: SharedClock) -> Self {
         Topology {
             single,
             owners: RwLock::new(Vec::new()),
@@ -56,24 +57,30 @@ impl Topology {
     }
 
     /// The node owning `slot` and its breaker; `None` while a cluster's map is unknown.
-    pub fn breaker_for(&self, slot: u16) -> Option<(Arc<str>, Arc<Breaker>)> {
-        if let Some((node, breaker)) = &self.single {
-            return Some((node.clone(), breaker.clone()));
+    pub fn breaker_for(&self, slot: u16) -> Option<Owner> {
+        if let Some(single) = &self.single {
+            return Some(single.clone());
         }
-        let node = self.owners.read().get(usize::from(slot))?.clone();
-        let breaker = self
-            .breakers
-            .lock()
-            .entry(node.clone())
-            .or_insert_with(|| Arc::new(Breaker::new(self.config, self.clock.clone())))
-            .clone();
-        Some((node, breaker))
+        self.owners.read().get(usize::from(slot)).cloned()
+    }
+
+    /// `node` with its breaker, made on first sight.
+    fn owner(&self, node: &str) -> Owner {
+        let mut breakers = self.breakers.lock();
+        if let Some((name, breaker)) = breakers.get_key_value(node) {
+            return (name.clone(), breaker.clone());
+        }
+        let name: Arc<str> = node.into();
+        let breaker = Arc::new(Breaker::new(self.config, self.clock.clone()));
+        breakers.insert(name.clone(), breaker.clone());
+        (name, breaker)
     }
 
     /// Records that `slot` moved to `node` (a `MOVED` answer), ahead of the next refresh.
     pub fn moved(&self, slot: u16, node: &str) {
-        if let Some(owner) = self.owners.write().get_mut(usize::from(slot)) {
-            *owner = node.into();
+        let owner = self.owner(node);
+        if let Some(entry) = self.owners.write().get_mut(usize::from(slot)) {
+            *entry = owner;
         }
     }
 
@@ -83,7 +90,7 @@ impl Topology {
             return vec![node.clone()];
         }
         let mut nodes: Vec<Arc<str>> = Vec::new();
-        for node in self.owners.read().iter() {
+        for (node, _) in self.owners.read().iter() {
             if !nodes.iter().any(|n| n == node) {
                 nodes.push(node.clone());
             }
@@ -100,16 +107,11 @@ impl Topology {
         let Some((_, _, first)) = ranges.first() else {
             return false;
         };
-        let mut names: HashMap<&str, Arc<str>> = HashMap::new();
-        let first: Arc<str> = first.as_str().into();
-        let mut owners: Vec<Arc<str>> = vec![first; usize::from(SLOTS)];
+        let mut owners: Vec<Owner> = vec![self.owner(first); usize::from(SLOTS)];
         for (start, end, node) in &ranges {
-            let node = names
-                .entry(node.as_str())
-                .or_insert_with(|| node.as_str().into())
-                .clone();
+            let owner = self.owner(node);
             for slot in *start..=(*end).min(SLOTS - 1) {
-                owners[usize::from(slot)] = node.clone();
+                owners[usize::from(slot)] = owner.clone();
             }
         }
         *self.owners.write() = owners;
