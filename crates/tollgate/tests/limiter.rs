@@ -188,3 +188,19 @@ async fn outcomes_are_counted_per_rule() {
         )
     );
 }
+
+/// The HTTP and gRPC servers box each request's handler future, and `check`'s future is part of
+/// it: kept small, the box stays inside glibc's per-thread cache (blocks up to about 1 KB)
+/// instead of taking the allocator's shared arena lock on every request. The decision's own
+/// state (plans, decisions) must not be held across an await.
+#[test]
+fn a_check_future_holds_no_decision_state() {
+    let (_clock, limiter) = limiter();
+    let request = request(&[&[("user", "alice")], &[("ip", "10.0.0.1")]]);
+    let check = limiter.check(&request);
+    let size = std::mem::size_of_val(&check);
+    assert!(size <= 128, "Limiter::check's future is {size} bytes");
+    let explain = limiter.explain(&request);
+    let size = std::mem::size_of_val(&explain);
+    assert!(size <= 128, "Limiter::explain's future is {size} bytes");
+}
