@@ -33,6 +33,10 @@ descriptors:
 const DEADLINE: Duration = Duration::from_millis(20);
 const MARGIN: Duration = Duration::from_millis(80);
 
+/// Held by every test: they time their bursts against `MARGIN`, and a sibling test starting a
+/// cluster on the same two cores would eat into it.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn limiter(url: &str) -> Arc<Limiter> {
     let options = RedisOptions {
         connect_timeout: Duration::from_millis(500),
@@ -130,6 +134,7 @@ fn breaker_state(limiter: &Limiter) -> BreakerState {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_shut_down_and_restarted() {
+    let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
     let limiter = limiter(&redis.url()).await;
     for key in ["open", "closed", "local"] {
@@ -228,6 +233,7 @@ fn resident_kib() -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blackholed_redis_costs_at_most_the_deadline_and_leaks_nothing() {
+    let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
     let proxy = FaultProxy::start(redis.addr());
     let limiter = limiter(&proxy.url()).await;
@@ -280,6 +286,7 @@ async fn a_blackholed_redis_costs_at_most_the_deadline_and_leaks_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_redis_trips_the_deadline_and_the_breaker_then_recovers() {
+    let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
     let proxy = FaultProxy::start(redis.addr());
     let limiter = limiter(&proxy.url()).await;
@@ -325,6 +332,7 @@ async fn a_slow_redis_trips_the_deadline_and_the_breaker_then_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_memory_and_a_foreign_value_affect_only_their_requests() {
+    let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
     let limiter = limiter(&redis.url()).await;
 
@@ -380,6 +388,7 @@ async fn out_of_memory_and_a_foreign_value_affect_only_their_requests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_primary_affects_only_its_own_slots() {
+    let _serial = SERIAL.lock().await;
     let cluster = Arc::new(RedisCluster::start(3, 1));
     // By default a cluster refuses every query while any slot is uncovered; a deployment that
     // wants healthy slots to keep serving during a failover turns that off (see the README).
@@ -458,6 +467,7 @@ async fn a_dead_primary_affects_only_its_own_slots() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_work_beyond_the_in_flight_cap_is_shed_at_once() {
+    let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
     let proxy = FaultProxy::start(redis.addr());
     let options = RedisOptions {
