@@ -2,8 +2,6 @@
 //! length-prefixed, so no two different (rule, descriptor) pairs can produce the same bytes, and
 //! a value sent by a client can never reach into another rule's or tenant's key space.
 
-use std::io::Write;
-
 use smallvec::SmallVec;
 use tollgate_core::Params;
 
@@ -13,14 +11,31 @@ use super::request::RequestDescriptor;
 /// of typical size), so building keys allocates nothing on the hot path.
 pub type KeyBuf = SmallVec<[u8; 256]>;
 
+/// Appends `n` in decimal: a key takes several, and `write!` costs more than the rest of the key.
+fn push_decimal(buf: &mut KeyBuf, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&digits[start..]);
+}
+
 fn push_part(buf: &mut KeyBuf, part: &[u8]) {
     // Decimal length, then ':' — readable in `redis-cli`, and injective.
-    let _ = write!(buf, "{}:", part.len());
+    push_decimal(buf, part.len() as u64);
+    buf.push(b':');
     buf.extend_from_slice(part);
 }
 
 fn push_entries(buf: &mut KeyBuf, descriptor: &RequestDescriptor) {
-    let _ = write!(buf, "{}|", descriptor.entries().len());
+    push_decimal(buf, descriptor.entries().len() as u64);
+    buf.push(b'|');
     for (key, value) in descriptor.entries() {
         push_part(buf, key.as_bytes());
         push_part(buf, value.as_bytes());
@@ -57,12 +72,19 @@ pub fn override_key(
 ) {
     buf.extend_from_slice(b"o|");
     push_part(buf, domain.as_bytes());
-    let _ = write!(buf, "{}/{}|", params.limit(), params.period_micros());
+    push_decimal(buf, params.limit());
+    buf.push(b'/');
+    push_decimal(buf, params.period_micros());
+    buf.push(b'|');
     push_entries(buf, descriptor);
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use tollgate_core::Algorithm;
+
     use super::*;
 
     fn key(identity: &str, entries: &[(&str, &str)]) -> KeyBuf {
@@ -115,5 +137,28 @@ mod tests {
             key("r", &[("user", "alice")]),
             key("r", &[("user", "alice")])
         );
+    }
+
+    #[test]
+    fn decimals_are_written_as_format_writes_them() {
+        for n in [0, 1, 9, 10, 99, 100, 12_345, u64::from(u32::MAX), u64::MAX] {
+            let mut buf = KeyBuf::new();
+            push_decimal(&mut buf, n);
+            assert_eq!(buf.as_slice(), n.to_string().as_bytes());
+        }
+    }
+
+    #[test]
+    fn the_key_layout_is_stable() {
+        // Counters in Redis outlive a deploy: the same rule and values must keep their key.
+        assert_eq!(
+            key("per_user", &[("user", "alice"), ("path", "")]).as_slice(),
+            b"r|8:per_user2|4:user5:alice4:path0:"
+        );
+        let d = RequestDescriptor::new(vec![("ip".into(), "10.0.0.1".into())], 1, None).unwrap();
+        let params = Params::new(Algorithm::FixedWindow, 100, Duration::from_secs(60), None);
+        let mut buf = KeyBuf::new();
+        override_key(&mut buf, "api", &d, &params.unwrap());
+        assert_eq!(buf.as_slice(), b"o|3:api100/60000000|1|2:ip8:10.0.0.1");
     }
 }
