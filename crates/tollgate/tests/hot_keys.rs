@@ -50,7 +50,7 @@ async fn limiter(url: &str, clock: &Arc<ManualClock>, yaml: &str, prefilter: boo
         .await
         .unwrap()
         .pin_clock(clock.clone());
-    let store = StoreBackend::Redis(Box::new(store));
+    let store = StoreBackend::Redis(Arc::new(store));
     assert!(store.wait_ready(Duration::from_secs(10)).await);
     Limiter::with_failure_settings(
         policy(yaml),
@@ -389,4 +389,33 @@ async fn a_late_give_back_clears_a_remembered_denial() {
         assert!(answer.allowed(), "unit {n} given back");
     }
     assert!(!admits(&limiter, "v").await);
+}
+
+/// A caller that hangs up while its request reserves a lease (a client reset, a proxy's
+/// timeout) leaves no lease charged in Redis and recorded nowhere: the reservation still
+/// lands in this replica's table, and a release gives back everything but the two units taken
+/// (before, the lease's other nine units stayed charged until the window ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_hangs_up_mid_renewal_strands_no_lease() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let clock = wall_clock();
+    let yaml = "domain: a
+descriptors:
+  - key: tenant
+    rate_limit: {period: 1h, requests_per_unit: 100, local_budget: 10}
+";
+    let limiter = limiter(&proxy.url(), &clock, yaml, false).await;
+    let tenant = request("a", "tenant", "t1", 1);
+
+    proxy.set_mode(Mode::Latency(Duration::from_millis(150)));
+    let hung_up = tokio::time::timeout(Duration::from_millis(50), limiter.check(&tenant)).await;
+    assert!(hung_up.is_err(), "the reservation took under 50 ms");
+    proxy.set_mode(Mode::Pass);
+
+    assert!(limiter.check(&tenant).await.unwrap().allowed());
+    limiter.release_local_budgets().await;
+    let left = limiter.explain(&tenant).await.unwrap();
+    // Two units used; explain answers as if for one more.
+    assert_eq!(left.statuses[0].decision.unwrap().remaining, 97);
 }

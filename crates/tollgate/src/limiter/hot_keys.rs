@@ -3,6 +3,7 @@
 //! already local) and to charged decisions only (`explain` always asks the store).
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -177,7 +178,7 @@ impl Limiter {
     /// [`Limiter::apply_with_budgets`] once at least one live charge has a local budget.
     async fn apply_leased(
         &self,
-        redis: &RedisStore,
+        redis: &Arc<RedisStore>,
         plan: &Plan,
         charges: &[Charge<'_>],
         live: usize,

@@ -120,6 +120,97 @@ async fn give_back(store: &RedisStore, key: &[u8], (params, tokens, at): Unused)
     }
 }
 
+/// Whether a key's lease decides a request, and from which serial: `None` to reserve a new
+/// lease, `Some(None)` to send the request to the store.
+fn decided_by_lease(
+    lease: &mut Lease,
+    params: &Params,
+    cost: u64,
+    now: Timestamp,
+    epoch: u64,
+) -> Option<Option<(Decision, u64)>> {
+    match lease.attempt(params, cost, now, epoch) {
+        Attempt::Taken(decision) => Some(Some((decision, lease.serial))),
+        Attempt::BackingOff => Some(None),
+        Attempt::Renew => None,
+    }
+}
+
+/// What a renewal is for: one request's charge under its rule's budget.
+#[derive(Debug, Clone, Copy)]
+struct Request {
+    params: Params,
+    cost: u64,
+    budget: LocalBudget,
+    now: Timestamp,
+    epoch: u64,
+}
+
+/// Reserves a new lease on `key` for `request` (unless another request did while this one
+/// waited), giving back what the old one left: the request's decision, the lease's serial and
+/// whether the store was spared. Runs to the end even if the request's caller has gone; the
+/// caller's units are then taken from the lease for nobody.
+async fn renew(
+    store: Arc<RedisStore>,
+    slot: Arc<Slot>,
+    key: Box<[u8]>,
+    request: Request,
+) -> Option<(Decision, u64, bool)> {
+    let Request {
+        params,
+        cost,
+        budget,
+        now,
+        epoch,
+    } = request;
+    let _renewing = slot.renewal.lock().await;
+    // Another request may have reserved a lease while this one waited.
+    let unused = {
+        let mut lease = slot.lease.lock();
+        match decided_by_lease(&mut lease, &params, cost, now, epoch) {
+            Some(answer) => return answer.map(|(decision, serial)| (decision, serial, true)),
+            None => lease.empty(),
+        }
+    };
+    if let Some(unused) = unused {
+        give_back(&store, &key, unused).await;
+    }
+    let charge = Charge {
+        key: &key,
+        params: &params,
+        cost: budget.size,
+        enforce: true,
+    };
+    let reserved = store.reserve(charge).await;
+    let mut lease = slot.lease.lock();
+    let (decision, charged_at) = match reserved {
+        Ok((decision, at)) if decision.is_allowed() => (decision, at),
+        // Less than a lease left, or the store failing: the requests waiting behind this
+        // one (and the next TTL's) ask the store one by one instead of queueing here.
+        _ => {
+            lease.backoff_until = now.saturating_add(budget.ttl);
+            return None;
+        }
+    };
+    // A fixed window's lease ends with its window, so it never spends into the next one.
+    let hold = match params.algorithm() {
+        Algorithm::FixedWindow => budget.ttl.min(decision.reset_after),
+        _ => budget.ttl,
+    };
+    *lease = Lease {
+        tokens: budget.size - cost,
+        expires: now.saturating_add(hold),
+        charged_at,
+        params: Some(params),
+        epoch,
+        serial: lease.serial + 1,
+        reserved: Some((decision, now)),
+        backoff_until: Timestamp::EPOCH,
+        retired: false,
+    };
+    Some((lease.served(now)?, lease.serial, false))
+}
+
 /// A key's lease, and the lock that lets one request at a time reserve a new one. Taking
 /// from a live lease only needs the short, synchronous lock.
 #[derive(Debug, Default)]
@@ -168,7 +259,7 @@ impl Leases {
     /// larger than a lease).
     pub async fn take(
         &self,
-        store: &RedisStore,
+        store: &Arc<RedisStore>,
         request: Charge<'_>,
         budget: LocalBudget,
         now: Timestamp,
@@ -181,80 +272,30 @@ impl Leases {
             return None;
         }
         let slot = self.slot(key);
-        // Whether the lease decides, and from which serial: `None` to reserve a new one.
-        let attempt = |lease: &mut Lease| match lease.attempt(params, cost, now, epoch) {
-            Attempt::Taken(decision) => Some(Some((decision, lease.serial))),
-            Attempt::BackingOff => Some(None),
-            Attempt::Renew => None,
+        let first = decided_by_lease(&mut slot.lease.lock(), params, cost, now, epoch);
+        let (decision, serial, spared_the_store) = match first {
+            Some(answer) => answer.map(|(decision, serial)| (decision, serial, true))?,
+            // Its own task: a caller that hangs up mid-renewal (a client reset, a proxy's
+            // timeout) must not leave a lease reserved in the store and recorded nowhere,
+            // where neither this replica nor a sweep could use or give back its units.
+            None => tokio::spawn(renew(
+                store.clone(),
+                slot.clone(),
+                key.into(),
+                Request {
+                    params: *params,
+                    cost,
+                    budget,
+                    now,
+                    epoch,
+                },
+            ))
+            .await
+            .ok()??,
         };
-        let from_lease = |answer: Option<(Decision, u64)>, slot: Arc<Slot>| {
-            answer.map(|(decision, serial)| Taken {
-                decision,
-                spared_the_store: true,
-                slot,
-                serial,
-            })
-        };
-        let first = attempt(&mut slot.lease.lock());
-        if let Some(answer) = first {
-            return from_lease(answer, slot);
-        }
-        let renewing = slot.renewal.lock().await;
-        // Another request may have reserved a lease while this one waited.
-        let (again, unused) = {
-            let mut lease = slot.lease.lock();
-            match attempt(&mut lease) {
-                Some(answer) => (Some(answer), None),
-                None => (None, lease.empty()),
-            }
-        };
-        if let Some(answer) = again {
-            drop(renewing);
-            return from_lease(answer, slot);
-        }
-        if let Some(unused) = unused {
-            give_back(store, key, unused).await;
-        }
-        let charge = Charge {
-            key,
-            params,
-            cost: budget.size,
-            enforce: true,
-        };
-        let reserved = store.reserve(charge).await;
-        let mut lease = slot.lease.lock();
-        let (decision, charged_at) = match reserved {
-            Ok((decision, at)) if decision.is_allowed() => (decision, at),
-            // Less than a lease left, or the store failing: the requests waiting behind this
-            // one (and the next TTL's) ask the store one by one instead of queueing here.
-            _ => {
-                lease.backoff_until = now.saturating_add(budget.ttl);
-                return None;
-            }
-        };
-        // A fixed window's lease ends with its window, so it never spends into the next one.
-        let hold = match params.algorithm() {
-            Algorithm::FixedWindow => budget.ttl.min(decision.reset_after),
-            _ => budget.ttl,
-        };
-        *lease = Lease {
-            tokens: budget.size - cost,
-            expires: now.saturating_add(hold),
-            charged_at,
-            params: Some(*params),
-            epoch,
-            serial: lease.serial + 1,
-            reserved: Some((decision, now)),
-            backoff_until: Timestamp::EPOCH,
-            retired: false,
-        };
-        let decision = lease.served(now)?;
-        let serial = lease.serial;
-        drop(lease);
-        drop(renewing);
         Some(Taken {
             decision,
-            spared_the_store: false,
+            spared_the_store,
             slot,
             serial,
         })

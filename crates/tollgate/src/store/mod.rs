@@ -5,6 +5,7 @@ pub mod redis;
 mod url;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -81,8 +82,8 @@ pub trait Store: Send + Sync {
 pub enum StoreBackend {
     /// In-process, the embedded default.
     Memory(MemoryStore),
-    /// Redis or Redis Cluster (boxed: it is much larger than the memory store's handle).
-    Redis(Box<RedisStore>),
+    /// Redis or Redis Cluster (shared: a local-budget lease renewal runs as a task of its own).
+    Redis(Arc<RedisStore>),
 }
 
 impl StoreBackend {
@@ -96,7 +97,7 @@ impl StoreBackend {
             StoreUrl::Memory => Ok(StoreBackend::Memory(MemoryStore::new(clock))),
             _ => {
                 let redis = RedisStore::connect(url, options, clock).await?;
-                Ok(StoreBackend::Redis(Box::new(redis)))
+                Ok(StoreBackend::Redis(Arc::new(redis)))
             }
         }
     }

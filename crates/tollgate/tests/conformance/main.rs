@@ -89,7 +89,7 @@ async fn single_redis(options: RedisOptions) {
         let server = server.clone();
         Backend {
             name: "redis",
-            store: StoreBackend::Redis(Box::new(store)),
+            store: StoreBackend::Redis(Arc::new(store)),
             clock,
             redis_cli: Box::new(move |args| vec![server.cli(args)]),
         }
@@ -160,7 +160,7 @@ async fn redis_cluster_conforms() {
             .await
             .unwrap()
             .pin_clock(clock.clone());
-        let store = StoreBackend::Redis(Box::new(store));
+        let store = StoreBackend::Redis(Arc::new(store));
         assert!(
             store.wait_ready(Duration::from_secs(10)).await,
             "cluster connection"
