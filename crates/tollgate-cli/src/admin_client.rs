@@ -1,6 +1,6 @@
 //! A small blocking client for the admin API, shared by `policy` and `top`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -23,6 +23,20 @@ pub struct AdminArgs {
     token_file: Option<PathBuf>,
 }
 
+/// The admin token from `file`, else from `TOLLGATE_ADMIN_TOKEN`, read the same way by `serve`
+/// and by the clients: surrounding whitespace (a file's final newline) is not part of it, and an
+/// empty token is none.
+pub fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
+    let token = match file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the admin token file {}", path.display()))?,
+        ),
+        None => std::env::var("TOLLGATE_ADMIN_TOKEN").ok(),
+    };
+    Ok(token.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()))
+}
+
 /// Talks to one server's admin API.
 #[derive(Debug)]
 pub struct AdminClient {
@@ -34,15 +48,7 @@ pub struct AdminClient {
 
 impl AdminClient {
     pub fn new(args: &AdminArgs) -> anyhow::Result<Self> {
-        let token = match &args.token_file {
-            Some(path) => Some(
-                std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?
-                    .trim()
-                    .to_owned(),
-            ),
-            None => std::env::var("TOLLGATE_ADMIN_TOKEN").ok(),
-        };
+        let token = read_token(args.token_file.as_deref())?;
         Ok(AdminClient {
             base: args.url.trim_end_matches('/').to_owned(),
             token,

@@ -111,7 +111,7 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
             activation(client.send("POST", "/v1/admin/policy/promote", None)?)
         }
         PolicyCommand::List => {
-            let list = client.send("GET", "/v1/admin/policy", None)?.1;
+            let list = expect_ok(client.send("GET", "/v1/admin/policy", None)?)?;
             for v in list["versions"].as_array().cloned().unwrap_or_default() {
                 println!(
                     "{} {:>4}  {}  {:<8}  {} rules  {}",

@@ -182,18 +182,7 @@ pub(crate) fn init_logging(format: &str) {
 /// The admin token from `--admin-token-file` or `TOLLGATE_ADMIN_TOKEN`; required when the admin
 /// API listens on anything but loopback.
 fn admin_token(args: &ServeArgs) -> anyhow::Result<Option<String>> {
-    let token = match &args.admin_token_file {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the admin token file {}", path.display()))?
-                .trim()
-                .to_owned(),
-        ),
-        None => std::env::var("TOLLGATE_ADMIN_TOKEN")
-            .ok()
-            .map(|t| t.trim().to_owned()),
-    }
-    .filter(|t| !t.is_empty());
+    let token = crate::admin_client::read_token(args.admin_token_file.as_deref())?;
     if token.is_none() && !args.admin_addr.ip().is_loopback() {
         anyhow::bail!(
             "the admin API on {} is reachable from other hosts: give a token with --admin-token-file or TOLLGATE_ADMIN_TOKEN",

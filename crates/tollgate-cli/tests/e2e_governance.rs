@@ -419,6 +419,29 @@ async fn the_admin_api_refuses_a_missing_or_wrong_token_and_changes_nothing() {
         1,
         "nothing was pushed"
     );
+    // The CLI reads the token like the server: a padded environment value is the same token,
+    // an empty one is none.
+    let cli = |token: &str| {
+        Command::new(binary())
+            .args(["policy", "list", "--admin", &server.admin_url("")])
+            .env("TOLLGATE_ADMIN_TOKEN", token)
+            .output()
+            .unwrap()
+    };
+    let padded = cli(" s3cret\n");
+    assert!(
+        padded.status.success(),
+        "{}",
+        String::from_utf8_lossy(&padded.stderr)
+    );
+    // Refused, and said so: `policy list` once printed nothing and exited 0 on a 401.
+    let empty = cli("  ");
+    assert!(!empty.status.success());
+    assert!(
+        String::from_utf8_lossy(&empty.stderr).contains("401"),
+        "{}",
+        String::from_utf8_lossy(&empty.stderr)
+    );
 
     // And a non-loopback admin address without a token does not start: it exits with 2 at
     // once (a server that started anyway is killed and fails the test instead of hanging it).
