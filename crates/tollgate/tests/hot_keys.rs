@@ -419,3 +419,42 @@ descriptors:
     // Two units used; explain answers as if for one more.
     assert_eq!(left.statuses[0].decision.unwrap().remaining, 97);
 }
+
+/// A give-back that fails while Redis is away is tried again by the sweeps after it comes back,
+/// so the lease's unused units return to the counter instead of staying charged until the
+/// window ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_that_failed_is_retried_when_redis_returns() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let clock = wall_clock();
+    let yaml = "domain: a
+descriptors:
+  - key: tenant
+    rate_limit: {period: 1h, requests_per_unit: 100, local_budget: 10, local_budget_ttl: 1s}
+";
+    let limiter = limiter(&proxy.url(), &clock, yaml, false).await;
+    let tenant = request("a", "tenant", "t1", 1);
+    assert!(limiter.check(&tenant).await.unwrap().allowed());
+
+    proxy.set_mode(Mode::Refuse);
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(limiter.sweep_hot_keys().await, 0, "Redis is away");
+    proxy.set_mode(Mode::Pass);
+
+    let mut credited = 0;
+    for _ in 0..100 {
+        credited = limiter.sweep_hot_keys().await;
+        if credited > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        credited, 1,
+        "the failed give-back was not retried within 10 s"
+    );
+    // One unit used; explain answers as if for one more.
+    let left = limiter.explain(&tenant).await.unwrap();
+    assert_eq!(left.statuses[0].decision.unwrap().remaining, 98);
+}

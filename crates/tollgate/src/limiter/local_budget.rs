@@ -106,17 +106,53 @@ impl Lease {
     }
 }
 
-/// Gives `unused` units of `key` back to the store.
-async fn give_back(store: &RedisStore, key: &[u8], (params, tokens, at): Unused) {
+/// Gives `unused` units of `key` back to the store. On a transient failure they are kept in
+/// `unreturned` for the next sweep to try again; otherwise (or with that list full) they stay
+/// charged: under-admission until the counter resets, never over.
+async fn give_back(
+    store: &RedisStore,
+    key: &[u8],
+    unused: Unused,
+    unreturned: &Unreturned,
+) -> bool {
+    let (params, tokens, at) = unused;
     let charge = Charge {
         key,
         params: &params,
         cost: tokens,
         enforce: true,
     };
-    if let Err(e) = store.give_back(charge, at).await {
-        // The units stay charged: under-admission until the counter resets, never over.
-        debug!(error = %e, tokens, "Could not give back an unused local budget");
+    match store.give_back(charge, at).await {
+        Ok(()) => true,
+        Err(e) => {
+            let kept = e.is_transient() && unreturned.keep(key, unused);
+            debug!(error = %e, tokens, kept, "Could not give back an unused local budget");
+            false
+        }
+    }
+}
+
+/// Give-backs that failed while the store was unavailable, to try again. A late give-back is
+/// safe: the store takes back a charge made at `at` exactly when nothing touched the counter
+/// since, conservatively otherwise, and not at all once the counter has moved past it.
+#[derive(Debug, Default)]
+struct Unreturned(parking_lot::Mutex<Vec<(Box<[u8]>, Unused)>>);
+
+impl Unreturned {
+    /// At most this many kept; past it, units stay charged.
+    const CAPACITY: usize = 4096;
+
+    fn keep(&self, key: &[u8], unused: Unused) -> bool {
+        let mut kept = self.0.lock();
+        let room = kept.len() < Self::CAPACITY;
+        if room {
+            kept.push((key.into(), unused));
+        }
+        room
+    }
+
+    fn take(&self) -> Vec<(Box<[u8]>, Unused)> {
+        std::mem::take(&mut *self.0.lock())
     }
 }
 
@@ -152,6 +188,7 @@ struct Request {
 /// caller's units are then taken from the lease for nobody.
 async fn renew(
     store: Arc<RedisStore>,
+    unreturned: Arc<Unreturned>,
     slot: Arc<Slot>,
     key: Box<[u8]>,
     request: Request,
@@ -173,7 +210,7 @@ async fn renew(
         }
     };
     if let Some(unused) = unused {
-        give_back(&store, &key, unused).await;
+        give_back(&store, &key, unused, &unreturned).await;
     }
     let charge = Charge {
         key: &key,
@@ -246,6 +283,7 @@ impl Taken {
 #[derive(Debug, Default)]
 pub struct Leases {
     slots: KeyedShards<Arc<Slot>>,
+    unreturned: Arc<Unreturned>,
 }
 
 impl Leases {
@@ -280,6 +318,7 @@ impl Leases {
             // where neither this replica nor a sweep could use or give back its units.
             None => tokio::spawn(renew(
                 store.clone(),
+                self.unreturned.clone(),
                 slot.clone(),
                 key.into(),
                 Request {
@@ -302,7 +341,8 @@ impl Leases {
     }
 
     /// Gives back the unused units of every lease that has lapsed at `now` (or was reserved in
-    /// another epoch) and forgets it. Returns the keys that got units back.
+    /// another epoch) and forgets it, after trying again the give-backs that failed while the
+    /// store was unavailable. Returns the keys that got units back.
     pub async fn sweep(&self, store: &RedisStore, now: Timestamp, epoch: u64) -> Vec<Box<[u8]>> {
         let mut lapsed: Vec<(Box<[u8]>, Option<Unused>)> = Vec::new();
         self.slots.retain(|key, slot| {
@@ -319,9 +359,22 @@ impl Leases {
             live
         });
         let mut credited = Vec::new();
+        // Earlier failures first; after a new failure the store is still away: keep the rest
+        // for the next sweep rather than wait out a deadline per key.
+        let mut retries = self.unreturned.take().into_iter();
+        for (key, unused) in retries.by_ref() {
+            if !give_back(store, &key, unused, &self.unreturned).await {
+                break;
+            }
+            credited.push(key);
+        }
+        for (key, unused) in retries {
+            self.unreturned.keep(&key, unused);
+        }
         for (key, unused) in lapsed {
-            if let Some(unused) = unused {
-                give_back(store, &key, unused).await;
+            if let Some(unused) = unused
+                && give_back(store, &key, unused, &self.unreturned).await
+            {
                 credited.push(key);
             }
         }

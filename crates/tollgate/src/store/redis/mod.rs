@@ -270,10 +270,10 @@ impl RedisStore {
 
     /// Runs `call` against the node that owns `slot`, through that node's breaker. `call` gets
     /// the node's address.
-    async fn through_breaker<F, Fut>(&self, slot: u16, call: F) -> Result<Vec<i64>, StoreError>
+    async fn through_breaker<T, F, Fut>(&self, slot: u16, call: F) -> Result<T, StoreError>
     where
         F: FnOnce(Arc<str>) -> Fut,
-        Fut: Future<Output = Result<Vec<i64>, StoreError>>,
+        Fut: Future<Output = Result<T, StoreError>>,
     {
         let (node, breaker) = self
             .topology
@@ -295,23 +295,24 @@ impl RedisStore {
     }
 
     /// Runs a script invocation on the node that owns `slot`, through that node's breaker,
-    /// following `MOVED` redirects.
-    async fn invoke_on_slot(
+    /// following `MOVED` redirects; its reply read as a `T` (DECIDE answers a list of
+    /// integers, REFUND one integer).
+    async fn invoke_on_slot<T: redis::FromRedisValue>(
         &self,
         slot: u16,
         invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<Vec<i64>, StoreError> {
+    ) -> Result<T, StoreError> {
         self.through_breaker(slot, |node| self.invoke_on_node(node, invocation))
             .await
     }
 
-    async fn invoke_on_node(
+    async fn invoke_on_node<T: redis::FromRedisValue>(
         &self,
         node: Arc<str>,
         invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<Vec<i64>, StoreError> {
+    ) -> Result<T, StoreError> {
         let mut answer = invocation
-            .invoke_async::<Vec<i64>>(&mut self.connection_to(&node)?)
+            .invoke_async::<T>(&mut self.connection_to(&node)?)
             .await;
         // During a failover the slot can move twice (old primary -> promoting replica): follow a
         // few redirects, all within the decision's deadline.
@@ -360,7 +361,7 @@ impl RedisStore {
                 .arg(&charge_args(c.params, c.cost)[..])
                 .arg(if c.enforce { "1" } else { "0" });
         }
-        let raw = self.invoke_on_slot(group.slot, &invocation).await?;
+        let raw: Vec<i64> = self.invoke_on_slot(group.slot, &invocation).await?;
         parse_reply(&raw, group.indexes.iter().map(|&i| &charges[i]))
     }
 
@@ -402,7 +403,7 @@ impl RedisStore {
                 .arg(&charge_args(c.params, c.cost)[..]);
         }
         if any {
-            self.invoke_on_slot(group.slot, &invocation).await?;
+            self.invoke_on_slot::<i64>(group.slot, &invocation).await?;
         }
         Ok(())
     }
@@ -608,7 +609,7 @@ impl RedisStore {
             .arg(at)
             .key(&keys)
             .arg(&charge_args(charge.params, charge.cost)[..]);
-        self.bounded(self.invoke_on_slot(slot, &invocation))
+        self.bounded(self.invoke_on_slot::<i64>(slot, &invocation))
             .await
             .map(drop)
     }
