@@ -27,7 +27,7 @@ use tracing::debug;
 
 use super::keyed_shards::KeyedShards;
 use crate::policy::LocalBudget;
-use crate::store::{Charge, RedisStore};
+use crate::store::{Charge, RedisStore, StoreError};
 
 /// One key's lease on this replica.
 #[derive(Debug, Default)]
@@ -106,9 +106,11 @@ impl Lease {
     }
 }
 
-/// Gives `unused` units of `key` back to the store. On a transient failure they are kept in
-/// `unreturned` for the next sweep to try again; otherwise (or with that list full) they stay
-/// charged: under-admission until the counter resets, never over.
+/// Gives `unused` units of `key` back to the store. Refused before it was sent (the store's
+/// breaker open, say), the give-back is kept in `unreturned` for the next sweep to try again.
+/// Any other failure may have reached the store and been applied, and a second give-back
+/// would take back units that were used: those units stay charged, under-admission until the
+/// counter resets, never over (as they do with `unreturned` full).
 async fn give_back(
     store: &RedisStore,
     key: &[u8],
@@ -125,16 +127,16 @@ async fn give_back(
     match store.give_back(charge, at).await {
         Ok(()) => true,
         Err(e) => {
-            let kept = e.is_transient() && unreturned.keep(key, unused);
+            let kept = matches!(e, StoreError::NotCalled(_)) && unreturned.keep(key, unused);
             debug!(error = %e, tokens, kept, "Could not give back an unused local budget");
             false
         }
     }
 }
 
-/// Give-backs that failed while the store was unavailable, to try again. A late give-back is
-/// safe: the store takes back a charge made at `at` exactly when nothing touched the counter
-/// since, conservatively otherwise, and not at all once the counter has moved past it.
+/// Give-backs the store refused before they were sent, to try again. Late is safe: the store
+/// takes back a charge made at `at` exactly when nothing touched the counter since,
+/// conservatively otherwise, and not at all once the counter has moved past it.
 #[derive(Debug, Default)]
 struct Unreturned(parking_lot::Mutex<Vec<(Box<[u8]>, Unused)>>);
 

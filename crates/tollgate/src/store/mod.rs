@@ -37,9 +37,15 @@ pub type Decisions = SmallVec<[Decision; INLINE_CHARGES]>;
 /// Why a store could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
-    /// The backend is unreachable, slow or failing; a retry may succeed.
+    /// The backend is unreachable, slow or failing; a retry may succeed. The call may have
+    /// been sent, and even applied, before it failed.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The call was refused before anything was sent (circuit breaker open, too many calls in
+    /// flight, cluster slot map not known yet): the store has not seen it, and a retry may
+    /// succeed.
+    #[error("store unavailable, not called: {0}")]
+    NotCalled(String),
     /// The backend answered something we cannot use (for example a foreign value at our key).
     #[error("store returned invalid data: {0}")]
     InvalidData(String),
@@ -48,7 +54,7 @@ pub enum StoreError {
 impl StoreError {
     /// Whether retrying later may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+        matches!(self, StoreError::Unavailable(_) | StoreError::NotCalled(_))
     }
 }
 

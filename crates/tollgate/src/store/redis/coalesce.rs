@@ -162,7 +162,7 @@ impl Coalescer {
         self.jobs
             .try_reserve()
             .map(Place)
-            .map_err(|_| StoreError::Unavailable("redis batch queue full or closed".into()))
+            .map_err(|_| StoreError::NotCalled("redis batch queue full or closed".into()))
     }
 }
 

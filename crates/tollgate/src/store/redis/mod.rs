@@ -278,10 +278,10 @@ impl RedisStore {
         let (node, breaker) = self
             .topology
             .breaker_for(slot)
-            .ok_or_else(|| StoreError::Unavailable("cluster slot map not known yet".into()))?;
+            .ok_or_else(|| StoreError::NotCalled("cluster slot map not known yet".into()))?;
         let permit = breaker
             .try_call()
-            .ok_or_else(|| StoreError::Unavailable(format!("circuit open for {node}")))?;
+            .ok_or_else(|| StoreError::NotCalled(format!("circuit open for {node}")))?;
         // The decision's deadline wraps this call; a cancelled permit counts as a failure.
         let answer = call(node.clone()).await;
         let changed = match &answer {
@@ -529,7 +529,7 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         // No queue: when the cap is reached, excess decisions go to the posture at once.
         let _in_flight = self.in_flight.try_acquire().map_err(|_| {
-            StoreError::Unavailable(format!(
+            StoreError::NotCalled(format!(
                 "{} store calls already in flight; shedding",
                 self.options.max_in_flight
             ))

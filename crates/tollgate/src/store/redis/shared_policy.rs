@@ -45,7 +45,7 @@ impl RedisStore {
         let (node, _) = self
             .topology
             .breaker_for(slot)
-            .ok_or_else(|| StoreError::Unavailable("cluster slot map not known yet".into()))?;
+            .ok_or_else(|| StoreError::NotCalled("cluster slot map not known yet".into()))?;
         self.connection_to(&node)
     }
 
