@@ -243,7 +243,7 @@ async fn started_with_redis_down_the_postures_answer_over_http() {
         .unwrap()
         .port();
     let store = format!("redis://127.0.0.1:{port}");
-    let policy = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: soft\n    rate_limit: {unit: day, requests_per_unit: 5, on_store_error: open}\n";
+    let policy = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: soft\n    rate_limit: {unit: day, requests_per_unit: 5, on_store_error: open}\n  - key: shared\n    rate_limit: {name: shared, unit: minute, requests_per_unit: 4, on_store_error: local, local_share: 0.5}\n";
     let server = Server::start_with_args(
         policy,
         &[
@@ -276,6 +276,17 @@ async fn started_with_redis_down_the_postures_answer_over_http() {
     let r = check("soft").await.unwrap();
     assert_eq!(r.status(), 200, "this rule's own posture is open");
     assert_eq!(r.headers()["x-tollgate-degraded"], "open");
+
+    // `local`: this replica's half of the limit, and every header says so.
+    let r = check("shared").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-tollgate-degraded"], "local");
+    assert_eq!(r.headers()["x-ratelimit-limit"], "2");
+    assert_eq!(r.headers()["ratelimit-policy"], "\"shared\";q=2;w=60");
+    let ratelimit = r.headers()["ratelimit"].to_str().unwrap().to_owned();
+    assert!(ratelimit.starts_with("\"shared\";r=1;t="), "{ratelimit}");
+    assert_eq!(check("shared").await.unwrap().status(), 200);
+    assert_eq!(check("shared").await.unwrap().status(), 429);
 
     let ready = reqwest::get(server.url("/readyz")).await.unwrap();
     assert_eq!(

@@ -86,7 +86,9 @@ pub fn each_rate_limit_header(response: &CheckResponse, mut emit: impl FnMut(&'s
         POLICY,
         format_args!(
             "{name};q={};w={}",
-            params.limit(),
+            // The decision's limit, like X-RateLimit-Limit: under the `local` posture it is
+            // this replica's share, not the configured limit.
+            decision.limit,
             ceil_secs(params.period())
         ),
     );
