@@ -204,3 +204,23 @@ fn a_check_future_holds_no_decision_state() {
     let size = std::mem::size_of_val(&explain);
     assert!(size <= 128, "Limiter::explain's future is {size} bytes");
 }
+
+/// Top keys rank who was denied most often: a denial counts once whatever its cost, so one
+/// request of cost 1000 does not outrank three denials of cost 1.
+#[tokio::test]
+async fn top_keys_count_denials_not_cost() {
+    let (_clock, limiter) = limiter();
+    let ip = |value: &str, cost: u64| {
+        let entries = vec![("ip".to_string(), value.to_string())];
+        let descriptor = RequestDescriptor::new(entries, cost, None).unwrap();
+        CheckRequest::new("api".into(), vec![descriptor]).unwrap()
+    };
+    assert!(!limiter.check(&ip("heavy", 1000)).await.unwrap().allowed());
+    assert!(limiter.check(&ip("busy", 1)).await.unwrap().allowed());
+    for _ in 0..3 {
+        assert!(!limiter.check(&ip("busy", 1)).await.unwrap().allowed());
+    }
+    let top = limiter.top_keys("api", "per_ip", 10).unwrap();
+    let counts: Vec<(&str, u64)> = top.iter().map(|e| (e.key.as_str(), e.count)).collect();
+    assert_eq!(counts, [("ip=busy", 3), ("ip=heavy", 1)]);
+}

@@ -699,7 +699,8 @@ fn top_keys_per_rule(policy: &Policy) -> Box<[TopKeys]> {
 fn record_top_key(top: &TopKeys, descriptor: &RequestDescriptor) {
     let mut text = TopKeyText::default();
     describe_entries(descriptor, &mut text);
-    top.record(text.as_str(), descriptor.cost());
+    // One per denial, whatever its cost: the listing ranks who was denied most often.
+    top.record(text.as_str(), 1);
 }
 
 /// `key=value,key=value`: how a descriptor is shown in top-key listings.
