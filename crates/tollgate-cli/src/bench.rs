@@ -42,6 +42,8 @@ use pacer::Schedule;
 const MAX_DURATION: Duration = Duration::from_secs(600);
 /// The time bound when only `--requests` is given.
 const DEFAULT_DURATION: Duration = Duration::from_secs(10);
+/// The slowest `--rate`: one request every 100 s.
+const MIN_RATE: f64 = 0.01;
 /// A request slower than this counts as an error.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bounds the Zipf table (8 bytes per key).
@@ -86,7 +88,7 @@ pub struct BenchArgs {
     /// Stop after exactly this many requests (and after 10 s unless `--duration` says otherwise).
     #[arg(long)]
     requests: Option<u64>,
-    /// Open loop: send this many requests per second in total, spread over the workers.
+    /// Open loop: send this many requests per second in total (at least 0.01), spread over the workers.
     #[arg(long, value_name = "R")]
     rate: Option<f64>,
     /// With `--keys 1`: report admitted requests against LIMIT; exit 1 if more were admitted.
@@ -233,9 +235,9 @@ impl Plan {
             bail!("--requests must be at least 1");
         }
         if let Some(rate) = args.rate
-            && !(rate.is_finite() && rate > 0.0)
+            && !(rate.is_finite() && rate >= MIN_RATE)
         {
-            bail!("--rate must be a positive number of requests per second");
+            bail!("--rate must be a number of requests per second, at least {MIN_RATE}");
         }
         if args.verify.is_some() && args.keys != 1 {
             bail!("--verify needs a single key (--keys 1)");
@@ -307,7 +309,8 @@ struct Tally {
     over_limit: AtomicU64,
     errors: AtomicU64,
     first_error: OnceLock<String>,
-    /// Set once every worker is done: stops the open-loop pacer.
+    /// Set once every worker is done, or the `--requests` budget is handed out: stops the
+    /// open-loop pacer.
     stop: AtomicBool,
 }
 
@@ -334,15 +337,20 @@ impl Tally {
         Outcome::Error
     }
 
-    /// Claims one request of the budget; false once the run is over.
+    /// Claims one request of the budget; false once the run is over. The last request of a
+    /// budget stops the open-loop pacer, so workers waiting for later slots end at once.
     fn claim(&self, budget: Option<u64>, deadline: Instant, now: Instant) -> bool {
         if now >= deadline {
             return false;
         }
-        match budget {
-            None => true,
-            Some(n) => self.issued.fetch_add(1, Ordering::Relaxed) < n,
+        let Some(n) = budget else {
+            return true;
+        };
+        let issued = self.issued.fetch_add(1, Ordering::Relaxed);
+        if issued + 1 >= n {
+            self.stop.store(true, Ordering::Relaxed);
         }
+        issued < n
     }
 }
 

@@ -263,6 +263,54 @@ fn open_loop_rate_paces_the_requests() {
     assert!((150.0..=210.0).contains(&requests), "{report}");
 }
 
+/// A request budget with a rate ends with its last request: workers waiting for later slots
+/// (16 workers, 4 requests at 2 a second) do not hold the run open until their turn.
+#[test]
+fn a_paced_request_budget_ends_with_its_last_request() {
+    let server = Server::start(POLICY);
+    let report = bench_json(&[
+        "--target",
+        &format!("http://{}", server.http),
+        "--domain",
+        "bench",
+        "--descriptor",
+        "user=u{key}",
+        "--concurrency",
+        "16",
+        "--requests",
+        "4",
+        "--rate",
+        "2",
+    ]);
+    assert_consistent(&report);
+    assert_eq!(report["requests"], 4, "{report}");
+    // Due at 0, 0.5, 1 and 1.5 s; the last of 16 workers' first slots would be at 7.5 s.
+    let elapsed = n(&report, &["elapsed_s"]);
+    assert!((1.4..4.0).contains(&elapsed), "{report}");
+}
+
+#[test]
+fn a_rate_too_small_to_schedule_is_refused() {
+    let out = bench(&[
+        "--target",
+        "http://127.0.0.1:1",
+        "--domain",
+        "bench",
+        "--descriptor",
+        "user=u",
+        "--requests",
+        "1",
+        "--rate",
+        "1e-30",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--rate must be") && err.contains("0.01"),
+        "{err}"
+    );
+}
+
 #[test]
 fn non_loopback_targets_are_refused_without_allow_remote() {
     let out = bench(&[
