@@ -404,6 +404,30 @@ async fn a_push_and_a_rollback_reach_every_replica_sharing_redis() {
         .unwrap();
     assert!(ttl > 0, "PTTL of the shared policy: {ttl}");
     assert!(keys_without_ttl(|args| redis.cli(args)).is_empty());
+
+    // Redis loses the shared policy (a restart without persistence, say): sharing starts over
+    // with sequence numbers below the ones the replicas saw, and a push still reaches them all.
+    redis.cli(&["DEL", tollgate::store::redis::POLICY_KEY]);
+    support::eventually(
+        std::time::Duration::from_secs(2),
+        "a replica shared its policy again",
+        async || {
+            redis
+                .cli(&["EXISTS", tollgate::store::redis::POLICY_KEY])
+                .trim()
+                == "1"
+        },
+    )
+    .await;
+    let push = serde_json::json!({"sources": [{"name": "again.yaml", "text": policy.replace("requests_per_unit: 5", "requests_per_unit: 7")}]});
+    let r = http
+        .post(servers[1].admin_url("/v1/admin/policy"))
+        .json(&push)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    wait_all(7).await;
 }
 
 /// With Redis, runtime overrides are shared too: set on one replica, in force on the others

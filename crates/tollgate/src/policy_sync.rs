@@ -23,7 +23,9 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
     };
     let mut activated = lifecycle.subscribe();
     let mut overridden = lifecycle.limiter().overrides().subscribe();
-    // The highest `seq` seen in Redis for each document; `None` until Redis first answered.
+    // The `seq` last seen in Redis for each document; `None` until Redis first answered. Any
+    // other `seq` is news, lower ones included: a Redis that lost the document (restarted
+    // without persistence, failed over to an empty replica) starts counting again from 1.
     let mut policy_seq: Option<u64> = None;
     let mut overrides_seq: Option<u64> = None;
     let mut tick = tokio::time::interval(every);
@@ -47,7 +49,7 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
                 match shared {
                     // Nothing shared yet: this replica's policy becomes the first version.
                     None => policy_seq = publish_policy(store, &lifecycle.current()).await.or(policy_seq),
-                    Some(shared) if policy_seq.is_none_or(|s| shared.seq > s) => {
+                    Some(shared) if policy_seq != Some(shared.seq) => {
                         policy_seq = Some(shared.seq);
                         if shared.hash != lifecycle.current().hash {
                             adopt_policy(&lifecycle, &shared);
@@ -56,7 +58,7 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
                     Some(_) => {}
                 }
                 if let Ok(Some(shared)) = store.shared_doc(OVERRIDES_KEY).await
-                    && overrides_seq.is_none_or(|s| shared.seq > s) {
+                    && overrides_seq != Some(shared.seq) {
                         overrides_seq = Some(shared.seq);
                         adopt_overrides(&lifecycle, &shared);
                     }
