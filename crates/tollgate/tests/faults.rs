@@ -512,3 +512,50 @@ async fn store_work_beyond_the_in_flight_cap_is_shed_at_once() {
     assert!(waited <= 4, "at most the cap waited on the store: {waited}");
     assert!(shed >= 46, "the rest were answered at once: {shed}");
 }
+
+/// A request whose counters live on two primaries, one of them out of memory: the peek
+/// passes on both, the charge fails on the full one and lands on the other. The request takes
+/// the posture, and the charge that landed is taken back: all or nothing, on a cluster too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_that_fails_on_one_primary_is_refunded_on_the_others() {
+    let _serial = SERIAL.lock().await;
+    let cluster = RedisCluster::start(3, 0);
+    let limiter = limiter(&cluster.store_url()).await;
+    let owner_of = |value: &str| {
+        cluster
+            .primary_ports()
+            .into_iter()
+            .find(|p| cluster.cli(*p, &["--scan"]).contains(value))
+    };
+    let mut placed: Vec<(String, u16)> = Vec::new();
+    for i in 0..20 {
+        let value = format!("user{i}");
+        let answer = limiter.check(&request("open", &value)).await.unwrap();
+        assert!(answer.degraded().is_none());
+        let port = owner_of(&value).expect("the counter is on some primary");
+        if placed.iter().all(|(_, p)| *p != port) {
+            placed.push((value, port));
+        }
+    }
+    let [(doomed, failing), (healthy, _), ..] = placed.as_slice() else {
+        panic!("counters on fewer than two primaries: {placed:?}");
+    };
+    cluster.cli(
+        *failing,
+        &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
+    );
+    cluster.cli(*failing, &["CONFIG", "SET", "maxmemory", "1"]);
+
+    let both = {
+        let d = |value: &str| RequestDescriptor::new(vec![("open".into(), value.into())], 1, None);
+        CheckRequest::new("f".into(), vec![d(doomed).unwrap(), d(healthy).unwrap()]).unwrap()
+    };
+    for _ in 0..30 {
+        let answer = limiter.check(&both).await.unwrap();
+        assert!(answer.allowed() && answer.degraded().is_some());
+    }
+    // One charge from the placement loop; explain answers as if for one more.
+    let left = limiter.explain(&request("open", healthy)).await.unwrap();
+    assert!(left.degraded().is_none(), "the healthy primary decides");
+    assert_eq!(left.statuses[0].decision.unwrap().remaining, 1000 - 2);
+}

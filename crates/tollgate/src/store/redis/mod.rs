@@ -19,7 +19,7 @@
 //! writing; if any enforced limit denies, the request is denied and nothing is written
 //! anywhere. Otherwise every slot charges in its own atomic call; if a concurrent request took
 //! the last quota of one slot in between, that slot denies and the slots that charged are
-//! refunded. A refund is exact when nothing else charged that counter in between and never
+//! refunded; so are they when another slot's charge fails. A refund is exact when nothing else charged that counter in between and never
 //! credits more than was charged, so the race can only under-admit, by at most the request's
 //! own cost, never over-admit.
 
@@ -34,7 +34,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::try_join_all;
+use futures_util::future::join_all;
 use redis::aio::ConnectionManager;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -409,8 +409,12 @@ impl RedisStore {
     }
 
     /// A request whose counters span several slots: peek everywhere, then (to `commit`)
-    /// charge everywhere, refunding the slots that charged if another lost a race (see the
-    /// module docs).
+    /// charge everywhere, refunding the slots that charged if another lost a race or failed
+    /// (see the module docs).
+    ///
+    /// Every slot's call runs to its end even when another fails: dropped, a call still in
+    /// flight would count as a failure against its own node's breaker (a healthy node blamed
+    /// for a dead one), and a charge it made would go unrefunded.
     async fn apply_across_slots(
         &self,
         charges: &[Charge<'_>],
@@ -421,24 +425,34 @@ impl RedisStore {
     ) -> Result<Vec<Decision>, StoreError> {
         let gather = |replies: &[Reply]| gather(charges.len(), groups, replies);
         let all = |commit: bool| {
-            try_join_all(
+            join_all(
                 groups
                     .iter()
                     .map(move |g| self.run_decide(charges, keys, spans, g, commit)),
             )
         };
-        let peeks = all(false).await?;
+        let peeks = all(false)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
         if !commit || peeks.iter().any(|r| !r.admitted) {
             return Ok(gather(&peeks));
         }
-        let commits = all(true).await?;
-        if commits.iter().any(|r| !r.admitted) {
-            for (group, reply) in groups.iter().zip(&commits).filter(|(_, r)| r.admitted) {
-                if let Err(e) = self.run_refund(charges, keys, spans, group, reply).await {
-                    warn!(error = %e, "Refund after a lost cluster race failed; the charge stays");
-                }
-            }
+        let commits = all(true).await;
+        if commits.iter().all(|r| r.as_ref().is_ok_and(|r| r.admitted)) {
+            let commits: Vec<Reply> = commits.into_iter().flatten().collect();
+            return Ok(gather(&commits));
         }
+        let refunds = groups.iter().zip(&commits).filter_map(|(group, reply)| {
+            let reply = reply.as_ref().ok().filter(|r| r.admitted)?;
+            Some(async move {
+                if let Err(e) = self.run_refund(charges, keys, spans, group, reply).await {
+                    warn!(error = %e, "Refund of a cross-slot charge failed; the charge stays");
+                }
+            })
+        });
+        join_all(refunds).await;
+        let commits = commits.into_iter().collect::<Result<Vec<_>, _>>()?;
         Ok(gather(&commits))
     }
 
