@@ -188,6 +188,14 @@ async fn push_list_diff_and_rollback_from_the_cli() {
     )
     .unwrap();
 
+    // The running file pushed again, by another spelling of its path: the same policy.
+    let config = server.config.to_str().unwrap();
+    let (dir_of_config, file) = config.rsplit_once('/').unwrap();
+    let respelt = format!("{dir_of_config}/./{file}");
+    let (code, out, err) = server.policy_cli(&["push", &respelt]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("unchanged: version 1-"), "{out}");
+
     let (code, out, err) = server.policy_cli(&["push", candidate.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("activated: version 2-"), "{out}");

@@ -117,10 +117,35 @@ pub struct Lifecycle {
     published: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Arc<PolicyVersion>>>>,
 }
 
-/// The content hash of a set of sources.
+/// The names of `sources` without the directories they all share: `/etc/tollgate/api.yaml`
+/// and `./api.yaml` are both `api.yaml`, and the files of a directory are named from inside it.
+/// Equal policies read from, or pushed as, differently spelt paths hash and diff as equal.
+fn relative_names(sources: &[(String, String)]) -> Vec<&str> {
+    // Bytes through the last '/' of `bytes`: a directory part, never a partial name.
+    let dir_len = |bytes: &[u8]| bytes.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
+    let shared = match sources {
+        [] => 0,
+        [(first, _), rest @ ..] => {
+            rest.iter()
+                .fold(dir_len(first.as_bytes()), |shared, (name, _)| {
+                    let common = first
+                        .bytes()
+                        .zip(name.bytes())
+                        .take(shared)
+                        .take_while(|(a, b)| a == b)
+                        .count();
+                    dir_len(&first.as_bytes()[..common])
+                })
+        }
+    };
+    sources.iter().map(|(name, _)| &name[shared..]).collect()
+}
+
+/// The content hash of a set of sources: their texts and their names relative to the
+/// directories they share (see [`relative_names`]).
 pub fn sources_hash(sources: &[(String, String)]) -> String {
     let mut bytes = Vec::new();
-    for (name, text) in sources {
+    for (name, (_, text)) in relative_names(sources).into_iter().zip(sources) {
         // Length-prefixed, so moving text between files changes the hash.
         bytes.extend_from_slice(&(name.len() as u64).to_le_bytes());
         bytes.extend_from_slice(name.as_bytes());
@@ -345,23 +370,19 @@ impl Lifecycle {
 /// A line diff of two versions' sources, file by file (`-` removed, `+` added, ` ` kept).
 pub fn diff(from: &PolicyVersion, to: &PolicyVersion) -> String {
     let mut out = format!("--- version {}\n+++ version {}\n", from.label(), to.label());
-    let mut names: Vec<&str> = from
-        .sources
-        .iter()
-        .chain(&to.sources)
-        .map(|(n, _)| n.as_str())
-        .collect();
+    // Files are paired by their names relative to each version's shared directory.
+    let (old, new) = (named_texts(from), named_texts(to));
+    let mut names: Vec<&str> = old.iter().chain(&new).map(|(n, _)| *n).collect();
     names.sort_unstable();
     names.dedup();
     for name in names {
-        let text = |v: &PolicyVersion| {
-            v.sources
+        let text = |files: &[(&str, &str)]| {
+            files
                 .iter()
-                .find(|(n, _)| n == name)
-                .map_or("", |(_, t)| t.as_str())
-                .to_owned()
+                .find(|(n, _)| *n == name)
+                .map_or(String::new(), |(_, t)| (*t).to_owned())
         };
-        let (a, b) = (text(from), text(to));
+        let (a, b) = (text(&old), text(&new));
         if a == b {
             continue;
         }
@@ -372,6 +393,15 @@ pub fn diff(from: &PolicyVersion, to: &PolicyVersion) -> String {
         }
     }
     out
+}
+
+/// A version's texts by their [`relative_names`].
+fn named_texts(version: &PolicyVersion) -> Vec<(&str, &str)> {
+    relative_names(&version.sources)
+        .into_iter()
+        .zip(&version.sources)
+        .map(|(name, (_, text))| (name, text.as_str()))
+        .collect()
 }
 
 /// Longest-common-subsequence line diff; policies are small.
@@ -478,6 +508,63 @@ impl Lifecycle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn named(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(n, t)| ((*n).to_owned(), (*t).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn names_are_taken_from_inside_the_directories_all_files_share() {
+        let names = |pairs: &[(&str, &str)]| {
+            relative_names(&named(pairs))
+                .into_iter()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&[("/etc/tollgate/api.yaml", "")]), ["api.yaml"]);
+        assert_eq!(names(&[("./api.yaml", "")]), ["api.yaml"]);
+        assert_eq!(names(&[("api.yaml", "")]), ["api.yaml"]);
+        assert_eq!(
+            names(&[("conf/a.yaml", ""), ("conf/sub/b.yaml", "")]),
+            ["a.yaml", "sub/b.yaml"]
+        );
+        // A shared prefix that is not a whole directory stays.
+        assert_eq!(
+            names(&[("ab/x.yaml", ""), ("ac/y.yaml", "")]),
+            ["ab/x.yaml", "ac/y.yaml"]
+        );
+        // Not cut inside a multi-byte character the two names begin alike.
+        assert_eq!(
+            names(&[("d/é/x.yaml", ""), ("d/è/y.yaml", "")]),
+            ["é/x.yaml", "è/y.yaml"]
+        );
+    }
+
+    #[test]
+    fn the_same_texts_under_differently_spelt_paths_are_the_same_policy() {
+        let text = "domain: d\ndescriptors: []\n";
+        let file = named(&[("/etc/tollgate/api.yaml", text)]);
+        let pushed = named(&[("api.yaml", text)]);
+        assert_eq!(sources_hash(&file), sources_hash(&pushed));
+
+        let version = |seq, sources: &[(String, String)]| PolicyVersion {
+            seq,
+            hash: sources_hash(sources),
+            origin: Origin::File,
+            accepted_at: Timestamp::from_micros(0),
+            sources: sources.to_vec(),
+            rules: 0,
+        };
+        let changed = named(&[("./api.yaml", "domain: d\ndescriptors: [x]\n")]);
+        let d = diff(&version(1, &file), &version(2, &changed));
+        assert!(
+            d.contains("@@ api.yaml\n domain: d\n-descriptors: []\n+descriptors: [x]"),
+            "{d}"
+        );
+    }
 
     #[test]
     fn a_line_diff_shows_what_changed() {
