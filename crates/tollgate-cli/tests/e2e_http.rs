@@ -183,6 +183,20 @@ async fn shadow_rules_count_but_never_deny() {
     assert!(metrics.contains(
         r#"tollgate_decisions_total{domain="api",rule="candidate",outcome="allowed"} 1"#
     ));
+
+    // Beside an enforced rule, the shadow rule's exhausted quota is not what the caller is
+    // told: the headers describe the enforced rule, with quota left.
+    let both = json!({"domain": "api", "descriptors": [
+        {"entries": [{"key": "user", "value": "u"}]},
+        {"entries": [{"key": "plan", "value": "free"}]},
+    ]});
+    let r = post(&server, "/v1/check", &both).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-ratelimit-remaining"), Some("2"));
+    assert_eq!(
+        header(&r, "ratelimit-policy"),
+        Some("\"per_user\";q=3;w=86400")
+    );
 }
 
 #[tokio::test]

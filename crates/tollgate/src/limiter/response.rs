@@ -6,7 +6,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tollgate_core::{Decision, Params, Verdict};
 
-use crate::policy::Rule;
+use crate::policy::{Rule, RuleMode};
 use crate::resilience::Posture;
 
 /// Outcome for one descriptor, or for the whole request.
@@ -85,6 +85,14 @@ impl DescriptorStatus {
         }
     }
 
+    /// Whether its limit is a shadow-mode rule: counted and reported, invisible to the caller.
+    pub fn is_shadow(&self) -> bool {
+        self.limit
+            .as_ref()
+            .and_then(AppliedLimit::rule)
+            .is_some_and(|rule| rule.mode == RuleMode::Shadow)
+    }
+
     /// Whether the cost can never be admitted by this limit.
     pub fn cost_exceeds_capacity(&self) -> bool {
         self.decision
@@ -111,7 +119,8 @@ impl CheckResponse {
     }
 
     /// The status whose limit binds: when denied, the denial that lasts longest; when allowed,
-    /// the limit with the least remaining quota (what Envoy reports in `x-ratelimit-*`).
+    /// the limit with the least remaining quota (what Envoy reports in `x-ratelimit-*`). A
+    /// shadow-mode rule never binds: its quota is not the caller's business.
     pub fn binding(&self) -> Option<&DescriptorStatus> {
         self.binding_index().map(|i| &self.statuses[i])
     }
@@ -122,7 +131,7 @@ impl CheckResponse {
             .statuses
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.decision.is_some());
+            .filter(|(_, s)| s.decision.is_some() && !s.is_shadow());
         let found = if self.allowed() {
             limited.min_by_key(|(_, s)| s.decision.map_or(u64::MAX, |d| d.remaining))
         } else {
