@@ -89,7 +89,11 @@ pub async fn set(State(state): State<AdminState>, body: axum::body::Bytes) -> Re
         let expires_at = body
             .expires_in
             .as_deref()
-            .map(|e| duration("expires_in", e).map(|d| now.saturating_add(d)))
+            .map(|e| match duration("expires_in", e)? {
+                // Already over when set: an operator's typo, not an intent.
+                d if d.is_zero() => Err("`expires_in` must be longer than zero".to_owned()),
+                d => Ok(now.saturating_add(d)),
+            })
             .transpose()?;
         let entries: Vec<(String, String)> = body
             .entries
