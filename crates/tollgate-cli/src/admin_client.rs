@@ -24,17 +24,23 @@ pub struct AdminArgs {
 }
 
 /// The admin token from `file`, else from `TOLLGATE_ADMIN_TOKEN`, read the same way by `serve`
-/// and by the clients: surrounding whitespace (a file's final newline) is not part of it, and an
-/// empty token is none.
+/// and by the clients: surrounding whitespace (a file's final newline) is not part of it. An
+/// empty variable is no token; an empty file is an error (a token was meant, and `serve` would
+/// otherwise run its admin API without one).
 pub fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
-    let token = match file {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the admin token file {}", path.display()))?,
-        ),
-        None => std::env::var("TOLLGATE_ADMIN_TOKEN").ok(),
+    let Some(path) = file else {
+        return Ok(std::env::var("TOLLGATE_ADMIN_TOKEN")
+            .ok()
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty()));
     };
-    Ok(token.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()))
+    let token = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the admin token file {}", path.display()))?;
+    let token = token.trim();
+    if token.is_empty() {
+        anyhow::bail!("the admin token file {} is empty", path.display());
+    }
+    Ok(Some(token.to_owned()))
 }
 
 /// Talks to one server's admin API.

@@ -96,7 +96,8 @@ pub struct ServeArgs {
     log_format: String,
     /// Enables forward auth for nginx `auth_request` on the HTTP listener (`/v1/authorize`):
     /// every forwarded request is checked in this domain. Without it the endpoint answers 404.
-    #[arg(long, value_name = "DOMAIN")]
+    /// Needs at least one `--authorize-descriptor` (without one it would allow everything).
+    #[arg(long, value_name = "DOMAIN", requires = "authorize_descriptor")]
     authorize_domain: Option<String>,
     /// One descriptor built from each `/v1/authorize` request (repeatable; all go in ONE check):
     /// comma-separated `descriptor_key=SOURCE` entries, SOURCE being `header:NAME`, `client_ip`

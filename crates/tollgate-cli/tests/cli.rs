@@ -74,6 +74,21 @@ fn validate_reports_every_problem_with_its_location() {
     assert!(stderr.contains("2 problem(s) found"), "{stderr}");
 }
 
+/// Forward auth with no descriptor would allow every request: refused before anything starts.
+#[test]
+fn serve_refuses_forward_auth_without_a_descriptor() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "ok.yaml", "domain: edge\ndescriptors: []\n");
+    let (code, stderr) = support::serve_refused(&[
+        "--authorize-domain",
+        "edge",
+        "--config",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("--authorize-descriptor"), "{stderr}");
+}
+
 #[test]
 fn serve_refuses_an_invalid_policy() {
     let dir = tempfile::tempdir().unwrap();

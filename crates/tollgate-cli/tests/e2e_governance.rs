@@ -365,16 +365,35 @@ async fn overrides_change_one_value_expire_and_survive_reloads() {
     assert_eq!(list["overrides"][0]["id"], id);
     assert_eq!(list["overrides"][0]["reason"], "launch");
 
-    // Bad overrides are refused with the reason.
-    let bad = json!({"domain": "api", "rule": "nope", "entries": [], "requests_per_unit": 1});
-    let r = admin
-        .put(server.admin_url("/v1/admin/overrides"))
-        .json(&bad)
+    // Bad overrides are refused with the reason, and nothing is set.
+    let expired = json!({"domain": "api", "rule": "per_tenant", "entries": [{"key": "tenant", "value": "acme"}],
+                         "requests_per_unit": 1, "expires_in": "0s"});
+    for (bad, why) in [
+        (
+            json!({"domain": "api", "rule": "nope", "entries": [], "requests_per_unit": 1}),
+            "no rule `nope`",
+        ),
+        (expired, "`expires_in` must be longer than zero"),
+    ] {
+        let r = admin
+            .put(server.admin_url("/v1/admin/overrides"))
+            .json(&bad)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        let text = r.text().await.unwrap();
+        assert!(text.contains(why), "{text}");
+    }
+    let list: Value = admin
+        .get(server.admin_url("/v1/admin/overrides"))
         .send()
         .await
+        .unwrap()
+        .json()
+        .await
         .unwrap();
-    assert_eq!(r.status(), 400);
-    assert!(r.text().await.unwrap().contains("no rule `nope`"));
+    assert_eq!(list["overrides"].as_array().unwrap().len(), 1, "{list}");
 
     // It expires: back to the rule's 3 a day with the count (2 used) carried over.
     tokio::time::sleep_until(set_at + Duration::from_millis(6100)).await;
@@ -451,40 +470,28 @@ async fn the_admin_api_refuses_a_missing_or_wrong_token_and_changes_nothing() {
         String::from_utf8_lossy(&empty.stderr)
     );
 
-    // And a non-loopback admin address without a token does not start: it exits with 2 at
-    // once (a server that started anyway is killed and fails the test instead of hanging it).
-    let mut refused = Command::new(binary())
-        .args([
-            "serve",
-            "--config",
-            server.config.to_str().unwrap(),
-            "--admin-addr",
-            "0.0.0.0:0",
-        ])
-        .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
-        .env_remove("TOLLGATE_ADMIN_TOKEN")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut status = None;
-    for _ in 0..200 {
-        status = refused.try_wait().unwrap();
-        if status.is_some() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let Some(status) = status else {
-        let _ = refused.kill();
-        panic!(
-            "serve still runs 10 s after starting with a non-loopback admin address and no token"
-        );
+    // Nor does serve start on a non-loopback admin address without a token, or with an empty
+    // token file: it exits with 2 at once (a server that started anyway is killed and fails
+    // the test instead of hanging it).
+    let config = server.config.to_str().unwrap();
+    let refused = |admin_args: &[&str]| {
+        let mut args = vec!["--config", config];
+        args.extend_from_slice(admin_args);
+        support::serve_refused(&args)
     };
-    assert_eq!(status.code(), Some(2));
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut refused.stderr.take().unwrap(), &mut stderr).unwrap();
+    let (code, stderr) = refused(&["--admin-addr", "0.0.0.0:0"]);
+    assert_eq!(code, Some(2));
     assert!(stderr.contains("give a token"), "{stderr}");
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "\n").unwrap();
+    let (code, stderr) = refused(&[
+        "--admin-addr",
+        "127.0.0.1:0",
+        "--admin-token-file",
+        empty.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("is empty"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

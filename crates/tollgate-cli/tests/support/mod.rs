@@ -18,6 +18,36 @@ pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tollgate"))
 }
 
+/// Runs `tollgate serve ARGS` (on kernel-chosen loopback ports, without an admin token in the
+/// environment) expecting it to refuse to start: its exit code and standard error. A server
+/// that starts anyway is killed after 10 s and fails the test instead of hanging it.
+pub fn serve_refused(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(binary())
+        .arg("serve")
+        .args(args)
+        .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+        .env_remove("TOLLGATE_ADMIN_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    for _ in 0..200 {
+        status = child.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let Some(status) = status else {
+        let _ = child.kill();
+        panic!("serve still runs 10 s after starting with {args:?}");
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    (status.code(), stderr)
+}
+
 /// A running `tollgate serve`; stopped with SIGTERM when dropped.
 pub struct Server {
     child: Child,
