@@ -552,3 +552,31 @@ async fn top_throttled_keys_and_the_metrics_families() {
         "client values never become metric labels"
     );
 }
+
+/// A malformed path segment or query string gets the admin API's usual error: `400` with a JSON
+/// `error` naming the problem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_admin_paths_and_queries_answer_json_errors() {
+    let server = Server::start(V1);
+    for path in [
+        "/v1/admin/policy/latest",
+        "/v1/admin/policy/diff?from=one",
+        "/v1/admin/top?domain=api&rule=per_user&n=ten",
+    ] {
+        let r = reqwest::get(server.admin_url(path)).await.unwrap();
+        assert_eq!(r.status(), 400, "{path}");
+        let body: Value = r.json().await.unwrap();
+        assert!(
+            !body["error"].as_str().unwrap().is_empty(),
+            "{path}: {body}"
+        );
+    }
+    let r = reqwest::Client::new()
+        .delete(server.admin_url("/v1/admin/overrides/x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["error"].is_string(), "{body}");
+}

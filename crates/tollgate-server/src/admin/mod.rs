@@ -29,11 +29,13 @@ mod top;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
+use serde::de::DeserializeOwned;
 use tollgate::lifecycle::Lifecycle;
 
 use crate::http::error_response;
@@ -76,6 +78,44 @@ pub fn router(lifecycle: Arc<Lifecycle>, token: Option<String>) -> Router {
         .fallback(|| async {
             error_response(StatusCode::NOT_FOUND, "no such admin endpoint".into())
         })
+}
+
+/// [`Path`](axum::extract::Path) whose rejection (a malformed segment) is answered like every
+/// other admin error: `400` with a JSON `error`, not axum's plain text, which clients that
+/// expect JSON cannot read.
+pub(super) struct AdminPath<T>(pub T);
+
+/// [`Query`](axum::extract::Query), rejections answered as for [`AdminPath`].
+pub(super) struct AdminQuery<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for AdminPath<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned + Send,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(AdminPath(value)),
+            Err(e) => Err(error_response(StatusCode::BAD_REQUEST, e.body_text())),
+        }
+    }
+}
+
+impl<S, T> FromRequestParts<S> for AdminQuery<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(AdminQuery(value)),
+            Err(e) => Err(error_response(StatusCode::BAD_REQUEST, e.body_text())),
+        }
+    }
 }
 
 async fn require_token(State(state): State<AdminState>, request: Request, next: Next) -> Response {

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tollgate::limiter::Override;
 use tracing::info;
 
-use super::AdminState;
+use super::{AdminPath, AdminState};
 use crate::http::error_response;
 
 #[derive(Debug, Deserialize)]
@@ -135,7 +135,7 @@ pub async fn set(State(state): State<AdminState>, body: axum::body::Bytes) -> Re
     }
 }
 
-pub async fn delete(State(state): State<AdminState>, Path(id): Path<u64>) -> Response {
+pub async fn delete(State(state): State<AdminState>, AdminPath(id): AdminPath<u64>) -> Response {
     match state.lifecycle.limiter().overrides().delete(id) {
         Some(o) => {
             info!(id, domain = %o.domain, rule = %o.rule, entries = ?o.entries, "Override deleted");

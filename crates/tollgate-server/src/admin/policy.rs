@@ -1,7 +1,7 @@
 //! Policy versions over the admin API.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tollgate::lifecycle::{Activation, Origin, PolicyVersion, diff as version_diff};
 use tollgate::policy::PolicyErrors;
 
-use super::AdminState;
+use super::{AdminPath, AdminQuery, AdminState};
 use crate::http::error_response;
 
 fn summary(v: &PolicyVersion, current: u64) -> Value {
@@ -56,7 +56,7 @@ pub async fn list(State(state): State<AdminState>) -> Json<Value> {
     Json(json!({ "current": current, "versions": versions }))
 }
 
-pub async fn show(State(state): State<AdminState>, Path(seq): Path<u64>) -> Response {
+pub async fn show(State(state): State<AdminState>, AdminPath(seq): AdminPath<u64>) -> Response {
     match state.lifecycle.version(seq) {
         Some(v) => {
             let mut body = summary(&v, state.lifecycle.current().seq);
@@ -77,7 +77,10 @@ pub struct DiffQuery {
     to: Option<u64>,
 }
 
-pub async fn diff(State(state): State<AdminState>, Query(q): Query<DiffQuery>) -> Response {
+pub async fn diff(
+    State(state): State<AdminState>,
+    AdminQuery(q): AdminQuery<DiffQuery>,
+) -> Response {
     let lifecycle = &state.lifecycle;
     let to = q.to.unwrap_or_else(|| lifecycle.current().seq);
     match (lifecycle.version(q.from), lifecycle.version(to)) {

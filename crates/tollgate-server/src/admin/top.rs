@@ -2,13 +2,13 @@
 //! policy was loaded, from a bounded heavy-hitters sketch (counts may overestimate by `error`).
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::AdminState;
+use super::{AdminQuery, AdminState};
 use crate::http::error_response;
 
 #[derive(Debug, Deserialize)]
@@ -18,7 +18,7 @@ pub struct TopQuery {
     n: Option<usize>,
 }
 
-pub async fn top(State(state): State<AdminState>, Query(q): Query<TopQuery>) -> Response {
+pub async fn top(State(state): State<AdminState>, AdminQuery(q): AdminQuery<TopQuery>) -> Response {
     let n = q.n.unwrap_or(10).min(100);
     match state.lifecycle.limiter().top_keys(&q.domain, &q.rule, n) {
         Some(entries) => {
