@@ -169,6 +169,62 @@ async fn a_manual_failover_under_traffic_fails_no_request() {
     );
 }
 
+/// While a slot migrates (resharding), a counter already moved to the importing node is
+/// answered there: the old owner replies ASK, and the call is sent again to the new one behind
+/// `ASKING`, with the count carried on. Before, every such decision took the failure posture.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_in_a_migrating_slot_follows_the_ask_redirect() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = connect(&cluster, Duration::from_secs(2)).await;
+    let params = Params::new(
+        Algorithm::FixedWindow,
+        1_000,
+        Duration::from_secs(3600),
+        None,
+    )
+    .unwrap();
+    let charge = [Charge {
+        key: b"migrating",
+        params: &params,
+        cost: 1,
+        enforce: true,
+    }];
+    assert_eq!(store.apply(&charge).await.unwrap()[0].remaining, 999);
+
+    let owner = cluster
+        .primary_ports()
+        .into_iter()
+        .find(|p| !cluster.cli(*p, &["--scan"]).is_empty())
+        .expect("a node holds the counter");
+    let key = cluster.cli(owner, &["--scan"]).trim().to_owned();
+    let slot = cluster.cli(owner, &["CLUSTER", "KEYSLOT", &key]);
+    let target = cluster
+        .primary_ports()
+        .into_iter()
+        .find(|p| *p != owner)
+        .unwrap();
+    let id = |port: u16| cluster.cli(port, &["CLUSTER", "MYID"]).trim().to_owned();
+    let (owner_id, target_id) = (id(owner), id(target));
+    cluster.cli(
+        target,
+        &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &owner_id],
+    );
+    cluster.cli(
+        owner,
+        &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id],
+    );
+    let port = target.to_string();
+    cluster.cli(
+        owner,
+        &["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", &key],
+    );
+    assert!(cluster.cli(owner, &["--scan"]).trim().is_empty(), "moved");
+
+    let decided = store.apply(&charge).await.unwrap();
+    assert_eq!(decided[0].remaining, 998, "counted on the importing node");
+    assert!(cluster.cli(target, &["--scan"]).contains("migrating"));
+}
+
 /// A cluster store through one seed node, ready to decide.
 async fn connect(cluster: &RedisCluster, command_timeout: Duration) -> StoreBackend {
     let seed = cluster.seed_url();

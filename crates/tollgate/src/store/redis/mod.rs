@@ -154,7 +154,24 @@ fn classify(message: String) -> StoreError {
     }
 }
 
-/// `MOVED` redirects followed within one call.
+/// Runs `invocation` behind `ASKING` (one pipeline, so nothing else runs between them on the
+/// shared connection), loading the script first if the node lacks it.
+async fn invoke_asking<T: redis::FromRedisValue>(
+    connection: &mut ConnectionManager,
+    invocation: &redis::ScriptInvocation<'_>,
+) -> redis::RedisResult<T> {
+    let mut asking = redis::pipe();
+    asking.cmd("ASKING").ignore().invoke_script(invocation);
+    match asking.query_async::<(T,)>(connection).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            invocation.load_async(connection).await?;
+            asking.query_async::<(T,)>(connection).await.map(|(t,)| t)
+        }
+        answer => answer.map(|(t,)| t),
+    }
+}
+
+/// `MOVED` and `ASK` redirects followed within one call.
 const MAX_REDIRECTS: usize = 3;
 
 /// One script call's worth of charges: indexes into the request's charges, all on `slot`.
@@ -320,16 +337,23 @@ impl RedisStore {
             let (Err(e), Connection::Cluster(router)) = (&answer, &self.connection) else {
                 break;
             };
-            let Some((to, moved_slot)) = e
-                .redirect_node()
-                .filter(|_| e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved))
-            else {
+            let Some((to, moved_slot)) = e.redirect_node() else {
                 break;
             };
             let to = to.to_owned();
-            self.topology.moved(moved_slot, &to);
-            router.refresh_soon();
-            answer = invocation.invoke_async(&mut self.connection_to(&to)?).await;
+            answer = match e.kind() {
+                redis::ErrorKind::Server(redis::ServerErrorKind::Moved) => {
+                    self.topology.moved(moved_slot, &to);
+                    router.refresh_soon();
+                    invocation.invoke_async(&mut self.connection_to(&to)?).await
+                }
+                // The slot is migrating and this key is already on `to`: ask there this once,
+                // the slot map unchanged until the migration ends with a MOVED.
+                redis::ErrorKind::Server(redis::ServerErrorKind::Ask) => {
+                    invoke_asking(&mut self.connection_to(&to)?, invocation).await
+                }
+                _ => break,
+            };
         }
         answer.map_err(store_error)
     }
