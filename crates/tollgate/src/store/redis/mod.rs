@@ -295,7 +295,7 @@ impl RedisStore {
         let (node, breaker) = self
             .topology
             .breaker_for(slot)
-            .ok_or_else(|| StoreError::NotCalled("cluster slot map not known yet".into()))?;
+            .ok_or_else(|| StoreError::NotCalled(format!("no known node serves slot {slot}")))?;
         let permit = breaker
             .try_call()
             .ok_or_else(|| StoreError::NotCalled(format!("circuit open for {node}")))?;

@@ -24,7 +24,8 @@ pub(super) struct Topology {
     /// `None` for a cluster, whose slots have no owner until the first `CLUSTER SLOTS` answer.
     single: Option<Owner>,
     /// Per slot, its owner with the owner's breaker: a call reads one entry under a read lock.
-    owners: RwLock<Vec<Owner>>,
+    /// `None` for a slot no node serves (the map says so, or none came yet).
+    owners: RwLock<Vec<Option<Owner>>>,
     /// Every node's breaker, kept across slot maps (a node that comes back finds its own).
     breakers: Mutex<HashMap<Arc<str>, Arc<Breaker>>>,
     config: BreakerConfig,
@@ -56,12 +57,13 @@ impl Topology {
         }
     }
 
-    /// The node owning `slot` and its breaker; `None` while a cluster's map is unknown.
+    /// The node owning `slot` and its breaker; `None` while a cluster's map is unknown, or when
+    /// no node serves the slot (a failure there is no node's fault).
     pub fn breaker_for(&self, slot: u16) -> Option<Owner> {
         if let Some(single) = &self.single {
             return Some(single.clone());
         }
-        self.owners.read().get(usize::from(slot)).cloned()
+        self.owners.read().get(usize::from(slot)).cloned().flatten()
     }
 
     /// `node` with its breaker, made on first sight.
@@ -80,7 +82,7 @@ impl Topology {
     pub fn moved(&self, slot: u16, node: &str) {
         let owner = self.owner(node);
         if let Some(entry) = self.owners.write().get_mut(usize::from(slot)) {
-            *entry = owner;
+            *entry = Some(owner);
         }
     }
 
@@ -90,7 +92,7 @@ impl Topology {
             return vec![node.clone()];
         }
         let mut nodes: Vec<Arc<str>> = Vec::new();
-        for (node, _) in self.owners.read().iter() {
+        for (node, _) in self.owners.read().iter().flatten() {
             if !nodes.iter().any(|n| n == node) {
                 nodes.push(node.clone());
             }
@@ -104,14 +106,14 @@ impl Topology {
         let Some(ranges) = parse_cluster_slots(reply) else {
             return false;
         };
-        let Some((_, _, first)) = ranges.first() else {
+        if ranges.is_empty() {
             return false;
-        };
-        let mut owners: Vec<Owner> = vec![self.owner(first); usize::from(SLOTS)];
+        }
+        let mut owners: Vec<Option<Owner>> = vec![None; usize::from(SLOTS)];
         for (start, end, node) in &ranges {
             let owner = self.owner(node);
             for slot in *start..=(*end).min(SLOTS - 1) {
-                owners[usize::from(slot)] = owner.clone();
+                owners[usize::from(slot)] = Some(owner.clone());
             }
         }
         *self.owners.write() = owners;
@@ -192,11 +194,15 @@ mod tests {
             ]),
             Value::Array(vec![
                 Value::Int(8192),
-                Value::Int(16383),
+                Value::Int(16000),
                 node("127.0.0.1", 7001),
             ]),
         ]);
         assert!(topology.update(&reply));
+        assert!(
+            topology.breaker_for(16001).is_none(),
+            "a slot no node serves has no owner to blame"
+        );
         let (a, breaker_a) = topology.breaker_for(100).unwrap();
         let (b, breaker_b) = topology.breaker_for(9000).unwrap();
         assert_eq!((&*a, &*b), ("127.0.0.1:7000", "127.0.0.1:7001"));
