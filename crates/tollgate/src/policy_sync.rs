@@ -32,6 +32,9 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            // This replica's own changes first: a tick taken before them could adopt another
+            // replica's document over an override or version set here and not yet published.
+            biased;
             Some(version) = activated.recv() => {
                 if let Some(seq) = publish_policy(store, &version).await {
                     policy_seq = Some(seq);
