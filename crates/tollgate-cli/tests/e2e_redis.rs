@@ -243,7 +243,7 @@ async fn started_with_redis_down_the_postures_answer_over_http() {
         .unwrap()
         .port();
     let store = format!("redis://127.0.0.1:{port}");
-    let policy = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: soft\n    rate_limit: {unit: day, requests_per_unit: 5, on_store_error: open}\n  - key: shared\n    rate_limit: {name: shared, unit: minute, requests_per_unit: 4, on_store_error: local, local_share: 0.5}\n";
+    let policy = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: soft\n    rate_limit: {unit: day, requests_per_unit: 5, on_store_error: open}\n  - key: shared\n    rate_limit: {name: shared, unit: minute, requests_per_unit: 4, on_store_error: local, local_share: 0.5}\n  - key: trial\n    rate_limit: {name: trial, unit: minute, requests_per_unit: 4, mode: shadow}\n";
     let server = Server::start_with_args(
         policy,
         &[
@@ -287,6 +287,20 @@ async fn started_with_redis_down_the_postures_answer_over_http() {
     assert!(ratelimit.starts_with("\"shared\";r=1;t="), "{ratelimit}");
     assert_eq!(check("shared").await.unwrap().status(), 200);
     assert_eq!(check("shared").await.unwrap().status(), 429);
+    // Denied by the local share beside a shadow rule whose posture (the default, closed) did
+    // not matter: a real limit, said so, not "unavailable".
+    let body = serde_json::json!({"domain": "d", "descriptors": [
+        {"entries": [{"key": "shared", "value": "a"}]},
+        {"entries": [{"key": "trial", "value": "a"}]},
+    ]});
+    let r = http
+        .post(server.url("/v1/check"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["x-tollgate-degraded"], "local");
 
     let ready = reqwest::get(server.url("/readyz")).await.unwrap();
     assert_eq!(

@@ -147,16 +147,28 @@ impl CheckResponse {
         found.map(|(i, _)| i)
     }
 
-    /// The most severe posture that answered for this request (`closed` over `local` over
-    /// `open`), or `None` when the store decided everything.
+    /// The most severe posture (`closed` over `local` over `open`) among the limits that made
+    /// the answer, or `None` when the store decided them: when denied, the limits that denied;
+    /// when allowed, every limit but shadow ones. So `closed` on a denial means [`unavailable`],
+    /// never a real limit beside a rule whose posture did not matter.
+    ///
+    /// [`unavailable`]: CheckResponse::unavailable
     pub fn degraded(&self) -> Option<Posture> {
         let severity = |p: &Posture| match p {
             Posture::Closed => 2,
             Posture::Local => 1,
             Posture::Open => 0,
         };
+        let allowed = self.allowed();
         self.statuses
             .iter()
+            .filter(|s| {
+                if allowed {
+                    !s.is_shadow()
+                } else {
+                    s.code == Code::OverLimit
+                }
+            })
             .filter_map(|s| s.degraded)
             .max_by_key(severity)
     }
@@ -188,17 +200,11 @@ impl CheckResponse {
     /// When denied and retrying can help: how long to wait (the longest retry-after among the
     /// denials, since all of them must clear).
     pub fn retry_after(&self) -> Option<Duration> {
-        if self.allowed()
-            || self
-                .statuses
-                .iter()
-                .any(DescriptorStatus::cost_exceeds_capacity)
-        {
+        let denials = || self.statuses.iter().filter(|s| s.code == Code::OverLimit);
+        if self.allowed() || denials().any(DescriptorStatus::cost_exceeds_capacity) {
             return None;
         }
-        self.statuses
-            .iter()
-            .filter(|s| s.code == Code::OverLimit)
+        denials()
             .filter_map(|s| s.decision.and_then(|d| d.retry_after))
             .max()
     }
