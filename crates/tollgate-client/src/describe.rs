@@ -4,7 +4,8 @@ use std::net::SocketAddr;
 
 use axum::extract::ConnectInfo;
 use http::Request;
-use tollgate::limiter::{CheckRequest, RequestDescriptor};
+use tollgate::fnv::fnv1a64;
+use tollgate::limiter::{CheckRequest, MAX_FIELD_LEN, RequestDescriptor};
 
 /// Derives the rate-limit request for an HTTP request; `None` lets it through unchecked.
 ///
@@ -42,6 +43,10 @@ pub struct AuthenticatedUser(pub String);
 /// descriptor `key=value` (so each is limited independently by the policy rule of that
 /// key); a source absent from the request (missing header, unknown peer) is left out, and a
 /// request with no source present is not checked.
+///
+/// Every value present is limited, whatever it holds: a header value that is not visible ASCII
+/// is read lossily, and a value longer than [`MAX_FIELD_LEN`] bytes is replaced by a digest of
+/// it (`#` and 16 hex digits), so no value can slip past its limit by being unusable.
 ///
 /// ```
 /// # use tollgate_client::Descriptors;
@@ -110,8 +115,7 @@ impl<B> Describe<B> for Descriptors {
                     Source::Header(name) => request
                         .headers()
                         .get(name)
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_owned),
+                        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
                     Source::ClientIp => request
                         .extensions()
                         .get::<ConnectInfo<SocketAddr>>()
@@ -125,7 +129,7 @@ impl<B> Describe<B> for Descriptors {
                         .get::<AuthenticatedUser>()
                         .map(|u| u.0.clone()),
                 }?;
-                RequestDescriptor::new(vec![(key.clone(), value)], 1, None).ok()
+                RequestDescriptor::new(vec![(key.clone(), bounded(value))], 1, None).ok()
             })
             .collect();
         if descriptors.is_empty() {
@@ -133,6 +137,14 @@ impl<B> Describe<B> for Descriptors {
         }
         CheckRequest::new(self.domain.clone(), descriptors).ok()
     }
+}
+
+/// `value`, or a stable digest of it when it is too long to be a descriptor value.
+fn bounded(value: String) -> String {
+    if value.len() <= MAX_FIELD_LEN {
+        return value;
+    }
+    format!("#{:016x}", fnv1a64(value.as_bytes()))
 }
 
 #[cfg(test)]
@@ -157,5 +169,30 @@ mod tests {
             both.descriptors()[1].entries()[0],
             ("user".into(), "alice".into())
         );
+    }
+
+    /// A header value that is present is always limited: not visible ASCII, it is read
+    /// lossily; too long, it becomes a digest, the same for the same value.
+    #[test]
+    fn unusable_header_values_are_still_limited() {
+        let describe = Descriptors::new("api").header("x-api-key", "api_key");
+        let value_of = |raw: &[u8]| {
+            let request = Request::get("/")
+                .header("x-api-key", http::HeaderValue::from_bytes(raw).unwrap())
+                .body(())
+                .unwrap();
+            let check = describe.describe(&request).expect("checked");
+            check.descriptors()[0].entries()[0].1.clone()
+        };
+        assert_eq!(value_of(b"k1\xff"), "k1\u{fffd}");
+        let long = vec![b'A'; MAX_FIELD_LEN + 1];
+        let digest = value_of(&long);
+        assert!(digest.starts_with('#') && digest.len() == 17, "{digest}");
+        assert_eq!(value_of(&long), digest, "stable");
+        let mut other = long.clone();
+        other.push(b'B');
+        assert_ne!(value_of(&other), digest);
+        let fits = vec![b'A'; MAX_FIELD_LEN];
+        assert_eq!(value_of(&fits).len(), MAX_FIELD_LEN, "kept as it is");
     }
 }

@@ -64,6 +64,24 @@ impl Remote {
     }
 }
 
+/// The binding limit's name, as the service put it in `RateLimit-Policy` (`"name";q=..;w=..`,
+/// an RFC 8941 string): the same limit the other forwarded headers describe, the denial that
+/// lasts longest or the least remaining quota, which the statuses alone do not say.
+pub(crate) fn binding_name(forwarded: &[(&'static str, String)]) -> Option<String> {
+    let (_, policy) = forwarded
+        .iter()
+        .find(|(name, _)| *name == headers::POLICY)?;
+    let mut chars = policy.strip_prefix('"')?.chars();
+    let mut name = String::new();
+    loop {
+        match chars.next()? {
+            '"' => return Some(name),
+            '\\' => name.push(chars.next()?),
+            c => name.push(c),
+        }
+    }
+}
+
 /// The verdict a caller-side `posture` gives when the service cannot be asked.
 pub(crate) fn fallback(posture: Posture) -> Verdict {
     match posture {
@@ -153,18 +171,38 @@ impl Backend for Remote {
             }
             _ => return Ok(fallback(self.posture)),
         };
-        let limit_name = body["statuses"].as_array().and_then(|statuses| {
-            statuses
-                .iter()
-                .find(|s| s["code"] == "OVER_LIMIT")
-                .or_else(|| statuses.iter().find(|s| s["limit_name"].is_string()))
-                .and_then(|s| s["limit_name"].as_str())
-                .map(str::to_owned)
-        });
+        let limit_name = binding_name(&headers);
         Ok(Verdict {
             outcome,
             headers,
             limit_name,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_binding_name_is_read_from_rate_limit_policy() {
+        let forwarded = |policy: &str| {
+            vec![
+                (headers::LIMIT, "10".to_owned()),
+                (headers::POLICY, policy.to_owned()),
+            ]
+        };
+        let name = |policy: &str| binding_name(&forwarded(policy));
+        assert_eq!(
+            name(r#""per_tenant_day";q=10;w=86400"#).as_deref(),
+            Some("per_tenant_day")
+        );
+        assert_eq!(
+            name(r#""a \"quoted\" \\ name";q=1;w=1"#).as_deref(),
+            Some(r#"a "quoted" \ name"#)
+        );
+        assert_eq!(name("unquoted;q=1;w=1"), None);
+        assert_eq!(name(r#""cut"#), None);
+        assert_eq!(binding_name(&[(headers::LIMIT, "10".to_owned())]), None);
     }
 }

@@ -14,7 +14,7 @@ use tollgate_server::headers;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::backend::{Backend, BackendError, Outcome, Verdict};
-use crate::remote::{FORWARDED, Posture, fallback, refuse_limit_overrides};
+use crate::remote::{FORWARDED, Posture, binding_name, fallback, refuse_limit_overrides};
 
 /// A client of a tollgate service's gRPC API. Cheap to clone; clones share one connection.
 #[derive(Debug, Clone)]
@@ -99,14 +99,7 @@ impl Backend for RemoteGrpc {
             Ok(Code::OverLimit) => Outcome::Limited,
             _ => return Ok(fallback(self.posture)),
         };
-        let over = Code::OverLimit as i32;
-        let limit_name = response
-            .statuses
-            .iter()
-            .find(|s| s.code == over && s.current_limit.is_some())
-            .or_else(|| response.statuses.iter().find(|s| s.current_limit.is_some()))
-            .and_then(|s| s.current_limit.as_ref())
-            .map(|l| l.name.clone());
+        let limit_name = binding_name(&headers);
         Ok(Verdict {
             outcome,
             headers,

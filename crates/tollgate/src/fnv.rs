@@ -1,5 +1,6 @@
 //! FNV-1a (64 bits): a stable hash, the same in every process and release (unlike std's
-//! `DefaultHasher`), for Redis hash tags and policy version hashes.
+//! `DefaultHasher`), for Redis hash tags, policy version hashes and the client layer's digests
+//! of over-long descriptor values.
 
 /// FNV-1a of `bytes`.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {

@@ -29,7 +29,7 @@
 //! ```
 
 pub mod clock;
-mod fnv;
+pub mod fnv;
 pub mod lifecycle;
 pub mod limiter;
 pub mod metrics;
