@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use tollgate::clock::{Clock, ManualClock, SystemClock};
 use tollgate::limiter::{
-    CheckRequest, CheckResponse, Code, FailureSettings, Limiter, Override, RequestDescriptor,
+    Candidate, CheckRequest, CheckResponse, Code, FailureSettings, Limiter, Override,
+    RequestDescriptor,
 };
 use tollgate::policy::Policy;
 use tollgate::resilience::{BreakerState, Posture};
@@ -508,4 +509,65 @@ descriptors:
     // Two units used; explain answers as if for one more.
     let left = limiter.explain(&tenant).await.unwrap();
     assert_eq!(left.statuses[0].decision.unwrap().remaining, 97);
+}
+
+/// While a shadow candidate runs, the prefilter stands aside: the candidate must see every
+/// request the running policy decides, those it denies included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_candidate_sees_what_the_prefilter_would_have_answered() {
+    let redis = RedisServer::start();
+    let clock = wall_clock();
+    let live = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {name: k, period: 1h, requests_per_unit: 2}\n";
+    let limiter = limiter(&redis.url(), &clock, live, true).await;
+    let text = live.replace("requests_per_unit: 2", "requests_per_unit: 1");
+    let sources = vec![("candidate.yaml".to_owned(), text)];
+    let candidate = Arc::new(Candidate::new(policy(&sources[0].1), sources, clock.now()));
+    limiter.set_candidate(Some(candidate.clone()));
+    // One after another, so the running policy's first denial is remembered before the next.
+    let mut allowed = 0;
+    for _ in 0..10 {
+        allowed += usize::from(admits(&limiter, "v").await);
+    }
+    assert_eq!(allowed, 2);
+    let report = candidate.report(5);
+    assert_eq!(
+        (report[0].allowed, report[0].would_deny),
+        (1, 9),
+        "{report:?}"
+    );
+}
+
+/// A request whose other limit can never admit its cost gets the store's answer (no
+/// retry-after: retrying cannot help), not the prefilter's remembered denial of one limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prefilter_does_not_hide_a_cost_beyond_capacity() {
+    let redis = RedisServer::start();
+    let clock = wall_clock();
+    let yaml = "domain: a
+descriptors:
+  - key: user
+    rate_limit: {period: 1m, requests_per_unit: 10}
+  - key: tenant
+    rate_limit: {period: 1m, requests_per_unit: 3}
+";
+    let limiter = limiter(&redis.url(), &clock, yaml, true).await;
+    let both = |cost: u64| {
+        let d = |k: &str| RequestDescriptor::new(vec![(k.into(), "x".into())], cost, None).unwrap();
+        CheckRequest::new("a".into(), vec![d("user"), d("tenant")]).unwrap()
+    };
+    // `user` is left with 2; a request of cost 5 is denied by it (remembered) and can never
+    // fit `tenant`'s 3.
+    assert!(
+        limiter
+            .check(&request("a", "user", "x", 8))
+            .await
+            .unwrap()
+            .allowed()
+    );
+    for _ in 0..3 {
+        let answer = limiter.check(&both(5)).await.unwrap();
+        assert!(!answer.allowed());
+        assert_eq!(answer.retry_after(), None, "{answer:?}");
+        assert!(answer.statuses.iter().any(|s| s.cost_exceeds_capacity()));
+    }
 }

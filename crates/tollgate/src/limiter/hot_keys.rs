@@ -55,7 +55,9 @@ impl Limiter {
         }
     }
 
-    /// A live charge the prefilter denies, by its index among `plan`'s spans.
+    /// A live charge the prefilter denies, by its index among `plan`'s spans. None when an
+    /// enforced charge can never fit its limit: the store's answer (no retry-after, reason
+    /// `cost_exceeds_capacity`) is not one the prefilter can give.
     pub(super) fn prefiltered(
         &self,
         plan: &Plan,
@@ -64,6 +66,12 @@ impl Limiter {
         epoch: u64,
     ) -> Option<(usize, Decision)> {
         let prefilter = self.prefilter()?;
+        if charges
+            .iter()
+            .any(|c| c.enforce && c.cost > c.params.capacity())
+        {
+            return None;
+        }
         plan.spans
             .iter()
             .zip(charges)

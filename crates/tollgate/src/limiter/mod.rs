@@ -308,7 +308,9 @@ impl Limiter {
             plan.push_charges(descriptors, false, &mut charges);
         }
 
+        // Not while a candidate shadows: it must see every request the running policy decides.
         if commit
+            && shadow.is_none()
             && let Some(denial) = self.prefiltered(&live, &charges[..live_charges], now, epoch)
         {
             return Ok(self.prefiltered_response(&snapshot, &live, descriptors, denial));
