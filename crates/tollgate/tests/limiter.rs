@@ -224,3 +224,32 @@ async fn top_keys_count_denials_not_cost() {
     let counts: Vec<(&str, u64)> = top.iter().map(|e| (e.key.as_str(), e.count)).collect();
     assert_eq!(counts, [("ip=busy", 3), ("ip=heavy", 1)]);
 }
+
+/// An unlimited rule's `replaces` counts, as in envoyproxy/ratelimit: a premium key with an
+/// unlimited rule that replaces the per-IP limit lifts that limit for its requests only.
+#[tokio::test]
+async fn an_unlimited_rule_still_replaces_other_limits() {
+    let policy = r#"
+domain: api
+descriptors:
+  - key: ip
+    rate_limit: {name: per_ip, unit: minute, requests_per_unit: 1}
+  - key: api_key
+    value: premium
+    rate_limit: {unlimited: true, replaces: [{name: per_ip}]}
+"#;
+    let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
+        1_700_000_040_000_000,
+    )));
+    let limiter = Limiter::new(
+        Policy::from_yaml("replaces.yaml", policy).unwrap(),
+        StoreBackend::Memory(MemoryStore::new(clock)),
+    );
+    let premium = request(&[&[("ip", "10.0.0.1")], &[("api_key", "premium")]]);
+    for _ in 0..3 {
+        assert!(limiter.check(&premium).await.unwrap().allowed());
+    }
+    let plain = request(&[&[("ip", "10.0.0.1")], &[("api_key", "basic")]]);
+    assert!(limiter.check(&plain).await.unwrap().allowed());
+    assert!(!limiter.check(&plain).await.unwrap().allowed());
+}

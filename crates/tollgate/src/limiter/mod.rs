@@ -435,6 +435,9 @@ impl Limiter {
             key_buf,
             spans,
         } = plan;
+        // An unlimited rule applies no limit but still replaces others, as in envoyproxy/ratelimit
+        // (the "this premium key skips the per-IP limit" pattern).
+        let mut replaced_by_unlimited: SmallVec<[&str; INLINE_CHARGES]> = SmallVec::new();
         for d in descriptors {
             limits.push(match (d.limit_override(), side) {
                 (Some(o), Side::Live) => {
@@ -446,7 +449,12 @@ impl Limiter {
                 (Some(_), Side::Candidate(_)) => None,
                 (None, _) => policy
                     .find(request.domain(), d.entries())
-                    .filter(|rule| rule.limit.is_some())
+                    .filter(|rule| {
+                        if rule.limit.is_none() {
+                            replaced_by_unlimited.extend(rule.replaces.iter().map(String::as_str));
+                        }
+                        rule.limit.is_some()
+                    })
                     .map(|rule| {
                         let runtime = match side {
                             Side::Live => {
@@ -464,7 +472,7 @@ impl Limiter {
                     }),
             });
         }
-        drop_replaced(limits);
+        drop_replaced(limits, &replaced_by_unlimited);
 
         // Build every key into one buffer; the charges borrow slices of it.
         for (i, (descriptor, limit)) in descriptors.iter().zip(limits.iter()).enumerate() {
@@ -759,14 +767,16 @@ impl Write for TopKeyText {
 const _: () = assert!(MAX_DESCRIPTORS <= 64);
 
 /// Drops the limits replaced by another limit matched in the same request (envoyproxy/ratelimit's
-/// `replaces`): a replaced descriptor is answered OK without a limit.
-fn drop_replaced(limits: &mut [Option<AppliedLimit>]) {
+/// `replaces`), or by a matched unlimited rule (`by_unlimited`): a replaced descriptor is
+/// answered OK without a limit.
+fn drop_replaced(limits: &mut [Option<AppliedLimit>], by_unlimited: &[&str]) {
     let replaced = |name: &str, limits: &[Option<AppliedLimit>]| {
-        limits
-            .iter()
-            .flatten()
-            .filter_map(AppliedLimit::rule)
-            .any(|rule| rule.replaces.iter().any(|r| r == name))
+        by_unlimited.contains(&name)
+            || limits
+                .iter()
+                .flatten()
+                .filter_map(AppliedLimit::rule)
+                .any(|rule| rule.replaces.iter().any(|r| r == name))
     };
     // At most MAX_DESCRIPTORS (64) limits: one bit each, decided before any is dropped.
     let drop = limits.iter().enumerate().fold(0u64, |drop, (n, l)| {
