@@ -15,9 +15,12 @@
 //! - all arithmetic is exact integer arithmetic on microseconds and saturates instead of
 //!   overflowing; time is assumed not to run backwards for a key (it never panics if it does);
 //! - a state written under other params of the same algorithm (a policy reload changed the
-//!   key's limit, burst or period) keeps its meaning: windows and the log their counts, GCRA and
-//!   the leaky bucket their instant, the token bucket its tokens (see [`State`]), rounded so as
-//!   to give no more quota than before.
+//!   key's limit, burst or period) keeps its meaning: the log its entries, GCRA and the leaky
+//!   bucket their instant, the token bucket its tokens, windows their counts (see [`State`]),
+//!   rounded so as to give no more quota than before. One exception: a fixed window or sliding
+//!   counter keeps the number of its window, not its bounds, so after a change of *period* the
+//!   count only carries over into a window that happens to bear the same number; otherwise it
+//!   starts from zero, which may admit up to one new limit early.
 //!
 //! ```
 //! use std::time::Duration;

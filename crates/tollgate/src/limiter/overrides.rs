@@ -1,7 +1,9 @@
 //! Runtime overrides: a different limit for one descriptor value of one rule, set through the
 //! admin API without a policy push (for example tenant `acme` gets ten times the limit), with an
 //! optional expiry. They live beside the policy, so they survive reloads and rollbacks; the
-//! counter stays the rule's, so the count carries over when an override starts or ends.
+//! counter stays the rule's, so the count carries over when an override starts or ends (except
+//! for a fixed window or sliding counter whose `period` the override changes: see
+//! `tollgate_core`'s notes on changed params).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
