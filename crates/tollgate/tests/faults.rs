@@ -108,6 +108,35 @@ fn assert_latency_bound(answers: &[(CheckResponse, Duration)], what: &str) {
     assert!(max <= DEADLINE + MARGIN, "{what}: max {max:?}");
 }
 
+/// Users whose `open` counters (each charged once here, by Redis) live on different primaries,
+/// with the port of each one's primary: two at least.
+async fn users_on_distinct_primaries(
+    cluster: &RedisCluster,
+    limiter: &Limiter,
+) -> Vec<(String, u16)> {
+    let owner_of = |value: &str| {
+        cluster
+            .primary_ports()
+            .into_iter()
+            .find(|p| cluster.cli(*p, &["--scan"]).contains(value))
+    };
+    let mut placed: Vec<(String, u16)> = Vec::new();
+    for i in 0..20 {
+        let value = format!("user{i}");
+        let answer = limiter.check(&request("open", &value)).await.unwrap();
+        assert!(answer.degraded().is_none());
+        let port = owner_of(&value).expect("the counter is on some primary");
+        if placed.iter().all(|(_, p)| *p != port) {
+            placed.push((value, port));
+        }
+    }
+    assert!(
+        placed.len() >= 2,
+        "counters on fewer than two primaries: {placed:?}"
+    );
+    placed
+}
+
 /// Polls until a request on `key` is decided by Redis again (not degraded).
 async fn wait_for_recovery(limiter: &Arc<Limiter>, key: &str, value: &str, within: Duration) {
     let start = Instant::now();
@@ -399,30 +428,7 @@ async fn a_dead_primary_affects_only_its_own_slots() {
         );
     }
     let limiter = limiter(&cluster.store_url()).await;
-    // Find two users whose counters live on different primaries.
-    let owner_of = |value: &str| {
-        cluster
-            .primary_ports()
-            .into_iter()
-            .find(|p| cluster.cli(*p, &["--scan"]).contains(value))
-    };
-    let mut placed: Vec<(String, u16)> = Vec::new();
-    for i in 0..20 {
-        let value = format!("user{i}");
-        assert!(
-            limiter
-                .check(&request("open", &value))
-                .await
-                .unwrap()
-                .degraded()
-                .is_none()
-        );
-        let port = owner_of(&value).expect("the counter is on some primary");
-        if placed.iter().all(|(_, p)| *p != port) {
-            placed.push((value, port));
-        }
-    }
-    assert!(placed.len() >= 2, "counters on at least two primaries");
+    let placed = users_on_distinct_primaries(&cluster, &limiter).await;
     let (victim, dead) = placed[0].clone();
     let (healthy, _) = placed[1].clone();
     // Let the slot map (refreshed every second) know the owners.
@@ -521,24 +527,9 @@ async fn a_charge_that_fails_on_one_primary_is_refunded_on_the_others() {
     let _serial = SERIAL.lock().await;
     let cluster = RedisCluster::start(3, 0);
     let limiter = limiter(&cluster.store_url()).await;
-    let owner_of = |value: &str| {
-        cluster
-            .primary_ports()
-            .into_iter()
-            .find(|p| cluster.cli(*p, &["--scan"]).contains(value))
-    };
-    let mut placed: Vec<(String, u16)> = Vec::new();
-    for i in 0..20 {
-        let value = format!("user{i}");
-        let answer = limiter.check(&request("open", &value)).await.unwrap();
-        assert!(answer.degraded().is_none());
-        let port = owner_of(&value).expect("the counter is on some primary");
-        if placed.iter().all(|(_, p)| *p != port) {
-            placed.push((value, port));
-        }
-    }
+    let placed = users_on_distinct_primaries(&cluster, &limiter).await;
     let [(doomed, failing), (healthy, _), ..] = placed.as_slice() else {
-        panic!("counters on fewer than two primaries: {placed:?}");
+        unreachable!("two at least");
     };
     cluster.cli(
         *failing,

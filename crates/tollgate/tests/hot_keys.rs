@@ -392,21 +392,28 @@ async fn a_late_give_back_clears_a_remembered_denial() {
     assert!(!admits(&limiter, "v").await);
 }
 
-/// A caller that hangs up while its request reserves a lease (a client reset, a proxy's
-/// timeout) leaves no lease charged in Redis and recorded nowhere: the reservation still
-/// lands in this replica's table, and a release gives back everything but the two units taken
-/// (before, the lease's other nine units stayed charged until the window ended).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_caller_that_hangs_up_mid_renewal_strands_no_lease() {
+/// One Redis behind a fault proxy, and a limiter through it whose rule `tenant` (100 an hour)
+/// has local budgets of 10 that lapse after 1 s.
+async fn leased_behind_a_proxy() -> (RedisServer, FaultProxy, Arc<ManualClock>, Limiter) {
     let redis = RedisServer::start();
     let proxy = FaultProxy::start(redis.addr());
     let clock = wall_clock();
     let yaml = "domain: a
 descriptors:
   - key: tenant
-    rate_limit: {period: 1h, requests_per_unit: 100, local_budget: 10}
+    rate_limit: {period: 1h, requests_per_unit: 100, local_budget: 10, local_budget_ttl: 1s}
 ";
     let limiter = limiter(&proxy.url(), &clock, yaml, false).await;
+    (redis, proxy, clock, limiter)
+}
+
+/// A caller that hangs up while its request reserves a lease (a client reset, a proxy's
+/// timeout) leaves no lease charged in Redis and recorded nowhere: the reservation still
+/// lands in this replica's table, and a release gives back everything but the two units taken
+/// (before, the lease's other nine units stayed charged until the window ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_hangs_up_mid_renewal_strands_no_lease() {
+    let (_redis, proxy, _clock, limiter) = leased_behind_a_proxy().await;
     let tenant = request("a", "tenant", "t1", 1);
 
     proxy.set_mode(Mode::Latency(Duration::from_millis(150)));
@@ -427,15 +434,7 @@ descriptors:
 /// Redis is never sent twice: a second give-back would take back units that were used.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_give_back_is_retried_when_redis_returns() {
-    let redis = RedisServer::start();
-    let proxy = FaultProxy::start(redis.addr());
-    let clock = wall_clock();
-    let yaml = "domain: a
-descriptors:
-  - key: tenant
-    rate_limit: {period: 1h, requests_per_unit: 100, local_budget: 10, local_budget_ttl: 1s}
-";
-    let limiter = limiter(&proxy.url(), &clock, yaml, false).await;
+    let (_redis, proxy, clock, limiter) = leased_behind_a_proxy().await;
     let breaker = |limiter: &Limiter| limiter.store().breakers()[0].1;
     let tenant = request("a", "tenant", "t1", 1);
     assert!(limiter.check(&tenant).await.unwrap().allowed());
@@ -477,15 +476,7 @@ descriptors:
 /// retry: sent twice, it would take back units that were used (99 left instead of 97).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_give_back_that_may_have_reached_redis_is_not_sent_twice() {
-    let redis = RedisServer::start();
-    let proxy = FaultProxy::start(redis.addr());
-    let clock = wall_clock();
-    let yaml = "domain: a
-descriptors:
-  - key: tenant
-    rate_limit: {period: 1h, requests_per_unit: 100, local_budget: 10, local_budget_ttl: 1s}
-";
-    let limiter = limiter(&proxy.url(), &clock, yaml, false).await;
+    let (_redis, proxy, clock, limiter) = leased_behind_a_proxy().await;
     let tenant = request("a", "tenant", "t1", 1);
     // A first lease and its give-back, so Redis knows the give-back script (an unknown one
     // would cost a second round trip and land after the deadline).
