@@ -108,3 +108,26 @@ async fn grpc_remote_client_takes_its_posture_when_nobody_answers() {
         );
     }
 }
+
+/// A request larger than the service takes (its body limit) is refused as invalid, not
+/// answered by the caller's posture: the service is there, and `Open` would let it through.
+#[tokio::test]
+async fn a_request_too_large_for_the_service_is_invalid_not_a_posture() {
+    let server = Server::start(POLICY);
+    let remote = Remote::http(&server.url(""), Duration::from_secs(2), Posture::Open).unwrap();
+    let value = "v".repeat(1000);
+    let descriptors = (0..64)
+        .map(|n| {
+            let entries = (0..32)
+                .map(|e| (format!("k{n}-{e}"), value.clone()))
+                .collect();
+            RequestDescriptor::new(entries, 1, None).unwrap()
+        })
+        .collect();
+    let huge = CheckRequest::new("api".into(), descriptors).unwrap();
+    let answer = remote.check(&huge).await;
+    assert!(
+        matches!(&answer, Err(tollgate_client::BackendError::Invalid(why)) if why.contains("larger")),
+        "{answer:?}"
+    );
+}

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use tollgate::limiter::CheckRequest;
 use tollgate_server::headers;
+use tollgate_server::http::MAX_BODY;
 
 use crate::backend::{Backend, BackendError, Outcome, Verdict};
 
@@ -135,7 +136,17 @@ fn wire_body(request: &CheckRequest) -> Result<serde_json::Value, BackendError> 
 
 impl Backend for Remote {
     async fn check(&self, request: &CheckRequest) -> Result<Verdict, BackendError> {
-        let body = wire_body(request)?;
+        // Refused here rather than by the service, which would cut the upload short: a broken
+        // connection looks like an outage, and the posture would answer a request the
+        // service can never take.
+        let body = serde_json::to_vec(&wire_body(request)?)
+            .map_err(|e| BackendError::Invalid(e.to_string()))?;
+        if body.len() > MAX_BODY {
+            return Err(BackendError::Invalid(format!(
+                "the request is {} bytes of JSON, larger than the service accepts ({MAX_BODY})",
+                body.len()
+            )));
+        }
         // reqwest's per-request timeout runs from connecting until the body is read, so a
         // service that accepts and then stalls cannot hold the caller past it.
         let answer = async {
@@ -143,7 +154,8 @@ impl Backend for Remote {
                 .client
                 .post(&self.check_url)
                 .timeout(self.timeout)
-                .json(&body)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body)
                 .send()
                 .await?;
             let status = response.status();
@@ -169,6 +181,7 @@ impl Backend for Remote {
                 let why = body["error"].as_str().unwrap_or("rejected by the service");
                 return Err(BackendError::Invalid(why.to_owned()));
             }
+
             _ => return Ok(fallback(self.posture)),
         };
         let limit_name = binding_name(&headers);

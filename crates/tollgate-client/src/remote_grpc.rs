@@ -27,7 +27,8 @@ pub struct RemoteGrpc {
 impl RemoteGrpc {
     /// A client of the service at `url` (e.g. `http://127.0.0.1:8081`), connected lazily. Each
     /// decision waits at most `timeout`; past it, or when the service cannot be reached,
-    /// `posture` answers.
+    /// `posture` answers. Call it inside a Tokio runtime: the channel starts its connection
+    /// task there.
     pub fn new(url: &str, timeout: Duration, posture: Posture) -> Result<Self, BackendError> {
         let channel = Endpoint::from_shared(url.to_owned())
             .map_err(|e| BackendError::Invalid(format!("invalid service URL `{url}`: {e}")))?

@@ -48,10 +48,10 @@ impl Source {
         let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
         let value = match self {
             Source::Header(name) => headers.get(name).and_then(|v| v.to_str().ok()),
+            // The first address in the list: an empty item before it (`, 1.2.3.4`) would
+            // otherwise leave the request without a client address, and unlimited.
             Source::ClientIp => get("x-forwarded-for")
-                .and_then(|list| list.split(',').next())
-                .map(str::trim)
-                .filter(|ip| !ip.is_empty())
+                .and_then(|list| list.split(',').map(str::trim).find(|ip| !ip.is_empty()))
                 .or_else(|| get("x-real-ip").map(str::trim)),
             Source::Method => get("x-original-method"),
             Source::Path => get("x-original-uri").map(|uri| uri.split('?').next().unwrap_or(uri)),
@@ -354,6 +354,12 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(entries(&request), vec![pairs(&[("ip", "198.51.100.2")])]);
+        // An empty first item does not hide the address after it.
+        let request = m
+            .request(&headers(&[("x-forwarded-for", " , 203.0.113.9, 10.0.0.1")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(entries(&request), vec![pairs(&[("ip", "203.0.113.9")])]);
     }
 
     #[test]

@@ -29,8 +29,8 @@ use tollgate::limiter::{CheckResponse, LimitError, Limiter};
 use crate::headers::each_rate_limit_header;
 use crate::{AllowAll, ErrorClass};
 
-/// Largest accepted request body.
-const MAX_BODY: usize = 64 * 1024;
+/// Largest accepted request body (the remote client checks it before sending).
+pub const MAX_BODY: usize = 64 * 1024;
 
 use self::authorize::{AuthorizeMapping, AuthorizeState};
 
