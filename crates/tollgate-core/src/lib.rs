@@ -20,7 +20,10 @@
 //!   rounded so as to give no more quota than before. One exception: a fixed window or sliding
 //!   counter keeps the number of its window, not its bounds, so after a change of *period* the
 //!   count only carries over into a window that happens to bear the same number; otherwise it
-//!   starts from zero, which may admit up to one new limit early.
+//!   starts from zero, which may admit up to one new limit early. (The stores add a second
+//!   such case: they drop a state at its [`State::expires_at`] under the params it was last
+//!   written with, so a key that goes quiet past that instant after a change that slows its
+//!   refill starts afresh.)
 //!
 //! ```
 //! use std::time::Duration;
