@@ -88,7 +88,8 @@ pub struct BenchArgs {
     /// Stop after exactly this many requests (and after 10 s unless `--duration` says otherwise).
     #[arg(long)]
     requests: Option<u64>,
-    /// Open loop: send this many requests per second in total (at least 0.01), spread over the workers.
+    /// Open loop: send this many requests per second in total (at least 0.01), spread over the
+    /// workers.
     #[arg(long, value_name = "R")]
     rate: Option<f64>,
     /// With `--keys 1`: report admitted requests against LIMIT; exit 1 if more were admitted.

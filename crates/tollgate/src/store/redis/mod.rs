@@ -19,9 +19,9 @@
 //! writing; if any enforced limit denies, the request is denied and nothing is written
 //! anywhere. Otherwise every slot charges in its own atomic call; if a concurrent request took
 //! the last quota of one slot in between, that slot denies and the slots that charged are
-//! refunded; so are they when another slot's charge fails. A refund is exact when nothing else charged that counter in between and never
-//! credits more than was charged, so the race can only under-admit, by at most the request's
-//! own cost, never over-admit.
+//! refunded; so are they when another slot's charge fails. A refund is exact when nothing else
+//! charged that counter in between and never credits more than was charged, so the race can
+//! only under-admit, by at most the request's own cost, never over-admit.
 
 mod cluster;
 mod coalesce;
