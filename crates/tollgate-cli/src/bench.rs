@@ -483,7 +483,11 @@ async fn worker(
     for slot in 0u64.. {
         // Open loop: `late` when this worker's previous request ended after this one was due.
         let late = match &schedule {
-            Some(schedule) => schedule.wait(index, slot).await,
+            Some(schedule) => match schedule.wait(index, slot).await {
+                Some(late) => late,
+                // The schedule has no slot left before the deadline.
+                None => break,
+            },
             None => false,
         };
         let sent_at = now();

@@ -289,6 +289,34 @@ fn a_paced_request_budget_ends_with_its_last_request() {
     assert!((1.4..4.0).contains(&elapsed), "{report}");
 }
 
+/// A slow schedule is kept to the end of the run: once no slot is left before the deadline,
+/// the workers stop instead of sending as fast as they can until it.
+#[test]
+fn a_slow_rate_is_kept_to_the_end_of_the_run() {
+    let server = Server::start(POLICY);
+    let report = bench_json(&[
+        "--target",
+        &format!("http://{}", server.http),
+        "--domain",
+        "bench",
+        "--descriptor",
+        "user=u{key}",
+        "--keys",
+        "100",
+        "--concurrency",
+        "2",
+        "--rate",
+        "4",
+        "--duration",
+        "2s",
+    ]);
+    assert_consistent(&report);
+    // Slots at 0, 0.25 ... 1.75 s: eight (one fewer if a busy machine sends the last one
+    // after the deadline). Before, the last quarter second ran closed-loop: hundreds.
+    let requests = n(&report, &["requests"]);
+    assert!((7.0..=8.0).contains(&requests), "{report}");
+}
+
 #[test]
 fn a_rate_too_small_to_schedule_is_refused() {
     let out = bench(&[

@@ -23,6 +23,8 @@ pub struct Schedule {
     /// Time between two slots.
     spacing: Duration,
     gates: Box<[Gate]>,
+    /// Set when the pacer has released its last slot: later slots never come.
+    over: AtomicBool,
 }
 
 /// One worker's slots released so far.
@@ -38,6 +40,7 @@ impl Schedule {
             start,
             spacing: Duration::from_secs_f64(1.0 / rate),
             gates: (0..workers.max(1)).map(|_| Gate::default()).collect(),
+            over: AtomicBool::new(false),
         }
     }
 
@@ -50,24 +53,29 @@ impl Schedule {
         self.at(n * self.gates.len() as u64 + worker as u64)
     }
 
-    /// Waits until `worker`'s `n`th slot is released. True if it already was: the worker's
-    /// previous request ended after this one was due.
-    pub async fn wait(&self, worker: usize, n: u64) -> bool {
-        let Some(gate) = self.gates.get(worker) else {
-            return true;
-        };
-        if gate.released.load(Ordering::Acquire) > n {
-            return true;
+    /// Waits until `worker`'s `n`th slot is released: `Some(true)` if it already was (the
+    /// worker's previous request ended after this one was due), `Some(false)` after waiting,
+    /// `None` when the pacer has stopped without releasing it (the run is over).
+    pub async fn wait(&self, worker: usize, n: u64) -> Option<bool> {
+        let gate = self.gates.get(worker)?;
+        let released = || gate.released.load(Ordering::Acquire) > n;
+        if released() {
+            return Some(true);
         }
         // `notify_one` keeps a permit when nobody waits yet, so no release is missed.
-        while gate.released.load(Ordering::Acquire) <= n {
+        loop {
+            if released() {
+                return Some(false);
+            }
+            if self.over.load(Ordering::Acquire) {
+                return None;
+            }
             gate.notify.notified().await;
         }
-        false
     }
 
-    /// Releases slots as they fall due, until `deadline` or `stop`; then releases every worker
-    /// for good, so none waits for a slot that will not come. Runs on its own thread.
+    /// Releases slots as they fall due, until `deadline` or `stop`; then tells every worker
+    /// waiting for a later slot that it will not come. Runs on its own thread.
     pub fn run(&self, deadline: Instant, stop: &AtomicBool) {
         let mut slot = 0u64;
         while !stop.load(Ordering::Relaxed) {
@@ -85,8 +93,8 @@ impl Schedule {
             gate.notify.notify_one();
             slot += 1;
         }
+        self.over.store(true, Ordering::Release);
         for gate in self.gates.iter() {
-            gate.released.store(u64::MAX, Ordering::Release);
             gate.notify.notify_one();
         }
     }
@@ -120,16 +128,17 @@ mod tests {
         };
         // Worker 1's slot 25 is due at 510 ms: waiting for it is not late, and it is not
         // released early.
-        assert!(!schedule.wait(1, 25).await);
+        assert_eq!(schedule.wait(1, 25).await, Some(false));
         assert!(now() >= schedule.due(1, 25));
         // Worker 0's slots 0..=2 were due by 40 ms: they are released already, late.
-        assert!(schedule.wait(0, 2).await);
+        assert_eq!(schedule.wait(0, 2).await, Some(true));
         // Its slot 80 is due at 1.6 s.
-        assert!(!schedule.wait(0, 80).await);
+        assert_eq!(schedule.wait(0, 80).await, Some(false));
         assert!(now() >= schedule.due(0, 80));
         stop.store(true, Ordering::Relaxed);
         pacer.join().unwrap();
-        // Once the pacer is done, nobody waits.
-        assert!(schedule.wait(1, 1_000_000).await);
+        // Once the pacer is done, a slot it released is still served; later ones never come.
+        assert_eq!(schedule.wait(1, 0).await, Some(true));
+        assert_eq!(schedule.wait(1, 1_000_000).await, None);
     }
 }
