@@ -387,8 +387,8 @@ pub fn diff(from: &PolicyVersion, to: &PolicyVersion) -> String {
             continue;
         }
         let _ = writeln!(out, "@@ {name}");
-        for line in line_diff(&a, &b) {
-            out.push_str(&line);
+        for line in around_changes(&line_diff(&a, &b)) {
+            out.push_str(line);
             out.push('\n');
         }
     }
@@ -402,6 +402,26 @@ fn named_texts(version: &PolicyVersion) -> Vec<(&str, &str)> {
         .zip(&version.sources)
         .map(|(name, (_, text))| (name, text.as_str()))
         .collect()
+}
+
+/// Unchanged lines kept around each change in [`diff`]; longer runs show as ` ...`.
+const DIFF_CONTEXT: usize = 2;
+
+/// The lines of a line diff within [`DIFF_CONTEXT`] of a change, a run of others as one ` ...`.
+fn around_changes(lines: &[String]) -> Vec<&str> {
+    let changed: Vec<usize> = (0..lines.len())
+        .filter(|&i| !lines[i].starts_with(' '))
+        .collect();
+    let near = |i: usize| changed.iter().any(|&c| c.abs_diff(i) <= DIFF_CONTEXT);
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if near(i) {
+            out.push(line.as_str());
+        } else if out.last() != Some(&" ...") {
+            out.push(" ...");
+        }
+    }
+    out
 }
 
 /// Longest-common-subsequence line diff; policies are small.
@@ -564,6 +584,22 @@ mod tests {
             d.contains("@@ api.yaml\n domain: d\n-descriptors: []\n+descriptors: [x]"),
             "{d}"
         );
+    }
+
+    #[test]
+    fn a_diff_shows_a_few_lines_around_each_change() {
+        let a: Vec<String> = ["a", "b", "c", "d", "e", "f", "g", "h", "i"]
+            .iter()
+            .map(|l| format!(" {l}"))
+            .collect();
+        let mut lines = a.clone();
+        lines[4] = "-e".to_owned();
+        lines.insert(5, "+E".to_owned());
+        assert_eq!(
+            around_changes(&lines),
+            [" ...", " c", " d", "-e", "+E", " f", " g", " ..."]
+        );
+        assert_eq!(around_changes(&a), [" ..."], "nothing changed");
     }
 
     #[test]
