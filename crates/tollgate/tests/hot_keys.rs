@@ -392,18 +392,22 @@ async fn a_late_give_back_clears_a_remembered_denial() {
     assert!(!admits(&limiter, "v").await);
 }
 
-/// One Redis behind a fault proxy, and a limiter through it whose rule `tenant` (100 an hour)
-/// has local budgets of 10 that lapse after 1 s.
-async fn leased_behind_a_proxy() -> (RedisServer, FaultProxy, Arc<ManualClock>, Limiter) {
+/// One Redis behind a fault proxy, and a limiter through it whose rule `tenant` (100 an hour,
+/// `algorithm`) has local budgets of 10 that lapse after 1 s.
+async fn leased_behind_a_proxy(
+    algorithm: &str,
+) -> (RedisServer, FaultProxy, Arc<ManualClock>, Limiter) {
     let redis = RedisServer::start();
     let proxy = FaultProxy::start(redis.addr());
     let clock = wall_clock();
-    let yaml = "domain: a
+    let yaml = format!(
+        "domain: a
 descriptors:
   - key: tenant
-    rate_limit: {period: 1h, requests_per_unit: 100, local_budget: 10, local_budget_ttl: 1s}
-";
-    let limiter = limiter(&proxy.url(), &clock, yaml, false).await;
+    rate_limit: {{period: 1h, requests_per_unit: 100, algorithm: {algorithm}, local_budget: 10, local_budget_ttl: 1s}}
+"
+    );
+    let limiter = limiter(&proxy.url(), &clock, &yaml, false).await;
     (redis, proxy, clock, limiter)
 }
 
@@ -413,7 +417,7 @@ descriptors:
 /// (before, the lease's other nine units stayed charged until the window ended).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_that_hangs_up_mid_renewal_strands_no_lease() {
-    let (_redis, proxy, _clock, limiter) = leased_behind_a_proxy().await;
+    let (_redis, proxy, _clock, limiter) = leased_behind_a_proxy("fixed_window").await;
     let tenant = request("a", "tenant", "t1", 1);
 
     proxy.set_mode(Mode::Latency(Duration::from_millis(150)));
@@ -429,46 +433,45 @@ async fn a_caller_that_hangs_up_mid_renewal_strands_no_lease() {
 }
 
 /// A give-back refused while Redis is away (its circuit breaker open, so nothing was sent) is
-/// tried again by the sweeps after Redis comes back, so the lease's unused units return to
-/// the counter instead of staying charged until the window ends. One that may have reached
-/// Redis is never sent twice: a second give-back would take back units that were used.
+/// tried again by the sweeps after Redis comes back, for a window algorithm: the lease's
+/// unused units return to the counter instead of staying charged until the window ends. A
+/// bucket's is not: late, it would credit a bucket that has refilled and been charged again
+/// since, an over-admission; its units stay charged instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_give_back_is_retried_when_redis_returns() {
-    let (_redis, proxy, clock, limiter) = leased_behind_a_proxy().await;
-    let breaker = |limiter: &Limiter| limiter.store().breakers()[0].1;
-    let tenant = request("a", "tenant", "t1", 1);
-    assert!(limiter.check(&tenant).await.unwrap().allowed());
+async fn a_refused_give_back_is_retried_for_windows_only() {
+    // One unit used; explain answers as if for one more. GCRA keeps the whole lease of 10.
+    for (algorithm, retried, left) in [("fixed_window", 1, 98), ("gcra", 0, 89)] {
+        let (_redis, proxy, clock, limiter) = leased_behind_a_proxy(algorithm).await;
+        let breaker = |limiter: &Limiter| limiter.store().breakers()[0].1;
+        let tenant = request("a", "tenant", "t1", 1);
+        assert!(limiter.check(&tenant).await.unwrap().allowed());
 
-    // The lease lapses; Redis goes away and requests for other tenants open the breaker.
-    clock.advance(Duration::from_secs(2));
-    proxy.set_mode(Mode::Refuse);
-    for n in 0..20 {
-        if breaker(&limiter) == BreakerState::Open {
-            break;
+        // The lease lapses; Redis goes away and requests for other tenants open the breaker.
+        clock.advance(Duration::from_secs(2));
+        proxy.set_mode(Mode::Refuse);
+        for n in 0..20 {
+            if breaker(&limiter) == BreakerState::Open {
+                break;
+            }
+            let _ = limiter
+                .check(&request("a", "tenant", &format!("other-{n}"), 1))
+                .await;
         }
-        let _ = limiter
-            .check(&request("a", "tenant", &format!("other-{n}"), 1))
-            .await;
-    }
-    assert_eq!(breaker(&limiter), BreakerState::Open);
-    assert_eq!(
-        limiter.sweep_hot_keys().await,
-        0,
-        "the give-back was refused"
-    );
+        assert_eq!(breaker(&limiter), BreakerState::Open, "{algorithm}");
+        assert_eq!(limiter.sweep_hot_keys().await, 0, "{algorithm}: refused");
 
-    proxy.set_mode(Mode::Pass);
-    assert!(limiter.store().wait_ready(Duration::from_secs(10)).await);
-    // The breaker lets a probe through: the kept give-back.
-    clock.advance(Duration::from_secs(1));
-    assert_eq!(
-        limiter.sweep_hot_keys().await,
-        1,
-        "the kept give-back was retried"
-    );
-    // One unit used; explain answers as if for one more.
-    let left = limiter.explain(&tenant).await.unwrap();
-    assert_eq!(left.statuses[0].decision.unwrap().remaining, 98);
+        proxy.set_mode(Mode::Pass);
+        assert!(limiter.store().wait_ready(Duration::from_secs(10)).await);
+        // The breaker lets a probe through: the kept give-back, if any.
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(limiter.sweep_hot_keys().await, retried, "{algorithm}");
+        let answer = limiter.explain(&tenant).await.unwrap();
+        assert_eq!(
+            answer.statuses[0].decision.unwrap().remaining,
+            left,
+            "{algorithm}"
+        );
+    }
 }
 
 /// A give-back that timed out may still have reached Redis (here: a link slow enough that the
@@ -476,7 +479,7 @@ async fn a_refused_give_back_is_retried_when_redis_returns() {
 /// retry: sent twice, it would take back units that were used (99 left instead of 97).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_give_back_that_may_have_reached_redis_is_not_sent_twice() {
-    let (_redis, proxy, clock, limiter) = leased_behind_a_proxy().await;
+    let (_redis, proxy, clock, limiter) = leased_behind_a_proxy("fixed_window").await;
     let tenant = request("a", "tenant", "t1", 1);
     // A first lease and its give-back, so Redis knows the give-back script (an unknown one
     // would cost a second round trip and land after the deadline).

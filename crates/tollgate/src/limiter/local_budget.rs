@@ -107,10 +107,12 @@ impl Lease {
 }
 
 /// Gives `unused` units of `key` back to the store. Refused before it was sent (the store's
-/// breaker open, say), the give-back is kept in `unreturned` for the next sweep to try again.
-/// Any other failure may have reached the store and been applied, and a second give-back
-/// would take back units that were used: those units stay charged, under-admission until the
-/// counter resets, never over (as they do with `unreturned` full).
+/// breaker open, say), a window algorithm's give-back is kept in `unreturned` for the next
+/// sweep to try again. Any other failure may have reached the store and been applied, and a
+/// second give-back would take back units that were used; and a bucket's give-back is only
+/// right soon after its charge (late, it would credit a bucket that has refilled since and
+/// been charged again). Those units stay charged: under-admission until the counter resets,
+/// never over (as they do with `unreturned` full).
 async fn give_back(
     store: &RedisStore,
     key: &[u8],
@@ -127,16 +129,18 @@ async fn give_back(
     match store.give_back(charge, at).await {
         Ok(()) => true,
         Err(e) => {
-            let kept = matches!(e, StoreError::NotCalled(_)) && unreturned.keep(key, unused);
+            let kept = matches!(e, StoreError::NotCalled(_))
+                && !params.algorithm().uses_burst()
+                && unreturned.keep(key, unused);
             debug!(error = %e, tokens, kept, "Could not give back an unused local budget");
             false
         }
     }
 }
 
-/// Give-backs the store refused before they were sent, to try again. Late is safe: the store
-/// takes back a charge made at `at` exactly when nothing touched the counter since,
-/// conservatively otherwise, and not at all once the counter has moved past it.
+/// Window algorithms' give-backs the store refused before they were sent, to try again. Late
+/// is safe for windows: the store takes back the units from the window the charge landed in
+/// (or the log entries it made), and nothing once that window is gone.
 #[derive(Debug, Default)]
 struct Unreturned(parking_lot::Mutex<Vec<(Box<[u8]>, Unused)>>);
 
