@@ -545,8 +545,11 @@ async fn a_charge_that_fails_on_one_primary_is_refunded_on_the_others() {
         let answer = limiter.check(&both).await.unwrap();
         assert!(answer.allowed() && answer.degraded().is_some());
     }
-    // One charge from the placement loop; explain answers as if for one more.
+    // One charge from the placement loop; explain answers as if for one more. A refund runs
+    // within the request's 20 ms deadline: one cut short on a busy machine leaves its unit
+    // charged (under-admission), so allow a few. Without refunds all 30 would stay (968).
     let left = limiter.explain(&request("open", healthy)).await.unwrap();
     assert!(left.degraded().is_none(), "the healthy primary decides");
-    assert_eq!(left.statuses[0].decision.unwrap().remaining, 1000 - 2);
+    let remaining = left.statuses[0].decision.unwrap().remaining;
+    assert!((1000 - 5..=1000 - 2).contains(&remaining), "{remaining}");
 }

@@ -43,18 +43,30 @@ pub enum Source {
 }
 
 impl Source {
-    /// The value for this source in `headers`, if present and printable.
-    fn value<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
-        let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    /// The value for this source in `headers`, if present and not empty. Bytes that are not
+    /// visible ASCII are read lossily: a value present is limited, whatever it holds, so a
+    /// client cannot slip past its limit by sending one nobody can read.
+    fn value(&self, headers: &HeaderMap) -> Option<String> {
+        let get = |name: &str| {
+            headers
+                .get(name)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        };
         let value = match self {
-            Source::Header(name) => headers.get(name).and_then(|v| v.to_str().ok()),
+            Source::Header(name) => get(name.as_str()),
             // The first address in the list: an empty item before it (`, 1.2.3.4`) would
             // otherwise leave the request without a client address, and unlimited.
             Source::ClientIp => get("x-forwarded-for")
-                .and_then(|list| list.split(',').map(str::trim).find(|ip| !ip.is_empty()))
-                .or_else(|| get("x-real-ip").map(str::trim)),
+                .and_then(|list| {
+                    list.split(',')
+                        .map(str::trim)
+                        .find(|ip| !ip.is_empty())
+                        .map(str::to_owned)
+                })
+                .or_else(|| get("x-real-ip").map(|ip| ip.trim().to_owned())),
             Source::Method => get("x-original-method"),
-            Source::Path => get("x-original-uri").map(|uri| uri.split('?').next().unwrap_or(uri)),
+            Source::Path => get("x-original-uri")
+                .map(|uri| uri.split('?').next().unwrap_or_default().to_owned()),
         };
         value.filter(|v| !v.is_empty())
     }
@@ -165,7 +177,7 @@ impl AuthorizeMapping {
             let entries: Option<Vec<(String, String)>> = mapping
                 .entries
                 .iter()
-                .map(|(key, source)| Some((key.clone(), source.value(headers)?.to_owned())))
+                .map(|(key, source)| Some((key.clone(), source.value(headers)?)))
                 .collect();
             let Some(entries) = entries else { continue };
             match RequestDescriptor::new(entries, 1, None) {
@@ -344,6 +356,15 @@ mod tests {
         assert!(m.request(&headers(&[("x-other", "v")])).is_none());
         // An empty value counts as missing rather than as a shared empty key.
         assert!(m.request(&headers(&[("x-api-key", "")])).is_none());
+    }
+
+    #[test]
+    fn a_value_nobody_can_read_is_still_limited() {
+        let m = mapping(&["api_key=header:x-api-key"]);
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", HeaderValue::from_bytes(b"k\x80").unwrap());
+        let request = m.request(&h).unwrap().unwrap();
+        assert_eq!(entries(&request), vec![pairs(&[("api_key", "k\u{fffd}")])]);
     }
 
     #[test]
