@@ -33,7 +33,8 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
     loop {
         tokio::select! {
             // This replica's own changes first: a tick taken before them could adopt another
-            // replica's document over an override or version set here and not yet published.
+            // replica's document over an override or version set here and not yet published
+            // (the tick also checks that nothing changed here while it read Redis).
             biased;
             Some(version) = activated.recv() => {
                 if let Some(seq) = publish_policy(store, &version).await {
@@ -46,13 +47,19 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
                 }
             }
             _ = tick.tick() => {
+                // A change made here while the shared documents are read is newer than them: the
+                // branches above publish it; adopting now would overwrite it.
+                let overrides = lifecycle.limiter().overrides();
+                let before = (lifecycle.current().seq, overrides.generation());
                 let Ok(shared) = store.shared_doc(POLICY_KEY).await else {
                     continue; // Redis unreachable: try again at the next tick
                 };
                 match shared {
                     // Nothing shared yet: this replica's policy becomes the first version.
                     None => policy_seq = publish_policy(store, &lifecycle.current()).await.or(policy_seq),
-                    Some(shared) if policy_seq != Some(shared.seq) => {
+                    Some(shared)
+                        if policy_seq != Some(shared.seq) && lifecycle.current().seq == before.0 =>
+                    {
                         policy_seq = Some(shared.seq);
                         if shared.hash != lifecycle.current().hash {
                             adopt_policy(&lifecycle, &shared);
@@ -61,7 +68,8 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
                     Some(_) => {}
                 }
                 if let Ok(Some(shared)) = store.shared_doc(OVERRIDES_KEY).await
-                    && overrides_seq != Some(shared.seq) {
+                    && overrides_seq != Some(shared.seq)
+                    && overrides.generation() == before.1 {
                         overrides_seq = Some(shared.seq);
                         adopt_overrides(&lifecycle, &shared);
                     }
