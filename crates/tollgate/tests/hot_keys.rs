@@ -432,6 +432,31 @@ async fn a_caller_that_hangs_up_mid_renewal_strands_no_lease() {
     assert_eq!(left.statuses[0].decision.unwrap().remaining, 97);
 }
 
+/// A caller that hangs up while waiting for another request's renewal has taken nothing: only
+/// the request that reserves a lease is charged for it when its caller goes away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_hangs_up_while_waiting_for_a_renewal_takes_nothing() {
+    let (_redis, proxy, _clock, limiter) = leased_behind_a_proxy("fixed_window").await;
+    let limiter = Arc::new(limiter);
+    let tenant = request("a", "tenant", "t1", 1);
+    // The first request's reservation takes 500 ms; the second comes 100 ms in and gives up
+    // after another 100.
+    proxy.set_mode(Mode::Latency(Duration::from_millis(250)));
+    let renewing = tokio::spawn({
+        let (limiter, tenant) = (limiter.clone(), tenant.clone());
+        async move { limiter.check(&tenant).await.unwrap().allowed() }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waited = tokio::time::timeout(Duration::from_millis(100), limiter.check(&tenant)).await;
+    assert!(waited.is_err(), "the renewal took under 200 ms");
+    assert!(renewing.await.unwrap());
+    proxy.set_mode(Mode::Pass);
+    limiter.release_local_budgets().await;
+    // One unit used; explain answers as if for one more.
+    let left = limiter.explain(&tenant).await.unwrap();
+    assert_eq!(left.statuses[0].decision.unwrap().remaining, 98);
+}
+
 /// A give-back refused while Redis is away (its circuit breaker open, so nothing was sent) is
 /// tried again by the sweeps after Redis comes back, for a window algorithm: the lease's
 /// unused units return to the counter instead of staying charged until the window ends. A

@@ -21,7 +21,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Mutex as AsyncMutex;
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 use tollgate_core::{Algorithm, Decision, Params, Timestamp, Verdict};
 use tracing::debug;
 
@@ -188,17 +188,18 @@ struct Request {
     epoch: u64,
 }
 
-/// Reserves a new lease on `key` for `request` (unless another request did while this one
-/// waited), giving back what the old one left: the request's decision, the lease's serial and
-/// whether the store was spared. Runs to the end even if the request's caller has gone; the
+/// Gives back what the old lease left (`unused`), reserves a new lease on `key` for `request`
+/// and records it in `slot`, whose renewal lock `renewing` is held throughout: the request's
+/// decision and the lease's serial. Runs to the end even if the request's caller has gone; the
 /// caller's units are then taken from the lease for nobody.
 async fn renew(
     store: Arc<RedisStore>,
     unreturned: Arc<Unreturned>,
-    slot: Arc<Slot>,
+    (slot, _renewing): (Arc<Slot>, OwnedMutexGuard<()>),
     key: Box<[u8]>,
+    unused: Option<Unused>,
     request: Request,
-) -> Option<(Decision, u64, bool)> {
+) -> Option<(Decision, u64)> {
     let Request {
         params,
         cost,
@@ -206,15 +207,6 @@ async fn renew(
         now,
         epoch,
     } = request;
-    let _renewing = slot.renewal.lock().await;
-    // Another request may have reserved a lease while this one waited.
-    let unused = {
-        let mut lease = slot.lease.lock();
-        match decided_by_lease(&mut lease, &params, cost, now, epoch) {
-            Some(answer) => return answer.map(|(decision, serial)| (decision, serial, true)),
-            None => lease.empty(),
-        }
-    };
     if let Some(unused) = unused {
         give_back(&store, &key, unused, &unreturned).await;
     }
@@ -251,7 +243,7 @@ async fn renew(
         backoff_until: Timestamp::EPOCH,
         retired: false,
     };
-    Some((lease.served(now)?, lease.serial, false))
+    Some((lease.served(now)?, lease.serial))
 }
 
 /// A key's lease, and the lock that lets one request at a time reserve a new one. Taking
@@ -259,7 +251,7 @@ async fn renew(
 #[derive(Debug, Default)]
 struct Slot {
     lease: parking_lot::Mutex<Lease>,
-    renewal: AsyncMutex<()>,
+    renewal: Arc<AsyncMutex<()>>,
 }
 
 /// A request admitted from a lease.
@@ -283,6 +275,19 @@ impl Taken {
             lease.tokens += cost;
         }
     }
+}
+
+/// A request admitted from `slot`'s lease.
+fn taken(
+    (decision, serial, spared_the_store): (Decision, u64, bool),
+    slot: Arc<Slot>,
+) -> Option<Taken> {
+    Some(Taken {
+        decision,
+        spared_the_store,
+        slot,
+        serial,
+    })
 }
 
 /// This replica's leases, by counter key.
@@ -316,34 +321,51 @@ impl Leases {
             return None;
         }
         let slot = self.slot(key);
+        let from_lease = |answer: Option<(Decision, u64)>| {
+            answer.map(|(decision, serial)| (decision, serial, true))
+        };
         let first = decided_by_lease(&mut slot.lease.lock(), params, cost, now, epoch);
         let (decision, serial, spared_the_store) = match first {
-            Some(answer) => answer.map(|(decision, serial)| (decision, serial, true))?,
-            // Its own task: a caller that hangs up mid-renewal (a client reset, a proxy's
-            // timeout) must not leave a lease reserved in the store and recorded nowhere,
-            // where neither this replica nor a sweep could use or give back its units.
-            None => tokio::spawn(renew(
-                store.clone(),
-                self.unreturned.clone(),
-                slot.clone(),
-                key.into(),
-                Request {
-                    params: *params,
-                    cost,
-                    budget,
-                    now,
-                    epoch,
-                },
-            ))
-            .await
-            .ok()??,
+            Some(answer) => from_lease(answer)?,
+            None => {
+                // One renewal at a time; a caller that hangs up while waiting here has taken
+                // nothing.
+                let renewing = slot.renewal.clone().lock_owned().await;
+                // Another request may have reserved a lease while this one waited.
+                let (again, unused) = {
+                    let mut lease = slot.lease.lock();
+                    match decided_by_lease(&mut lease, params, cost, now, epoch) {
+                        Some(answer) => (Some(answer), None),
+                        None => (None, lease.empty()),
+                    }
+                };
+                if let Some(answer) = again {
+                    return taken(from_lease(answer)?, slot);
+                }
+                // The store work in a task of its own: a caller that hangs up mid-renewal (a
+                // client reset, a proxy's timeout) must not leave a lease reserved in the store
+                // and recorded nowhere, where neither this replica nor a sweep could use or
+                // give back its units.
+                tokio::spawn(renew(
+                    store.clone(),
+                    self.unreturned.clone(),
+                    (slot.clone(), renewing),
+                    key.into(),
+                    unused,
+                    Request {
+                        params: *params,
+                        cost,
+                        budget,
+                        now,
+                        epoch,
+                    },
+                ))
+                .await
+                .ok()?
+                .map(|(decision, serial)| (decision, serial, false))?
+            }
         };
-        Some(Taken {
-            decision,
-            spared_the_store,
-            slot,
-            serial,
-        })
+        taken((decision, serial, spared_the_store), slot)
     }
 
     /// Gives back the unused units of every lease that has lapsed at `now` (or was reserved in
