@@ -41,8 +41,8 @@ pub struct AuthenticatedUser(pub String);
 
 /// A declarative [`Describe`] for common cases: each source becomes its own one-entry
 /// descriptor `key=value` (so each is limited independently by the policy rule of that
-/// key); a source absent from the request (missing header, unknown peer) is left out, and a
-/// request with no source present is not checked.
+/// key); a source absent from the request (missing or empty header, unknown peer) is left out,
+/// and a request with no source present is not checked.
 ///
 /// Every value present is limited, whatever it holds: a header value that is not visible ASCII
 /// is read lossily, and a value longer than [`MAX_FIELD_LEN`] bytes is replaced by a digest of
@@ -112,9 +112,12 @@ impl<B> Describe<B> for Descriptors {
             .iter()
             .filter_map(|(source, key)| {
                 let value = match source {
+                    // An empty value counts as missing, as in forward auth, rather than as one
+                    // key every such client would share (and could exhaust for the others).
                     Source::Header(name) => request
                         .headers()
                         .get(name)
+                        .filter(|v| !v.is_empty())
                         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
                     Source::ClientIp => request
                         .extensions()
@@ -194,5 +197,8 @@ mod tests {
         assert_ne!(value_of(&other), digest);
         let fits = vec![b'A'; MAX_FIELD_LEN];
         assert_eq!(value_of(&fits).len(), MAX_FIELD_LEN, "kept as it is");
+        // Empty is missing: not a key shared by every client that sends it.
+        let empty = Request::get("/").header("x-api-key", "").body(()).unwrap();
+        assert!(describe.describe(&empty).is_none());
     }
 }
