@@ -41,6 +41,20 @@ fn bench_json(args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `bench --json` against `target`, domain `bench`, descriptor `user=u{key}`, then `rest`.
+fn bench_users(target: &str, rest: &[&str]) -> Value {
+    let mut args = vec![
+        "--target",
+        target,
+        "--domain",
+        "bench",
+        "--descriptor",
+        "user=u{key}",
+    ];
+    args.extend_from_slice(rest);
+    bench_json(&args)
+}
+
 fn n(v: &Value, path: &[&str]) -> f64 {
     let mut at = v;
     for p in path {
@@ -78,24 +92,21 @@ fn grpc_and_http_runs_report_consistent_json() {
         format!("grpc://{}", server.grpc),
         format!("http://{}", server.http),
     ] {
-        let report = bench_json(&[
-            "--target",
+        let report = bench_users(
             &target,
-            "--domain",
-            "bench",
-            "--descriptor",
-            "user=u{key}",
-            "--keys",
-            "1000",
-            "--zipf",
-            "1.1",
-            "--concurrency",
-            "8",
-            "--connections",
-            "2",
-            "--duration",
-            "1s",
-        ]);
+            &[
+                "--keys",
+                "1000",
+                "--zipf",
+                "1.1",
+                "--concurrency",
+                "8",
+                "--connections",
+                "2",
+                "--duration",
+                "1s",
+            ],
+        );
         assert_consistent(&report);
         assert_eq!(report["over_limit"], 0, "{report}");
         let elapsed = n(&report, &["elapsed_s"]);
@@ -223,20 +234,10 @@ fn verify_fails_when_more_than_the_limit_is_admitted() {
 #[test]
 fn requests_bound_stops_after_exactly_that_many() {
     let server = Server::start(POLICY);
-    let report = bench_json(&[
-        "--target",
+    let report = bench_users(
         &format!("http://{}", server.http),
-        "--domain",
-        "bench",
-        "--descriptor",
-        "user=u{key}",
-        "--keys",
-        "10",
-        "--concurrency",
-        "7",
-        "--requests",
-        "50",
-    ]);
+        &["--keys", "10", "--concurrency", "7", "--requests", "50"],
+    );
     assert_consistent(&report);
     assert_eq!(report["requests"], 50, "{report}");
 }
@@ -244,20 +245,10 @@ fn requests_bound_stops_after_exactly_that_many() {
 #[test]
 fn open_loop_rate_paces_the_requests() {
     let server = Server::start(POLICY);
-    let report = bench_json(&[
-        "--target",
+    let report = bench_users(
         &format!("grpc://{}", server.grpc),
-        "--domain",
-        "bench",
-        "--descriptor",
-        "user=u{key}",
-        "--concurrency",
-        "4",
-        "--rate",
-        "200",
-        "--duration",
-        "1s",
-    ]);
+        &["--concurrency", "4", "--rate", "200", "--duration", "1s"],
+    );
     assert_consistent(&report);
     let requests = n(&report, &["requests"]);
     assert!((150.0..=210.0).contains(&requests), "{report}");
@@ -268,20 +259,10 @@ fn open_loop_rate_paces_the_requests() {
 #[test]
 fn a_paced_request_budget_ends_with_its_last_request() {
     let server = Server::start(POLICY);
-    let report = bench_json(&[
-        "--target",
+    let report = bench_users(
         &format!("http://{}", server.http),
-        "--domain",
-        "bench",
-        "--descriptor",
-        "user=u{key}",
-        "--concurrency",
-        "16",
-        "--requests",
-        "4",
-        "--rate",
-        "2",
-    ]);
+        &["--concurrency", "16", "--requests", "4", "--rate", "2"],
+    );
     assert_consistent(&report);
     assert_eq!(report["requests"], 4, "{report}");
     // Due at 0, 0.5, 1 and 1.5 s; the last of 16 workers' first slots would be at 7.5 s.
@@ -294,22 +275,19 @@ fn a_paced_request_budget_ends_with_its_last_request() {
 #[test]
 fn a_slow_rate_is_kept_to_the_end_of_the_run() {
     let server = Server::start(POLICY);
-    let report = bench_json(&[
-        "--target",
+    let report = bench_users(
         &format!("http://{}", server.http),
-        "--domain",
-        "bench",
-        "--descriptor",
-        "user=u{key}",
-        "--keys",
-        "100",
-        "--concurrency",
-        "2",
-        "--rate",
-        "4",
-        "--duration",
-        "2s",
-    ]);
+        &[
+            "--keys",
+            "100",
+            "--concurrency",
+            "2",
+            "--rate",
+            "4",
+            "--duration",
+            "2s",
+        ],
+    );
     assert_consistent(&report);
     // Slots at 0, 0.25 ... 1.75 s: eight (one fewer if a busy machine sends the last one
     // after the deadline). Before, the last quarter second ran closed-loop: hundreds.
@@ -512,22 +490,19 @@ async fn connections_are_real_sockets_for_both_protocols() {
         let (proxy, accepted) = counting_proxy(upstream).await;
         let target = format!("{scheme}://{proxy}");
         let report = tokio::task::spawn_blocking(move || {
-            bench_json(&[
-                "--target",
+            bench_users(
                 &target,
-                "--domain",
-                "bench",
-                "--descriptor",
-                "user=u{key}",
-                "--keys",
-                "100",
-                "--concurrency",
-                "12",
-                "--connections",
-                "3",
-                "--requests",
-                "600",
-            ])
+                &[
+                    "--keys",
+                    "100",
+                    "--concurrency",
+                    "12",
+                    "--connections",
+                    "3",
+                    "--requests",
+                    "600",
+                ],
+            )
         })
         .await
         .unwrap();
