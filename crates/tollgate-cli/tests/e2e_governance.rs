@@ -326,6 +326,18 @@ async fn a_soft_limit_allows_and_marks_the_overage() {
 async fn overrides_change_one_value_expire_and_survive_reloads() {
     let server = Server::start(V1);
     let admin = reqwest::Client::new();
+    // The overrides in force, as the admin API lists them.
+    let overrides = || async {
+        let list: Value = admin
+            .get(server.admin_url("/v1/admin/overrides"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        list
+    };
     let set = json!({"domain": "api", "rule": "per_tenant", "entries": [{"key": "tenant", "value": "acme"}],
                      "requests_per_unit": 30, "expires_in": "6s", "reason": "launch"});
     // Six seconds: the reload below must happen well before it expires, even on a busy machine.
@@ -354,14 +366,7 @@ async fn overrides_change_one_value_expire_and_survive_reloads() {
     server.signal("HUP");
     wait_for_version(&server, 2).await;
     assert_eq!(remaining(&server, "tenant", "acme").await, 28);
-    let list: Value = admin
-        .get(server.admin_url("/v1/admin/overrides"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = overrides().await;
     assert_eq!(list["overrides"][0]["id"], id);
     assert_eq!(list["overrides"][0]["reason"], "launch");
 
@@ -385,28 +390,14 @@ async fn overrides_change_one_value_expire_and_survive_reloads() {
         let text = r.text().await.unwrap();
         assert!(text.contains(why), "{text}");
     }
-    let list: Value = admin
-        .get(server.admin_url("/v1/admin/overrides"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = overrides().await;
     assert_eq!(list["overrides"].as_array().unwrap().len(), 1, "{list}");
 
     // It expires: back to the rule's 3 a day with the count (2 used) carried over.
     tokio::time::sleep_until(set_at + Duration::from_millis(6100)).await;
     assert_eq!(server.check("tenant", "acme").await.status(), 200);
     assert_eq!(server.check("tenant", "acme").await.status(), 429);
-    let list: Value = admin
-        .get(server.admin_url("/v1/admin/overrides"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = overrides().await;
     assert_eq!(list["overrides"].as_array().unwrap().len(), 0);
     let r = admin
         .delete(server.admin_url(&format!("/v1/admin/overrides/{id}")))

@@ -390,15 +390,18 @@ async fn a_push_and_a_rollback_reach_every_replica_sharing_redis() {
     };
     wait_all(5).await;
 
-    // Push to replica 0.
-    let push = serde_json::json!({"sources": [{"name": "pushed.yaml", "text": policy.replace("requests_per_unit: 5", "requests_per_unit: 50")}]});
-    let r = http
-        .post(servers[0].admin_url("/v1/admin/policy"))
-        .json(&push)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    // Pushes the policy with `limit` to `server`.
+    let push_limit = |server: &Server, limit: u64| {
+        let text = policy.replace(
+            "requests_per_unit: 5",
+            &format!("requests_per_unit: {limit}"),
+        );
+        let push = serde_json::json!({"sources": [{"name": "pushed.yaml", "text": text}]});
+        let request = http.post(server.admin_url("/v1/admin/policy")).json(&push);
+        async move { assert_eq!(request.send().await.unwrap().status(), 200) }
+    };
+
+    push_limit(&servers[0], 50).await;
     wait_all(50).await;
 
     // Roll back on replica 2: everyone returns to 5.
@@ -433,14 +436,7 @@ async fn a_push_and_a_rollback_reach_every_replica_sharing_redis() {
         },
     )
     .await;
-    let push = serde_json::json!({"sources": [{"name": "again.yaml", "text": policy.replace("requests_per_unit: 5", "requests_per_unit: 7")}]});
-    let r = http
-        .post(servers[1].admin_url("/v1/admin/policy"))
-        .json(&push)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    push_limit(&servers[1], 7).await;
     wait_all(7).await;
 }
 
