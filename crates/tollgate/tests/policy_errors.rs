@@ -254,7 +254,7 @@ descriptors:
       requests_per_unit: 5
 "
         ),
-        "t.yaml:6:18: `unlimited: true` cannot be combined with `requests_per_unit`, `unit`"
+        "t.yaml:6:18: `unlimited: true` cannot be combined with `unit`"
     );
     // `unlimited: false` is just a limited rule.
     let policy = Policy::from_yaml(
@@ -263,6 +263,15 @@ descriptors:
     )
     .unwrap();
     assert_eq!(policy.rules()[0].limit.map(|p| p.limit()), Some(5));
+    // envoyproxy/ratelimit accepts a `requests_per_unit` beside `unlimited: true` and ignores
+    // it; such a file loads here too, and the rule stays unlimited.
+    let policy = Policy::from_yaml(
+        "t.yaml",
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, requests_per_unit: 5}\n",
+    )
+    .unwrap();
+    assert!(policy.rules()[0].is_unlimited());
+    assert_eq!(policy.rules()[0].limit, None);
 }
 
 #[test]
@@ -475,7 +484,7 @@ fn all_errors_of_a_file_are_reported_in_order() {
         "many_errors.yaml:6:54: invalid `requests_per_unit`: limit must be at least 1".to_owned(),
         "many_errors.yaml:7:5: duplicate descriptor `user` without a value at this level, first defined at many_errors.yaml:5:5".to_owned(),
         "many_errors.yaml:8:40: give either `unit` or `period`, not both".to_owned(),
-        "many_errors.yaml:11:29: `unlimited: true` cannot be combined with `requests_per_unit`".to_owned(),
+        "many_errors.yaml:11:29: `unlimited: true` cannot be combined with `unit`".to_owned(),
         format!("many_errors.yaml:14:30: invalid period `soon`: {period_error}"),
         "many_errors.yaml:14:55: invalid `requests_per_unit`: limit must be at least 1".to_owned(),
         format!("many_errors.yaml:14:66: burst is not supported by fixed_window; {BURST_WINDOW}"),

@@ -460,8 +460,9 @@ impl<'f> SourceCompiler<'f> {
         block: &Option<Location>,
     ) -> (Option<Params>, Option<Unit>) {
         if let Some(unlimited) = doc.unlimited.as_ref().filter(|u| u.value) {
+            // envoyproxy/ratelimit refuses a unit beside `unlimited: true` but accepts and
+            // ignores `requests_per_unit`; files written for it load here unchanged.
             let conflicts: Vec<&str> = [
-                ("requests_per_unit", doc.requests_per_unit.is_some()),
                 ("unit", doc.unit.is_some()),
                 ("period", doc.period.is_some()),
                 ("algorithm", doc.algorithm.is_some()),
