@@ -70,6 +70,16 @@ impl Decision {
         }
     }
 
+    /// The same answer given `by` earlier than the instant it was decided at: the durations
+    /// that run (a non-zero reset, the retry) are longer by `by`.
+    pub(crate) fn postponed(mut self, by: Duration) -> Self {
+        if !self.reset_after.is_zero() {
+            self.reset_after += by;
+        }
+        self.retry_after = self.retry_after.map(|r| r + by);
+        self
+    }
+
     /// A request whose cost the limit can never admit.
     pub(crate) fn cost_exceeds_capacity(limit: u64, remaining: u64, reset_after: Duration) -> Self {
         Decision {

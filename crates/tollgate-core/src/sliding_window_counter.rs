@@ -8,10 +8,13 @@
 //! than the current and the previous one are zero. `retry_after` is the first instant the test
 //! passes: later in this window as `previous` decays, else in the next window (where `current`
 //! becomes `previous`), else at the start of the one after. `reset_after` runs until both counts
-//! weigh nothing: the end of the next window if `current > 0`, else of this one.
+//! weigh nothing: the end of the next window if `current > 0`, else of this one. A clock that
+//! steps back across a boundary decides at the start of the stored window
+//! ([`crate::fixed_window::decision_instant`]).
 
 use std::time::Duration;
 
+use crate::fixed_window::decision_instant;
 use crate::scaled::{div_ceil, micros, saturate};
 use crate::{Decision, Params, State, Timestamp, Transition};
 
@@ -19,7 +22,19 @@ use crate::{Decision, Params, State, Timestamp, Transition};
 pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Decision, Transition) {
     let limit = params.limit();
     let period = params.period_micros();
+    let stored = match *state {
+        State::SlidingWindowCounter { window, .. } => Some(window),
+        _ => None,
+    };
     let now_micros = now.as_micros();
+    let at = decision_instant(stored, now_micros, period);
+    if at != now_micros {
+        let (decision, transition) = decide(params, state, Timestamp::from_micros(at), cost);
+        return (
+            decision.postponed(micros(u128::from(at - now_micros))),
+            transition,
+        );
+    }
     let window = now_micros / period;
     let (current, previous) = match *state {
         State::SlidingWindowCounter {
@@ -187,5 +202,48 @@ mod tests {
         // A full-limit request must wait for the window after.
         let (denied, _) = decide(&params, &state, Timestamp::from_micros(5_900), 4);
         assert_eq!(denied.retry_after, Some(Duration::from_micros(1_100)));
+    }
+
+    #[test]
+    fn a_clock_stepping_back_across_a_boundary_keeps_the_counts() {
+        let params = Params::new(
+            Algorithm::SlidingWindowCounter,
+            4,
+            Duration::from_millis(1),
+            None,
+        )
+        .unwrap();
+        // Window 6 holds 4 (full) over a previous 2; the clock now reads 5.990 ms.
+        let state = State::SlidingWindowCounter {
+            window: 6,
+            current: 4,
+            previous: 2,
+        };
+        let (denied, transition) = decide(&params, &state, Timestamp::from_micros(5_990), 1);
+        assert_eq!((denied.verdict, denied.remaining), (Verdict::Denied, 0));
+        // Window 6 is full, so 1 more fits in window 7 once 4 * (1000 - e) <= 3 * 1000, at
+        // e = 250: 1.25 ms after the start of window 6, which is 10 µs after the clock's reading.
+        assert_eq!(denied.retry_after, Some(Duration::from_micros(1_260)));
+        assert_eq!(transition, crate::Transition::Keep);
+        let (allowed, transition) = decide(
+            &params,
+            &State::SlidingWindowCounter {
+                window: 6,
+                current: 1,
+                previous: 2,
+            },
+            Timestamp::from_micros(5_990),
+            1,
+        );
+        // At the start of window 6 the previous 2 weigh fully: 4 - 2 - 2 = 0 left.
+        assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 0));
+        assert_eq!(
+            transition,
+            crate::Transition::Set(State::SlidingWindowCounter {
+                window: 6,
+                current: 2,
+                previous: 2
+            })
+        );
     }
 }

@@ -876,8 +876,9 @@ fn a_failing_request_does_not_fail_its_batch() {
 
 /// Charge then refund at the same instant, nothing in between: every later decision is the one
 /// a key that never saw the charge gets. The charge comes at the latest instant seen so far: a
-/// charge behind the clock can overwrite newer state (a fixed window charged into an earlier
-/// window replaces the later one), which no refund can bring back.
+/// charge behind the clock can land where a refund at its instant does not look (a window
+/// algorithm a window behind its state charges the stored window), and there refunds are only
+/// conservative.
 #[test]
 fn refund_undoes_a_charge_exactly() {
     let redis = RefCell::new(Redis::start());

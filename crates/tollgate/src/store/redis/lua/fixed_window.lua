@@ -10,10 +10,15 @@ local function fixed_window_twin(divmod, nonneg)
   -- `w`, `count` are nil for an empty (or foreign) state.
   local function decide(w, count, now, limit, period, cost)
     local window, elapsed = divmod(now, period)
+    local to_end = period - elapsed
+    if w and w == window + 1 then
+      -- The clock stepped back into the window before the stored one: decide in the stored
+      -- window, durations counted from now (fixed_window::decision_instant).
+      window, to_end = w, w * period + period - now
+    end
     if w ~= window then
       count = 0
     end
-    local to_end = period - elapsed
     if cost > limit then
       return 2, nonneg(limit - count), count > 0 and to_end or 0, -1, 0
     end

@@ -43,6 +43,12 @@ local function sliding_window_counter_twin(divmod, muldivmod, nonneg)
   -- allowed. `w`, `cur`, `prev` are nil for an empty (or foreign) state.
   local function decide(w, cur, prev, now, limit, period, cost)
     local window, elapsed = divmod(now, period)
+    -- A clock stepped back into the window before the stored one decides at the stored
+    -- window's start; its durations are then longer by the step (`late`).
+    local late = 0
+    if w and w == window + 1 then
+      late, window, elapsed = w * period - now, w, 0
+    end
     local current, previous = 0, 0
     if w == window then
       current, previous = cur, prev
@@ -52,13 +58,14 @@ local function sliding_window_counter_twin(divmod, muldivmod, nonneg)
     local to_end = period - elapsed
     local q, r = muldivmod(previous, to_end, period)
     local weighted = r > 0 and q + 1 or q
-    local reset = reset_after(current, previous, period, to_end)
+    local wait = to_end + late -- to the end of the window, from now
+    local reset = reset_after(current, previous, period, wait)
     if cost > limit then
       return 2, nonneg(limit - current - weighted), reset, -1, 0
     end
     local charged = current + cost
     if charged + weighted <= limit then
-      return 0, limit - charged - weighted, reset_after(charged, previous, period, to_end), -1, 0,
+      return 0, limit - charged - weighted, reset_after(charged, previous, period, wait), -1, 0,
         window, charged, previous
     end
     local retry
@@ -73,7 +80,7 @@ local function sliding_window_counter_twin(divmod, muldivmod, nonneg)
         retry = period + to_end
       end
     end
-    return 1, nonneg(limit - current - weighted), reset, retry, 0
+    return 1, nonneg(limit - current - weighted), reset, retry + late, 0
   end
 
   -- State::expires_at.
