@@ -62,47 +62,74 @@ pub struct Descriptors {
     sources: Vec<(Source, String)>,
 }
 
+/// The builder methods panic on a name no check could carry (they are written once, at
+/// startup): a layer built from them would otherwise let every request through unchecked.
 impl Descriptors {
     /// Descriptors in the policy domain `domain`.
+    ///
+    /// # Panics
+    /// When `domain` is empty or longer than [`MAX_FIELD_LEN`] bytes.
     pub fn new(domain: impl Into<String>) -> Self {
         Descriptors {
-            domain: domain.into(),
+            domain: field("domain", domain.into()),
             sources: Vec::new(),
         }
     }
 
-    /// The value of header `name` as descriptor key `key`. An invalid header name is ignored.
-    pub fn header(mut self, name: &str, key: impl Into<String>) -> Self {
-        if let Ok(name) = http::HeaderName::try_from(name) {
-            self.sources.push((Source::Header(name), key.into()));
+    /// The value of header `name` as descriptor key `key`.
+    ///
+    /// # Panics
+    /// When `name` is not a valid header name, or `key` is empty or longer than
+    /// [`MAX_FIELD_LEN`] bytes.
+    #[allow(clippy::panic)] // see the impl's documentation
+    pub fn header(self, name: &str, key: impl Into<String>) -> Self {
+        match http::HeaderName::try_from(name) {
+            Ok(name) => self.source(Source::Header(name), key.into()),
+            Err(_) => panic!("tollgate: `{name}` is not a valid header name"),
         }
-        self
     }
 
     /// The peer's IP address (from axum's `ConnectInfo<SocketAddr>`, so serve with
     /// `into_make_service_with_connect_info`) as descriptor key `key`.
-    pub fn client_ip(mut self, key: impl Into<String>) -> Self {
-        self.sources.push((Source::ClientIp, key.into()));
-        self
+    ///
+    /// # Panics
+    /// When `key` is empty or longer than [`MAX_FIELD_LEN`] bytes; the same for each source.
+    pub fn client_ip(self, key: impl Into<String>) -> Self {
+        self.source(Source::ClientIp, key.into())
     }
 
     /// The request path as descriptor key `key`.
-    pub fn path(mut self, key: impl Into<String>) -> Self {
-        self.sources.push((Source::Path, key.into()));
-        self
+    pub fn path(self, key: impl Into<String>) -> Self {
+        self.source(Source::Path, key.into())
     }
 
     /// The request method (`GET`, `POST`...) as descriptor key `key`.
-    pub fn method(mut self, key: impl Into<String>) -> Self {
-        self.sources.push((Source::Method, key.into()));
-        self
+    pub fn method(self, key: impl Into<String>) -> Self {
+        self.source(Source::Method, key.into())
     }
 
     /// The [`AuthenticatedUser`] extension, when present, as descriptor key `key`.
-    pub fn user(mut self, key: impl Into<String>) -> Self {
-        self.sources.push((Source::User, key.into()));
+    pub fn user(self, key: impl Into<String>) -> Self {
+        self.source(Source::User, key.into())
+    }
+
+    fn source(mut self, source: Source, key: String) -> Self {
+        self.sources.push((source, field("descriptor key", key)));
         self
     }
+}
+
+/// `value`, checked to be a domain or key every check accepts.
+#[allow(clippy::panic)] // see `impl Descriptors`
+fn field(what: &str, value: String) -> String {
+    if value.is_empty() || value.len() > MAX_FIELD_LEN {
+        panic!(
+            "tollgate: a {what} must be 1 to {MAX_FIELD_LEN} bytes, not {} (`{}`)",
+            value.len(),
+            value.chars().take(40).collect::<String>()
+        );
+    }
+    value
 }
 
 impl<B> Describe<B> for Descriptors {
@@ -200,5 +227,37 @@ mod tests {
         // Empty is missing: not a key shared by every client that sends it.
         let empty = Request::get("/").header("x-api-key", "").body(()).unwrap();
         assert!(describe.describe(&empty).is_none());
+    }
+
+    /// A name no check could carry fails where the layer is built, not silently on every
+    /// request.
+    #[test]
+    fn unusable_names_fail_at_once() {
+        let panics = |build: fn() -> Descriptors| {
+            let message = std::panic::catch_unwind(build)
+                .expect_err("built")
+                .downcast::<String>()
+                .map(|m| *m)
+                .unwrap_or_default();
+            assert!(message.starts_with("tollgate: "), "{message}");
+            message
+        };
+        assert!(panics(|| Descriptors::new("")).contains("domain must be 1 to"));
+        assert!(
+            panics(|| Descriptors::new("api").header("x api key", "api_key"))
+                .contains("`x api key` is not a valid header name")
+        );
+        assert!(
+            panics(|| Descriptors::new("api").client_ip(""))
+                .contains("descriptor key must be 1 to")
+        );
+        let long = "k".repeat(MAX_FIELD_LEN + 1);
+        let message = std::panic::catch_unwind(|| Descriptors::new("api").path(long.clone()));
+        assert!(message.is_err());
+        // At the limit, it builds and checks.
+        let at_limit = "k".repeat(MAX_FIELD_LEN);
+        let describe = Descriptors::new(at_limit.clone()).method(at_limit);
+        let request = Request::get("/").body(()).unwrap();
+        assert!(describe.describe(&request).is_some());
     }
 }
