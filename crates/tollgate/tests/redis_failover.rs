@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::clock::SystemClock;
-
+use tollgate::resilience::BreakerState;
 use tollgate::store::{Charge, RedisOptions, Store, StoreBackend, StoreUrl};
 use tollgate_core::{Algorithm, Params};
 use tollgate_testkit::RedisCluster;
@@ -225,6 +225,82 @@ async fn a_counter_in_a_migrating_slot_follows_the_ask_redirect() {
     assert!(cluster.cli(target, &["--scan"]).contains("migrating"));
 }
 
+/// A slot moved to a node that then hangs: the old owner answers `MOVED`, and the timeouts
+/// that follow are the new owner's failures. Before, they were charged to the node that
+/// redirected, whose breaker opened and shed every other slot it serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_after_a_redirect_open_the_breaker_of_the_node_redirected_to() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = Arc::new(connect(&cluster, Duration::from_millis(200)).await);
+    let params = Params::new(
+        Algorithm::FixedWindow,
+        1_000,
+        Duration::from_secs(3600),
+        None,
+    )
+    .unwrap();
+    assert!(store.apply(&one(b"moving", &params)).await.unwrap()[0].is_allowed());
+    let owner = cluster
+        .primary_ports()
+        .into_iter()
+        .find(|p| !cluster.cli(*p, &["--scan"]).is_empty())
+        .expect("a node holds the counter");
+    let key = cluster.cli(owner, &["--scan"]).trim().to_owned();
+    let slot = cluster.cli(owner, &["CLUSTER", "KEYSLOT", &key]);
+    let target = cluster
+        .primary_ports()
+        .into_iter()
+        .find(|p| *p != owner)
+        .unwrap();
+    let id = |port: u16| cluster.cli(port, &["CLUSTER", "MYID"]).trim().to_owned();
+    let target_id = id(target);
+    cluster.cli(owner, &["DEL", &key]);
+    // The slot is the target's from now on; the store's map still says `owner` (it is read
+    // again every second, or at once after a MOVED), and the target stops answering.
+    cluster.cli(target, &["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
+    cluster.cli(owner, &["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
+    cluster.cli(target, &["CLIENT", "PAUSE", "1500", "ALL"]);
+    let calls: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.apply(&one(b"moving", &params)).await.is_err() })
+        })
+        .collect();
+    for call in calls {
+        assert!(call.await.unwrap(), "the new owner hangs: no decision");
+    }
+    let state_of = |port: u16| {
+        let node = format!("127.0.0.1:{port}");
+        store
+            .breakers()
+            .into_iter()
+            .find(|(n, _)| *n == node)
+            .map(|(_, state)| state)
+    };
+    assert_eq!(
+        state_of(target),
+        Some(BreakerState::Open),
+        "the hung node's breaker"
+    );
+    assert_eq!(
+        state_of(owner),
+        Some(BreakerState::Closed),
+        "the node that redirected answered"
+    );
+    // The other nodes' slots are still decided.
+    let mut decided = 0;
+    for i in 0..200 {
+        let key = format!("other-{i}");
+        if store.apply(&one(key.as_bytes(), &params)).await.is_ok() {
+            decided += 1;
+        }
+    }
+    assert!(
+        decided > 100,
+        "{decided} of 200 decided: only the target's slots may fail"
+    );
+}
+
 /// A cluster store through one seed node, ready to decide.
 async fn connect(cluster: &RedisCluster, command_timeout: Duration) -> StoreBackend {
     let seed = cluster.seed_url();
@@ -243,11 +319,16 @@ async fn connect(cluster: &RedisCluster, command_timeout: Duration) -> StoreBack
     store
 }
 
-fn hot(params: &Params) -> [Charge<'_>; 1] {
+/// One charge of 1 on `key`.
+fn one<'a>(key: &'a [u8], params: &'a Params) -> [Charge<'a>; 1] {
     [Charge {
-        key: b"hot-key",
+        key,
         params,
         cost: 1,
         enforce: true,
     }]
+}
+
+fn hot(params: &Params) -> [Charge<'_>; 1] {
+    one(b"hot-key", params)
 }

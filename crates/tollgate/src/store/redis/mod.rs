@@ -50,7 +50,7 @@ use self::topology::Topology;
 use super::url::StoreUrl;
 use super::{Charge, Store, StoreError};
 use crate::clock::SharedClock;
-use crate::resilience::{BreakerConfig, BreakerState};
+use crate::resilience::{Breaker, BreakerConfig, BreakerState};
 
 /// Connection and failure settings for the Redis backends.
 #[derive(Debug, Clone, Copy)]
@@ -169,6 +169,28 @@ async fn invoke_asking<T: redis::FromRedisValue>(
         }
         answer => answer.map(|(t,)| t),
     }
+}
+
+/// Runs `call` through `node`'s `breaker`: refused at once while it is open, and its outcome
+/// recorded (bad data is no failure of the node). The decision's deadline wraps the call; a
+/// cancelled permit counts as a failure.
+async fn through<T>(
+    node: &str,
+    breaker: &Arc<Breaker>,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let permit = breaker
+        .try_call()
+        .ok_or_else(|| StoreError::NotCalled(format!("circuit open for {node}")))?;
+    let answer = call.await;
+    let changed = match &answer {
+        Ok(_) | Err(StoreError::InvalidData(_)) => permit.succeeded(),
+        Err(_) => permit.failed(),
+    };
+    if let Some(state) = changed {
+        info!(node = %node, state = state.name(), "Circuit breaker changed state");
+    }
+    answer
 }
 
 /// `MOVED` and `ASK` redirects followed within one call.
@@ -296,66 +318,62 @@ impl RedisStore {
             .topology
             .breaker_for(slot)
             .ok_or_else(|| StoreError::NotCalled(format!("no known node serves slot {slot}")))?;
-        let permit = breaker
-            .try_call()
-            .ok_or_else(|| StoreError::NotCalled(format!("circuit open for {node}")))?;
-        // The decision's deadline wraps this call; a cancelled permit counts as a failure.
-        let answer = call(node.clone()).await;
-        let changed = match &answer {
-            Ok(_) | Err(StoreError::InvalidData(_)) => permit.succeeded(),
-            Err(_) => permit.failed(),
-        };
-        if let Some(state) = changed {
-            info!(node = %node, state = state.name(), "Circuit breaker changed state");
-        }
-        answer
+        through(&node, &breaker, call(node.clone())).await
     }
 
-    /// Runs a script invocation on the node that owns `slot`, through that node's breaker,
-    /// following `MOVED` redirects; its reply read as a `T` (DECIDE answers a list of
-    /// integers, REFUND one integer).
+    /// Runs a script invocation on the node that owns `slot`, following `MOVED` and `ASK`
+    /// redirects; its reply read as a `T` (DECIDE answers a list of integers, REFUND one
+    /// integer). Each node called goes through its own breaker: a node that redirects answered,
+    /// and a failure after a redirect is the failure of the node redirected to.
     async fn invoke_on_slot<T: redis::FromRedisValue>(
         &self,
         slot: u16,
         invocation: &redis::ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
-        self.through_breaker(slot, |node| self.invoke_on_node(node, invocation))
-            .await
-    }
-
-    async fn invoke_on_node<T: redis::FromRedisValue>(
-        &self,
-        node: Arc<str>,
-        invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<T, StoreError> {
-        let mut answer = invocation
-            .invoke_async::<T>(&mut self.connection_to(&node)?)
-            .await;
+        let (mut node, mut breaker) = self
+            .topology
+            .breaker_for(slot)
+            .ok_or_else(|| StoreError::NotCalled(format!("no known node serves slot {slot}")))?;
+        let mut asking = false;
         // During a failover the slot can move twice (old primary -> promoting replica): follow a
         // few redirects, all within the decision's deadline.
-        for _ in 0..MAX_REDIRECTS {
-            let (Err(e), Connection::Cluster(router)) = (&answer, &self.connection) else {
+        for _ in 0..=MAX_REDIRECTS {
+            let call = async {
+                let mut connection = self.connection_to(&node)?;
+                let answer = if asking {
+                    invoke_asking(&mut connection, invocation).await
+                } else {
+                    invocation.invoke_async::<T>(&mut connection).await
+                };
+                match answer {
+                    Ok(reply) => Ok(Ok(reply)),
+                    Err(e) => match (e.redirect_node(), &self.connection) {
+                        (Some(_), Connection::Cluster(_)) => Ok(Err(e)),
+                        _ => Err(store_error(e)),
+                    },
+                }
+            };
+            let redirect = match through(&node, &breaker, call).await? {
+                Ok(reply) => return Ok(reply),
+                Err(redirect) => redirect,
+            };
+            let Some((to, moved_slot)) = redirect.redirect_node() else {
                 break;
             };
-            let Some((to, moved_slot)) = e.redirect_node() else {
-                break;
-            };
-            let to = to.to_owned();
-            answer = match e.kind() {
-                redis::ErrorKind::Server(redis::ServerErrorKind::Moved) => {
-                    self.topology.moved(moved_slot, &to);
+            asking = redirect.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask);
+            if !asking {
+                self.topology.moved(moved_slot, to);
+                if let Connection::Cluster(router) = &self.connection {
                     router.refresh_soon();
-                    invocation.invoke_async(&mut self.connection_to(&to)?).await
                 }
-                // The slot is migrating and this key is already on `to`: ask there this once,
-                // the slot map unchanged until the migration ends with a MOVED.
-                redis::ErrorKind::Server(redis::ServerErrorKind::Ask) => {
-                    invoke_asking(&mut self.connection_to(&to)?, invocation).await
-                }
-                _ => break,
-            };
+            }
+            // A migrating slot (`ASK`) is asked on `to` this once, the map unchanged until the
+            // migration ends with a `MOVED`.
+            (node, breaker) = self.topology.owner(to);
         }
-        answer.map_err(store_error)
+        Err(StoreError::Unavailable(format!(
+            "slot {slot}: more than {MAX_REDIRECTS} redirects"
+        )))
     }
 
     async fn run_decide(

@@ -67,7 +67,7 @@ impl Topology {
     }
 
     /// `node` with its breaker, made on first sight.
-    fn owner(&self, node: &str) -> Owner {
+    pub fn owner(&self, node: &str) -> Owner {
         let mut breakers = self.breakers.lock();
         if let Some((name, breaker)) = breakers.get_key_value(node) {
             return (name.clone(), breaker.clone());
