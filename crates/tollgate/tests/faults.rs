@@ -38,9 +38,13 @@ const MARGIN: Duration = Duration::from_millis(80);
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn limiter(url: &str) -> Arc<Limiter> {
+    limiter_with_deadline(url, DEADLINE).await
+}
+
+async fn limiter_with_deadline(url: &str, deadline: Duration) -> Arc<Limiter> {
     let options = RedisOptions {
         connect_timeout: Duration::from_millis(500),
-        command_timeout: DEADLINE,
+        command_timeout: deadline,
         max_in_flight: 1024,
         breaker: BreakerConfig {
             open_for: Duration::from_millis(300),
@@ -100,12 +104,16 @@ async fn burst(
 }
 
 fn assert_latency_bound(answers: &[(CheckResponse, Duration)], what: &str) {
+    assert_latency_within(answers, what, DEADLINE);
+}
+
+fn assert_latency_within(answers: &[(CheckResponse, Duration)], what: &str, deadline: Duration) {
     let mut latencies: Vec<Duration> = answers.iter().map(|(_, d)| *d).collect();
     latencies.sort();
     let p99 = latencies[latencies.len() * 99 / 100];
     let max = latencies[latencies.len() - 1];
-    assert!(p99 <= DEADLINE + MARGIN, "{what}: p99 {p99:?}");
-    assert!(max <= DEADLINE + MARGIN, "{what}: max {max:?}");
+    assert!(p99 <= deadline + MARGIN, "{what}: p99 {p99:?}");
+    assert!(max <= deadline + MARGIN, "{what}: max {max:?}");
 }
 
 /// Users whose `open` counters (each charged once here, by Redis) live on different primaries,
@@ -427,7 +435,11 @@ async fn a_dead_primary_affects_only_its_own_slots() {
             &["CONFIG", "SET", "cluster-require-full-coverage", "no"],
         );
     }
-    let limiter = limiter(&cluster.store_url()).await;
+    // A deadline no healthy call misses on a busy machine running a debug build: this test
+    // is about which slots a dead primary affects, and a healthy call timing out would read
+    // as one it affected (the other tests hold the 20 ms one).
+    let deadline = Duration::from_millis(250);
+    let limiter = limiter_with_deadline(&cluster.store_url(), deadline).await;
     let placed = users_on_distinct_primaries(&cluster, &limiter).await;
     let (victim, dead) = placed[0].clone();
     let (healthy, _) = placed[1].clone();
@@ -450,7 +462,7 @@ async fn a_dead_primary_affects_only_its_own_slots() {
             v.iter().all(|(r, _)| r.allowed()),
             "open: never an error, never a denial"
         );
-        assert_latency_bound(&v, "dead primary's slot");
+        assert_latency_within(&v, "dead primary's slot", deadline);
         let h = burst(&limiter, "open", &healthy, 50).await;
         assert!(
             h.iter().all(|(r, _)| r.degraded().is_none()),
