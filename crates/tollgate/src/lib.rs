@@ -29,7 +29,7 @@
 //! ```
 
 pub mod clock;
-pub mod fnv;
+mod fnv;
 pub mod lifecycle;
 pub mod limiter;
 pub mod metrics;

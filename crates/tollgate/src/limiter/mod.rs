@@ -28,7 +28,7 @@ pub use fallback::FailureSettings;
 pub use overrides::{Override, Overrides};
 pub use request::{
     CheckRequest, InvalidRequest, LimitOverride, MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES,
-    MAX_FIELD_LEN, RequestDescriptor, check_cost,
+    MAX_FIELD_LEN, RequestDescriptor, check_cost, value_digest,
 };
 pub use response::{AppliedLimit, CheckResponse, Code, DescriptorStatus, Statuses};
 

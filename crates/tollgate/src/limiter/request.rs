@@ -11,7 +11,8 @@ pub const MAX_COST: u64 = 1_000_000_000;
 pub const MAX_DESCRIPTORS: usize = 64;
 /// Most entries in one descriptor.
 pub const MAX_ENTRIES: usize = 32;
-/// Longest domain, key or value, in bytes.
+/// Longest domain or key, in bytes; a longer value is counted by its digest
+/// ([`value_digest`]).
 pub const MAX_FIELD_LEN: usize = 1024;
 
 /// Why a request was refused before anything was counted.
@@ -45,9 +46,12 @@ pub struct RequestDescriptor {
 
 impl RequestDescriptor {
     /// Validates one descriptor. `cost` must be in `1..=MAX_COST` (transports resolve protocol
-    /// defaults such as Envoy's "0 means 1" before calling this).
+    /// defaults such as Envoy's "0 means 1" before calling this). A value longer than
+    /// [`MAX_FIELD_LEN`] bytes is replaced by its [`value_digest`]: values come from clients (a
+    /// path, a token), and refusing the request would let Envoy, which fails open on an error,
+    /// pass it unlimited on every descriptor.
     pub fn new(
-        entries: Vec<(String, String)>,
+        mut entries: Vec<(String, String)>,
         cost: u64,
         limit_override: Option<LimitOverride>,
     ) -> Result<Self, InvalidRequest> {
@@ -60,15 +64,18 @@ impl RequestDescriptor {
                 entries.len()
             )));
         }
-        for (key, value) in &entries {
+        for (key, value) in &mut entries {
             if key.is_empty() {
                 return Err(InvalidRequest("descriptor entry has an empty key".into()));
             }
-            if key.len() > MAX_FIELD_LEN || value.len() > MAX_FIELD_LEN {
+            if key.len() > MAX_FIELD_LEN {
                 return Err(InvalidRequest(format!(
-                    "descriptor entry `{}` is longer than {MAX_FIELD_LEN} bytes",
+                    "descriptor key `{}` is longer than {MAX_FIELD_LEN} bytes",
                     truncate(key)
                 )));
+            }
+            if value.len() > MAX_FIELD_LEN {
+                *value = value_digest(value);
             }
         }
         check_cost(cost)?;
@@ -93,6 +100,14 @@ impl RequestDescriptor {
     pub fn limit_override(&self) -> Option<&LimitOverride> {
         self.limit_override.as_ref()
     }
+}
+
+/// The stand-in for a descriptor value longer than [`MAX_FIELD_LEN`] bytes: `#` and the first
+/// 32 hex digits (128 bits) of its SHA-1, the same on every replica, so each long value keeps a
+/// counter of its own and nobody can choose a long value that lands on another's.
+pub fn value_digest(value: &str) -> String {
+    let digest = sha1_smol::Sha1::from(value).digest().to_string();
+    format!("#{}", &digest[..32])
 }
 
 /// Checks that a cost is within `1..=MAX_COST`.
@@ -158,5 +173,30 @@ impl CheckRequest {
     /// The descriptors, in request order.
     pub fn descriptors(&self) -> &[RequestDescriptor] {
         &self.descriptors
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A value over the length limit keeps a counter of its own: a digest, stable and distinct
+    /// per value; a key over it is an error (keys come from configuration, not from clients).
+    #[test]
+    fn long_values_are_digested_long_keys_refused() {
+        let entry = |key: &str, value: &str| {
+            RequestDescriptor::new(vec![(key.into(), value.into())], 1, None)
+                .map(|d| d.entries()[0].1.clone())
+        };
+        let long = "v".repeat(MAX_FIELD_LEN + 1);
+        let digest = entry("path", &long).unwrap();
+        assert_eq!(digest, value_digest(&long));
+        assert!(digest.starts_with('#') && digest.len() == 33, "{digest}");
+        assert!(digest[1..].bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(entry("path", &format!("{long}v")).unwrap(), digest);
+        let at_limit = "v".repeat(MAX_FIELD_LEN);
+        assert_eq!(entry("path", &at_limit).unwrap(), at_limit, "kept as it is");
+        let error = entry(&"k".repeat(MAX_FIELD_LEN + 1), "v").unwrap_err();
+        assert!(error.0.contains("is longer than 1024 bytes"), "{error}");
     }
 }
