@@ -164,6 +164,21 @@ async fn an_override_gets_its_own_counter() {
     assert_eq!(r.statuses[0].decision.unwrap().remaining, 1);
 }
 
+/// As in envoyproxy/ratelimit, a domain the policy does not know limits nothing, even with a
+/// limit sent by the caller.
+#[tokio::test]
+async fn an_override_in_an_unknown_domain_limits_nothing() {
+    let (_clock, limiter) = limiter();
+    let o = LimitOverride::new(1, Duration::from_secs(60)).unwrap();
+    let d = RequestDescriptor::new(vec![("user".into(), "erin".into())], 1, Some(o)).unwrap();
+    let unknown = CheckRequest::new("elsewhere".into(), vec![d]).unwrap();
+    for _ in 0..3 {
+        let r = limiter.check(&unknown).await.unwrap();
+        assert!(r.allowed());
+        assert!(r.statuses[0].limit.is_none(), "no limit applied");
+    }
+}
+
 #[tokio::test]
 async fn outcomes_are_counted_per_rule() {
     let (_clock, limiter) = limiter();

@@ -438,8 +438,12 @@ impl Limiter {
         // An unlimited rule applies no limit but still replaces others, as in envoyproxy/ratelimit
         // (the "this premium key skips the per-IP limit" pattern).
         let mut replaced_by_unlimited: SmallVec<[&str; INLINE_CHARGES]> = SmallVec::new();
+        // As in envoyproxy/ratelimit, a domain the policy does not know limits nothing, not
+        // even with limits the caller sent.
+        let known_domain = policy.has_domain(request.domain());
         for d in descriptors {
             limits.push(match (d.limit_override(), side) {
+                (Some(_), Side::Live) if !known_domain => None,
                 (Some(o), Side::Live) => {
                     // Configured rules were checked against the store at load time; a limit
                     // sent by the caller is checked here.

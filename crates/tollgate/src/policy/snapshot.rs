@@ -61,6 +61,11 @@ impl Policy {
         self.domains.iter().map(|d| d.name.as_str())
     }
 
+    /// Whether the policy has a domain named `domain`.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.by_name.contains_key(domain)
+    }
+
     /// Every rule (each descriptor with a `rate_limit`), in file order; `rules()[i].index == i`.
     pub fn rules(&self) -> &[Arc<Rule>] {
         &self.rules
