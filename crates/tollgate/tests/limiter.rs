@@ -268,3 +268,49 @@ descriptors:
     assert!(limiter.check(&plain).await.unwrap().allowed());
     assert!(!limiter.check(&plain).await.unwrap().allowed());
 }
+
+/// envoyproxy/ratelimit's `share_threshold`: the values a wildcard matches share one counter
+/// (without it, each value has its own); a neighbouring wildcard without it is unaffected.
+#[tokio::test]
+async fn a_shared_wildcard_counts_every_value_it_matches_together() {
+    let policy = Policy::from_yaml(
+        "shared.yaml",
+        r#"
+domain: api
+descriptors:
+  - key: path
+    value: "/api/*"
+    share_threshold: true
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: "/files/*"
+    rate_limit: {unit: minute, requests_per_unit: 2}
+"#,
+    )
+    .unwrap();
+    let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
+        1_700_000_040_000_000,
+    )));
+    let limiter = Limiter::new(policy, StoreBackend::Memory(MemoryStore::new(clock)));
+    let allowed = |path: &'static str| {
+        let limiter = &limiter;
+        async move {
+            limiter
+                .check(&request(&[&[("path", path)]]))
+                .await
+                .unwrap()
+                .allowed()
+        }
+    };
+    assert!(allowed("/api/a").await);
+    assert!(allowed("/api/b").await);
+    assert!(
+        !allowed("/api/c").await,
+        "the third /api/ path in the minute"
+    );
+    for path in ["/files/a", "/files/a", "/files/b", "/files/b"] {
+        assert!(allowed(path).await, "{path}: a counter per value");
+    }
+    assert!(!allowed("/files/a").await);
+}

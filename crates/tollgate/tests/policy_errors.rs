@@ -64,7 +64,7 @@ descriptors:
 "
         ),
         "t.yaml:5:5: unknown field `shadowmode`, expected one of key, value, rate_limit, descriptors, \
-         shadow_mode, detailed_metric, replaces"
+         shadow_mode, detailed_metric, value_to_metric, share_threshold, replaces"
     );
     // `shadow_mode` belongs to the descriptor, not to `rate_limit`.
     let misplaced = error(
@@ -272,6 +272,23 @@ descriptors:
     .unwrap();
     assert!(policy.rules()[0].is_unlimited());
     assert_eq!(policy.rules()[0].limit, None);
+}
+
+#[test]
+fn share_threshold_needs_a_wildcard() {
+    assert_eq!(
+        error(
+            "domain: a
+descriptors:
+  - key: path
+    value: /exact
+    share_threshold: true
+    rate_limit: {unit: second, requests_per_unit: 5}
+"
+        ),
+        "t.yaml:5:22: `share_threshold` makes the values a wildcard matches share one counter; \
+         it needs a `value` ending in `*`"
+    );
 }
 
 #[test]

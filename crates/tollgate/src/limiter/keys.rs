@@ -33,20 +33,32 @@ fn push_part(buf: &mut KeyBuf, part: &[u8]) {
     buf.extend_from_slice(part);
 }
 
-fn push_entries(buf: &mut KeyBuf, descriptor: &RequestDescriptor) {
+/// Appends the entries; the value of entry `i` is a bare `*` when bit `i` of `shared` is set
+/// (a part always starts with its length, so no value can be mistaken for it).
+fn push_entries(buf: &mut KeyBuf, descriptor: &RequestDescriptor, shared: u64) {
     push_decimal(buf, descriptor.entries().len() as u64);
     buf.push(b'|');
-    for (key, value) in descriptor.entries() {
+    for (i, (key, value)) in descriptor.entries().iter().enumerate() {
         push_part(buf, key.as_bytes());
-        push_part(buf, value.as_bytes());
+        if i < 64 && shared & (1 << i) != 0 {
+            buf.push(b'*');
+        } else {
+            push_part(buf, value.as_bytes());
+        }
     }
 }
 
-/// Appends the key of a configured rule's counter for `descriptor`.
-pub fn rule_key(buf: &mut KeyBuf, rule_identity: &str, descriptor: &RequestDescriptor) {
+/// Appends the key of a configured rule's counter for `descriptor`; `shared` is the rule's
+/// `shared_levels`.
+pub fn rule_key(
+    buf: &mut KeyBuf,
+    rule_identity: &str,
+    shared: u64,
+    descriptor: &RequestDescriptor,
+) {
     buf.extend_from_slice(b"r|");
     push_part(buf, rule_identity.as_bytes());
-    push_entries(buf, descriptor);
+    push_entries(buf, descriptor, shared);
 }
 
 /// Appends the key of a shadow candidate rule's counter for `descriptor`: the rule key behind
@@ -56,11 +68,12 @@ pub fn candidate_rule_key(
     buf: &mut KeyBuf,
     candidate_hash: &str,
     rule_identity: &str,
+    shared: u64,
     descriptor: &RequestDescriptor,
 ) {
     buf.extend_from_slice(b"c|");
     push_part(buf, candidate_hash.as_bytes());
-    rule_key(buf, rule_identity, descriptor);
+    rule_key(buf, rule_identity, shared, descriptor);
 }
 
 /// Appends the key of a caller-supplied limit override's counter.
@@ -76,7 +89,7 @@ pub fn override_key(
     buf.push(b'/');
     push_decimal(buf, params.period_micros());
     buf.push(b'|');
-    push_entries(buf, descriptor);
+    push_entries(buf, descriptor, 0);
 }
 
 #[cfg(test)]
@@ -98,7 +111,7 @@ mod tests {
         )
         .unwrap();
         let mut buf = KeyBuf::new();
-        rule_key(&mut buf, identity, &d);
+        rule_key(&mut buf, identity, 0, &d);
         buf
     }
 
@@ -120,11 +133,11 @@ mod tests {
     fn candidate_keys_never_meet_live_or_other_candidates_keys() {
         let d = RequestDescriptor::new(vec![("user".into(), "alice".into())], 1, None).unwrap();
         let mut live = KeyBuf::new();
-        rule_key(&mut live, "r", &d);
+        rule_key(&mut live, "r", 0, &d);
         let mut one = KeyBuf::new();
-        candidate_rule_key(&mut one, "0123456789abcdef", "r", &d);
+        candidate_rule_key(&mut one, "0123456789abcdef", "r", 0, &d);
         let mut other = KeyBuf::new();
-        candidate_rule_key(&mut other, "fedcba9876543210", "r", &d);
+        candidate_rule_key(&mut other, "fedcba9876543210", "r", 0, &d);
         assert!(one.starts_with(b"c|16:0123456789abcdef"));
         assert_ne!(one, live);
         assert_ne!(one, other);

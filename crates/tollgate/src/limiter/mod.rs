@@ -488,11 +488,17 @@ impl Limiter {
                 (
                     Some(AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _)),
                     Side::Live,
-                ) => keys::rule_key(key_buf, &rule.identity, descriptor),
+                ) => keys::rule_key(key_buf, &rule.identity, rule.shared_levels, descriptor),
                 (
                     Some(AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _)),
                     Side::Candidate(hash),
-                ) => keys::candidate_rule_key(key_buf, hash, &rule.identity, descriptor),
+                ) => keys::candidate_rule_key(
+                    key_buf,
+                    hash,
+                    &rule.identity,
+                    rule.shared_levels,
+                    descriptor,
+                ),
                 (None, _) => continue,
             }
             spans.push((i, start..key_buf.len()));

@@ -204,9 +204,23 @@ impl<'f> SourceCompiler<'f> {
                 }
             }
 
+            let shared = match &descriptor.share_threshold {
+                Some(share) if share.value => {
+                    if !value.is_some_and(|v| v.ends_with('*')) {
+                        self.error(
+                            self.location(&share.referenced),
+                            "`share_threshold` makes the values a wildcard matches share one \
+                             counter; it needs a `value` ending in `*`",
+                        );
+                    }
+                    true
+                }
+                _ => false,
+            };
             path.push(PathStep {
                 key: key.unwrap_or_default(),
                 value,
+                shared,
             });
             match &descriptor.rate_limit {
                 Some(rate_limit) => {
@@ -270,6 +284,11 @@ impl<'f> SourceCompiler<'f> {
             domain: self.domain.to_owned(),
             name: name.clone(),
             identity: identity::encode(self.domain, path),
+            shared_levels: path
+                .iter()
+                .enumerate()
+                .filter(|(level, step)| step.shared && *level < 64)
+                .fold(0, |bits, (level, _)| bits | 1 << level),
             limit,
             unit,
             mode,

@@ -35,6 +35,12 @@ pub(super) struct DescriptorDoc {
     pub shadow_mode: Option<bool>,
     /// Let metrics carry the matched value of a key-only descriptor.
     pub detailed_metric: Option<bool>,
+    /// envoyproxy/ratelimit's metrics option; accepted, with no effect here.
+    #[allow(dead_code)] // read by serde only: a file written for envoyproxy/ratelimit loads
+    pub value_to_metric: Option<bool>,
+    /// With a wildcard `value`: every value it matches shares one counter, instead of one
+    /// counter per value.
+    pub share_threshold: Option<Spanned<bool>>,
     /// Names of limits this descriptor's limit replaces (also accepted inside `rate_limit`,
     /// where envoyproxy/ratelimit reads it; give it in one place only).
     pub replaces: Option<Spanned<Vec<Spanned<ReplacesDoc>>>>,

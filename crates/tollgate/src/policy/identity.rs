@@ -12,6 +12,8 @@ use std::fmt::Write as _;
 pub(super) struct PathStep<'a> {
     pub key: &'a str,
     pub value: Option<&'a str>,
+    /// `share_threshold: true`: the values this step's wildcard matches share one counter.
+    pub shared: bool,
 }
 
 /// Encodes `domain` and `path` as `d<len>:<domain>` followed by `k<len>:<key>` and, for a
@@ -90,7 +92,11 @@ mod tests {
     }
 
     fn step<'a>(key: &'a str, value: Option<&'a str>) -> PathStep<'a> {
-        PathStep { key, value }
+        PathStep {
+            key,
+            value,
+            shared: false,
+        }
     }
 
     #[test]

@@ -19,6 +19,10 @@ pub struct Rule {
     /// length-prefixed. Unchanged across reloads as long as the rule's path is unchanged; two
     /// different rules never share one.
     pub identity: String,
+    /// Bit `i` set: the value of a request's entry `i` is left out of the counter key, because
+    /// level `i` is a wildcard with `share_threshold: true` (every value it matches shares one
+    /// counter).
+    pub shared_levels: u64,
     /// The limit; `None` for `unlimited: true`.
     pub limit: Option<Params>,
     /// The envoy unit the limit was written with; `None` when written with `period` or unlimited.
