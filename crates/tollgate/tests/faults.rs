@@ -244,6 +244,21 @@ async fn redis_shut_down_and_restarted() {
         metrics.contains("tollgate_breaker_state{node=\""),
         "{metrics}"
     );
+    // The postures' answers are no throttling: not counted as the limit's denials, nor kept
+    // as throttled keys; the local share's decisions are the limit's.
+    let count = |rule: &str, outcome: &str| {
+        let series =
+            format!(r#"tollgate_decisions_total{{domain="f",rule="{rule}",outcome="{outcome}"}} "#);
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .map_or(0, |v| v.parse::<u64>().unwrap())
+    };
+    assert_eq!(count("closed", "denied"), 0, "{metrics}");
+    assert_eq!(count("open", "allowed"), 1, "the warm-up only");
+    assert_eq!(count("local", "denied"), 298);
+    assert!(limiter.top_keys("f", "closed", 10).unwrap().is_empty());
+    assert_eq!(limiter.top_keys("f", "local", 10).unwrap().len(), 1);
 
     // Back up: decisions return to Redis (the restarted server has no scripts: NOSCRIPT is
     // absorbed), within a second or two.

@@ -385,11 +385,15 @@ impl Limiter {
                 if let Some(posture) = degraded {
                     snapshot.counters.record_degraded(rule.index, posture);
                 }
-                snapshot
-                    .counters
-                    .record(rule.index, Outcome::of(denied, mode));
-                if denied && let Some(top) = snapshot.top.get(rule.index) {
-                    record_top_key(top, &descriptors[*i]);
+                // Outcomes and throttled keys are the limit's: an answer of the open or closed
+                // posture, which decided nothing about the key, is counted as degraded only.
+                if matches!(degraded, None | Some(Posture::Local)) {
+                    snapshot
+                        .counters
+                        .record(rule.index, Outcome::of(denied, mode));
+                    if denied && let Some(top) = snapshot.top.get(rule.index) {
+                        record_top_key(top, &descriptors[*i]);
+                    }
                 }
             }
             let code = if denied && mode == RuleMode::Enforce {
