@@ -4,7 +4,9 @@
 //! request path is one atomic add. Labels are bounded: domain and rule name from the policy
 //! file, never a client-supplied value.
 
+use std::collections::HashMap;
 use std::fmt::Write;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::policy::{Policy, RuleMode};
@@ -60,17 +62,48 @@ fn posture_slot(posture: Posture) -> usize {
     Outcome::ALL.len() + posture as usize
 }
 
+/// One rule's counters.
+type Slot = Arc<[AtomicU64; SLOTS]>;
+
 /// Counters for every rule of one policy.
 #[derive(Debug)]
 pub struct RuleCounters {
-    counts: Box<[[AtomicU64; SLOTS]]>,
+    counts: Box<[Slot]>,
 }
 
 impl RuleCounters {
     /// One zeroed slot per rule of `policy`.
     pub fn for_policy(policy: &Policy) -> Self {
         RuleCounters {
-            counts: policy.rules().iter().map(|_| Default::default()).collect(),
+            counts: policy.rules().iter().map(|_| Slot::default()).collect(),
+        }
+    }
+
+    /// The counters of `policy`, continuing those of `previous` (the counters of
+    /// `previous_policy`) for every rule with the same domain and name: Prometheus counters
+    /// only go up while the process runs, whatever is reloaded, rolled back or adopted, and a
+    /// decision still in flight under the old policy counts in the same place.
+    pub fn continuing(policy: &Policy, previous_policy: &Policy, previous: &RuleCounters) -> Self {
+        let mut carried: HashMap<(&str, &str), &Slot> = HashMap::new();
+        for rule in previous_policy.rules() {
+            if let Some(slot) = previous.counts.get(rule.index) {
+                carried
+                    .entry((rule.domain.as_str(), rule.name.as_str()))
+                    .or_insert(slot);
+            }
+        }
+        RuleCounters {
+            counts: policy
+                .rules()
+                .iter()
+                .map(|rule| {
+                    // Taken, so two rules of the new policy never share one slot.
+                    carried
+                        .remove(&(rule.domain.as_str(), rule.name.as_str()))
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .collect(),
         }
     }
 

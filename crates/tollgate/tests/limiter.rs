@@ -204,6 +204,34 @@ async fn outcomes_are_counted_per_rule() {
     );
 }
 
+/// Prometheus counters only go up: a new policy continues each rule's counts by domain and
+/// name, whatever its limit now is; a rule under a new name starts from zero.
+#[tokio::test]
+async fn counts_continue_across_a_policy_change() {
+    let (_clock, limiter) = limiter();
+    for _ in 0..3 {
+        limiter
+            .check(&request(&[&[("user", "frank")]]))
+            .await
+            .unwrap();
+    }
+    let changed = POLICY
+        .replace("requests_per_unit: 2}", "requests_per_unit: 3}")
+        .replace("name: per_ip,", "name: per_address,")
+        .replace("{name: per_ip}", "{name: per_address}");
+    limiter.replace_policy(Policy::from_yaml("test.yaml", &changed).unwrap());
+    let r = limiter
+        .check(&request(&[&[("user", "frank")], &[("ip", "10.0.0.9")]]))
+        .await
+        .unwrap();
+    assert!(r.allowed(), "the third of 3");
+    let policy = limiter.policy();
+    let rule = |name: &str| policy.rules().iter().find(|r| r.name == name).unwrap();
+    assert_eq!(limiter.rule_count(rule("per_user"), Outcome::Allowed), 3);
+    assert_eq!(limiter.rule_count(rule("per_user"), Outcome::Denied), 1);
+    assert_eq!(limiter.rule_count(rule("per_address"), Outcome::Allowed), 1);
+}
+
 /// The HTTP and gRPC servers box each request's handler future, and `check`'s future is part of
 /// it: kept small, the box stays inside glibc's per-thread cache (blocks up to about 1 KB)
 /// instead of taking the allocator's shared arena lock on every request. The decision's own

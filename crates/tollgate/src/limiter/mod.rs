@@ -106,7 +106,7 @@ impl Limiter {
         clock: SharedClock,
     ) -> Self {
         Limiter {
-            snapshot: ArcSwap::from_pointee(Self::snapshot(policy)),
+            snapshot: ArcSwap::from_pointee(Self::snapshot(policy, None)),
             candidate: ArcSwapOption::empty(),
             store,
             fallback: Fallback::new(settings, clock.clone()),
@@ -155,8 +155,12 @@ impl Limiter {
         self.local_store().sweep_now();
     }
 
-    fn snapshot(policy: Policy) -> Snapshot {
-        let counters = RuleCounters::for_policy(&policy);
+    /// The snapshot of `policy`, its counters continuing those of `previous`.
+    fn snapshot(policy: Policy, previous: Option<&Snapshot>) -> Snapshot {
+        let counters = match previous {
+            Some(p) => RuleCounters::continuing(&policy, &p.policy, &p.counters),
+            None => RuleCounters::for_policy(&policy),
+        };
         let top = top_keys_per_rule(&policy);
         Snapshot {
             policy: Arc::new(policy),
@@ -184,7 +188,8 @@ impl Limiter {
 
     /// Replaces the policy atomically; requests in flight finish on the old one.
     pub fn replace_policy(&self, policy: Policy) {
-        self.snapshot.store(Arc::new(Self::snapshot(policy)));
+        let next = Self::snapshot(policy, Some(&self.snapshot.load()));
+        self.snapshot.store(Arc::new(next));
         // After the store: a decision made under the old policy records the old epoch.
         self.policy_epoch.fetch_add(1, Ordering::AcqRel);
     }
