@@ -14,7 +14,7 @@ use tollgate::clock::SystemClock;
 use tollgate::limiter::{CheckRequest, CheckResponse, FailureSettings, Limiter, RequestDescriptor};
 use tollgate::policy::Policy;
 use tollgate::resilience::{BreakerConfig, BreakerState, Posture};
-use tollgate::store::{RedisOptions, StoreBackend, StoreUrl};
+use tollgate::store::{RedisOptions, Store, StoreBackend, StoreUrl};
 use tollgate_testkit::{FaultProxy, Mode, RedisCluster, RedisServer};
 
 const POLICY: &str = r#"
@@ -544,6 +544,34 @@ async fn store_work_beyond_the_in_flight_cap_is_shed_at_once() {
         .count();
     assert!(waited <= 4, "at most the cap waited on the store: {waited}");
     assert!(shed >= 46, "the rest were answered at once: {shed}");
+}
+
+/// `/readyz` and `/metrics` count the store's keys: against a server that never answers, that
+/// gives up within half a second even when decisions may wait 2 s, well inside a readiness
+/// probe's default 1 s timeout, so a hung Redis does not take every replica out of service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counting_keys_on_a_hung_server_gives_up_in_time() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let options = RedisOptions {
+        command_timeout: Duration::from_secs(2),
+        ..RedisOptions::default()
+    };
+    let clock = Arc::new(SystemClock::new());
+    let store = StoreBackend::open(&proxy.url().parse().unwrap(), options, clock)
+        .await
+        .unwrap();
+    assert!(store.wait_ready(Duration::from_secs(10)).await);
+    assert!(store.key_count().await.is_ok());
+    proxy.set_mode(Mode::Blackhole);
+    let start = Instant::now();
+    assert!(store.key_count().await.is_err());
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(450) && waited < Duration::from_millis(900),
+        "{waited:?}"
+    );
 }
 
 /// A request whose counters live on two primaries, one of them out of memory: the peek

@@ -685,17 +685,22 @@ impl Store for RedisStore {
             Connection::Single(m) => vec![m.clone()],
             Connection::Cluster(router) => router.primary_connections()?,
         };
-        // Not on the request path: a little more patience than a decision gets.
-        let deadline = self.options.command_timeout.max(Duration::from_millis(100));
-        let dbsize = redis::cmd("DBSIZE");
-        let mut total = 0;
-        for mut connection in connections {
-            let count = dbsize.query_async::<usize>(&mut connection);
-            total += match tokio::time::timeout(deadline, count).await {
-                Ok(result) => result.map_err(store_error)?,
-                Err(_) => return Err(unavailable("redis DBSIZE", "deadline exceeded")),
-            };
+        // Not on the request path: a little more patience than a decision gets, but one
+        // deadline for all the primaries, asked at once, well inside a readiness probe's
+        // timeout (Kubernetes waits 1 s by default), however many primaries hang.
+        let deadline = self
+            .options
+            .command_timeout
+            .clamp(Duration::from_millis(100), Duration::from_millis(500));
+        let counts = connections.into_iter().map(|mut connection| async move {
+            redis::cmd("DBSIZE")
+                .query_async::<usize>(&mut connection)
+                .await
+                .map_err(store_error)
+        });
+        match tokio::time::timeout(deadline, futures_util::future::try_join_all(counts)).await {
+            Ok(counts) => Ok(counts?.into_iter().sum()),
+            Err(_) => Err(unavailable("redis DBSIZE", "deadline exceeded")),
         }
-        Ok(total)
     }
 }
