@@ -80,13 +80,16 @@ pub enum Activation {
     Activated(Arc<PolicyVersion>),
     /// The candidate's texts equal the running policy's: nothing changed.
     Unchanged(Arc<PolicyVersion>),
+    /// Another version became the running one after the caller chose what to activate (see
+    /// [`Lifecycle::activate_over`]): nothing changed.
+    Superseded(Arc<PolicyVersion>),
 }
 
 impl Activation {
     /// The version now running.
     pub fn version(&self) -> &Arc<PolicyVersion> {
         match self {
-            Activation::Activated(v) | Activation::Unchanged(v) => v,
+            Activation::Activated(v) | Activation::Unchanged(v) | Activation::Superseded(v) => v,
         }
     }
 }
@@ -223,7 +226,19 @@ impl Lifecycle {
         sources: Vec<(String, String)>,
         origin: Origin,
     ) -> Result<Activation, PolicyErrors> {
-        let result = self.try_activate(sources, origin);
+        self.activate_over(sources, origin, None)
+    }
+
+    /// [`Lifecycle::activate`], only while version `expected` (when given) is the running one:
+    /// a caller that chose `sources` from what was running then (a rollback, a replica adopting
+    /// the shared policy) must not undo a version activated meanwhile.
+    pub fn activate_over(
+        &self,
+        sources: Vec<(String, String)>,
+        origin: Origin,
+        expected: Option<u64>,
+    ) -> Result<Activation, PolicyErrors> {
+        let result = self.try_activate(sources, origin, expected);
         match &result {
             Ok(Activation::Activated(v)) => {
                 self.counts.activated.fetch_add(1, Ordering::Relaxed);
@@ -234,7 +249,7 @@ impl Lifecycle {
                     let _ = tx.send(v.clone());
                 }
             }
-            Ok(Activation::Unchanged(_)) => {
+            Ok(Activation::Unchanged(_) | Activation::Superseded(_)) => {
                 self.counts.unchanged.fetch_add(1, Ordering::Relaxed);
             }
             Err(errors) => {
@@ -251,10 +266,16 @@ impl Lifecycle {
         &self,
         sources: Vec<(String, String)>,
         origin: Origin,
+        expected: Option<u64>,
     ) -> Result<Activation, PolicyErrors> {
         let hash = sources_hash(&sources);
         let mut current = self.current.lock();
-        if current.hash == hash && origin != Origin::Rollback {
+        if expected.is_some_and(|seq| seq != current.seq) {
+            return Ok(Activation::Superseded(current.clone()));
+        }
+        // Rolling back to the texts that run is no change either: a new version would only
+        // restart the top keys and the hot-key state.
+        if current.hash == hash {
             return Ok(Activation::Unchanged(current.clone()));
         }
         let policy = self.compile(&sources)?;
@@ -335,7 +356,8 @@ impl Lifecycle {
             Some(seq) => format!("no kept version {seq}"),
             None => "no earlier version to roll back to".to_owned(),
         })?;
-        self.activate(target.sources.clone(), Origin::Rollback)
+        // Only over the version it was chosen against: a push landing meanwhile wins.
+        self.activate_over(target.sources.clone(), Origin::Rollback, Some(current))
             .map_err(|e| e.to_string())
     }
 
@@ -608,21 +630,21 @@ mod tests {
         assert_eq!(d, vec![" a", "-b", "+B", " c", "+d"]);
     }
 
-    /// An activation takes `current` then `history`; a rollback used to take them the other
-    /// way round, and the two racing could deadlock.
-    #[test]
-    fn rollbacks_racing_activations_finish() {
+    /// One file allowing `n` per second.
+    fn policy(n: u32) -> Vec<(String, String)> {
+        vec![(
+            "p.yaml".to_owned(),
+            format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: {n}}}\n"
+            ),
+        )]
+    }
+
+    /// A life cycle on the memory store, running `policy(1)` as version 1.
+    fn lifecycle() -> Arc<Lifecycle> {
         use crate::clock::ManualClock;
         use crate::store::{MemoryStore, StoreBackend};
 
-        let policy = |n: u32| {
-            vec![(
-                "p.yaml".to_owned(),
-                format!(
-                    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: {n}}}\n"
-                ),
-            )]
-        };
         let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
             1_700_000_000_000_000,
         )));
@@ -631,7 +653,38 @@ mod tests {
             first,
             StoreBackend::Memory(MemoryStore::new(clock)),
         ));
-        let lifecycle = Arc::new(Lifecycle::new(limiter, None, policy(1)));
+        Arc::new(Lifecycle::new(limiter, None, policy(1)))
+    }
+
+    /// A rollback chooses its target from the version running when it starts; a push landing
+    /// before it activates wins (it used to be undone), and rolling back to the running texts
+    /// is no new version.
+    #[test]
+    fn a_rollback_changes_only_what_it_chose_from() {
+        let lifecycle = lifecycle();
+        lifecycle.activate(policy(2), Origin::Push).unwrap();
+        assert_eq!(lifecycle.current().seq, 2);
+        // Chosen against version 2, but version 3 arrived first.
+        lifecycle.activate(policy(3), Origin::Push).unwrap();
+        let late = lifecycle
+            .activate_over(policy(1), Origin::Rollback, Some(2))
+            .unwrap();
+        assert!(matches!(late, Activation::Superseded(ref v) if v.seq == 3));
+        assert_eq!(lifecycle.current().hash, sources_hash(&policy(3)));
+
+        let versions = lifecycle.versions().len();
+        let to_running = lifecycle.rollback(Some(3)).unwrap();
+        assert!(matches!(to_running, Activation::Unchanged(ref v) if v.seq == 3));
+        assert_eq!(lifecycle.versions().len(), versions, "no new version");
+        let back = lifecycle.rollback(None).unwrap();
+        assert!(matches!(back, Activation::Activated(ref v) if v.hash == sources_hash(&policy(2))));
+    }
+
+    /// An activation takes `current` then `history`; a rollback used to take them the other
+    /// way round, and the two racing could deadlock.
+    #[test]
+    fn rollbacks_racing_activations_finish() {
+        let lifecycle = lifecycle();
         let (done, finished) = std::sync::mpsc::channel();
         let pusher = {
             let (lifecycle, done) = (lifecycle.clone(), done.clone());

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tollgate_core::Timestamp;
 use tracing::{info, warn};
 
-use crate::lifecycle::{Lifecycle, Origin, PolicyVersion, sources_hash};
+use crate::lifecycle::{Activation, Lifecycle, Origin, PolicyVersion, sources_hash};
 use crate::limiter::Override;
 use crate::store::redis::{OVERRIDES_KEY, POLICY_KEY};
 use crate::store::{RedisStore, SharedPolicy, StoreBackend};
@@ -62,7 +62,7 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
                     {
                         policy_seq = Some(shared.seq);
                         if shared.hash != lifecycle.current().hash {
-                            adopt_policy(&lifecycle, &shared);
+                            adopt_policy(&lifecycle, &shared, before.0);
                         }
                     }
                     Some(_) => {}
@@ -100,7 +100,9 @@ async fn publish_policy(store: &RedisStore, version: &PolicyVersion) -> Option<u
     }
 }
 
-fn adopt_policy(lifecycle: &Lifecycle, shared: &SharedPolicy) {
+/// Adopts the shared policy over version `over`, and only over it: a version activated here
+/// since the tick looked is newer, and is published instead.
+fn adopt_policy(lifecycle: &Lifecycle, shared: &SharedPolicy, over: u64) {
     let sources: Option<Vec<(String, String)>> = serde_json::from_str::<Value>(&shared.doc)
         .ok()
         .and_then(|doc| {
@@ -117,7 +119,9 @@ fn adopt_policy(lifecycle: &Lifecycle, shared: &SharedPolicy) {
         );
         return;
     };
-    if lifecycle.activate(sources, Origin::Shared).is_ok() {
+    if let Ok(Activation::Activated(_)) =
+        lifecycle.activate_over(sources, Origin::Shared, Some(over))
+    {
         info!(shared_seq = shared.seq, hash = %shared.hash, "Adopted the policy another replica published");
     }
 }

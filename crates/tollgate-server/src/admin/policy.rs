@@ -31,6 +31,20 @@ pub(super) fn activation(result: Result<Activation, PolicyErrors>) -> Response {
             let (status, v) = match &a {
                 Activation::Activated(v) => ("activated", v),
                 Activation::Unchanged(v) => ("unchanged", v),
+                Activation::Superseded(v) => {
+                    return (
+                        StatusCode::CONFLICT,
+                        Json(json!({
+                            "error": format!(
+                                "version {} became the running one meanwhile; nothing changed, \
+                                 try again",
+                                v.label()
+                            ),
+                            "version": summary(v, v.seq),
+                        })),
+                    )
+                        .into_response();
+                }
             };
             Json(json!({"result": status, "version": summary(v, v.seq)})).into_response()
         }
