@@ -25,7 +25,7 @@ use tracing::warn;
 
 pub use candidate::{CANDIDATE_DECISIONS, Candidate, RuleReport};
 pub use fallback::FailureSettings;
-pub use overrides::{Override, Overrides};
+pub use overrides::{Override, OverrideChange, Overrides};
 pub use request::{
     CheckRequest, InvalidRequest, LimitOverride, MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES,
     MAX_FIELD_LEN, RequestDescriptor, check_cost, value_digest,

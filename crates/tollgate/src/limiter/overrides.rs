@@ -5,6 +5,7 @@
 //! for a fixed window or sliding counter whose `period` the override changes: see
 //! `tollgate_core`'s notes on changed params).
 
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -58,6 +59,11 @@ impl Override {
         .map_err(|e| e.to_string())
     }
 
+    /// Whether `other` is for the same domain, rule and entries (and so replaced by this one).
+    pub fn same_target(&self, other: &Override) -> bool {
+        self.domain == other.domain && self.rule == other.rule && self.entries == other.entries
+    }
+
     fn matches(
         &self,
         domain: &str,
@@ -72,15 +78,47 @@ impl Override {
     }
 }
 
+/// A change made on this replica, kept until the other replicas have it (see
+/// [`Overrides::take_pending`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum OverrideChange {
+    /// This override was set (replacing any with the same domain, rule and entries).
+    Set(Override),
+    /// This override was deleted.
+    Deleted(Override),
+}
+
+impl OverrideChange {
+    fn apply(&self, list: &mut Vec<Override>) {
+        match self {
+            OverrideChange::Set(o) => {
+                list.retain(|x| x.id != o.id && !o.same_target(x));
+                list.push(o.clone());
+            }
+            OverrideChange::Deleted(o) => list.retain(|x| x.id != o.id),
+        }
+    }
+}
+
 /// Every override in force, swapped as a whole so lookups take no lock.
 #[derive(Debug, Default)]
 pub struct Overrides {
     list: ArcSwap<Vec<Override>>,
-    next_id: AtomicU64,
+    /// Local changes the other replicas may not have yet, oldest first. Its lock also orders
+    /// every write to `list`.
+    pending: Mutex<Vec<OverrideChange>>,
     /// Told after every local change (set, delete), for sharing with other replicas.
     changed: Mutex<Option<UnboundedSender<()>>>,
     /// Counts every change, local or adopted.
     generation: AtomicU64,
+}
+
+/// A new override id: random below 2^53 (exact as a JSON number everywhere), so replicas that
+/// set overrides at the same time never hand out the same one.
+fn fresh_id() -> u64 {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, Ordering::Relaxed);
+    (RandomState::new().hash_one(n) & ((1 << 53) - 1)).max(1)
 }
 
 impl Overrides {
@@ -110,47 +148,35 @@ impl Overrides {
 
     /// Adds or replaces (same domain, rule and entries) an override; returns its id.
     pub fn set(&self, mut o: Override) -> u64 {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        o.id = id;
-        self.list.rcu(|list| {
-            let mut list: Vec<Override> = list
-                .iter()
-                .filter(|x| !(x.domain == o.domain && x.rule == o.rule && x.entries == o.entries))
-                .cloned()
-                .collect();
-            list.push(o.clone());
-            Arc::new(list)
-        });
-        self.notify();
+        o.id = fresh_id();
+        let id = o.id;
+        self.change(OverrideChange::Set(o));
         id
     }
 
     /// Deletes an override; returns it if it existed.
     pub fn delete(&self, id: u64) -> Option<Override> {
-        let mut removed = None;
-        self.list.rcu(|list| {
-            removed = list.iter().find(|o| o.id == id).cloned();
-            Arc::new(
-                list.iter()
-                    .filter(|o| o.id != id)
-                    .cloned()
-                    .collect::<Vec<_>>(),
-            )
-        });
-        if removed.is_some() {
-            self.notify();
-        }
-        removed
+        let removed = self.list.load().iter().find(|o| o.id == id).cloned()?;
+        self.change(OverrideChange::Deleted(removed.clone()));
+        Some(removed)
     }
 
-    fn notify(&self) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
+    /// Applies a local change and keeps it for the other replicas.
+    fn change(&self, change: OverrideChange) {
+        {
+            let mut pending = self.pending.lock();
+            let mut list = self.all();
+            change.apply(&mut list);
+            self.list.store(Arc::new(list));
+            pending.push(change);
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
         if let Some(tx) = self.changed.lock().as_ref() {
             let _ = tx.send(());
         }
     }
 
-    /// A stream that receives `()` after every local set or delete (not after [`Overrides::replace_all`]).
+    /// A stream that receives `()` after every local set or delete (not after [`Overrides::adopt`]).
     pub fn subscribe(&self) -> UnboundedReceiver<()> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         *self.changed.lock() = Some(tx);
@@ -162,20 +188,50 @@ impl Overrides {
         self.list.load().iter().cloned().collect()
     }
 
-    /// Replaces every override with `list` (adopted from another replica); ids stay unique.
-    pub fn replace_all(&self, list: Vec<Override>) {
-        let max = list.iter().map(|o| o.id).max().unwrap_or(0);
-        self.next_id.fetch_max(max, Ordering::Relaxed);
-        self.list.store(Arc::new(list));
-        self.generation.fetch_add(1, Ordering::AcqRel);
+    /// Takes the local changes not yet shared, oldest first; give them back with
+    /// [`Overrides::keep_pending`] if sharing them fails.
+    pub fn take_pending(&self) -> Vec<OverrideChange> {
+        std::mem::take(&mut *self.pending.lock())
+    }
+
+    /// Puts back `changes` that could not be shared, before any made since.
+    pub fn keep_pending(&self, mut changes: Vec<OverrideChange>) {
+        let mut pending = self.pending.lock();
+        changes.append(&mut pending);
+        *pending = changes;
+    }
+
+    /// Whether local changes wait to be shared.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.lock().is_empty()
+    }
+
+    /// Adopts `list`, every replica's overrides as shared; the local changes not yet shared are
+    /// applied over it, so none is lost.
+    pub fn adopt(&self, mut list: Vec<Override>) {
+        let pending = self.pending.lock();
+        for change in pending.iter() {
+            change.apply(&mut list);
+        }
+        if *self.list.load_full() != list {
+            self.list.store(Arc::new(list));
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     /// Every override still in force at `now` (expired ones are dropped).
     pub fn list(&self, now: Timestamp) -> Vec<Override> {
         let live = |o: &Override| o.expires_at.is_none_or(|at| now < at);
         if self.list.load().iter().any(|o| !live(o)) {
-            self.list
-                .rcu(|list| Arc::new(list.iter().filter(|o| live(o)).cloned().collect::<Vec<_>>()));
+            let _writing = self.pending.lock();
+            let kept: Vec<Override> = self
+                .list
+                .load()
+                .iter()
+                .filter(|o| live(o))
+                .cloned()
+                .collect();
+            self.list.store(Arc::new(kept));
         }
         self.list.load().iter().cloned().collect()
     }

@@ -45,7 +45,9 @@ use self::cluster::ClusterRouter;
 pub use self::coalesce::CoalesceOptions;
 use self::coalesce::{Coalescer, Request};
 use self::script::charge_args;
-pub use self::shared_policy::{OVERRIDES_KEY, POLICY_KEY, SharedPolicy};
+pub use self::shared_policy::{
+    OVERRIDES_KEY, POLICY_KEY, SharedOverride, SharedOverrideChange, SharedOverrides, SharedPolicy,
+};
 use self::topology::Topology;
 use super::url::StoreUrl;
 use super::{Charge, Store, StoreError};

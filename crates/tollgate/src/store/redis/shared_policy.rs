@@ -1,11 +1,18 @@
 //! The running policy and the runtime overrides, shared through Redis by every replica.
 //!
-//! One hash per document (`tg:{tollgate-policy}:current` for the policy,
-//! `tg:{tollgate-policy}:overrides` for the overrides) holds the last published version: `seq` (raised by
-//! every publish), `hash` (the sources' content hash) and `doc` (the sources as JSON). A replica
-//! publishes each version it activates itself and adopts a newer `seq` published by another.
-//! The key's TTL (30 days) is renewed on every publish and every check, so it lives as long as
-//! some replica runs and never forever.
+//! The policy is one hash, `tg:{tollgate-policy}:current`, holding the last published version:
+//! `seq` (raised by every publish), `hash` (the sources' content hash) and `doc` (the sources as
+//! JSON). A replica publishes each version it activates itself and adopts a newer `seq`
+//! published by another.
+//!
+//! The overrides are one hash too, `tg:{tollgate-policy}:overrides:2`, but merged rather than
+//! replaced: one field per override target (domain, rule and entries) holding `id expires_at
+//! json`, and `seq`, raised by every change. A replica sends only its own changes (set this
+//! target, delete this id), which one script applies, so changes made on different replicas at
+//! the same time all survive. Expired overrides are dropped by the same script.
+//!
+//! The keys' TTL (30 days) is renewed on every publish and every check, so they live as long
+//! as some replica runs and never forever.
 
 use std::time::Duration;
 
@@ -16,8 +23,8 @@ use crate::store::StoreError;
 
 /// The running policy.
 pub const POLICY_KEY: &str = "tg:{tollgate-policy}:current";
-/// The runtime overrides.
-pub const OVERRIDES_KEY: &str = "tg:{tollgate-policy}:overrides";
+/// The runtime overrides (`:2`: merged per target; the first format replaced the whole list).
+pub const OVERRIDES_KEY: &str = "tg:{tollgate-policy}:overrides:2";
 const TTL: Duration = Duration::from_secs(30 * 86_400);
 
 /// Publishes atomically: raise `seq`, store the version, renew the TTL.
@@ -27,6 +34,86 @@ redis.call('HSET', KEYS[1], 'hash', ARGV[1], 'doc', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return seq
 ";
+
+/// Applies override changes and answers the whole hash. ARGV: the TTL in ms, the time in µs,
+/// then per change `S field value` (set the target `field`) or `D field id` (delete the
+/// target's override if it is still override `id`). A value is `id expires_at_us json`, with
+/// `expires_at_us` 0 for none; values expired at that time are dropped.
+const MERGE_OVERRIDES: &str = r"
+local now = tonumber(ARGV[2])
+for i = 3, #ARGV, 3 do
+  local field, value = ARGV[i + 1], ARGV[i + 2]
+  if ARGV[i] == 'S' then
+    redis.call('HSET', KEYS[1], field, value)
+  else
+    local stored = redis.call('HGET', KEYS[1], field)
+    if stored and string.sub(stored, 1, #value + 1) == value .. ' ' then
+      redis.call('HDEL', KEYS[1], field)
+    end
+  end
+end
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if all[i] ~= 'seq' then
+    local expires = tonumber(string.match(all[i + 1], '^%d+ (%d+) '))
+    if expires and expires > 0 and expires <= now then
+      redis.call('HDEL', KEYS[1], all[i])
+    end
+  end
+end
+redis.call('HINCRBY', KEYS[1], 'seq', 1)
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return redis.call('HGETALL', KEYS[1])
+";
+
+/// One override as shared: its target (the hash field) and `id expires_at_us json`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedOverride {
+    /// Domain, rule and entries, encoded; one override per target.
+    pub target: String,
+    /// `id expires_at_us json`.
+    pub value: String,
+}
+
+/// One change to the shared overrides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SharedOverrideChange {
+    /// Store this override at its target.
+    Set(SharedOverride),
+    /// Delete the override at `target` if it is still override `id`.
+    Delete { target: String, id: u64 },
+}
+
+/// The shared overrides: the `seq` of their last change, and every override.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedOverrides {
+    /// Raised by every change.
+    pub seq: u64,
+    /// Every override stored.
+    pub overrides: Vec<SharedOverride>,
+}
+
+impl SharedOverrides {
+    /// Reads an `HGETALL` reply; `None` when there is no `seq` (nothing shared).
+    fn from_fields(fields: Vec<(String, String)>) -> Option<Self> {
+        let mut seq = None;
+        let mut overrides = Vec::with_capacity(fields.len());
+        for (field, value) in fields {
+            if field == "seq" {
+                seq = value.parse().ok();
+            } else {
+                overrides.push(SharedOverride {
+                    target: field,
+                    value,
+                });
+            }
+        }
+        Some(SharedOverrides {
+            seq: seq?,
+            overrides,
+        })
+    }
+}
 
 /// The published version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,5 +177,50 @@ impl RedisStore {
             .arg(TTL.as_millis() as u64);
         self.policy_call(invocation.invoke_async(&mut connection))
             .await
+    }
+
+    /// The shared overrides, if any were ever shared; renews their TTL.
+    pub async fn shared_overrides(&self) -> Result<Option<SharedOverrides>, StoreError> {
+        let mut connection = self.policy_connection()?;
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(OVERRIDES_KEY);
+        let fields: Vec<(String, String)> =
+            self.policy_call(cmd.query_async(&mut connection)).await?;
+        let Some(shared) = SharedOverrides::from_fields(fields) else {
+            return Ok(None);
+        };
+        let mut renew = redis::cmd("PEXPIRE");
+        renew.arg(OVERRIDES_KEY).arg(TTL.as_millis() as u64);
+        let _: i64 = self.policy_call(renew.query_async(&mut connection)).await?;
+        Ok(Some(shared))
+    }
+
+    /// Applies `changes` to the shared overrides, dropping those expired at `now`; returns
+    /// them all, changed.
+    pub async fn merge_overrides(
+        &self,
+        changes: &[SharedOverrideChange],
+        now: tollgate_core::Timestamp,
+    ) -> Result<SharedOverrides, StoreError> {
+        let mut connection = self.policy_connection()?;
+        let script = redis::Script::new(MERGE_OVERRIDES);
+        let mut invocation = script.prepare_invoke();
+        invocation
+            .key(OVERRIDES_KEY)
+            .arg(TTL.as_millis() as u64)
+            .arg(now.as_micros());
+        for change in changes {
+            match change {
+                SharedOverrideChange::Set(o) => invocation.arg("S").arg(&o.target).arg(&o.value),
+                SharedOverrideChange::Delete { target, id } => {
+                    invocation.arg("D").arg(target).arg(id)
+                }
+            };
+        }
+        let fields: Vec<(String, String)> = self
+            .policy_call(invocation.invoke_async(&mut connection))
+            .await?;
+        SharedOverrides::from_fields(fields)
+            .ok_or_else(|| StoreError::InvalidData("the merged overrides have no seq".into()))
     }
 }

@@ -1,0 +1,167 @@
+//! Runtime overrides shared through one Redis by replicas that change them at the same time,
+//! while Redis fails, and after Redis lost them: every change made anywhere ends up on every
+//! replica.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tollgate::clock::SystemClock;
+use tollgate::lifecycle::{Lifecycle, Origin};
+use tollgate::limiter::{Limiter, Override};
+use tollgate::policy::Policy;
+use tollgate::store::{RedisOptions, StoreBackend};
+use tollgate_testkit::{FaultProxy, Mode, RedisServer};
+
+const POLICY: &str = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {name: per_tenant, unit: minute, requests_per_unit: 10}\n";
+
+/// How often the replicas here look at Redis.
+const EVERY: Duration = Duration::from_millis(100);
+
+/// One replica: its life cycle, sharing through `url` until the returned sender says stop.
+struct Replica {
+    lifecycle: Arc<Lifecycle>,
+    _stop: watch::Sender<bool>,
+}
+
+impl Replica {
+    async fn start(url: &str) -> Replica {
+        let options = RedisOptions {
+            command_timeout: Duration::from_millis(200),
+            ..RedisOptions::default()
+        };
+        let store =
+            StoreBackend::open(&url.parse().unwrap(), options, Arc::new(SystemClock::new()))
+                .await
+                .unwrap();
+        let limiter = Arc::new(Limiter::new(
+            Policy::from_yaml("p.yaml", POLICY).unwrap(),
+            store,
+        ));
+        let sources = vec![("p.yaml".to_owned(), POLICY.to_owned())];
+        let lifecycle = Arc::new(Lifecycle::new(limiter, None, sources));
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(tollgate::policy_sync::run(
+            lifecycle.clone(),
+            EVERY,
+            stopped,
+        ));
+        Replica {
+            lifecycle,
+            _stop: stop,
+        }
+    }
+
+    fn set(&self, tenant: &str, limit: u64) -> u64 {
+        self.lifecycle.limiter().overrides().set(Override {
+            id: 0,
+            domain: "api".into(),
+            rule: "per_tenant".into(),
+            entries: vec![("tenant".into(), tenant.into())],
+            requests_per_unit: limit,
+            period: None,
+            expires_at: None,
+            reason: String::new(),
+        })
+    }
+
+    /// The overrides in force here: (tenant, limit, id), by tenant.
+    fn overrides(&self) -> Vec<(String, u64, u64)> {
+        let mut all: Vec<_> = self
+            .lifecycle
+            .limiter()
+            .overrides()
+            .all()
+            .into_iter()
+            .map(|o| (o.entries[0].1.clone(), o.requests_per_unit, o.id))
+            .collect();
+        all.sort();
+        all
+    }
+}
+
+/// Waits (5 s at most) until every replica holds exactly `expected` (tenant, limit) pairs.
+async fn converge(replicas: &[&Replica], expected: &[(&str, u64)]) {
+    let want: Vec<(String, u64)> = expected.iter().map(|(t, l)| ((*t).into(), *l)).collect();
+    let seen = |r: &Replica| -> Vec<(String, u64)> {
+        r.overrides().into_iter().map(|(t, l, _)| (t, l)).collect()
+    };
+    for _ in 0..50 {
+        if replicas.iter().all(|r| seen(r) == want) {
+            return;
+        }
+        tokio::time::sleep(EVERY).await;
+    }
+    let got: Vec<_> = replicas.iter().map(|r| seen(r)).collect();
+    panic!("replicas never agreed on {want:?}: {got:?}");
+}
+
+/// Two replicas set overrides within one check interval, neither having seen the other's:
+/// both overrides reach both replicas, with distinct ids. A delete on one replica, racing a set
+/// on the other, removes only what it named. (Each replica used to publish its whole list, so
+/// the last one to publish won, and ids collided.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_made_on_two_replicas_at_once_all_survive() {
+    let redis = RedisServer::start();
+    let a = Replica::start(&redis.url()).await;
+    let b = Replica::start(&redis.url()).await;
+    let acme = a.set("acme", 100);
+    let globex = b.set("globex", 200);
+    assert_ne!(acme, globex);
+    converge(&[&a, &b], &[("acme", 100), ("globex", 200)]).await;
+    assert_eq!(a.overrides(), b.overrides(), "the same ids everywhere");
+
+    assert!(a.lifecycle.limiter().overrides().delete(acme).is_some());
+    b.set("initech", 300);
+    converge(&[&a, &b], &[("globex", 200), ("initech", 300)]).await;
+    // Setting a target again replaces its override, wherever it was set.
+    a.set("globex", 250);
+    converge(&[&a, &b], &[("globex", 250), ("initech", 300)]).await;
+}
+
+/// A change made while Redis does not answer (an override, a pushed version) is kept and shared
+/// once it answers again; and
+/// when Redis loses the shared overrides, the replicas that hold them share them again, so a
+/// replica starting afterwards gets them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_survive_an_outage_and_a_lost_key() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let a = Replica::start(&proxy.url()).await;
+    let b = Replica::start(&redis.url()).await;
+    b.set("acme", 100);
+    converge(&[&a, &b], &[("acme", 100)]).await;
+
+    proxy.set_mode(Mode::Blackhole);
+    a.set("globex", 200);
+    let pushed = vec![("p.yaml".to_owned(), POLICY.replace("10}", "20}"))];
+    a.lifecycle.activate(pushed, Origin::Push).unwrap();
+    tokio::time::sleep(EVERY * 4).await;
+    assert_eq!(
+        b.overrides().len(),
+        1,
+        "not shared yet: Redis is out of A's reach"
+    );
+    proxy.set_mode(Mode::Pass);
+    converge(&[&a, &b], &[("acme", 100), ("globex", 200)]).await;
+    // The version pushed during the outage reaches B too (its publishing used to be dropped).
+    for _ in 0..50 {
+        if b.lifecycle.current().hash == a.lifecycle.current().hash {
+            break;
+        }
+        tokio::time::sleep(EVERY).await;
+    }
+    assert_eq!(b.lifecycle.current().hash, a.lifecycle.current().hash);
+    assert_eq!(
+        a.lifecycle.limiter().policy().rules()[0]
+            .limit
+            .unwrap()
+            .limit(),
+        20
+    );
+
+    redis.cli(&["FLUSHALL"]);
+    let c = Replica::start(&redis.url()).await;
+    converge(&[&a, &b, &c], &[("acme", 100), ("globex", 200)]).await;
+}
