@@ -115,9 +115,30 @@ pub struct Lifecycle {
     /// [`Lifecycle::reload_if_files_changed`]): files that have not changed since never undo
     /// a push or a rollback.
     files_seen: Mutex<String>,
+    /// Consecutive checks of the watcher that could not read the files.
+    unreadable_checks: AtomicU64,
     /// Told about every version this replica activates itself (not ones it adopted), so they can
     /// be published to the other replicas.
     published: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Arc<PolicyVersion>>>>,
+}
+
+/// The policy files' texts, read twice and only when both reads agree: a directory read while
+/// it is being replaced (a Kubernetes ConfigMap swap between the listing and the reads) could
+/// otherwise give texts that never existed together, a policy valid but never written.
+fn read_settled(path: &Path) -> Result<Vec<(String, String)>, PolicyErrors> {
+    let first = Policy::read_sources(path)?;
+    let second = Policy::read_sources(path)?;
+    if first == second {
+        Ok(second)
+    } else {
+        Err(PolicyErrors(vec![crate::policy::PolicyError::new(
+            None,
+            format!(
+                "{} changed while being read; read again later",
+                path.display()
+            ),
+        )]))
+    }
 }
 
 /// The names of `sources` without the directories they all share: `/etc/tollgate/api.yaml`
@@ -183,6 +204,7 @@ impl Lifecycle {
             current: Mutex::new(first),
             counts: Counts::default(),
             files_seen: Mutex::new(hash),
+            unreadable_checks: AtomicU64::new(0),
             published: Mutex::new(None),
         }
     }
@@ -310,13 +332,16 @@ impl Lifecycle {
         let Some(path) = &self.config else {
             return Ok(Activation::Unchanged(self.current()));
         };
-        match Policy::read_sources(path) {
+        match read_settled(path) {
             Ok(sources) => {
                 *self.files_seen.lock() = sources_hash(&sources);
                 self.activate(sources, Origin::File)
             }
             Err(errors) => {
                 self.counts.rejected.fetch_add(1, Ordering::Relaxed);
+                for e in errors.iter() {
+                    warn!(problem = %e, "Cannot read the policy files; the running policy stays");
+                }
                 Err(errors)
             }
         }
@@ -328,7 +353,21 @@ impl Lifecycle {
     /// briefly missing mid-swap): the next call tries again.
     pub fn reload_if_files_changed(&self) -> Option<Result<Activation, PolicyErrors>> {
         let path = self.config.as_ref()?;
-        let sources = Policy::read_sources(path).ok()?;
+        let sources = match read_settled(path) {
+            Ok(sources) => {
+                self.unreadable_checks.store(0, Ordering::Relaxed);
+                sources
+            }
+            Err(errors) => {
+                // Once is a swap in progress; twice in a row is a problem worth a line.
+                if self.unreadable_checks.fetch_add(1, Ordering::Relaxed) == 1 {
+                    for e in errors.iter() {
+                        warn!(problem = %e, "Cannot read the policy files; the running policy stays");
+                    }
+                }
+                return None;
+            }
+        };
         let hash = sources_hash(&sources);
         {
             let mut seen = self.files_seen.lock();
@@ -642,6 +681,10 @@ mod tests {
 
     /// A life cycle on the memory store, running `policy(1)` as version 1.
     fn lifecycle() -> Arc<Lifecycle> {
+        lifecycle_reading(None)
+    }
+
+    fn lifecycle_reading(config: Option<PathBuf>) -> Arc<Lifecycle> {
         use crate::clock::ManualClock;
         use crate::store::{MemoryStore, StoreBackend};
 
@@ -653,7 +696,27 @@ mod tests {
             first,
             StoreBackend::Memory(MemoryStore::new(clock)),
         ));
-        Arc::new(Lifecycle::new(limiter, None, policy(1)))
+        Arc::new(Lifecycle::new(limiter, config, policy(1)))
+    }
+
+    /// Config files that cannot be read change nothing; once they can, the watcher takes them.
+    #[test]
+    fn unreadable_files_change_nothing_until_they_are_back() {
+        let dir = std::env::temp_dir().join(format!("tollgate-lifecycle-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("p.yaml");
+        std::fs::write(&file, &policy(1)[0].1).unwrap();
+        let lifecycle = lifecycle_reading(Some(dir.clone()));
+        std::fs::remove_file(&file).unwrap();
+        for _ in 0..3 {
+            assert!(lifecycle.reload_if_files_changed().is_none());
+        }
+        assert!(lifecycle.reload().is_err());
+        assert_eq!(lifecycle.current().seq, 1);
+        std::fs::write(&file, &policy(2)[0].1).unwrap();
+        let taken = lifecycle.reload_if_files_changed().unwrap().unwrap();
+        assert!(matches!(taken, Activation::Activated(ref v) if v.seq == 2));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A rollback chooses its target from the version running when it starts; a push landing
