@@ -259,6 +259,25 @@ async fn redis_shut_down_and_restarted() {
     assert_eq!(count("local", "denied"), 298);
     assert!(limiter.top_keys("f", "closed", 10).unwrap().is_empty());
     assert_eq!(limiter.top_keys("f", "local", 10).unwrap().len(), 1);
+    // A request the open posture lets through counts as failing open even when another of its
+    // limits answered from the local share (the more severe posture it reports).
+    let mixed = CheckRequest::new(
+        "f".into(),
+        ["open", "local"]
+            .iter()
+            .map(|key| RequestDescriptor::new(vec![((*key).into(), "mixed".into())], 1, None))
+            .collect::<Result<_, _>>()
+            .unwrap(),
+    )
+    .unwrap();
+    let answer = limiter.check(&mixed).await.unwrap();
+    assert!(answer.allowed() && answer.degraded() == Some(Posture::Local));
+    assert!(
+        limiter
+            .render_metrics()
+            .await
+            .contains("tollgate_fail_open_total 301")
+    );
 
     // Back up: decisions return to Redis (the restarted server has no scripts: NOSCRIPT is
     // absorbed), within a second or two.

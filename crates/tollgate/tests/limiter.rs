@@ -202,6 +202,8 @@ async fn outcomes_are_counted_per_rule() {
             r#"tollgate_decisions_total{domain="api",rule="per_user",outcome="denied"} 1"#
         )
     );
+    // The prefilter works on a shared store only: no gauge for it here.
+    assert!(!text.contains("tollgate_prefilter_entries"), "{text}");
 }
 
 /// Prometheus counters only go up: a new policy continues each rule's counts by domain and

@@ -48,7 +48,7 @@ impl Limiter {
             | (self.overrides.generation() & 0xffff_ffff)
     }
 
-    fn prefilter(&self) -> Option<&Prefilter> {
+    pub(super) fn prefilter(&self) -> Option<&Prefilter> {
         match self.store {
             StoreBackend::Redis(_) => self.prefilter.as_ref(),
             StoreBackend::Memory(_) => None,

@@ -418,7 +418,14 @@ impl Limiter {
                 degraded,
             };
         }
-        if commit && response.allowed() && response.degraded() == Some(Posture::Open) {
+        // Any limit the open posture let through counts, whatever other postures answered.
+        if commit
+            && response.allowed()
+            && response
+                .statuses
+                .iter()
+                .any(|s| s.degraded == Some(Posture::Open))
+        {
             self.fail_open.fetch_add(1, Ordering::Relaxed);
         }
         Ok(response)
@@ -565,7 +572,7 @@ impl Limiter {
         if let Some(candidate) = self.candidate.load_full() {
             candidate.render_metrics(&mut out);
         }
-        out.push_str("# HELP tollgate_requests_total Check requests received (valid or not).\n");
+        out.push_str("# HELP tollgate_requests_total Check requests decided (a request refused as malformed is not counted).\n");
         out.push_str("# TYPE tollgate_requests_total counter\n");
         let _ = writeln!(
             out,
@@ -598,7 +605,7 @@ impl Limiter {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
         }
-        if let Some(prefilter) = &self.prefilter {
+        if let Some(prefilter) = self.prefilter() {
             let name = "tollgate_prefilter_entries";
             let _ = writeln!(
                 out,
