@@ -321,7 +321,6 @@ impl Limiter {
             return Ok(self.prefiltered_response(&snapshot, &live, descriptors, denial));
         }
 
-        let started = tokio::time::Instant::now();
         // Filled in place, like the plans: a few hundred bytes not copied from frame to frame.
         let mut decisions = Decisions::new();
         let answer = if charges.is_empty() {
@@ -330,11 +329,8 @@ impl Limiter {
             self.apply_with_budgets(&live, &charges, live_charges, (now, epoch), &mut decisions)
                 .await
         } else {
-            self.store.decide(&charges, false, &mut decisions).await
+            self.store_decide(&charges, false, &mut decisions).await
         };
-        if !charges.is_empty() {
-            self.store_latency[usize::from(!commit)].observe(started.elapsed());
-        }
         let postures = match answer {
             Ok(()) => {
                 if commit {
@@ -562,6 +558,22 @@ impl Limiter {
         {
             warn!(error = %error, errors, "Store could not decide; failure postures answer");
         }
+    }
+
+    /// Asks the store, timing the call in `tollgate_store_operation_duration_seconds` unless
+    /// it never reached the store (refused by an open breaker, the in-flight cap...).
+    async fn store_decide(
+        &self,
+        charges: &[Charge<'_>],
+        commit: bool,
+        decisions: &mut Decisions,
+    ) -> Result<(), StoreError> {
+        let started = tokio::time::Instant::now();
+        let answer = self.store.decide(charges, commit, decisions).await;
+        if !matches!(answer, Err(StoreError::NotCalled(_))) {
+            self.store_latency[usize::from(!commit)].observe(started.elapsed());
+        }
+        answer
     }
 
     /// Prometheus text for the decision counters and store gauges.
