@@ -751,11 +751,27 @@ fn record_top_key(top: &TopKeys, descriptor: &RequestDescriptor) {
     top.record(text.as_str(), 1);
 }
 
-/// `key=value,key=value`: how a descriptor is shown in top-key listings.
+/// `key=value,key=value`: how a descriptor is shown in top-key listings. In keys and values,
+/// `\`, `,` and `=` are escaped with a `\` and control characters as `\u{..}`, so two
+/// descriptors never read the same and a value cannot put escape codes on an operator's
+/// terminal.
 fn describe_entries(descriptor: &RequestDescriptor, out: &mut impl Write) {
+    fn escaped(text: &str, out: &mut impl Write) -> std::fmt::Result {
+        for c in text.chars() {
+            match c {
+                '\\' | ',' | '=' => write!(out, "\\{c}")?,
+                c if c.is_control() => write!(out, "{}", c.escape_unicode())?,
+                c => out.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
     for (n, (key, value)) in descriptor.entries().iter().enumerate() {
-        let separator = if n > 0 { "," } else { "" };
-        if write!(out, "{separator}{key}={value}").is_err() {
+        let written = (if n > 0 { out.write_char(',') } else { Ok(()) })
+            .and_then(|()| escaped(key, out))
+            .and_then(|()| out.write_char('='))
+            .and_then(|()| escaped(value, out));
+        if written.is_err() {
             break;
         }
     }
@@ -828,5 +844,33 @@ fn drop_replaced(limits: &mut [Option<AppliedLimit>], by_unlimited: &[&str]) {
         if drop & (1 << (n % 64)) != 0 {
             *limit = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn described(entries: &[(&str, &str)]) -> String {
+        let entries = entries
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let descriptor = RequestDescriptor::new(entries, 1, None).unwrap_or_else(|e| panic!("{e}"));
+        let mut text = TopKeyText::default();
+        describe_entries(&descriptor, &mut text);
+        text.as_str().to_owned()
+    }
+
+    /// Two descriptors never read the same in a top-keys listing, and a value cannot put
+    /// control characters on the terminal of whoever runs `tollgate top`.
+    #[test]
+    fn top_key_texts_are_unambiguous_and_printable() {
+        let one = described(&[("tenant", "acme,user=x"), ("user", "y")]);
+        let other = described(&[("tenant", "acme"), ("user", "x,user=y")]);
+        assert_ne!(one, other);
+        assert_eq!(one, "tenant=acme\\,user\\=x,user=y");
+        assert_eq!(described(&[("k", "a\\b")]), "k=a\\\\b");
+        assert_eq!(described(&[("k", "\u{1b}[31mred")]), "k=\\u{1b}[31mred");
     }
 }
