@@ -26,7 +26,7 @@ pub(super) struct Topology {
     /// Per slot, its owner with the owner's breaker: a call reads one entry under a read lock.
     /// `None` for a slot no node serves (the map says so, or none came yet).
     owners: RwLock<Vec<Option<Owner>>>,
-    /// Every node's breaker, kept across slot maps (a node that comes back finds its own).
+    /// Every node's breaker, kept while the node is in the slot map.
     breakers: Mutex<HashMap<Arc<str>, Arc<Breaker>>>,
     config: BreakerConfig,
     clock: SharedClock,
@@ -117,6 +117,11 @@ impl Topology {
             }
         }
         *self.owners.write() = owners;
+        // A node that left the map (replaced, failed over) takes its breaker with it: it is
+        // not reported forever, and one that comes back starts afresh.
+        self.breakers
+            .lock()
+            .retain(|node, _| ranges.iter().any(|(_, _, owner)| **owner == **node));
         true
     }
 
@@ -220,5 +225,14 @@ mod tests {
         );
         topology.moved(100, "127.0.0.1:7003");
         assert_eq!(&*topology.breaker_for(100).unwrap().0, "127.0.0.1:7003");
+        // A node gone from the map is no longer reported.
+        let without_7001 = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(16383),
+            node("127.0.0.1", 7003),
+        ])]);
+        assert!(topology.update(&without_7001));
+        let nodes: Vec<String> = topology.states().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(nodes, ["127.0.0.1:7003"]);
     }
 }
