@@ -344,3 +344,40 @@ descriptors:
     }
     assert!(!allowed("/files/a").await);
 }
+
+/// Two descriptor paths can read the same envoy-style name (`a_b` = `c`, `a` = `b_c`): the
+/// second rule is named with `#2`, so each has its own metric series and top keys.
+#[tokio::test]
+async fn rules_whose_paths_read_alike_get_names_of_their_own() {
+    let policy = Policy::from_yaml(
+        "alike.yaml",
+        "domain: api\ndescriptors:\n  - key: a_b\n    value: c\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: a\n    value: b_c\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let names: Vec<&str> = policy.rules().iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["a_b_c", "a_b_c#2"]);
+    let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
+        1_700_000_040_000_000,
+    )));
+    let limiter = Limiter::new(policy, StoreBackend::Memory(MemoryStore::new(clock)));
+    for _ in 0..2 {
+        let only = CheckRequest::new(
+            "api".into(),
+            vec![RequestDescriptor::new(vec![("a".into(), "b_c".into())], 1, None).unwrap()],
+        )
+        .unwrap();
+        limiter.check(&only).await.unwrap();
+    }
+    let text = limiter.render_metrics().await;
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("tollgate_decisions_total{"))
+        .map(|l| l.rsplit_once(' ').unwrap().0)
+        .collect();
+    let mut unique = series.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), series.len(), "{text}");
+    assert_eq!(limiter.top_keys("api", "a_b_c#2", 5).unwrap().len(), 1);
+    assert!(limiter.top_keys("api", "a_b_c", 5).unwrap().is_empty());
+}

@@ -155,8 +155,9 @@ descriptors:
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let rules = p.rules();
-    assert_eq!(rules[0].name, "a_b_c");
-    assert_eq!(rules[1].name, "a_b_c");
+    // Here they are told apart in names too.
+    let names: Vec<&str> = rules.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["a_b_c", "a_b_c#2", "a.b_c", "a.b_c#2"]);
     let mut identities: Vec<&str> = rules.iter().map(|r| r.identity.as_str()).collect();
     identities.sort_unstable();
     identities.dedup();

@@ -261,7 +261,7 @@ impl<'f> SourceCompiler<'f> {
             match doc.name.as_ref().filter(|n| !n.value.is_empty()) {
                 Some(name) => (name.value.clone(), self.location(&name.referenced), true),
                 // An empty name means no name, as in envoyproxy/ratelimit.
-                None => (identity::display_name(path), block.clone(), false),
+                None => (self.derived_name(path), block.clone(), false),
             };
 
         let replaces_doc = match (&descriptor.replaces, &doc.replaces) {
@@ -310,6 +310,21 @@ impl<'f> SourceCompiler<'f> {
             replaces,
         });
         index
+    }
+
+    /// The envoy-style name of the rule at `path`, made unique in the domain: two paths can
+    /// read the same (`a_b` = `c` and `a` = `b_c` are both `a_b_c`), and the second gets `#2`
+    /// (then `#3`...), so every rule has metrics and top keys of its own.
+    fn derived_name(&self, path: &[PathStep<'_>]) -> String {
+        let base = identity::display_name(path);
+        let taken = |name: &str| self.named.iter().any(|r| !r.explicit && r.name == name);
+        let mut name = base.clone();
+        let mut n = 2;
+        while taken(&name) {
+            name = format!("{base}#{n}");
+            n += 1;
+        }
+        name
     }
 
     fn replaces(&mut self, entries: &[Spanned<ReplacesDoc>]) -> Vec<(String, Option<Location>)> {

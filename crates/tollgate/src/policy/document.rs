@@ -58,7 +58,7 @@ pub(super) struct RateLimitDoc {
     /// No limit: the request is allowed without touching the store. Takes no other limit field.
     pub unlimited: Option<Spanned<bool>>,
     /// The limit's name, reported to clients and used by `replaces`. Defaults to the descriptor
-    /// path (`key_value.key`). Unique in a domain.
+    /// path (`key_value.key`, with `#2`, `#3`... when two paths read alike). Unique in a domain.
     pub name: Option<Spanned<String>>,
     /// Names of limits this one replaces when both match a request.
     pub replaces: Option<Spanned<Vec<Spanned<ReplacesDoc>>>>,

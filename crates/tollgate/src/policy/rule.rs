@@ -13,7 +13,8 @@ pub struct Rule {
     /// The domain the rule belongs to.
     pub domain: String,
     /// The `name` given in `rate_limit`, or else the envoy-style descriptor path
-    /// (`tenant.path_/login`: `key` or `key_value` per level, joined by `.`). Unique in a domain.
+    /// (`tenant.path_/login`: `key` or `key_value` per level, joined by `.`; `#2`, `#3`... on
+    /// a path that reads like an earlier rule's). Unique in a domain.
     pub name: String,
     /// Stable, injective identity for counter keys: the domain and the path of keys and values,
     /// length-prefixed. Unchanged across reloads as long as the rule's path is unchanged; two
