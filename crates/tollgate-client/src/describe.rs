@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 
 use axum::extract::ConnectInfo;
 use http::Request;
-use tollgate::limiter::{CheckRequest, MAX_FIELD_LEN, RequestDescriptor};
+use tollgate::limiter::{CheckRequest, MAX_DESCRIPTORS, MAX_FIELD_LEN, RequestDescriptor};
 
 /// Derives the rate-limit request for an HTTP request; `None` lets it through unchecked.
 ///
@@ -44,8 +44,8 @@ pub struct AuthenticatedUser(pub String);
 /// and a request with no source present is not checked.
 ///
 /// Every value present is limited, whatever it holds: a header value that is not visible ASCII
-/// is read lossily, and a value longer than [`MAX_FIELD_LEN`] bytes is replaced by a digest of
-/// it (`#` and 16 hex digits), so no value can slip past its limit by being unusable.
+/// is read lossily, and a value of any length is checked (over [`MAX_FIELD_LEN`] bytes, its
+/// counter key holds a digest of it), so no value can slip past its limit by being unusable.
 ///
 /// ```
 /// # use tollgate_client::Descriptors;
@@ -92,7 +92,8 @@ impl Descriptors {
     /// `into_make_service_with_connect_info`) as descriptor key `key`.
     ///
     /// # Panics
-    /// When `key` is empty or longer than [`MAX_FIELD_LEN`] bytes; the same for each source.
+    /// When `key` is empty or longer than [`MAX_FIELD_LEN`] bytes, or when this would be source
+    /// number [`MAX_DESCRIPTORS`] + 1; the same for each source.
     pub fn client_ip(self, key: impl Into<String>) -> Self {
         self.source(Source::ClientIp, key.into())
     }
@@ -112,7 +113,11 @@ impl Descriptors {
         self.source(Source::User, key.into())
     }
 
+    #[allow(clippy::panic)] // see the impl's documentation
     fn source(mut self, source: Source, key: String) -> Self {
+        if self.sources.len() == MAX_DESCRIPTORS {
+            panic!("tollgate: at most {MAX_DESCRIPTORS} sources, one descriptor each");
+        }
         self.sources.push((source, field("descriptor key", key)));
         self
     }
@@ -193,7 +198,7 @@ mod tests {
     }
 
     /// A header value that is present is always limited: not visible ASCII, it is read
-    /// lossily; too long, it becomes a digest, the same for the same value.
+    /// lossily; however long, it is checked (the counter key digests it).
     #[test]
     fn unusable_header_values_are_still_limited() {
         let describe = Descriptors::new("api").header("x-api-key", "api_key");
@@ -207,14 +212,7 @@ mod tests {
         };
         assert_eq!(value_of(b"k1\xff"), "k1\u{fffd}");
         let long = vec![b'A'; MAX_FIELD_LEN + 1];
-        let digest = value_of(&long);
-        assert!(digest.starts_with('#') && digest.len() == 33, "{digest}");
-        assert_eq!(value_of(&long), digest, "stable");
-        let mut other = long.clone();
-        other.push(b'B');
-        assert_ne!(value_of(&other), digest);
-        let fits = vec![b'A'; MAX_FIELD_LEN];
-        assert_eq!(value_of(&fits).len(), MAX_FIELD_LEN, "kept as it is");
+        assert_eq!(value_of(&long).len(), MAX_FIELD_LEN + 1, "checked as it is");
         // Empty is missing: not a key shared by every client that sends it.
         let empty = Request::get("/").header("x-api-key", "").body(()).unwrap();
         assert!(describe.describe(&empty).is_none());
@@ -245,6 +243,13 @@ mod tests {
         let long = "k".repeat(MAX_FIELD_LEN + 1);
         let message = std::panic::catch_unwind(|| Descriptors::new("api").path(long.clone()));
         assert!(message.is_err());
+        assert!(
+            std::panic::catch_unwind(|| (0..=MAX_DESCRIPTORS)
+                .fold(Descriptors::new("api"), |d, i| d
+                    .header("x-a", format!("k{i}"))))
+            .is_err(),
+            "one source more than a check carries"
+        );
         // At the limit, it builds and checks.
         let at_limit = "k".repeat(MAX_FIELD_LEN);
         let describe = Descriptors::new(at_limit.clone()).method(at_limit);

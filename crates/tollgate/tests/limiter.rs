@@ -381,3 +381,28 @@ async fn rules_whose_paths_read_alike_get_names_of_their_own() {
     assert_eq!(limiter.top_keys("api", "a_b_c#2", 5).unwrap().len(), 1);
     assert!(limiter.top_keys("api", "a_b_c", 5).unwrap().is_empty());
 }
+
+/// A value longer than 1 KiB (a path with a long query) is matched as it is, so a wildcard
+/// rule limits it, and each such value keeps a counter of its own.
+#[tokio::test]
+async fn long_values_match_wildcards_and_are_limited() {
+    let policy = Policy::from_yaml(
+        "long.yaml",
+        "domain: api\ndescriptors:\n  - key: path\n    value: \"/api/*\"\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
+        1_700_000_040_000_000,
+    )));
+    let limiter = Limiter::new(policy, StoreBackend::Memory(MemoryStore::new(clock)));
+    let long = format!("/api/{}", "x".repeat(2048));
+    let other = format!("{long}y");
+    let check = |path: &str| {
+        let request = request(&[&[("path", path)]]);
+        let limiter = &limiter;
+        async move { limiter.check(&request).await.unwrap().allowed() }
+    };
+    assert!(check(&long).await);
+    assert!(!check(&long).await, "the second in the minute");
+    assert!(check(&other).await, "another long value, another counter");
+}

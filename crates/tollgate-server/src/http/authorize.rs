@@ -383,20 +383,17 @@ mod tests {
         assert_eq!(entries(&request), vec![pairs(&[("ip", "203.0.113.9")])]);
     }
 
-    /// A long value (a JWT in `Authorization`, a long path) is limited by its digest: neither
-    /// an error, which nginx would turn into a 400 for every such client, nor a skip.
+    /// A long value (a JWT in `Authorization`, a long path) is checked as it is: neither an
+    /// error, which nginx would turn into a 400 for every such client, nor a skip.
     #[test]
-    fn an_oversized_value_is_limited_by_its_digest() {
+    fn an_oversized_value_is_checked() {
         let m = mapping(&["api_key=header:x-api-key"]);
-        let value = |v: &str| {
-            let request = m.request(&headers(&[("x-api-key", v)])).unwrap().unwrap();
-            request.descriptors()[0].entries()[0].1.clone()
-        };
         let long = "k".repeat(100_000);
-        let digest = value(&long);
-        assert!(digest.starts_with('#') && digest.len() == 33, "{digest}");
-        assert_eq!(value(&long), digest);
-        assert_ne!(value(&format!("{long}k")), digest);
+        let request = m
+            .request(&headers(&[("x-api-key", &long)]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(request.descriptors()[0].entries()[0].1, long);
     }
 
     fn router(mapping: Option<AuthorizeMapping>) -> axum::Router {

@@ -5,7 +5,7 @@
 use smallvec::SmallVec;
 use tollgate_core::Params;
 
-use super::request::RequestDescriptor;
+use super::request::{MAX_FIELD_LEN, RequestDescriptor, value_digest};
 
 /// Every counter key of one request, back to back. Inline up to 256 bytes (four descriptors
 /// of typical size), so building keys allocates nothing on the hot path.
@@ -33,8 +33,9 @@ fn push_part(buf: &mut KeyBuf, part: &[u8]) {
     buf.extend_from_slice(part);
 }
 
-/// Appends the entries; the value of entry `i` is a bare `*` when bit `i` of `shared` is set
-/// (a part always starts with its length, so no value can be mistaken for it).
+/// Appends the entries; the value of entry `i` is a bare `*` when bit `i` of `shared` is set,
+/// and a value longer than [`MAX_FIELD_LEN`] is its [`value_digest`] (`#` and hex digits). A
+/// part always starts with its length, so neither can be mistaken for a value.
 fn push_entries(buf: &mut KeyBuf, descriptor: &RequestDescriptor, shared: u64) {
     push_decimal(buf, descriptor.entries().len() as u64);
     buf.push(b'|');
@@ -42,6 +43,8 @@ fn push_entries(buf: &mut KeyBuf, descriptor: &RequestDescriptor, shared: u64) {
         push_part(buf, key.as_bytes());
         if i < 64 && shared & (1 << i) != 0 {
             buf.push(b'*');
+        } else if value.len() > MAX_FIELD_LEN {
+            buf.extend_from_slice(value_digest(value).as_bytes());
         } else {
             push_part(buf, value.as_bytes());
         }
@@ -113,6 +116,18 @@ mod tests {
         let mut buf = KeyBuf::new();
         rule_key(&mut buf, identity, 0, &d);
         buf
+    }
+
+    /// A long value is keyed by its digest: bounded, its own, and not the key of a short value
+    /// spelt like the digest.
+    #[test]
+    fn long_values_are_keyed_by_their_digest() {
+        let long = "v".repeat(MAX_FIELD_LEN + 1);
+        let keyed = key("r", &[("path", &long)]);
+        assert!(keyed.len() < 100, "{}", keyed.len());
+        assert_eq!(keyed, key("r", &[("path", &long)]));
+        assert_ne!(keyed, key("r", &[("path", &format!("{long}v"))]));
+        assert_ne!(keyed, key("r", &[("path", &value_digest(&long))]));
     }
 
     #[test]

@@ -11,8 +11,8 @@ pub const MAX_COST: u64 = 1_000_000_000;
 pub const MAX_DESCRIPTORS: usize = 64;
 /// Most entries in one descriptor.
 pub const MAX_ENTRIES: usize = 32;
-/// Longest domain or key, in bytes; a longer value is counted by its digest
-/// ([`value_digest`]).
+/// Longest domain or key, in bytes. A value may be longer: in counter keys it is replaced by
+/// its [`value_digest`].
 pub const MAX_FIELD_LEN: usize = 1024;
 
 /// Why a request was refused before anything was counted.
@@ -46,12 +46,12 @@ pub struct RequestDescriptor {
 
 impl RequestDescriptor {
     /// Validates one descriptor. `cost` must be in `1..=MAX_COST` (transports resolve protocol
-    /// defaults such as Envoy's "0 means 1" before calling this). A value longer than
-    /// [`MAX_FIELD_LEN`] bytes is replaced by its [`value_digest`]: values come from clients (a
-    /// path, a token), and refusing the request would let Envoy, which fails open on an error,
-    /// pass it unlimited on every descriptor.
+    /// defaults such as Envoy's "0 means 1" before calling this). Values of any length are
+    /// accepted, and matched against the policy as they are: they come from clients (a path,
+    /// a token), and refusing the request would let Envoy, which fails open on an error, pass
+    /// it unlimited on every descriptor.
     pub fn new(
-        mut entries: Vec<(String, String)>,
+        entries: Vec<(String, String)>,
         cost: u64,
         limit_override: Option<LimitOverride>,
     ) -> Result<Self, InvalidRequest> {
@@ -64,7 +64,7 @@ impl RequestDescriptor {
                 entries.len()
             )));
         }
-        for (key, value) in &mut entries {
+        for (key, _) in &entries {
             if key.is_empty() {
                 return Err(InvalidRequest("descriptor entry has an empty key".into()));
             }
@@ -73,9 +73,6 @@ impl RequestDescriptor {
                     "descriptor key `{}` is longer than {MAX_FIELD_LEN} bytes",
                     truncate(key)
                 )));
-            }
-            if value.len() > MAX_FIELD_LEN {
-                *value = value_digest(value);
             }
         }
         check_cost(cost)?;
@@ -102,9 +99,9 @@ impl RequestDescriptor {
     }
 }
 
-/// The stand-in for a descriptor value longer than [`MAX_FIELD_LEN`] bytes: `#` and the first
-/// 32 hex digits (128 bits) of its SHA-1, the same on every replica, so each long value keeps a
-/// counter of its own and nobody can choose a long value that lands on another's.
+/// What stands for a descriptor value longer than [`MAX_FIELD_LEN`] bytes in counter keys: `#`
+/// and the first 32 hex digits (128 bits) of its SHA-1, the same on every replica, so each long
+/// value keeps a counter of its own and nobody can choose a long value that lands on another's.
 pub fn value_digest(value: &str) -> String {
     let digest = sha1_smol::Sha1::from(value).digest().to_string();
     format!("#{}", &digest[..32])
@@ -180,23 +177,21 @@ impl CheckRequest {
 mod tests {
     use super::*;
 
-    /// A value over the length limit keeps a counter of its own: a digest, stable and distinct
-    /// per value; a key over it is an error (keys come from configuration, not from clients).
+    /// A value over the length limit is accepted as it is (it is matched as it is; counter keys
+    /// digest it); a key over it is an error (keys come from configuration, not from clients).
     #[test]
-    fn long_values_are_digested_long_keys_refused() {
+    fn long_values_are_kept_long_keys_refused() {
         let entry = |key: &str, value: &str| {
             RequestDescriptor::new(vec![(key.into(), value.into())], 1, None)
                 .map(|d| d.entries()[0].1.clone())
         };
         let long = "v".repeat(MAX_FIELD_LEN + 1);
-        let digest = entry("path", &long).unwrap();
-        assert_eq!(digest, value_digest(&long));
-        assert!(digest.starts_with('#') && digest.len() == 33, "{digest}");
-        assert!(digest[1..].bytes().all(|b| b.is_ascii_hexdigit()));
-        assert_ne!(entry("path", &format!("{long}v")).unwrap(), digest);
-        let at_limit = "v".repeat(MAX_FIELD_LEN);
-        assert_eq!(entry("path", &at_limit).unwrap(), at_limit, "kept as it is");
+        assert_eq!(entry("path", &long).unwrap(), long);
         let error = entry(&"k".repeat(MAX_FIELD_LEN + 1), "v").unwrap_err();
         assert!(error.0.contains("is longer than 1024 bytes"), "{error}");
+        let digest = value_digest(&long);
+        assert!(digest.starts_with('#') && digest.len() == 33, "{digest}");
+        assert!(digest[1..].bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(value_digest(&format!("{long}v")), digest);
     }
 }
