@@ -14,7 +14,9 @@ use tracing::{info, warn};
 
 use crate::lifecycle::{Activation, Lifecycle, Origin, PolicyVersion};
 use crate::limiter::{Override, OverrideChange};
-use crate::store::redis::{POLICY_KEY, SharedOverride, SharedOverrideChange, SharedOverrides};
+use crate::store::redis::{
+    LEGACY_OVERRIDES_KEY, POLICY_KEY, SharedOverride, SharedOverrideChange, SharedOverrides, Stamp,
+};
 use crate::store::{RedisStore, SharedPolicy, StoreBackend};
 
 /// Runs until `stop` turns true. Does nothing for the memory store.
@@ -24,11 +26,11 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
     };
     let mut activated = lifecycle.subscribe();
     let mut overridden = lifecycle.limiter().overrides().subscribe();
-    // The `seq` last seen in Redis for each document; `None` until Redis first answered. Any
-    // other `seq` is news, lower ones included: a Redis that lost the document (restarted
-    // without persistence, failed over to an empty replica) starts counting again from 1.
-    let mut policy_seq: Option<u64> = None;
-    let mut overrides_seq: Option<u64> = None;
+    // The stamp last seen in Redis for each document; `None` until Redis first answered. Any
+    // other stamp is news: a Redis that lost the document (restarted without persistence,
+    // failed over to an empty replica) makes it again under a new epoch.
+    let mut policy_seen: Option<Stamp> = None;
+    let mut overrides_seen: Option<Stamp> = None;
     // A version activated here that could not be published yet.
     let mut unpublished: Option<u64> = None;
     let mut tick = tokio::time::interval(every);
@@ -36,65 +38,24 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
     loop {
         tokio::select! {
             // This replica's own changes first: a tick taken before them could adopt another
-            // replica's document over an override or version set here and not yet published
-            // (the tick also checks that nothing changed here while it read Redis).
+            // replica's document over a version set here and not yet published.
             biased;
             Some(version) = activated.recv() => {
                 match publish_policy(store, &version).await {
-                    Some(seq) => policy_seq = Some(seq),
-                    None => unpublished = Some(version.seq),
+                    Ok(Some(stamp)) => policy_seen = Some(stamp),
+                    // A version accepted later is shared: the next check adopts it.
+                    Ok(None) => policy_seen = None,
+                    Err(()) => unpublished = Some(version.seq),
                 }
             }
             Some(()) = overridden.recv() => {
-                if let Some(seq) = share_overrides(store, &lifecycle, false).await {
-                    overrides_seq = Some(seq);
+                if let Some(stamp) = share_overrides(store, &lifecycle, false).await {
+                    overrides_seen = Some(stamp);
                 }
             }
             _ = tick.tick() => {
-                // A version activated here whose publishing failed (Redis was unreachable) is
-                // published now, before anything is adopted over it.
-                if unpublished.is_some_and(|seq| seq == lifecycle.current().seq) {
-                    if let Some(seq) = publish_policy(store, &lifecycle.current()).await {
-                        policy_seq = Some(seq);
-                        unpublished = None;
-                    }
-                    continue;
-                }
-                unpublished = None;
-                // A version activated here while the shared one is read is newer than it: the
-                // branch above publishes it, and the adoption below only happens over `before`.
-                let before = lifecycle.current().seq;
-                let Ok(shared) = store.shared_doc(POLICY_KEY).await else {
-                    continue; // Redis unreachable: try again at the next tick
-                };
-                match shared {
-                    // Nothing shared yet: this replica's policy becomes the first version.
-                    None => policy_seq = publish_policy(store, &lifecycle.current()).await.or(policy_seq),
-                    Some(shared) if policy_seq != Some(shared.seq) => {
-                        policy_seq = Some(shared.seq);
-                        if shared.hash != lifecycle.current().hash {
-                            adopt_policy(&lifecycle, &shared, before);
-                        }
-                    }
-                    Some(_) => {}
-                }
-                // Local changes not shared yet (Redis failed when they were made) go first.
-                if lifecycle.limiter().overrides().has_pending() {
-                    overrides_seq = share_overrides(store, &lifecycle, false).await.or(overrides_seq);
-                    continue;
-                }
-                match store.shared_overrides().await {
-                    // Redis lost them (or none were ever shared): this replica's become the
-                    // first, merged with any another replica shares at the same time.
-                    Ok(None) if !lifecycle.limiter().overrides().all().is_empty() => {
-                        overrides_seq = share_overrides(store, &lifecycle, true).await.or(overrides_seq);
-                    }
-                    Ok(Some(shared)) if overrides_seq != Some(shared.seq) => {
-                        overrides_seq = Some(shared.seq);
-                        adopt_overrides(&lifecycle, &shared);
-                    }
-                    _ => {}
-                }
+                sync_policy(store, &lifecycle, &mut policy_seen, &mut unpublished).await;
+                sync_overrides(store, &lifecycle, &mut overrides_seen).await;
             }
             // Mapped to `()`: the receiver's guard must not live across the other branches' awaits.
             _ = async { let _ = stop.wait_for(|s| *s).await; } => return,
@@ -102,22 +63,121 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
     }
 }
 
-async fn publish_policy(store: &RedisStore, version: &PolicyVersion) -> Option<u64> {
+/// One check of the shared policy: publishes a version activated here that Redis missed, or
+/// adopts one another replica published.
+async fn sync_policy(
+    store: &RedisStore,
+    lifecycle: &Lifecycle,
+    seen: &mut Option<Stamp>,
+    unpublished: &mut Option<u64>,
+) {
+    let current = lifecycle.current();
+    // A version activated here whose publishing failed (Redis was unreachable) is published
+    // now; Redis keeps the shared one if another replica's was accepted later.
+    if unpublished.is_some_and(|seq| seq == current.seq) {
+        match publish_policy(store, &current).await {
+            Ok(Some(stamp)) => *seen = Some(stamp),
+            Ok(None) => *seen = None, // adopted below
+            Err(()) => return,        // still unreachable: try again at the next tick
+        }
+    }
+    *unpublished = None;
+    // A version activated here while the shared one is read is newer than it: the adoption
+    // below only happens over `before`.
+    let before = current.seq;
+    let Ok(shared) = store.shared_doc(POLICY_KEY).await else {
+        return; // Redis unreachable: try again at the next tick
+    };
+    match shared {
+        // Nothing shared yet: this replica's policy becomes the first version.
+        None => {
+            if let Ok(Some(stamp)) = publish_policy(store, &current).await {
+                *seen = Some(stamp);
+            }
+        }
+        Some(shared) if seen.as_ref() != Some(&shared.stamp) => {
+            *seen = Some(shared.stamp.clone());
+            if shared.hash != current.hash {
+                adopt_policy(lifecycle, &shared, before);
+            }
+        }
+        Some(_) => {}
+    }
+}
+
+/// One check of the shared overrides: shares local changes Redis missed, shares them all again
+/// if Redis lost them (or carries over those of an older version's list), or adopts what the
+/// other replicas changed.
+async fn sync_overrides(store: &RedisStore, lifecycle: &Lifecycle, seen: &mut Option<Stamp>) {
+    let overrides = lifecycle.limiter().overrides();
+    if overrides.has_pending() {
+        *seen = share_overrides(store, lifecycle, false)
+            .await
+            .or(seen.take());
+        return;
+    }
+    match store.shared_overrides().await {
+        Ok(None) => {
+            if overrides.all().is_empty() {
+                carry_over_legacy(store, lifecycle).await;
+            }
+            if !overrides.all().is_empty() {
+                *seen = share_overrides(store, lifecycle, true)
+                    .await
+                    .or(seen.take());
+            }
+        }
+        Ok(Some(shared)) if seen.as_ref() != Some(&shared.stamp) => {
+            *seen = Some(shared.stamp.clone());
+            adopt_overrides(lifecycle, &shared);
+        }
+        _ => {}
+    }
+}
+
+/// Adopts the overrides a version before the merged format shared as one list.
+async fn carry_over_legacy(store: &RedisStore, lifecycle: &Lifecycle) {
+    let Ok(Some(legacy)) = store.shared_doc(LEGACY_OVERRIDES_KEY).await else {
+        return;
+    };
+    let list: Option<Vec<Override>> = serde_json::from_str::<Value>(&legacy.doc)
+        .ok()
+        .and_then(|doc| doc.as_array()?.iter().map(override_from_json).collect());
+    match list {
+        Some(list) if !list.is_empty() => {
+            info!(
+                count = list.len(),
+                "Carried over the overrides an earlier version shared"
+            );
+            lifecycle.limiter().overrides().adopt(list);
+        }
+        Some(_) => {}
+        None => warn!("The earlier version's shared overrides are unreadable; not carried over"),
+    }
+}
+
+/// Publishes `version`: its stamp, `None` if Redis kept a version accepted later, `Err` if
+/// Redis could not be asked.
+async fn publish_policy(store: &RedisStore, version: &PolicyVersion) -> Result<Option<Stamp>, ()> {
     let doc = json!({
         "origin": version.origin.name(),
         "sources": version.sources.iter().map(|(n, t)| json!([n, t])).collect::<Vec<_>>(),
     });
     match store
-        .publish_doc(POLICY_KEY, &version.hash, &doc.to_string())
+        .publish_policy(&version.hash, &doc.to_string(), version.accepted_at)
         .await
     {
-        Ok(seq) => {
-            info!(version = %version.label(), shared_seq = seq, "Published the policy to the other replicas");
-            Some(seq)
+        Ok(Some(stamp)) => {
+            info!(version = %version.label(), shared_seq = stamp.seq, "Published the policy to the other replicas");
+            Ok(Some(stamp))
+        }
+        Ok(None) => {
+            info!(version = %version.label(), "Not published: another replica's version, accepted later, is shared");
+            Ok(None)
         }
         Err(e) => {
-            warn!(version = %version.label(), error = %e, "Could not publish the policy; other replicas keep theirs");
-            None
+            warn!(version = %version.label(), error = %e, "Could not publish the policy; trying again at the next check");
+            Err(())
         }
     }
 }
@@ -136,7 +196,7 @@ fn adopt_policy(lifecycle: &Lifecycle, shared: &SharedPolicy, over: u64) {
         });
     let Some(sources) = sources else {
         warn!(
-            shared_seq = shared.seq,
+            shared_seq = shared.stamp.seq,
             "The shared policy in Redis is unreadable; keeping ours"
         );
         return;
@@ -144,7 +204,7 @@ fn adopt_policy(lifecycle: &Lifecycle, shared: &SharedPolicy, over: u64) {
     if let Ok(Activation::Activated(_)) =
         lifecycle.activate_over(sources, Origin::Shared, Some(over))
     {
-        info!(shared_seq = shared.seq, hash = %shared.hash, "Adopted the policy another replica published");
+        info!(shared_seq = shared.stamp.seq, hash = %shared.hash, "Adopted the policy another replica published");
     }
 }
 
@@ -157,6 +217,7 @@ fn override_json(o: &Override) -> Value {
         "requests_per_unit": o.requests_per_unit,
         "period_us": o.period.map(|p| p.as_micros() as u64),
         "expires_at_us": o.expires_at.map(Timestamp::as_micros),
+        "set_at_us": o.set_at.as_micros(),
         "reason": o.reason,
     })
 }
@@ -174,6 +235,7 @@ fn override_from_json(v: &Value) -> Option<Override> {
         requests_per_unit: v["requests_per_unit"].as_u64()?,
         period: v["period_us"].as_u64().map(Duration::from_micros),
         expires_at: v["expires_at_us"].as_u64().map(Timestamp::from_micros),
+        set_at: Timestamp::from_micros(v["set_at_us"].as_u64().unwrap_or(0)),
         reason: v["reason"].as_str().unwrap_or_default().to_owned(),
     })
 }
@@ -183,30 +245,31 @@ fn target(o: &Override) -> String {
     json!([o.domain, o.rule, o.entries]).to_string()
 }
 
-fn shared_value(o: &Override) -> String {
+fn shared_set(o: &Override) -> SharedOverrideChange {
     let expires = o.expires_at.map_or(0, Timestamp::as_micros);
-    format!("{} {expires} {}", o.id, override_json(o))
+    let value = format!(
+        "{} {expires} {} {}",
+        o.id,
+        o.set_at.as_micros(),
+        override_json(o)
+    );
+    SharedOverrideChange::Set(SharedOverride {
+        target: target(o),
+        value,
+    })
 }
 
 /// Shares the local override changes (with `seed`, every local override: Redis has none) and
-/// adopts the merged result. Returns its `seq`; on failure the changes wait for the next tick.
-async fn share_overrides(store: &RedisStore, lifecycle: &Lifecycle, seed: bool) -> Option<u64> {
+/// adopts the merged result. Returns its stamp; on failure the changes wait for the next tick.
+async fn share_overrides(store: &RedisStore, lifecycle: &Lifecycle, seed: bool) -> Option<Stamp> {
     let overrides = lifecycle.limiter().overrides();
     let pending = overrides.take_pending();
     let mut changes: Vec<SharedOverrideChange> = Vec::new();
     if seed {
-        changes.extend(overrides.all().iter().map(|o| {
-            SharedOverrideChange::Set(SharedOverride {
-                target: target(o),
-                value: shared_value(o),
-            })
-        }));
+        changes.extend(overrides.all().iter().map(shared_set));
     }
     changes.extend(pending.iter().map(|change| match change {
-        OverrideChange::Set(o) => SharedOverrideChange::Set(SharedOverride {
-            target: target(o),
-            value: shared_value(o),
-        }),
+        OverrideChange::Set(o) => shared_set(o),
         OverrideChange::Deleted(o) => SharedOverrideChange::Delete {
             target: target(o),
             id: o.id,
@@ -215,13 +278,21 @@ async fn share_overrides(store: &RedisStore, lifecycle: &Lifecycle, seed: bool) 
     if changes.is_empty() {
         return None;
     }
-    match store
-        .merge_overrides(&changes, lifecycle.limiter().clock().now())
-        .await
+    let now = lifecycle.limiter().clock().now();
+    let mut merged = store.merge_overrides(&changes, now).await;
+    // Redis had lost them: what was sent is all it holds now. Send every override this
+    // replica knows, or the others would adopt only the changes and drop the rest.
+    if let Ok(shared) = &merged
+        && !shared.existed
+        && !seed
     {
+        let all: Vec<SharedOverrideChange> = overrides.all().iter().map(shared_set).collect();
+        merged = store.merge_overrides(&all, now).await;
+    }
+    match merged {
         Ok(shared) => {
             adopt_overrides(lifecycle, &shared);
-            Some(shared.seq)
+            Some(shared.stamp)
         }
         Err(e) => {
             warn!(error = %e, "Could not share the overrides; trying again at the next check");
@@ -236,8 +307,8 @@ fn adopt_overrides(lifecycle: &Lifecycle, shared: &SharedOverrides) {
     for o in &shared.overrides {
         let parsed = o
             .value
-            .splitn(3, ' ')
-            .nth(2)
+            .splitn(4, ' ')
+            .nth(3)
             .and_then(|json| serde_json::from_str::<Value>(json).ok())
             .and_then(|v| override_from_json(&v));
         match parsed {

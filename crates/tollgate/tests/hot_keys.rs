@@ -135,6 +135,7 @@ async fn the_prefilter_never_changes_an_answer() {
                     requests_per_unit: 1 + rng.below(10),
                     period: None,
                     expires_at: None,
+                    set_at: clock.now(),
                     reason: "test".into(),
                 };
                 for (domain, limiter) in [("a", &with), ("b", &without)] {

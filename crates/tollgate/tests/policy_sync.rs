@@ -62,6 +62,7 @@ impl Replica {
             requests_per_unit: limit,
             period: None,
             expires_at: None,
+            set_at: self.lifecycle.limiter().clock().now(),
             reason: String::new(),
         })
     }
@@ -164,4 +165,79 @@ async fn changes_survive_an_outage_and_a_lost_key() {
     redis.cli(&["FLUSHALL"]);
     let c = Replica::start(&redis.url()).await;
     converge(&[&a, &b, &c], &[("acme", 100), ("globex", 200)]).await;
+
+    // Redis loses everything while A holds a change it could not share: A shares that change
+    // and every override it knows, not the change alone (the others would adopt only it).
+    proxy.set_mode(Mode::Blackhole);
+    a.set("initech", 300);
+    redis.cli(&["FLUSHALL"]);
+    tokio::time::sleep(EVERY * 3).await;
+    proxy.set_mode(Mode::Pass);
+    converge(
+        &[&a, &b, &c],
+        &[("acme", 100), ("globex", 200), ("initech", 300)],
+    )
+    .await;
+}
+
+/// What A changed while Redis was out of its reach does not undo what B changed after it:
+/// B's later push stays the fleet's policy, and B's later limit for the same tenant stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_redis_missed_does_not_undo_a_later_one() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let a = Replica::start(&proxy.url()).await;
+    let b = Replica::start(&redis.url()).await;
+    b.set("acme", 100);
+    converge(&[&a, &b], &[("acme", 100)]).await;
+
+    proxy.set_mode(Mode::Blackhole);
+    let policy = |n: u64| {
+        vec![(
+            "p.yaml".to_owned(),
+            POLICY.replace("10}", &format!("{n}}}")),
+        )]
+    };
+    a.lifecycle.activate(policy(20), Origin::Push).unwrap();
+    a.set("acme", 200);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    b.lifecycle.activate(policy(30), Origin::Push).unwrap();
+    b.set("acme", 300);
+    tokio::time::sleep(EVERY * 3).await;
+    proxy.set_mode(Mode::Pass);
+    converge(&[&a, &b], &[("acme", 300)]).await;
+    for _ in 0..50 {
+        if a.lifecycle.current().hash == b.lifecycle.current().hash {
+            break;
+        }
+        tokio::time::sleep(EVERY).await;
+    }
+    for replica in [&a, &b] {
+        let limit = replica.lifecycle.limiter().policy().rules()[0]
+            .limit
+            .unwrap();
+        assert_eq!(limit.limit(), 30, "B's later push");
+    }
+}
+
+/// Overrides an earlier version shared as one list are carried over by the first replica of
+/// this version, which then shares them in the merged form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_an_earlier_version_shared_are_carried_over() {
+    let redis = RedisServer::start();
+    let list = r#"[{"id":7,"domain":"api","rule":"per_tenant","entries":[["tenant","acme"]],"requests_per_unit":100,"period_us":null,"expires_at_us":null,"reason":"old"}]"#;
+    redis.cli(&[
+        "HSET",
+        "tg:{tollgate-policy}:overrides",
+        "seq",
+        "3",
+        "hash",
+        "h",
+        "doc",
+        list,
+    ]);
+    let a = Replica::start(&redis.url()).await;
+    let b = Replica::start(&redis.url()).await;
+    converge(&[&a, &b], &[("acme", 100)]).await;
+    assert_eq!(a.overrides()[0].2, 7, "the same override, id and all");
 }

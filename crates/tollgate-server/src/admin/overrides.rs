@@ -117,6 +117,7 @@ pub async fn set(State(state): State<AdminState>, body: axum::body::Bytes) -> Re
             requests_per_unit: body.requests_per_unit,
             period,
             expires_at,
+            set_at: now,
             reason: body.reason.clone(),
         };
         let params = o.params_for(rule)?;

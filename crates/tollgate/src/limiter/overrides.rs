@@ -34,6 +34,8 @@ pub struct Override {
     pub period: Option<Duration>,
     /// When it stops applying; `None` = until deleted.
     pub expires_at: Option<Timestamp>,
+    /// When it was set: of two set for the same target on different replicas, the later wins.
+    pub set_at: Timestamp,
     /// Free text for the audit log.
     pub reason: String,
 }

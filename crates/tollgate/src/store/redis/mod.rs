@@ -46,7 +46,8 @@ pub use self::coalesce::CoalesceOptions;
 use self::coalesce::{Coalescer, Request};
 use self::script::charge_args;
 pub use self::shared_policy::{
-    OVERRIDES_KEY, POLICY_KEY, SharedOverride, SharedOverrideChange, SharedOverrides, SharedPolicy,
+    LEGACY_OVERRIDES_KEY, OVERRIDES_KEY, POLICY_KEY, SharedOverride, SharedOverrideChange,
+    SharedOverrides, SharedPolicy, Stamp,
 };
 use self::topology::Topology;
 use super::url::StoreUrl;

@@ -7,9 +7,13 @@
 //!
 //! The overrides are one hash too, `tg:{tollgate-policy}:overrides:2`, but merged rather than
 //! replaced: one field per override target (domain, rule and entries) holding `id expires_at
-//! json`, and `seq`, raised by every change. A replica sends only its own changes (set this
+//! set_at json`, and `seq`, raised by every change; of two overrides set for one target, the
+//! one set later stays. A replica sends only its own changes (set this
 //! target, delete this id), which one script applies, so changes made on different replicas at
 //! the same time all survive. Expired overrides are dropped by the same script.
+//!
+//! Each hash also holds an `epoch`, set when it is created: a hash Redis lost and a replica
+//! made again is told apart from the one before even at the same `seq`.
 //!
 //! The keys' TTL (30 days) is renewed on every publish and every check, so they live as long
 //! as some replica runs and never forever.
@@ -23,28 +27,66 @@ use crate::store::StoreError;
 
 /// The running policy.
 pub const POLICY_KEY: &str = "tg:{tollgate-policy}:current";
-/// The runtime overrides (`:2`: merged per target; the first format replaced the whole list).
+/// The runtime overrides (`:2`: merged per target).
 pub const OVERRIDES_KEY: &str = "tg:{tollgate-policy}:overrides:2";
+/// Where versions before the merged format kept the overrides, as one list: read once, to carry
+/// them over, while the merged hash does not exist yet.
+pub const LEGACY_OVERRIDES_KEY: &str = "tg:{tollgate-policy}:overrides";
 const TTL: Duration = Duration::from_secs(30 * 86_400);
 
-/// Publishes atomically: raise `seq`, store the version, renew the TTL.
+/// Publishes atomically: raise `seq`, store the version, renew the TTL, unless the stored
+/// version was accepted later than this one (`accepted_at`, µs): a version published late (its
+/// replica lost Redis for a while, or the call was held up) never replaces a newer one.
+/// `epoch` is set when the hash is created, so a hash Redis lost and a replica made again never
+/// looks like the one before, even at the same `seq`. Returns `{published (1/0), epoch, seq}`.
 const PUBLISH: &str = r"
+local stored = tonumber(redis.call('HGET', KEYS[1], 'accepted_at') or '0') or 0
+if stored > tonumber(ARGV[5]) then
+  return {0, redis.call('HGET', KEYS[1], 'epoch') or '', tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')}
+end
+redis.call('HSETNX', KEYS[1], 'epoch', ARGV[4])
 local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
-redis.call('HSET', KEYS[1], 'hash', ARGV[1], 'doc', ARGV[2])
+redis.call('HSET', KEYS[1], 'hash', ARGV[1], 'doc', ARGV[2], 'accepted_at', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return seq
+return {1, redis.call('HGET', KEYS[1], 'epoch'), seq}
 ";
 
-/// Applies override changes and answers the whole hash. ARGV: the TTL in ms, the time in µs,
-/// then per change `S field value` (set the target `field`) or `D field id` (delete the
-/// target's override if it is still override `id`). A value is `id expires_at_us json`, with
-/// `expires_at_us` 0 for none; values expired at that time are dropped.
+/// Which publication of a shared document: the hash's `epoch` (new when the hash is made
+/// again) and its `seq`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp {
+    /// Set when the hash is created.
+    pub epoch: String,
+    /// Raised by every change.
+    pub seq: u64,
+}
+
+/// A random epoch for a hash this call may create.
+fn fresh_epoch() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    format!("{:016x}", RandomState::new().hash_one(std::process::id()))
+}
+
+/// Applies override changes and answers `{existed, the whole hash}`, `existed` 0 when the hash
+/// had to be made (Redis lost it, or none was ever shared). ARGV: the TTL in ms, the time in µs,
+/// an epoch for a new hash, then per change `S field value` (set the target `field`, unless it
+/// holds an override set later) or `D field id` (delete the target's override if it is still
+/// override `id`). A value is `id expires_at_us set_at_us json`, `expires_at_us` 0 for none;
+/// values expired at that time are dropped.
 const MERGE_OVERRIDES: &str = r"
+local existed = redis.call('HEXISTS', KEYS[1], 'seq')
+redis.call('HSETNX', KEYS[1], 'epoch', ARGV[3])
 local now = tonumber(ARGV[2])
-for i = 3, #ARGV, 3 do
+local function set_at(value)
+  return tonumber(string.match(value, '^%d+ %d+ (%d+) '))
+end
+for i = 4, #ARGV, 3 do
   local field, value = ARGV[i + 1], ARGV[i + 2]
   if ARGV[i] == 'S' then
-    redis.call('HSET', KEYS[1], field, value)
+    local stored = redis.call('HGET', KEYS[1], field)
+    if not stored or (set_at(stored) or 0) <= (set_at(value) or 0) then
+      redis.call('HSET', KEYS[1], field, value)
+    end
   else
     local stored = redis.call('HGET', KEYS[1], field)
     if stored and string.sub(stored, 1, #value + 1) == value .. ' ' then
@@ -54,7 +96,7 @@ for i = 3, #ARGV, 3 do
 end
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
-  if all[i] ~= 'seq' then
+  if all[i] ~= 'seq' and all[i] ~= 'epoch' then
     local expires = tonumber(string.match(all[i + 1], '^%d+ (%d+) '))
     if expires and expires > 0 and expires <= now then
       redis.call('HDEL', KEYS[1], all[i])
@@ -63,7 +105,7 @@ for i = 1, #all, 2 do
 end
 redis.call('HINCRBY', KEYS[1], 'seq', 1)
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
-return redis.call('HGETALL', KEYS[1])
+return {existed, redis.call('HGETALL', KEYS[1])}
 ";
 
 /// One override as shared: its target (the hash field) and `id expires_at_us json`.
@@ -71,7 +113,7 @@ return redis.call('HGETALL', KEYS[1])
 pub struct SharedOverride {
     /// Domain, rule and entries, encoded; one override per target.
     pub target: String,
-    /// `id expires_at_us json`.
+    /// `id expires_at_us set_at_us json`.
     pub value: String,
 }
 
@@ -84,33 +126,36 @@ pub enum SharedOverrideChange {
     Delete { target: String, id: u64 },
 }
 
-/// The shared overrides: the `seq` of their last change, and every override.
+/// The shared overrides: the stamp of their last change, and every override.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharedOverrides {
-    /// Raised by every change.
-    pub seq: u64,
+    /// Which change.
+    pub stamp: Stamp,
     /// Every override stored.
     pub overrides: Vec<SharedOverride>,
+    /// Whether the hash existed before this call (always true for a read).
+    pub existed: bool,
 }
 
 impl SharedOverrides {
     /// Reads an `HGETALL` reply; `None` when there is no `seq` (nothing shared).
     fn from_fields(fields: Vec<(String, String)>) -> Option<Self> {
-        let mut seq = None;
+        let (mut seq, mut epoch) = (None, String::new());
         let mut overrides = Vec::with_capacity(fields.len());
         for (field, value) in fields {
-            if field == "seq" {
-                seq = value.parse().ok();
-            } else {
-                overrides.push(SharedOverride {
+            match field.as_str() {
+                "seq" => seq = value.parse().ok(),
+                "epoch" => epoch = value,
+                _ => overrides.push(SharedOverride {
                     target: field,
                     value,
-                });
+                }),
             }
         }
         Some(SharedOverrides {
-            seq: seq?,
+            stamp: Stamp { epoch, seq: seq? },
             overrides,
+            existed: true,
         })
     }
 }
@@ -118,8 +163,8 @@ impl SharedOverrides {
 /// The published version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharedPolicy {
-    /// Raised by every publish.
-    pub seq: u64,
+    /// Which publication.
+    pub stamp: Stamp,
     /// Content hash of the sources.
     pub hash: String,
     /// The sources, as the JSON the publisher wrote.
@@ -153,30 +198,45 @@ impl RedisStore {
     pub async fn shared_doc(&self, key: &str) -> Result<Option<SharedPolicy>, StoreError> {
         let mut connection = self.policy_connection()?;
         let mut cmd = redis::cmd("HMGET");
-        cmd.arg(key).arg("seq").arg("hash").arg("doc");
-        let (seq, hash, doc): (Option<u64>, Option<String>, Option<String>) =
+        cmd.arg(key).arg("seq").arg("hash").arg("doc").arg("epoch");
+        let (seq, hash, doc, epoch): (Option<u64>, Option<String>, Option<String>, Option<String>) =
             self.policy_call(cmd.query_async(&mut connection)).await?;
         let (Some(seq), Some(hash), Some(doc)) = (seq, hash, doc) else {
             return Ok(None);
         };
+        let epoch = epoch.unwrap_or_default();
         let mut renew = redis::cmd("PEXPIRE");
         renew.arg(key).arg(TTL.as_millis() as u64);
         let _: i64 = self.policy_call(renew.query_async(&mut connection)).await?;
-        Ok(Some(SharedPolicy { seq, hash, doc }))
+        Ok(Some(SharedPolicy {
+            stamp: Stamp { epoch, seq },
+            hash,
+            doc,
+        }))
     }
 
-    /// Publishes a document at `key`; returns its `seq`.
-    pub async fn publish_doc(&self, key: &str, hash: &str, doc: &str) -> Result<u64, StoreError> {
+    /// Publishes the policy version `doc` (content hash `hash`) accepted at `accepted_at`;
+    /// returns its stamp, or `None` when the shared version was accepted later and stays.
+    pub async fn publish_policy(
+        &self,
+        hash: &str,
+        doc: &str,
+        accepted_at: tollgate_core::Timestamp,
+    ) -> Result<Option<Stamp>, StoreError> {
         let mut connection = self.policy_connection()?;
         let script = redis::Script::new(PUBLISH);
         let mut invocation = script.prepare_invoke();
         invocation
-            .key(key)
+            .key(POLICY_KEY)
             .arg(hash)
             .arg(doc)
-            .arg(TTL.as_millis() as u64);
-        self.policy_call(invocation.invoke_async(&mut connection))
-            .await
+            .arg(TTL.as_millis() as u64)
+            .arg(fresh_epoch())
+            .arg(accepted_at.as_micros());
+        let (published, epoch, seq): (i64, String, u64) = self
+            .policy_call(invocation.invoke_async(&mut connection))
+            .await?;
+        Ok((published == 1).then_some(Stamp { epoch, seq }))
     }
 
     /// The shared overrides, if any were ever shared; renews their TTL.
@@ -208,7 +268,8 @@ impl RedisStore {
         invocation
             .key(OVERRIDES_KEY)
             .arg(TTL.as_millis() as u64)
-            .arg(now.as_micros());
+            .arg(now.as_micros())
+            .arg(fresh_epoch());
         for change in changes {
             match change {
                 SharedOverrideChange::Set(o) => invocation.arg("S").arg(&o.target).arg(&o.value),
@@ -217,10 +278,12 @@ impl RedisStore {
                 }
             };
         }
-        let fields: Vec<(String, String)> = self
+        let (existed, fields): (i64, Vec<(String, String)>) = self
             .policy_call(invocation.invoke_async(&mut connection))
             .await?;
-        SharedOverrides::from_fields(fields)
-            .ok_or_else(|| StoreError::InvalidData("the merged overrides have no seq".into()))
+        let mut merged = SharedOverrides::from_fields(fields)
+            .ok_or_else(|| StoreError::InvalidData("the merged overrides have no seq".into()))?;
+        merged.existed = existed == 1;
+        Ok(merged)
     }
 }
