@@ -68,7 +68,10 @@ impl Topology {
 
     /// `node` with its breaker, made on first sight.
     pub fn owner(&self, node: &str) -> Owner {
-        let mut breakers = self.breakers.lock();
+        self.owner_in(&mut self.breakers.lock(), node)
+    }
+
+    fn owner_in(&self, breakers: &mut HashMap<Arc<str>, Arc<Breaker>>, node: &str) -> Owner {
         if let Some((name, breaker)) = breakers.get_key_value(node) {
             return (name.clone(), breaker.clone());
         }
@@ -80,7 +83,10 @@ impl Topology {
 
     /// Records that `slot` moved to `node` (a `MOVED` answer), ahead of the next refresh.
     pub fn moved(&self, slot: u16, node: &str) {
-        let owner = self.owner(node);
+        // `breakers` then `owners`, as in `update`: a map replaced meanwhile cannot prune the
+        // breaker of the node the slot now points to.
+        let mut breakers = self.breakers.lock();
+        let owner = self.owner_in(&mut breakers, node);
         if let Some(entry) = self.owners.write().get_mut(usize::from(slot)) {
             *entry = Some(owner);
         }
@@ -109,19 +115,18 @@ impl Topology {
         if ranges.is_empty() {
             return false;
         }
+        let mut breakers = self.breakers.lock();
         let mut owners: Vec<Option<Owner>> = vec![None; usize::from(SLOTS)];
         for (start, end, node) in &ranges {
-            let owner = self.owner(node);
+            let owner = self.owner_in(&mut breakers, node);
             for slot in *start..=(*end).min(SLOTS - 1) {
                 owners[usize::from(slot)] = Some(owner.clone());
             }
         }
-        *self.owners.write() = owners;
         // A node that left the map (replaced, failed over) takes its breaker with it: it is
         // not reported forever, and one that comes back starts afresh.
-        self.breakers
-            .lock()
-            .retain(|node, _| ranges.iter().any(|(_, _, owner)| **owner == **node));
+        breakers.retain(|node, _| ranges.iter().any(|(_, _, owner)| **owner == **node));
+        *self.owners.write() = owners;
         true
     }
 
