@@ -164,6 +164,29 @@ async fn an_override_gets_its_own_counter() {
     assert_eq!(r.statuses[0].decision.unwrap().remaining, 1);
 }
 
+/// A caller that changes the limit it sends for a descriptor (a tenant moved to another tier)
+/// keeps the count, as in envoyproxy/ratelimit: the counter is keyed by the period, not the
+/// limit.
+#[tokio::test]
+async fn an_override_keeps_its_count_when_its_limit_changes() {
+    let (_clock, limiter) = limiter();
+    let with_limit = |n: u64| {
+        let o = LimitOverride::new(n, Duration::from_secs(60)).unwrap();
+        let d = RequestDescriptor::new(vec![("user".into(), "gina".into())], 1, Some(o)).unwrap();
+        CheckRequest::new("api".into(), vec![d]).unwrap()
+    };
+    for _ in 0..2 {
+        assert!(limiter.check(&with_limit(3)).await.unwrap().allowed());
+    }
+    let raised = limiter.check(&with_limit(5)).await.unwrap();
+    assert!(raised.allowed());
+    assert_eq!(
+        raised.statuses[0].decision.unwrap().remaining,
+        2,
+        "3 of 5 used"
+    );
+}
+
 /// As in envoyproxy/ratelimit, a domain the policy does not know limits nothing, even with a
 /// limit sent by the caller.
 #[tokio::test]

@@ -79,7 +79,9 @@ pub fn candidate_rule_key(
     rule_key(buf, rule_identity, shared, descriptor);
 }
 
-/// Appends the key of a caller-supplied limit override's counter.
+/// Appends the key of a caller-supplied limit override's counter: the domain, the period and
+/// the entries, not the limit, so a caller that raises or lowers it (a tenant moved to another
+/// tier) keeps the count, as envoyproxy/ratelimit does.
 pub fn override_key(
     buf: &mut KeyBuf,
     domain: &str,
@@ -88,7 +90,6 @@ pub fn override_key(
 ) {
     buf.extend_from_slice(b"o|");
     push_part(buf, domain.as_bytes());
-    push_decimal(buf, params.limit());
     buf.push(b'/');
     push_decimal(buf, params.period_micros());
     buf.push(b'|');
@@ -187,6 +188,6 @@ mod tests {
         let params = Params::new(Algorithm::FixedWindow, 100, Duration::from_secs(60), None);
         let mut buf = KeyBuf::new();
         override_key(&mut buf, "api", &d, &params.unwrap());
-        assert_eq!(buf.as_slice(), b"o|3:api100/60000000|1|2:ip8:10.0.0.1");
+        assert_eq!(buf.as_slice(), b"o|3:api/60000000|1|2:ip8:10.0.0.1");
     }
 }
