@@ -110,6 +110,11 @@ pub struct ServeArgs {
     /// its retry-after without calling Redis; see the README).
     #[arg(long)]
     no_prefilter: bool,
+    /// Leave X-RateLimit-Limit, -Remaining and -Reset out of gRPC answers'
+    /// `response_headers_to_add`, for an Envoy that adds its own (`enable_x_ratelimit_headers`,
+    /// as Envoy Gateway sets it); RateLimit, RateLimit-Policy and Retry-After are still sent.
+    #[arg(long)]
+    no_rls_x_ratelimit_headers: bool,
     /// How often expired counters are dropped from the in-memory store.
     #[arg(long, default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
     sweep_interval: Duration,
@@ -321,8 +326,12 @@ async fn serve(
         tollgate_server::admin::router(lifecycle.clone(), token),
     )
     .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let mut rls = RlsService::new(limiter.clone());
+    if args.no_rls_x_ratelimit_headers {
+        rls = rls.without_x_ratelimit_headers();
+    }
     let grpc_server = tonic::transport::Server::builder()
-        .add_service(RlsService::new(limiter.clone()).into_server())
+        .add_service(rls.into_server())
         .serve_with_incoming_shutdown(no_delay_grpc(grpc), stopped(stop_rx.clone()));
 
     let http_task = tokio::spawn(async move { http_server.await });

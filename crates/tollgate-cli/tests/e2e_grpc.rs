@@ -93,6 +93,37 @@ async fn statuses_come_back_in_order_with_limits_filled() {
     );
 }
 
+/// `--no-rls-x-ratelimit-headers` leaves the X-RateLimit-* three to an Envoy that adds its own
+/// (Envoy Gateway does), and still sends the IETF headers and Retry-After.
+#[tokio::test]
+async fn x_ratelimit_headers_can_be_left_to_envoy() {
+    let server = Server::start_with_args(POLICY, &["--no-rls-x-ratelimit-headers"]);
+    let mut client = server.grpc_client().await;
+    let mut last = None;
+    for _ in 0..6 {
+        let r = client
+            .should_rate_limit(request(vec![(&[("user", "lee")], None)], 0))
+            .await
+            .unwrap()
+            .into_inner();
+        last = Some(r);
+    }
+    let r = last.unwrap();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let keys: Vec<&str> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| h.key.as_str())
+        .collect();
+    assert!(
+        !keys.iter().any(|k| k.starts_with("x-ratelimit-")),
+        "{keys:?}"
+    );
+    for kept in ["ratelimit", "ratelimit-policy", "retry-after"] {
+        assert!(keys.contains(&kept), "{kept}: {keys:?}");
+    }
+}
+
 #[tokio::test]
 async fn hits_addend_zero_means_one_and_descriptor_hits_override_the_request() {
     let server = Server::start(POLICY);

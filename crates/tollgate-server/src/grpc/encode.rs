@@ -8,7 +8,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::google::protobuf::Duration as WireDuration;
 use tollgate::limiter::{CheckResponse, Code, DescriptorStatus};
 
-use crate::headers::each_rate_limit_header;
+use crate::headers::{LIMIT, REMAINING, RESET, each_rate_limit_header};
 use crate::units::unit_of_period;
 
 fn wire_code(code: Code) -> i32 {
@@ -46,10 +46,14 @@ fn encode_status(status: &DescriptorStatus) -> WireStatus {
     wire
 }
 
-/// Encodes a decision, with the rate-limit headers in `response_headers_to_add`.
-pub fn encode_response(response: &CheckResponse) -> RateLimitResponse {
+/// Encodes a decision, with the rate-limit headers in `response_headers_to_add`; without the
+/// `X-RateLimit-*` three when `x_ratelimit` is false (Envoy then adds its own).
+pub fn encode_response(response: &CheckResponse, x_ratelimit: bool) -> RateLimitResponse {
     let mut headers = Vec::new();
     each_rate_limit_header(response, |key, value| {
+        if !x_ratelimit && [LIMIT, REMAINING, RESET].contains(&key) {
+            return;
+        }
         headers.push(HeaderValue {
             key: key.to_owned(),
             value: value.to_owned(),

@@ -23,12 +23,14 @@ pub use encode::encode_response;
 #[derive(Debug)]
 pub struct RlsService<D> {
     decider: Arc<D>,
+    x_ratelimit: bool,
 }
 
 impl<D> Clone for RlsService<D> {
     fn clone(&self) -> Self {
         RlsService {
             decider: self.decider.clone(),
+            x_ratelimit: self.x_ratelimit,
         }
     }
 }
@@ -36,7 +38,18 @@ impl<D> Clone for RlsService<D> {
 impl<D: Decide> RlsService<D> {
     /// A service deciding with `decider`.
     pub fn new(decider: Arc<D>) -> Self {
-        RlsService { decider }
+        RlsService {
+            decider,
+            x_ratelimit: true,
+        }
+    }
+
+    /// Leaves `X-RateLimit-Limit`, `-Remaining` and `-Reset` out of `response_headers_to_add`,
+    /// for an Envoy that adds its own (`enable_x_ratelimit_headers`, which Envoy Gateway sets):
+    /// each would otherwise reach the client twice.
+    pub fn without_x_ratelimit_headers(mut self) -> Self {
+        self.x_ratelimit = false;
+        self
     }
 
     /// The tonic server wrapper, ready to add to a router.
@@ -55,7 +68,7 @@ impl<D: Decide> RateLimitService for RlsService<D> {
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         match self.decider.decide(&check).await {
             Ok(decided) => {
-                let mut response = Response::new(encode_response(&decided));
+                let mut response = Response::new(encode_response(&decided, self.x_ratelimit));
                 // tollgate's own markers also travel as gRPC metadata, for callers that read it
                 // rather than `response_headers_to_add` (same values as those headers).
                 let metadata = response.metadata_mut();

@@ -223,7 +223,7 @@ pub async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response
     };
     match limiter.check(&request).await {
         Ok(decided) => {
-            let body = response_json(&encode_response(&decided));
+            let body = response_json(&encode_response(&decided, true));
             let mut response = (decision_status(&decided), axum::Json(body)).into_response();
             add_rate_limit_headers(response.headers_mut(), &decided);
             response
