@@ -91,6 +91,9 @@ async fn bad_input_is_a_400_that_names_the_problem_and_counts_nothing() {
         (br#"{"domain": "api", "hits_addend": -5, "descriptors": [{"entries": [{"key": "user", "value": "a"}]}]}"#.to_vec(), "invalid value: integer `-5`"),
         (br#"{"domain": "api", "descriptors": [{"hits_addend": 99999999999, "entries": [{"key": "user", "value": "a"}]}]}"#.to_vec(), "above the maximum"),
         (br#"{"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "a"}]}], "colour": "red"}"#.to_vec(), "unknown field `colour`"),
+        // Arrays where objects belong (serde would read them as the fields in order).
+        (br#"["api", [[[["user", "a"]]]]]"#.to_vec(), "expected a JSON object"),
+        (br#"{"domain": "api", "descriptors": [[[["user", "a"]]]]}"#.to_vec(), "expected a JSON object"),
     ];
     for (body, expected) in cases {
         let r = reqwest::Client::new()

@@ -17,6 +17,7 @@ mod error_map;
 pub mod grpc;
 pub mod headers;
 pub mod http;
+mod json_object;
 mod units;
 
 pub use decide::{AllowAll, Decide};

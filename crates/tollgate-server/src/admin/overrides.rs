@@ -19,13 +19,14 @@ use tracing::info;
 
 use super::{AdminPath, AdminState};
 use crate::http::error_response;
+use crate::json_object::{Object, from_body};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SetBody {
     domain: String,
     rule: String,
-    entries: Vec<Entry>,
+    entries: Vec<Object<Entry>>,
     requests_per_unit: u64,
     #[serde(default)]
     period: Option<String>,
@@ -72,7 +73,7 @@ pub async fn list(State(state): State<AdminState>) -> Json<Value> {
 }
 
 pub async fn set(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
-    let body: SetBody = match serde_json::from_slice(&body) {
+    let body: SetBody = match from_body(&body) {
         Ok(b) => b,
         Err(e) => {
             return error_response(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}"));
@@ -98,7 +99,7 @@ pub async fn set(State(state): State<AdminState>, body: axum::body::Bytes) -> Re
         let entries: Vec<(String, String)> = body
             .entries
             .iter()
-            .map(|e| (e.key.clone(), e.value.clone()))
+            .map(|Object(e)| (e.key.clone(), e.value.clone()))
             .collect();
         let policy = limiter.policy();
         let rule = policy

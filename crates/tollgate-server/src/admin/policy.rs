@@ -11,6 +11,7 @@ use tollgate::policy::PolicyErrors;
 
 use super::{AdminPath, AdminQuery, AdminState};
 use crate::http::error_response;
+use crate::json_object::{Object, from_body};
 
 fn summary(v: &PolicyVersion, current: u64) -> Value {
     json!({
@@ -109,7 +110,7 @@ pub async fn diff(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PushBody {
-    sources: Vec<PushSource>,
+    sources: Vec<Object<PushSource>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -121,12 +122,15 @@ struct PushSource {
 
 /// The `(name, text)` pairs of a push body, or why the body is refused (a `400`).
 pub(super) fn pushed_sources(body: &[u8]) -> Result<Vec<(String, String)>, String> {
-    let push: PushBody =
-        serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+    let push: PushBody = from_body(body).map_err(|e| format!("invalid JSON body: {e}"))?;
     if push.sources.is_empty() {
         return Err("a push needs at least one source".into());
     }
-    Ok(push.sources.into_iter().map(|s| (s.name, s.text)).collect())
+    Ok(push
+        .sources
+        .into_iter()
+        .map(|Object(s)| (s.name, s.text))
+        .collect())
 }
 
 pub async fn push(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
@@ -148,7 +152,7 @@ pub async fn rollback(State(state): State<AdminState>, body: axum::body::Bytes) 
     let request: RollbackBody = if body.is_empty() {
         RollbackBody::default()
     } else {
-        match serde_json::from_slice(&body) {
+        match from_body(&body) {
             Ok(r) => r,
             Err(e) => {
                 return error_response(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}"));

@@ -21,13 +21,14 @@ use tollgate_core::Verdict;
 use super::{add_rate_limit_headers, decision_status, error_response, limit_error_response};
 use crate::Decide;
 use crate::headers::ceil_ms;
+use crate::json_object::{Object, from_body};
 use crate::units::{period_of_unit, unit_from_name};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WireRequest {
     domain: String,
-    descriptors: Vec<WireDescriptor>,
+    descriptors: Vec<Object<WireDescriptor>>,
     #[serde(default)]
     hits_addend: Option<u64>,
 }
@@ -35,11 +36,11 @@ struct WireRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WireDescriptor {
-    entries: Vec<WireEntry>,
+    entries: Vec<Object<WireEntry>>,
     #[serde(default)]
     hits_addend: Option<u64>,
     #[serde(default)]
-    limit: Option<WireLimit>,
+    limit: Option<Object<WireLimit>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -65,12 +66,12 @@ impl TryFrom<WireRequest> for CheckRequest {
             .descriptors
             .into_iter()
             .enumerate()
-            .map(|(i, d)| {
+            .map(|(i, Object(d))| {
                 let at = |e: InvalidRequest| InvalidRequest(format!("descriptor {i}: {e}"));
                 let cost = d.hits_addend.map(check_cost).transpose().map_err(at)?;
                 let limit_override = d
                     .limit
-                    .map(|l| {
+                    .map(|Object(l)| {
                         let period = unit_from_name(&l.unit)
                             .and_then(period_of_unit)
                             .ok_or_else(|| InvalidRequest(format!("unknown unit `{}`", l.unit)))?;
@@ -78,7 +79,11 @@ impl TryFrom<WireRequest> for CheckRequest {
                     })
                     .transpose()
                     .map_err(at)?;
-                let entries = d.entries.into_iter().map(|e| (e.key, e.value)).collect();
+                let entries = d
+                    .entries
+                    .into_iter()
+                    .map(|Object(e)| (e.key, e.value))
+                    .collect();
                 RequestDescriptor::new(entries, cost.unwrap_or(request_cost), limit_override)
                     .map_err(at)
             })
@@ -177,8 +182,7 @@ fn encode(decided: &CheckResponse) -> WireResponse<'_> {
 
 /// A `/v1/check` body (also `/v1/explain`'s) as a request, or why it is not one (a `400`).
 pub(super) fn decode(body: &[u8]) -> Result<CheckRequest, String> {
-    let wire: WireRequest =
-        serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+    let wire: WireRequest = from_body(body).map_err(|e| format!("invalid JSON body: {e}"))?;
     CheckRequest::try_from(wire).map_err(|e| format!("invalid request: {e}"))
 }
 

@@ -22,6 +22,7 @@ use tollgate::limiter::Limiter;
 
 use super::{add_rate_limit_headers, decision_status, error_response, limit_error_response};
 use crate::grpc::{decode_request, encode_response};
+use crate::json_object::{Object, from_body};
 use crate::units::{unit_from_name, unit_name};
 
 #[derive(Debug, Deserialize)]
@@ -30,7 +31,7 @@ struct JsonRequest {
     #[serde(default)]
     domain: String,
     #[serde(default)]
-    descriptors: Vec<JsonDescriptor>,
+    descriptors: Vec<Object<JsonDescriptor>>,
     #[serde(
         default,
         alias = "hits_addend",
@@ -44,9 +45,9 @@ struct JsonRequest {
 #[serde(deny_unknown_fields)]
 struct JsonDescriptor {
     #[serde(default)]
-    entries: Vec<JsonEntry>,
+    entries: Vec<Object<JsonEntry>>,
     #[serde(default)]
-    limit: Option<JsonOverride>,
+    limit: Option<Object<JsonOverride>>,
     #[serde(
         default,
         alias = "hits_addend",
@@ -123,10 +124,10 @@ impl TryFrom<JsonRequest> for RateLimitRequest {
         let descriptors = json
             .descriptors
             .into_iter()
-            .map(|d| {
+            .map(|Object(d)| {
                 let limit = d
                     .limit
-                    .map(|l| -> Result<_, String> {
+                    .map(|Object(l)| -> Result<_, String> {
                         Ok(RateLimitOverride {
                             requests_per_unit: u32_field("requestsPerUnit", l.requests_per_unit)?,
                             unit: unit_number(l.unit.as_ref())?,
@@ -137,7 +138,7 @@ impl TryFrom<JsonRequest> for RateLimitRequest {
                     entries: d
                         .entries
                         .into_iter()
-                        .map(|e| Entry {
+                        .map(|Object(e)| Entry {
                             key: e.key,
                             value: e.value,
                         })
@@ -207,7 +208,7 @@ fn proto_duration(seconds: i64, nanos: i32) -> String {
 }
 
 pub async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
-    let json: JsonRequest = match serde_json::from_slice(&body) {
+    let json: JsonRequest = match from_body(&body) {
         Ok(j) => j,
         Err(e) => {
             return error_response(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}"));
