@@ -49,7 +49,8 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
                 }
             }
             Some(()) = overridden.recv() => {
-                if let Some(stamp) = share_overrides(store, &lifecycle, false).await {
+                let seen = overrides_seen.as_ref();
+                if let Some(stamp) = share_overrides(store, &lifecycle, false, seen).await {
                     overrides_seen = Some(stamp);
                 }
             }
@@ -95,6 +96,18 @@ async fn sync_policy(
                 *seen = Some(stamp);
             }
         }
+        // Made again since this replica last looked (Redis lost it): the replica that made it
+        // may run an older version than this one. Redis keeps whichever was accepted later.
+        Some(shared) if remade(seen.as_ref(), &shared.stamp) && shared.hash != current.hash => {
+            match publish_policy(store, &current).await {
+                Ok(Some(stamp)) => *seen = Some(stamp),
+                Ok(None) => {
+                    *seen = Some(shared.stamp.clone());
+                    adopt_policy(lifecycle, &shared, before);
+                }
+                Err(()) => {} // try again at the next tick
+            }
+        }
         Some(shared) if seen.as_ref() != Some(&shared.stamp) => {
             *seen = Some(shared.stamp.clone());
             if shared.hash != current.hash {
@@ -110,22 +123,30 @@ async fn sync_policy(
 /// other replicas changed.
 async fn sync_overrides(store: &RedisStore, lifecycle: &Lifecycle, seen: &mut Option<Stamp>) {
     let overrides = lifecycle.limiter().overrides();
-    if overrides.has_pending() {
-        *seen = share_overrides(store, lifecycle, false)
-            .await
-            .or(seen.take());
+    if overrides.has_pending()
+        && let Some(stamp) = share_overrides(store, lifecycle, false, seen.as_ref()).await
+    {
+        *seen = Some(stamp);
         return;
     }
+    // (Changes that could not be shared stay pending, and are kept over what is adopted.)
     match store.shared_overrides().await {
         Ok(None) => {
             if overrides.all().is_empty() {
                 carry_over_legacy(store, lifecycle).await;
             }
             if !overrides.all().is_empty() {
-                *seen = share_overrides(store, lifecycle, true)
+                *seen = share_overrides(store, lifecycle, true, None)
                     .await
                     .or(seen.take());
             }
+        }
+        // Made again since this replica last looked (Redis lost it): whoever made it may have
+        // known only some of the overrides, so this replica adds all it knows.
+        Ok(Some(shared)) if remade(seen.as_ref(), &shared.stamp) => {
+            *seen = share_overrides(store, lifecycle, true, None)
+                .await
+                .or(seen.take());
         }
         Ok(Some(shared)) if seen.as_ref() != Some(&shared.stamp) => {
             *seen = Some(shared.stamp.clone());
@@ -133,6 +154,11 @@ async fn sync_overrides(store: &RedisStore, lifecycle: &Lifecycle, seen: &mut Op
         }
         _ => {}
     }
+}
+
+/// Whether a shared hash last seen as `seen` was made again since (a new epoch).
+fn remade(seen: Option<&Stamp>, now: &Stamp) -> bool {
+    seen.is_some_and(|seen| seen.epoch != now.epoch)
 }
 
 /// Adopts the overrides a version before the merged format shared as one list.
@@ -163,8 +189,15 @@ async fn publish_policy(store: &RedisStore, version: &PolicyVersion) -> Result<O
         "origin": version.origin.name(),
         "sources": version.sources.iter().map(|(n, t)| json!([n, t])).collect::<Vec<_>>(),
     });
+    // The version a replica started with ranks below every version activated while running:
+    // a replica starting after Redis lost the shared policy must not undo the fleet's push.
+    let rank = if version.seq == 1 {
+        Timestamp::from_micros(0)
+    } else {
+        version.accepted_at
+    };
     match store
-        .publish_policy(&version.hash, &doc.to_string(), version.accepted_at)
+        .publish_policy(&version.hash, &doc.to_string(), rank)
         .await
     {
         Ok(Some(stamp)) => {
@@ -245,6 +278,18 @@ fn target(o: &Override) -> String {
     json!([o.domain, o.rule, o.entries]).to_string()
 }
 
+/// How long a deleted override's tombstone stays in the shared hash: a set older than the
+/// deletion that arrives within it (from a replica that lost Redis for that long) stays deleted.
+const TOMBSTONE_LIFE: Duration = Duration::from_secs(24 * 3600);
+
+fn tombstone(o: &Override, deleted_at: Timestamp) -> SharedOverride {
+    let expires = deleted_at.saturating_add(TOMBSTONE_LIFE).as_micros();
+    SharedOverride {
+        target: target(o),
+        value: format!("{} {expires} {} -", o.id, deleted_at.as_micros()),
+    }
+}
+
 fn shared_set(o: &Override) -> SharedOverrideChange {
     let expires = o.expires_at.map_or(0, Timestamp::as_micros);
     let value = format!(
@@ -259,9 +304,15 @@ fn shared_set(o: &Override) -> SharedOverrideChange {
     })
 }
 
-/// Shares the local override changes (with `seed`, every local override: Redis has none) and
-/// adopts the merged result. Returns its stamp; on failure the changes wait for the next tick.
-async fn share_overrides(store: &RedisStore, lifecycle: &Lifecycle, seed: bool) -> Option<Stamp> {
+/// Shares the local override changes (with `seed`, every local override as well) and adopts
+/// the merged result. Returns its stamp; on failure the changes wait for the next tick. `seen`
+/// is the stamp last seen: if the hash was made again since, every local override is sent too.
+async fn share_overrides(
+    store: &RedisStore,
+    lifecycle: &Lifecycle,
+    seed: bool,
+    seen: Option<&Stamp>,
+) -> Option<Stamp> {
     let overrides = lifecycle.limiter().overrides();
     let pending = overrides.take_pending();
     let mut changes: Vec<SharedOverrideChange> = Vec::new();
@@ -270,20 +321,18 @@ async fn share_overrides(store: &RedisStore, lifecycle: &Lifecycle, seed: bool) 
     }
     changes.extend(pending.iter().map(|change| match change {
         OverrideChange::Set(o) => shared_set(o),
-        OverrideChange::Deleted(o) => SharedOverrideChange::Delete {
-            target: target(o),
-            id: o.id,
-        },
+        OverrideChange::Deleted(o, at) => SharedOverrideChange::Delete(tombstone(o, *at)),
     }));
     if changes.is_empty() {
         return None;
     }
     let now = lifecycle.limiter().clock().now();
     let mut merged = store.merge_overrides(&changes, now).await;
-    // Redis had lost them: what was sent is all it holds now. Send every override this
-    // replica knows, or the others would adopt only the changes and drop the rest.
+    // Redis had lost them (made now, or since this replica last looked): what was sent may
+    // be all it holds. Send every override this replica knows, or the others would adopt only
+    // the changes and drop the rest.
     if let Ok(shared) = &merged
-        && !shared.existed
+        && (!shared.existed || remade(seen, &shared.stamp))
         && !seed
     {
         let all: Vec<SharedOverrideChange> = overrides.all().iter().map(shared_set).collect();
@@ -305,6 +354,9 @@ async fn share_overrides(store: &RedisStore, lifecycle: &Lifecycle, seed: bool) 
 fn adopt_overrides(lifecycle: &Lifecycle, shared: &SharedOverrides) {
     let mut list = Vec::with_capacity(shared.overrides.len());
     for o in &shared.overrides {
+        if o.value.ends_with(" -") {
+            continue; // a deleted override's tombstone
+        }
         let parsed = o
             .value
             .splitn(4, ' ')

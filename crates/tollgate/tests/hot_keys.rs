@@ -149,7 +149,7 @@ async fn the_prefilter_never_changes_an_answer() {
             1 if !override_ids.is_empty() => {
                 for (domain, id) in override_ids.drain(..) {
                     let limiter = if domain == "a" { &with } else { &without };
-                    limiter.overrides().delete(id);
+                    limiter.overrides().delete(id, clock.now());
                 }
             }
             2 => {

@@ -113,7 +113,14 @@ async fn changes_made_on_two_replicas_at_once_all_survive() {
     converge(&[&a, &b], &[("acme", 100), ("globex", 200)]).await;
     assert_eq!(a.overrides(), b.overrides(), "the same ids everywhere");
 
-    assert!(a.lifecycle.limiter().overrides().delete(acme).is_some());
+    let now = a.lifecycle.limiter().clock().now();
+    assert!(
+        a.lifecycle
+            .limiter()
+            .overrides()
+            .delete(acme, now)
+            .is_some()
+    );
     b.set("initech", 300);
     converge(&[&a, &b], &[("globex", 200), ("initech", 300)]).await;
     // Setting a target again replaces its override, wherever it was set.
@@ -240,4 +247,74 @@ async fn overrides_an_earlier_version_shared_are_carried_over() {
     let b = Replica::start(&redis.url()).await;
     converge(&[&a, &b], &[("acme", 100)]).await;
     assert_eq!(a.overrides()[0].2, 7, "the same override, id and all");
+}
+
+/// Redis loses everything while A and B cannot reach it, and C, starting then, sets an
+/// override first: A and B add all they know to what C made (not adopt C's one override in
+/// place of theirs), and C's file policy does not undo the version the fleet was running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_starting_after_redis_lost_everything_undoes_nothing() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let a = Replica::start(&proxy.url()).await;
+    let b = Replica::start(&proxy.url()).await;
+    a.set("acme", 100);
+    b.set("globex", 200);
+    let pushed = vec![("p.yaml".to_owned(), POLICY.replace("10}", "40}"))];
+    a.lifecycle.activate(pushed, Origin::Push).unwrap();
+    converge(&[&a, &b], &[("acme", 100), ("globex", 200)]).await;
+    for _ in 0..50 {
+        if b.lifecycle.current().hash == a.lifecycle.current().hash {
+            break;
+        }
+        tokio::time::sleep(EVERY).await;
+    }
+
+    proxy.set_mode(Mode::Blackhole);
+    redis.cli(&["FLUSHALL"]);
+    let c = Replica::start(&redis.url()).await;
+    c.set("initech", 300);
+    tokio::time::sleep(EVERY * 3).await;
+    proxy.set_mode(Mode::Pass);
+    converge(
+        &[&a, &b, &c],
+        &[("acme", 100), ("globex", 200), ("initech", 300)],
+    )
+    .await;
+    for _ in 0..50 {
+        if c.lifecycle.current().hash == a.lifecycle.current().hash {
+            break;
+        }
+        tokio::time::sleep(EVERY).await;
+    }
+    for replica in [&a, &b, &c] {
+        let limit = replica.lifecycle.limiter().policy().rules()[0]
+            .limit
+            .unwrap();
+        assert_eq!(limit.limit(), 40, "the pushed version, not C's file");
+    }
+}
+
+/// A deletion stays: an older set for the same tenant, held by a replica that lost Redis and
+/// shared late, does not bring the override back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_older_set_does_not_undo_a_deletion() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let a = Replica::start(&proxy.url()).await;
+    let b = Replica::start(&redis.url()).await;
+    proxy.set_mode(Mode::Blackhole);
+    a.set("acme", 200);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let id = b.set("acme", 300);
+    converge(&[&b], &[("acme", 300)]).await;
+    let now = b.lifecycle.limiter().clock().now();
+    assert!(b.lifecycle.limiter().overrides().delete(id, now).is_some());
+    converge(&[&b], &[]).await;
+    tokio::time::sleep(EVERY * 2).await;
+    proxy.set_mode(Mode::Pass);
+    converge(&[&a, &b], &[]).await;
+    // And it stays so (A's late set was not merely not yet shared).
+    tokio::time::sleep(EVERY * 5).await;
+    converge(&[&a, &b], &[]).await;
 }

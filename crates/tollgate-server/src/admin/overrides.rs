@@ -138,7 +138,8 @@ pub async fn set(State(state): State<AdminState>, body: axum::body::Bytes) -> Re
 }
 
 pub async fn delete(State(state): State<AdminState>, AdminPath(id): AdminPath<u64>) -> Response {
-    match state.lifecycle.limiter().overrides().delete(id) {
+    let limiter = state.lifecycle.limiter();
+    match limiter.overrides().delete(id, limiter.clock().now()) {
         Some(o) => {
             info!(id, domain = %o.domain, rule = %o.rule, entries = ?o.entries, "Override deleted");
             StatusCode::NO_CONTENT.into_response()

@@ -86,8 +86,8 @@ impl Override {
 pub enum OverrideChange {
     /// This override was set (replacing any with the same domain, rule and entries).
     Set(Override),
-    /// This override was deleted.
-    Deleted(Override),
+    /// This override was deleted, at this time.
+    Deleted(Override, Timestamp),
 }
 
 impl OverrideChange {
@@ -97,7 +97,7 @@ impl OverrideChange {
                 list.retain(|x| x.id != o.id && !o.same_target(x));
                 list.push(o.clone());
             }
-            OverrideChange::Deleted(o) => list.retain(|x| x.id != o.id),
+            OverrideChange::Deleted(o, _) => list.retain(|x| x.id != o.id),
         }
     }
 }
@@ -156,10 +156,10 @@ impl Overrides {
         id
     }
 
-    /// Deletes an override; returns it if it existed.
-    pub fn delete(&self, id: u64) -> Option<Override> {
+    /// Deletes an override at `now`; returns it if it existed.
+    pub fn delete(&self, id: u64, now: Timestamp) -> Option<Override> {
         let removed = self.list.load().iter().find(|o| o.id == id).cloned()?;
-        self.change(OverrideChange::Deleted(removed.clone()));
+        self.change(OverrideChange::Deleted(removed.clone(), now));
         Some(removed)
     }
 

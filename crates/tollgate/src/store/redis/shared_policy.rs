@@ -70,9 +70,10 @@ fn fresh_epoch() -> String {
 /// Applies override changes and answers `{existed, the whole hash}`, `existed` 0 when the hash
 /// had to be made (Redis lost it, or none was ever shared). ARGV: the TTL in ms, the time in µs,
 /// an epoch for a new hash, then per change `S field value` (set the target `field`, unless it
-/// holds an override set later) or `D field id` (delete the target's override if it is still
-/// override `id`). A value is `id expires_at_us set_at_us json`, `expires_at_us` 0 for none;
-/// values expired at that time are dropped.
+/// holds something set later) or `D field tombstone` (the target's override, if it is still the
+/// tombstone's id or there is none, becomes the tombstone, so an older set arriving late cannot
+/// bring it back). A value is `id expires_at_us set_at_us json`, `expires_at_us` 0 for none; a
+/// tombstone is `id expires_at_us deleted_at_us -`. Values expired at that time are dropped.
 const MERGE_OVERRIDES: &str = r"
 local existed = redis.call('HEXISTS', KEYS[1], 'seq')
 redis.call('HSETNX', KEYS[1], 'epoch', ARGV[3])
@@ -89,8 +90,8 @@ for i = 4, #ARGV, 3 do
     end
   else
     local stored = redis.call('HGET', KEYS[1], field)
-    if stored and string.sub(stored, 1, #value + 1) == value .. ' ' then
-      redis.call('HDEL', KEYS[1], field)
+    if not stored or string.match(stored, '^(%d+) ') == string.match(value, '^(%d+) ') then
+      redis.call('HSET', KEYS[1], field, value)
     end
   end
 end
@@ -122,8 +123,9 @@ pub struct SharedOverride {
 pub enum SharedOverrideChange {
     /// Store this override at its target.
     Set(SharedOverride),
-    /// Delete the override at `target` if it is still override `id`.
-    Delete { target: String, id: u64 },
+    /// Replace the override at its target with this tombstone, if it is still the tombstone's
+    /// id (or there is none).
+    Delete(SharedOverride),
 }
 
 /// The shared overrides: the stamp of their last change, and every override.
@@ -273,9 +275,7 @@ impl RedisStore {
         for change in changes {
             match change {
                 SharedOverrideChange::Set(o) => invocation.arg("S").arg(&o.target).arg(&o.value),
-                SharedOverrideChange::Delete { target, id } => {
-                    invocation.arg("D").arg(target).arg(id)
-                }
+                SharedOverrideChange::Delete(o) => invocation.arg("D").arg(&o.target).arg(&o.value),
             };
         }
         let (existed, fields): (i64, Vec<(String, String)>) = self
