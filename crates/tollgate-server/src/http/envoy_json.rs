@@ -28,9 +28,9 @@ use crate::units::{unit_from_name, unit_name};
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JsonRequest {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_default")]
     domain: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_default")]
     descriptors: Vec<Object<JsonDescriptor>>,
     #[serde(
         default,
@@ -44,7 +44,7 @@ struct JsonRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JsonDescriptor {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_default")]
     entries: Vec<Object<JsonEntry>>,
     #[serde(default)]
     limit: Option<Object<JsonOverride>>,
@@ -55,16 +55,21 @@ struct JsonDescriptor {
         deserialize_with = "uint"
     )]
     hits_addend: Option<u64>,
-    #[serde(default, alias = "is_negative_hits", rename = "isNegativeHits")]
+    #[serde(
+        default,
+        alias = "is_negative_hits",
+        rename = "isNegativeHits",
+        deserialize_with = "or_default"
+    )]
     is_negative_hits: bool,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JsonEntry {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_default")]
     key: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_default")]
     value: String,
 }
 
@@ -83,22 +88,46 @@ struct JsonOverride {
 }
 
 /// proto3 JSON integers: a number or a decimal string.
+/// proto3 JSON integers: a number or a string, in exponent form too (`1e2`, `100.0`), as long as
+/// the value is a whole number.
 fn uint<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     use serde::de::Error;
+    let not_one = |text: &dyn std::fmt::Display| {
+        D::Error::custom(format!("`{text}` is not an unsigned integer"))
+    };
     match Option::<Value>::deserialize(d)? {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => n
             .as_u64()
+            .or_else(|| n.as_f64().and_then(whole))
             .map(Some)
-            .ok_or_else(|| D::Error::custom(format!("`{n}` is not an unsigned integer"))),
+            .ok_or_else(|| not_one(&n)),
         Some(Value::String(s)) => s
             .parse()
+            .ok()
+            .or_else(|| s.parse::<f64>().ok().and_then(whole))
             .map(Some)
-            .map_err(|_| D::Error::custom(format!("`{s}` is not an unsigned integer"))),
+            .ok_or_else(|| not_one(&s)),
         Some(other) => Err(D::Error::custom(format!(
             "expected an unsigned integer, got {other}"
         ))),
     }
+}
+
+/// `f` as an integer, when it is a whole number small enough to be exact.
+fn whole(f: f64) -> Option<u64> {
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    // In range and whole: the cast is exact (out of range, it saturates and is not used).
+    (f.fract() == 0.0 && (0.0..=EXACT).contains(&f)).then_some(f as u64)
+}
+
+/// A field proto3 JSON may send as `null`, meaning its default.
+fn or_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
 }
 
 fn u32_field(name: &str, v: Option<u64>) -> Result<u32, String> {
@@ -197,13 +226,16 @@ fn response_json(
     })
 }
 
-/// proto3 JSON `Duration`: seconds with up to nine fractional digits and an `s` suffix.
+/// proto3 JSON `Duration`, canonical: seconds, then 0, 3, 6 or 9 fractional digits, then `s`.
 fn proto_duration(seconds: i64, nanos: i32) -> String {
     if nanos == 0 {
         format!("{seconds}s")
+    } else if nanos % 1_000_000 == 0 {
+        format!("{seconds}.{:03}s", nanos / 1_000_000)
+    } else if nanos % 1_000 == 0 {
+        format!("{seconds}.{:06}s", nanos / 1_000)
     } else {
-        let frac = format!("{nanos:09}");
-        format!("{seconds}.{}s", frac.trim_end_matches('0'))
+        format!("{seconds}.{nanos:09}s")
     }
 }
 
@@ -240,7 +272,36 @@ mod tests {
     #[test]
     fn durations_use_proto3_json_form() {
         assert_eq!(proto_duration(59, 0), "59s");
-        assert_eq!(proto_duration(1, 500_000_000), "1.5s");
+        assert_eq!(proto_duration(1, 500_000_000), "1.500s");
+        assert_eq!(proto_duration(2, 250_000), "2.000250s");
         assert_eq!(proto_duration(0, 1), "0.000000001s");
+    }
+
+    fn parsed(body: &str) -> Result<RateLimitRequest, String> {
+        let json: JsonRequest = from_body(body.as_bytes()).map_err(|e| e.to_string())?;
+        RateLimitRequest::try_from(json)
+    }
+
+    /// proto3 JSON parsers take integers in exponent form and `null` for a field's default.
+    #[test]
+    fn integers_in_any_form_and_nulls_are_read() {
+        let request = parsed(
+            r#"{"domain": "api", "hitsAddend": 2.0, "descriptors": [{"entries": [{"key": "k", "value": null}],
+                "hitsAddend": "1e2", "isNegativeHits": null, "limit": {"requestsPerUnit": 5e0, "unit": "MINUTE"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(request.hits_addend, 2);
+        let d = &request.descriptors[0];
+        assert_eq!(d.hits_addend.as_ref().map(|h| h.value), Some(100));
+        assert_eq!(d.entries[0].value, "");
+        assert!(!d.is_negative_hits);
+        assert_eq!(d.limit.as_ref().map(|l| l.requests_per_unit), Some(5));
+        for bad in [r#""1.5""#, "2.5", "-1", r#""1e30""#] {
+            let error = parsed(&format!(
+                r#"{{"domain": "api", "hitsAddend": {bad}, "descriptors": []}}"#
+            ))
+            .unwrap_err();
+            assert!(error.contains("not an unsigned integer"), "{bad}: {error}");
+        }
     }
 }
