@@ -256,6 +256,25 @@ async fn store_latency_times_only_calls_to_the_store() {
     assert_eq!(timed(&limiter.render_metrics().await), 3);
 }
 
+/// Explain counts what this replica's lease would still admit: the store has the whole lease
+/// charged, so its peek alone reads the key as exhausted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_sees_the_units_a_lease_holds() {
+    let redis = RedisServer::start();
+    let clock = wall_clock();
+    let yaml = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 1h, requests_per_unit: 10, local_budget: 10, local_budget_ttl: 60s}\n";
+    let limiter = limiter(&redis.url(), &clock, yaml, true).await;
+    assert!(admits(&limiter, "v").await);
+    let explained = limiter.explain(&request("a", "k", "v", 1)).await.unwrap();
+    assert!(explained.allowed(), "the lease still holds 9");
+    assert_eq!(explained.statuses[0].decision.unwrap().remaining, 8);
+    // It took nothing: the nine are all still there.
+    for _ in 0..9 {
+        assert!(admits(&limiter, "v").await);
+    }
+    assert!(!admits(&limiter, "v").await);
+}
+
 /// Three replicas with local budgets on one Redis, many requests in flight on each: a fixed
 /// window never admits more than its limit, and once the leases are given back the rest of
 /// the quota is admitted to the unit (nothing is lost). Most admissions come from the leases.

@@ -183,6 +183,28 @@ impl Limiter {
         Box::pin(self.apply_leased(redis, plan, charges, live, (now, epoch), decisions)).await
     }
 
+    /// For explain: the store's answers in `decisions` (a peek), replaced by this replica's
+    /// lease where one would serve the charge. A lease holds units the store counts as used, so
+    /// without this a key this replica would still admit reads as exhausted.
+    pub(super) fn explain_leases(
+        &self,
+        plan: &Plan,
+        charges: &[Charge<'_>],
+        decisions: &mut Decisions,
+        (now, epoch): (Timestamp, u64),
+    ) {
+        if !matches!(self.store, StoreBackend::Redis(_)) {
+            return;
+        }
+        for ((span, charge), decision) in plan.spans.iter().zip(charges).zip(decisions.iter_mut()) {
+            if budget_of(plan, span).is_some()
+                && let Some(served) = self.leases.would_serve(charge, now, epoch)
+            {
+                *decision = served;
+            }
+        }
+    }
+
     /// [`Limiter::apply_with_budgets`] once at least one live charge has a local budget.
     async fn apply_leased(
         &self,

@@ -81,6 +81,24 @@ impl Lease {
         Attempt::Renew
     }
 
+    /// The answer a request of `cost` would get from this lease at `now`, taking nothing;
+    /// `None` when the lease could not serve it.
+    fn would_serve(
+        &self,
+        params: &Params,
+        cost: u64,
+        now: Timestamp,
+        epoch: u64,
+    ) -> Option<Decision> {
+        let current = self.params.as_ref() == Some(params) && self.epoch == epoch;
+        if self.retired || !current || now >= self.expires || self.tokens < cost {
+            return None;
+        }
+        let mut decision = self.served(now)?;
+        decision.remaining = decision.remaining.saturating_sub(cost);
+        Some(decision)
+    }
+
     /// Empties the lease; returns what must be given back to the store.
     fn empty(&mut self) -> Option<Unused> {
         let tokens = std::mem::take(&mut self.tokens);
@@ -366,6 +384,18 @@ impl Leases {
             }
         };
         taken((decision, serial, spared_the_store), slot)
+    }
+
+    /// What this replica's lease on `charge`'s key would answer it, taking nothing (for
+    /// explain): `None` when no lease could serve it and the store would decide.
+    pub fn would_serve(&self, charge: &Charge<'_>, now: Timestamp, epoch: u64) -> Option<Decision> {
+        self.slots
+            .get(charge.key, |slot| {
+                slot.lease
+                    .lock()
+                    .would_serve(charge.params, charge.cost, now, epoch)
+            })
+            .flatten()
     }
 
     /// Gives back the unused units of every lease that has lapsed at `now` (or was reserved in

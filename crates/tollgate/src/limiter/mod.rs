@@ -329,7 +329,16 @@ impl Limiter {
             self.apply_with_budgets(&live, &charges, live_charges, (now, epoch), &mut decisions)
                 .await
         } else {
-            self.store_decide(&charges, false, &mut decisions).await
+            let peeked = self.store_decide(&charges, false, &mut decisions).await;
+            if peeked.is_ok() {
+                self.explain_leases(
+                    &live,
+                    &charges[..live_charges],
+                    &mut decisions,
+                    (now, epoch),
+                );
+            }
+            peeked
         };
         let postures = match answer {
             Ok(()) => {
