@@ -117,6 +117,29 @@ async fn bad_input_is_a_400_that_names_the_problem_and_counts_nothing() {
     assert_eq!(header(&r, "x-ratelimit-remaining"), Some("2"));
 }
 
+/// The errors axum answers itself (a body over the limit, an unknown path, a wrong method)
+/// come as JSON too, with their status, like every other error of the API.
+#[tokio::test]
+async fn every_error_is_json() {
+    let server = Server::start(POLICY);
+    let client = reqwest::Client::new();
+    let huge = vec![b' '; 70 * 1024];
+    let cases = [
+        (client.post(server.url("/v1/check")).body(huge), 413),
+        (client.get(server.url("/v1/check")), 405),
+        (client.get(server.url("/v2/nothing")), 404),
+    ];
+    for (request, status) in cases {
+        let r = request.send().await.unwrap();
+        assert_eq!(r.status(), status);
+        let answer: Value = r.json().await.unwrap();
+        assert!(
+            answer["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{answer}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn cost_above_capacity_is_a_distinct_denial_without_retry_after() {
     let server = Server::start(POLICY);

@@ -10,7 +10,7 @@ use tollgate::limiter::Candidate;
 
 use super::AdminState;
 use super::policy::{activation, pushed_sources};
-use crate::http::error_response;
+use crate::http::{Body, error_response};
 
 /// Top keys listed per rule in a report.
 const TOP_KEYS: usize = 5;
@@ -51,7 +51,7 @@ fn report(state: &AdminState, candidate: &Candidate) -> Value {
 }
 
 /// `POST /v1/admin/policy/candidate`: the push body; validated like a push, then shadowed.
-pub async fn set(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
+pub async fn set(State(state): State<AdminState>, Body(body): Body) -> Response {
     let sources = match pushed_sources(&body) {
         Ok(sources) => sources,
         Err(why) => return error_response(StatusCode::BAD_REQUEST, why),

@@ -18,7 +18,7 @@ use tollgate::limiter::Override;
 use tracing::info;
 
 use super::{AdminPath, AdminState};
-use crate::http::error_response;
+use crate::http::{Body, error_response};
 use crate::json_object::{Object, from_body};
 
 #[derive(Debug, Deserialize)]
@@ -72,7 +72,7 @@ pub async fn list(State(state): State<AdminState>) -> Json<Value> {
     Json(json!({ "overrides": list }))
 }
 
-pub async fn set(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
+pub async fn set(State(state): State<AdminState>, Body(body): Body) -> Response {
     let body: SetBody = match from_body(&body) {
         Ok(b) => b,
         Err(e) => {

@@ -10,7 +10,7 @@ use tollgate::lifecycle::{Activation, Origin, PolicyVersion, diff as version_dif
 use tollgate::policy::PolicyErrors;
 
 use super::{AdminPath, AdminQuery, AdminState};
-use crate::http::error_response;
+use crate::http::{Body, error_response};
 use crate::json_object::{Object, from_body};
 
 fn summary(v: &PolicyVersion, current: u64) -> Value {
@@ -133,7 +133,7 @@ pub(super) fn pushed_sources(body: &[u8]) -> Result<Vec<(String, String)>, Strin
         .collect())
 }
 
-pub async fn push(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
+pub async fn push(State(state): State<AdminState>, Body(body): Body) -> Response {
     let sources = match pushed_sources(&body) {
         Ok(sources) => sources,
         Err(why) => return error_response(StatusCode::BAD_REQUEST, why),
@@ -148,7 +148,7 @@ pub struct RollbackBody {
     to: Option<u64>,
 }
 
-pub async fn rollback(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
+pub async fn rollback(State(state): State<AdminState>, Body(body): Body) -> Response {
     let request: RollbackBody = if body.is_empty() {
         RollbackBody::default()
     } else {

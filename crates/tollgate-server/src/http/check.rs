@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -18,7 +17,7 @@ use tollgate::limiter::{
 use tollgate::resilience::Posture;
 use tollgate_core::Verdict;
 
-use super::{add_rate_limit_headers, decision_status, error_response, limit_error_response};
+use super::{Body, add_rate_limit_headers, decision_status, error_response, limit_error_response};
 use crate::Decide;
 use crate::headers::ceil_ms;
 use crate::json_object::{Object, from_body};
@@ -186,7 +185,7 @@ pub(super) fn decode(body: &[u8]) -> Result<CheckRequest, String> {
     CheckRequest::try_from(wire).map_err(|e| format!("invalid request: {e}"))
 }
 
-pub async fn check<D: Decide>(State(decider): State<Arc<D>>, body: Bytes) -> Response {
+pub async fn check<D: Decide>(State(decider): State<Arc<D>>, Body(body): Body) -> Response {
     let request = match decode(&body) {
         Ok(r) => r,
         Err(why) => return error_response(StatusCode::BAD_REQUEST, why),

@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -20,7 +19,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Value, json};
 use tollgate::limiter::Limiter;
 
-use super::{add_rate_limit_headers, decision_status, error_response, limit_error_response};
+use super::{Body, add_rate_limit_headers, decision_status, error_response, limit_error_response};
 use crate::grpc::{decode_request, encode_response};
 use crate::json_object::{Object, from_body};
 use crate::units::{unit_from_name, unit_name};
@@ -239,7 +238,7 @@ fn proto_duration(seconds: i64, nanos: i32) -> String {
     }
 }
 
-pub async fn check(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
+pub async fn check(State(limiter): State<Arc<Limiter>>, Body(body): Body) -> Response {
     let json: JsonRequest = match from_body(&body) {
         Ok(j) => j,
         Err(e) => {

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -12,10 +11,10 @@ use serde_json::{Value, json};
 use tollgate::limiter::{AppliedLimit, Limiter};
 
 use super::check::{code_name, decode};
-use super::{error_response, limit_error_response};
+use super::{Body, error_response, limit_error_response};
 use crate::headers::ceil_ms;
 
-pub async fn explain(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
+pub async fn explain(State(limiter): State<Arc<Limiter>>, Body(body): Body) -> Response {
     let request = match decode(&body) {
         Ok(r) => r,
         Err(why) => return error_response(StatusCode::BAD_REQUEST, why),

@@ -55,7 +55,7 @@ pub fn router_with_authorize(
             limiter: limiter.clone(),
             mapping: authorize.map(Arc::new),
         });
-    Router::new()
+    let router = Router::new()
         .route("/v1/check", post(check::check::<Limiter>))
         .route("/v1/explain", post(explain::explain))
         .route("/json", post(envoy_json::check))
@@ -64,18 +64,48 @@ pub fn router_with_authorize(
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(limiter)
         .merge(metrics)
-        .merge(forward_auth)
+        .merge(forward_auth);
+    json_fallbacks(router)
 }
 
 /// The no-op ceiling router: `POST /v1/check` through the same decoder, validation, encoder and
 /// body limit as [`router`], answered by [`AllowAll`]; `GET /healthz`. Nothing is counted. For
 /// `tollgate bench-server` only, never for production.
 pub fn allow_all_router() -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/v1/check", post(check::check::<AllowAll>))
         .route("/healthz", get(ops::healthz))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
-        .with_state(Arc::new(AllowAll::default()))
+        .with_state(Arc::new(AllowAll::default()));
+    json_fallbacks(router)
+}
+
+/// A request body, its rejections (over the size limit, unreadable) answered as JSON errors
+/// with their status, like every other error of the API, instead of axum's plain text.
+#[derive(Debug)]
+pub(crate) struct Body(pub axum::body::Bytes);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
+    type Rejection = Response;
+
+    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, Response> {
+        match axum::body::Bytes::from_request(request, state).await {
+            Ok(bytes) => Ok(Body(bytes)),
+            Err(e) => Err(error_response(e.status(), e.body_text())),
+        }
+    }
+}
+
+/// The JSON answers for an unknown path (`404`) and a method a path does not take (`405`).
+fn json_fallbacks(router: Router) -> Router {
+    router
+        .fallback(|| async { error_response(StatusCode::NOT_FOUND, "no such endpoint".into()) })
+        .method_not_allowed_fallback(|| async {
+            error_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "this endpoint does not take that method".into(),
+            )
+        })
 }
 
 /// A JSON error body: `{"error": "..."}`.
