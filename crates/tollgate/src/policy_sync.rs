@@ -33,6 +33,8 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
     let mut overrides_seen: Option<Stamp> = None;
     // A version activated here that could not be published yet.
     let mut unpublished: Option<u64> = None;
+    // Whether the earlier version's list of overrides was looked for (once is enough).
+    let mut legacy_read = false;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -56,7 +58,7 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
             }
             _ = tick.tick() => {
                 sync_policy(store, &lifecycle, &mut policy_seen, &mut unpublished).await;
-                sync_overrides(store, &lifecycle, &mut overrides_seen).await;
+                sync_overrides(store, &lifecycle, &mut overrides_seen, &mut legacy_read).await;
             }
             // Mapped to `()`: the receiver's guard must not live across the other branches' awaits.
             _ = async { let _ = stop.wait_for(|s| *s).await; } => return,
@@ -121,7 +123,12 @@ async fn sync_policy(
 /// One check of the shared overrides: shares local changes Redis missed, shares them all again
 /// if Redis lost them (or carries over those of an older version's list), or adopts what the
 /// other replicas changed.
-async fn sync_overrides(store: &RedisStore, lifecycle: &Lifecycle, seen: &mut Option<Stamp>) {
+async fn sync_overrides(
+    store: &RedisStore,
+    lifecycle: &Lifecycle,
+    seen: &mut Option<Stamp>,
+    legacy_read: &mut bool,
+) {
     let overrides = lifecycle.limiter().overrides();
     if overrides.has_pending()
         && let Some(stamp) = share_overrides(store, lifecycle, false, seen.as_ref()).await
@@ -132,8 +139,8 @@ async fn sync_overrides(store: &RedisStore, lifecycle: &Lifecycle, seen: &mut Op
     // (Changes that could not be shared stay pending, and are kept over what is adopted.)
     match store.shared_overrides().await {
         Ok(None) => {
-            if overrides.all().is_empty() {
-                carry_over_legacy(store, lifecycle).await;
+            if overrides.all().is_empty() && !*legacy_read {
+                *legacy_read = carry_over_legacy(store, lifecycle).await;
             }
             if !overrides.all().is_empty() {
                 *seen = share_overrides(store, lifecycle, true, None)
@@ -161,10 +168,13 @@ fn remade(seen: Option<&Stamp>, now: &Stamp) -> bool {
     seen.is_some_and(|seen| seen.epoch != now.epoch)
 }
 
-/// Adopts the overrides a version before the merged format shared as one list.
-async fn carry_over_legacy(store: &RedisStore, lifecycle: &Lifecycle) {
-    let Ok(Some(legacy)) = store.shared_doc(LEGACY_OVERRIDES_KEY).await else {
-        return;
+/// Adopts the overrides a version before the merged format shared as one list. Returns whether
+/// Redis answered (the list was read, or there is none).
+async fn carry_over_legacy(store: &RedisStore, lifecycle: &Lifecycle) -> bool {
+    let legacy = match store.shared_doc(LEGACY_OVERRIDES_KEY).await {
+        Ok(Some(legacy)) => legacy,
+        Ok(None) => return true,
+        Err(_) => return false,
     };
     let list: Option<Vec<Override>> = serde_json::from_str::<Value>(&legacy.doc)
         .ok()
@@ -180,6 +190,7 @@ async fn carry_over_legacy(store: &RedisStore, lifecycle: &Lifecycle) {
         Some(_) => {}
         None => warn!("The earlier version's shared overrides are unreadable; not carried over"),
     }
+    true
 }
 
 /// Publishes `version`: its stamp, `None` if Redis kept a version accepted later, `Err` if
