@@ -224,6 +224,21 @@ async fn limit_overrides_from_the_request_apply() {
     assert_eq!((limit.requests_per_unit, limit.unit), (1, 4));
     let r = client.should_rate_limit(req).await.unwrap().into_inner();
     assert_eq!(r.overall_code, Code::OverLimit as i32);
+    // A limit of 0 blocks, as in envoyproxy/ratelimit (refused as invalid, Envoy would pass it).
+    let mut blocked = request(vec![(&[("user", "zero")], None)], 1);
+    blocked.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 0,
+        unit: 2,
+    });
+    let r = client
+        .should_rate_limit(blocked)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (0, 2));
+    assert_eq!(r.statuses[0].limit_remaining, 0);
 }
 
 #[tokio::test]

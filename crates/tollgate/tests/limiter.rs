@@ -187,6 +187,33 @@ async fn an_override_keeps_its_count_when_its_limit_changes() {
     );
 }
 
+/// A caller's limit of 0 blocks its descriptor, as in envoyproxy/ratelimit (it used to be
+/// refused as invalid, and Envoy, failing open, then let the request through unlimited); the
+/// request's other limits are charged nothing.
+#[tokio::test]
+async fn an_override_of_zero_blocks() {
+    let (_clock, limiter) = limiter();
+    let blocked = {
+        let o = LimitOverride::new(0, Duration::from_secs(60)).unwrap();
+        RequestDescriptor::new(vec![("user".into(), "hal".into())], 1, Some(o)).unwrap()
+    };
+    let ip = RequestDescriptor::new(vec![("ip".into(), "10.9.9.9".into())], 1, None).unwrap();
+    let both = CheckRequest::new("api".into(), vec![blocked, ip]).unwrap();
+    for _ in 0..2 {
+        let r = limiter.check(&both).await.unwrap();
+        assert!(!r.allowed());
+        assert_eq!(r.statuses[0].code, Code::OverLimit);
+        let d = r.statuses[0].decision.unwrap();
+        assert_eq!((d.limit, d.remaining, d.retry_after), (0, 0, None));
+    }
+    // per_ip allows 1 a minute: still there, the blocked requests took nothing.
+    let alone = limiter
+        .check(&request(&[&[("ip", "10.9.9.9")]]))
+        .await
+        .unwrap();
+    assert!(alone.allowed());
+}
+
 /// As in envoyproxy/ratelimit, a domain the policy does not know limits nothing, even with a
 /// limit sent by the caller.
 #[tokio::test]

@@ -48,7 +48,7 @@ pub async fn explain(State(limiter): State<Arc<Limiter>>, Body(body): Body) -> R
                 v["source"] = json!(match limit {
                     AppliedLimit::Rule(_) => "policy",
                     AppliedLimit::Overridden(..) => "runtime_override",
-                    AppliedLimit::Override(_) => "request_override",
+                    AppliedLimit::Override(_) | AppliedLimit::Blocked(_) => "request_override",
                 });
                 v["rule_location"] = json!(rule.map(|r| r.location.to_string()));
                 v["mode"] = json!(rule.map_or("enforce", |r| r.mode.name()));

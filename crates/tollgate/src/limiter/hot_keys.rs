@@ -36,7 +36,8 @@ fn prefilterable(limit: &AppliedLimit) -> bool {
     match limit {
         AppliedLimit::Rule(rule) => rule.mode == RuleMode::Enforce && rule.local_budget.is_none(),
         AppliedLimit::Override(_) => true,
-        AppliedLimit::Overridden(..) => false,
+        // Nothing to remember: it is denied without the store's say.
+        AppliedLimit::Overridden(..) | AppliedLimit::Blocked(_) => false,
     }
 }
 

@@ -386,11 +386,22 @@ impl Limiter {
         let statuses = &mut response.statuses;
         statuses.extend(descriptors.iter().map(|_| DescriptorStatus::unlimited()));
         for (n, ((i, _), &decision)) in live.spans.iter().zip(&decisions).enumerate() {
-            let denied = decision.verdict != Verdict::Allowed;
             // Moved out: the plan is done with once its decisions are known.
             let limit = live.limits[*i].take();
+            // A limit of 0 blocks, whatever the store or a failure posture said of its
+            // stand-in.
+            let blocked = matches!(limit, Some(AppliedLimit::Blocked(_)));
+            let decision = if blocked {
+                AppliedLimit::blocked_decision()
+            } else {
+                decision
+            };
+            let denied = decision.verdict != Verdict::Allowed;
             let mode = limit.as_ref().map_or(RuleMode::Enforce, mode_of);
-            let degraded = postures.as_ref().and_then(|p| p.get(n).copied());
+            let degraded = postures
+                .as_ref()
+                .and_then(|p| p.get(n).copied())
+                .filter(|_| !blocked);
             if let (true, Some(rule)) = (commit, limit.as_ref().and_then(AppliedLimit::rule)) {
                 if let Some(posture) = degraded {
                     snapshot.counters.record_degraded(rule.index, posture);
@@ -469,7 +480,11 @@ impl Limiter {
                     // Configured rules were checked against the store at load time; a limit
                     // sent by the caller is checked here.
                     self.store.supports(&o.params).map_err(InvalidRequest)?;
-                    Some(AppliedLimit::Override(o.params))
+                    Some(if o.blocks {
+                        AppliedLimit::Blocked(o.params)
+                    } else {
+                        AppliedLimit::Override(o.params)
+                    })
                 }
                 (Some(_), Side::Candidate(_)) => None,
                 (None, _) => policy
@@ -503,7 +518,7 @@ impl Limiter {
         for (i, (descriptor, limit)) in descriptors.iter().zip(limits.iter()).enumerate() {
             let start = key_buf.len();
             match (limit, side) {
-                (Some(AppliedLimit::Override(params)), _) => {
+                (Some(AppliedLimit::Override(params) | AppliedLimit::Blocked(params)), _) => {
                     keys::override_key(key_buf, request.domain(), descriptor, params)
                 }
                 (
@@ -731,7 +746,12 @@ impl Plan {
             Some(Charge {
                 key: &self.key_buf[span.clone()],
                 params: limit.params()?,
-                cost: descriptors[*i].cost(),
+                // A blocked descriptor asks more than its stand-in limit of 1 can ever admit:
+                // the store denies it, so the request, and writes nothing.
+                cost: match limit {
+                    AppliedLimit::Blocked(_) => 2,
+                    _ => descriptors[*i].cost(),
+                },
                 enforce: may_enforce && mode_of(limit) == RuleMode::Enforce,
             })
         }));

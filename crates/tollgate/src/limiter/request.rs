@@ -23,16 +23,25 @@ pub struct InvalidRequest(pub String);
 /// A limit sent by the caller instead of the configured one (Envoy's per-descriptor `limit`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitOverride {
-    /// The limit as fixed-window parameters.
+    /// The limit as fixed-window parameters (a limit of 1 when it `blocks`).
     pub params: Params,
+    /// `requests_per_unit` 0: the descriptor is always over its limit, as envoyproxy/ratelimit
+    /// answers it.
+    pub blocks: bool,
 }
 
 impl LimitOverride {
-    /// Validates `requests_per_unit` per `period`.
+    /// Validates `requests_per_unit` per `period`; 0 blocks the descriptor.
     pub fn new(requests_per_unit: u64, period: Duration) -> Result<Self, InvalidRequest> {
-        Params::new(Algorithm::FixedWindow, requests_per_unit, period, None)
-            .map(|params| LimitOverride { params })
-            .map_err(|e| InvalidRequest(format!("invalid limit override: {e}")))
+        let blocks = requests_per_unit == 0;
+        Params::new(
+            Algorithm::FixedWindow,
+            requests_per_unit.max(1),
+            period,
+            None,
+        )
+        .map(|params| LimitOverride { params, blocks })
+        .map_err(|e| InvalidRequest(format!("invalid limit override: {e}")))
     }
 }
 

@@ -27,6 +27,9 @@ pub enum AppliedLimit {
     Overridden(Arc<Rule>, Params),
     /// A limit the caller sent with the descriptor.
     Override(Params),
+    /// A limit of 0 the caller sent: always over it (`Params` give the period; their limit of
+    /// 1 is a stand-in).
+    Blocked(Params),
 }
 
 impl AppliedLimit {
@@ -34,7 +37,7 @@ impl AppliedLimit {
     pub fn name(&self) -> &str {
         match self {
             AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _) => &rule.name,
-            AppliedLimit::Override(_) => "override",
+            AppliedLimit::Override(_) | AppliedLimit::Blocked(_) => "override",
         }
     }
 
@@ -42,7 +45,9 @@ impl AppliedLimit {
     pub fn params(&self) -> Option<&Params> {
         match self {
             AppliedLimit::Rule(rule) => rule.limit.as_ref(),
-            AppliedLimit::Overridden(_, params) | AppliedLimit::Override(params) => Some(params),
+            AppliedLimit::Overridden(_, params)
+            | AppliedLimit::Override(params)
+            | AppliedLimit::Blocked(params) => Some(params),
         }
     }
 
@@ -50,7 +55,19 @@ impl AppliedLimit {
     pub fn rule(&self) -> Option<&Arc<Rule>> {
         match self {
             AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _) => Some(rule),
-            AppliedLimit::Override(_) => None,
+            AppliedLimit::Override(_) | AppliedLimit::Blocked(_) => None,
+        }
+    }
+
+    /// The answer for a descriptor a limit of 0 blocks: never admissible, so no retry-after.
+    pub(crate) fn blocked_decision() -> Decision {
+        Decision {
+            verdict: Verdict::CostExceedsCapacity,
+            limit: 0,
+            remaining: 0,
+            reset_after: Duration::ZERO,
+            retry_after: None,
+            delay: Duration::ZERO,
         }
     }
 }
