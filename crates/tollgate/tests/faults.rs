@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tollgate::clock::SystemClock;
-use tollgate::limiter::{CheckRequest, CheckResponse, FailureSettings, Limiter, RequestDescriptor};
+use tollgate::limiter::{
+    CheckRequest, CheckResponse, FailureSettings, LimitOverride, Limiter, RequestDescriptor,
+};
 use tollgate::policy::Policy;
 use tollgate::resilience::{BreakerConfig, BreakerState, Posture};
 use tollgate::store::{RedisOptions, Store, StoreBackend, StoreUrl};
@@ -563,6 +565,38 @@ async fn store_work_beyond_the_in_flight_cap_is_shed_at_once() {
         .count();
     assert!(waited <= 4, "at most the cap waited on the store: {waited}");
     assert!(shed >= 46, "the rest were answered at once: {shed}");
+}
+
+/// A caller's limit of 0 denies the request while the store is down too, as a limit (a `429`,
+/// not the `closed` posture's `503`), and charges none of its other limits: not even the
+/// `local` posture's share, which a blocked client could otherwise use up for everyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_descriptor_charges_nothing_while_the_store_is_down() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let limiter = limiter(&proxy.url()).await;
+    proxy.set_mode(Mode::Refuse);
+    let blocked_with = |key: &str| {
+        let zero = LimitOverride::new(0, Duration::from_secs(60)).unwrap();
+        let blocked =
+            RequestDescriptor::new(vec![("user".into(), "hal".into())], 1, Some(zero)).unwrap();
+        let other = RequestDescriptor::new(vec![(key.into(), "x".into())], 1, None).unwrap();
+        CheckRequest::new("f".into(), vec![blocked, other]).unwrap()
+    };
+    for key in ["local", "closed", "open"] {
+        for _ in 0..3 {
+            let r = limiter.check(&blocked_with(key)).await.unwrap();
+            assert!(!r.allowed(), "{key}");
+            assert!(
+                !r.unavailable(),
+                "{key}: blocked by a limit, not by the outage"
+            );
+        }
+    }
+    // The local share (2 of 8 here) is untouched.
+    let local = burst(&limiter, "local", "x", 3).await;
+    assert_eq!(local.iter().filter(|(r, _)| r.allowed()).count(), 2);
 }
 
 /// `/readyz` and `/metrics` count the store's keys: against a server that never answers, that

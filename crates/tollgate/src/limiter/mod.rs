@@ -283,6 +283,14 @@ impl Limiter {
         // Plans are filled in place: each holds a few hundred bytes inline.
         let mut live = Plan::default();
         self.plan(&snapshot.policy, request, now, Side::Live, &mut live)?;
+        // A caller's limit of 0 denies the request whatever else is asked: its other limits
+        // are only looked at, as explain does, so nothing is charged anywhere (store, local
+        // share, lease).
+        let commit = commit
+            && !live
+                .limits
+                .iter()
+                .any(|l| matches!(l, Some(AppliedLimit::Blocked(_))));
         // Only charged decisions feed the candidate: explain shows the live policy alone.
         let candidate = if commit {
             self.candidate.load_full()

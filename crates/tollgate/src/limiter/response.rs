@@ -207,11 +207,12 @@ impl CheckResponse {
 
     /// Denied because the limiter is unavailable (a `closed` posture), not by a real limit.
     pub fn unavailable(&self) -> bool {
+        let mut denials = self.statuses.iter().filter(|s| s.code == Code::OverLimit);
+        // A limit that decided (a real denial, a blocked descriptor) makes it a `429`, whatever
+        // a `closed` posture said of another limit.
         !self.allowed()
-            && self
-                .statuses
-                .iter()
-                .any(|s| s.code == Code::OverLimit && s.degraded == Some(Posture::Closed))
+            && denials.clone().any(|s| s.degraded == Some(Posture::Closed))
+            && denials.all(|s| s.degraded.is_some())
     }
 
     /// When denied and retrying can help: how long to wait (the longest retry-after among the
