@@ -52,7 +52,7 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
             }
             Some(()) = overridden.recv() => {
                 let seen = overrides_seen.as_ref();
-                if let Some(stamp) = share_overrides(store, &lifecycle, false, seen).await {
+                if let Ok(Some(stamp)) = share_overrides(store, &lifecycle, false, seen).await {
                     overrides_seen = Some(stamp);
                 }
             }
@@ -131,7 +131,7 @@ async fn sync_overrides(
 ) {
     let overrides = lifecycle.limiter().overrides();
     if overrides.has_pending()
-        && let Some(stamp) = share_overrides(store, lifecycle, false, seen.as_ref()).await
+        && let Ok(Some(stamp)) = share_overrides(store, lifecycle, false, seen.as_ref()).await
     {
         *seen = Some(stamp);
         return;
@@ -142,18 +142,23 @@ async fn sync_overrides(
             if overrides.all().is_empty() && !*legacy_read {
                 *legacy_read = carry_over_legacy(store, lifecycle).await;
             }
-            if !overrides.all().is_empty() {
-                *seen = share_overrides(store, lifecycle, true, None)
-                    .await
-                    .or(seen.take());
+            if let Ok(Some(stamp)) = share_overrides(store, lifecycle, true, None).await {
+                *seen = Some(stamp);
             }
         }
         // Made again since this replica last looked (Redis lost it): whoever made it may have
         // known only some of the overrides, so this replica adds all it knows.
         Ok(Some(shared)) if remade(seen.as_ref(), &shared.stamp) => {
-            *seen = share_overrides(store, lifecycle, true, None)
-                .await
-                .or(seen.take());
+            match share_overrides(store, lifecycle, true, None).await {
+                Ok(Some(stamp)) => *seen = Some(stamp),
+                // Nothing to add: take what is shared.
+                Ok(None) => {
+                    *seen = Some(shared.stamp.clone());
+                    adopt_overrides(lifecycle, &shared);
+                }
+                // Not adopted while this replica's own cannot be added: try again next tick.
+                Err(()) => {}
+            }
         }
         Ok(Some(shared)) if seen.as_ref() != Some(&shared.stamp) => {
             *seen = Some(shared.stamp.clone());
@@ -316,14 +321,15 @@ fn shared_set(o: &Override) -> SharedOverrideChange {
 }
 
 /// Shares the local override changes (with `seed`, every local override as well) and adopts
-/// the merged result. Returns its stamp; on failure the changes wait for the next tick. `seen`
-/// is the stamp last seen: if the hash was made again since, every local override is sent too.
+/// the merged result. Returns its stamp, `None` when there was nothing to send, `Err` when
+/// Redis failed (the changes wait for the next tick). `seen` is the stamp last seen: if the
+/// hash was made again since, every local override is sent too.
 async fn share_overrides(
     store: &RedisStore,
     lifecycle: &Lifecycle,
     seed: bool,
     seen: Option<&Stamp>,
-) -> Option<Stamp> {
+) -> Result<Option<Stamp>, ()> {
     let overrides = lifecycle.limiter().overrides();
     let pending = overrides.take_pending();
     let mut changes: Vec<SharedOverrideChange> = Vec::new();
@@ -335,7 +341,7 @@ async fn share_overrides(
         OverrideChange::Deleted(o, at) => SharedOverrideChange::Delete(tombstone(o, *at)),
     }));
     if changes.is_empty() {
-        return None;
+        return Ok(None);
     }
     let now = lifecycle.limiter().clock().now();
     let mut merged = store.merge_overrides(&changes, now).await;
@@ -352,12 +358,12 @@ async fn share_overrides(
     match merged {
         Ok(shared) => {
             adopt_overrides(lifecycle, &shared);
-            Some(shared.stamp)
+            Ok(Some(shared.stamp))
         }
         Err(e) => {
             warn!(error = %e, "Could not share the overrides; trying again at the next check");
             overrides.keep_pending(pending);
-            None
+            Err(())
         }
     }
 }

@@ -98,6 +98,23 @@ async fn converge(replicas: &[&Replica], expected: &[(&str, u64)]) {
     panic!("replicas never agreed on {want:?}: {got:?}");
 }
 
+/// Waits (5 s at most) until every replica runs a policy whose limit is `limit`.
+async fn run_limit(replicas: &[&Replica], limit: u64) {
+    let limit_of = |r: &Replica| {
+        r.lifecycle.limiter().policy().rules()[0]
+            .limit
+            .map(|p| p.limit())
+    };
+    for _ in 0..50 {
+        if replicas.iter().all(|r| limit_of(r) == Some(limit)) {
+            return;
+        }
+        tokio::time::sleep(EVERY).await;
+    }
+    let got: Vec<_> = replicas.iter().map(|r| limit_of(r)).collect();
+    panic!("replicas never all ran the limit {limit}: {got:?}");
+}
+
 /// Two replicas set overrides within one check interval, neither having seen the other's:
 /// both overrides reach both replicas, with distinct ids. A delete on one replica, racing a set
 /// on the other, removes only what it named. (Each replica used to publish its whole list, so
@@ -154,20 +171,7 @@ async fn changes_survive_an_outage_and_a_lost_key() {
     proxy.set_mode(Mode::Pass);
     converge(&[&a, &b], &[("acme", 100), ("globex", 200)]).await;
     // The version pushed during the outage reaches B too (its publishing used to be dropped).
-    for _ in 0..50 {
-        if b.lifecycle.current().hash == a.lifecycle.current().hash {
-            break;
-        }
-        tokio::time::sleep(EVERY).await;
-    }
-    assert_eq!(b.lifecycle.current().hash, a.lifecycle.current().hash);
-    assert_eq!(
-        a.lifecycle.limiter().policy().rules()[0]
-            .limit
-            .unwrap()
-            .limit(),
-        20
-    );
+    run_limit(&[&a, &b], 20).await;
 
     redis.cli(&["FLUSHALL"]);
     let c = Replica::start(&redis.url()).await;
@@ -213,18 +217,8 @@ async fn a_change_redis_missed_does_not_undo_a_later_one() {
     tokio::time::sleep(EVERY * 3).await;
     proxy.set_mode(Mode::Pass);
     converge(&[&a, &b], &[("acme", 300)]).await;
-    for _ in 0..50 {
-        if a.lifecycle.current().hash == b.lifecycle.current().hash {
-            break;
-        }
-        tokio::time::sleep(EVERY).await;
-    }
-    for replica in [&a, &b] {
-        let limit = replica.lifecycle.limiter().policy().rules()[0]
-            .limit
-            .unwrap();
-        assert_eq!(limit.limit(), 30, "B's later push");
-    }
+    // B's later push.
+    run_limit(&[&a, &b], 30).await;
 }
 
 /// Overrides an earlier version shared as one list are carried over by the first replica of
@@ -263,12 +257,7 @@ async fn a_replica_starting_after_redis_lost_everything_undoes_nothing() {
     let pushed = vec![("p.yaml".to_owned(), POLICY.replace("10}", "40}"))];
     a.lifecycle.activate(pushed, Origin::Push).unwrap();
     converge(&[&a, &b], &[("acme", 100), ("globex", 200)]).await;
-    for _ in 0..50 {
-        if b.lifecycle.current().hash == a.lifecycle.current().hash {
-            break;
-        }
-        tokio::time::sleep(EVERY).await;
-    }
+    run_limit(&[&a, &b], 40).await;
 
     proxy.set_mode(Mode::Blackhole);
     redis.cli(&["FLUSHALL"]);
@@ -281,18 +270,8 @@ async fn a_replica_starting_after_redis_lost_everything_undoes_nothing() {
         &[("acme", 100), ("globex", 200), ("initech", 300)],
     )
     .await;
-    for _ in 0..50 {
-        if c.lifecycle.current().hash == a.lifecycle.current().hash {
-            break;
-        }
-        tokio::time::sleep(EVERY).await;
-    }
-    for replica in [&a, &b, &c] {
-        let limit = replica.lifecycle.limiter().policy().rules()[0]
-            .limit
-            .unwrap();
-        assert_eq!(limit.limit(), 40, "the pushed version, not C's file");
-    }
+    // The pushed version, not C's file.
+    run_limit(&[&a, &b, &c], 40).await;
 }
 
 /// A deletion stays: an older set for the same tenant, held by a replica that lost Redis and
@@ -317,4 +296,22 @@ async fn a_late_older_set_does_not_undo_a_deletion() {
     // And it stays so (A's late set was not merely not yet shared).
     tokio::time::sleep(EVERY * 5).await;
     converge(&[&a, &b], &[]).await;
+}
+
+/// A replica with no overrides of its own adopts the overrides shared after Redis lost them
+/// (it used to keep waiting to add its own, which were none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_nothing_to_add_adopts_a_remade_list() {
+    let redis = RedisServer::start();
+    let a = Replica::start(&redis.url()).await;
+    let b = Replica::start(&redis.url()).await;
+    let id = b.set("acme", 100);
+    converge(&[&a, &b], &[("acme", 100)]).await;
+    let now = b.lifecycle.limiter().clock().now();
+    b.lifecycle.limiter().overrides().delete(id, now).unwrap();
+    converge(&[&a, &b], &[]).await;
+
+    redis.cli(&["FLUSHALL"]);
+    b.set("globex", 200);
+    converge(&[&a, &b], &[("globex", 200)]).await;
 }
