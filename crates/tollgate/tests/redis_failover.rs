@@ -15,34 +15,12 @@ use tollgate_testkit::RedisCluster;
 async fn decisions_resume_on_the_promoted_replica() {
     let cluster = RedisCluster::start(3, 1);
     let store = connect(&cluster, Duration::from_secs(2)).await;
-    let params = Params::new(
-        Algorithm::TokenBucket,
-        1_000,
-        Duration::from_secs(3600),
-        None,
-    )
-    .unwrap();
-    let charge = [Charge {
-        key: b"failover",
-        params: &params,
-        cost: 1,
-        enforce: true,
-    }];
+    let params = hourly(Algorithm::TokenBucket, 1_000);
+    let charge = one(b"failover", &params);
     assert!(store.apply(&charge).await.unwrap()[0].is_allowed());
 
-    let keys = cluster.cli(cluster.primary_ports()[0], &["-c", "--scan"]);
-    let owner = cluster
-        .primary_ports()
-        .into_iter()
-        .find(|p| !cluster.cli(*p, &["--scan"]).is_empty());
-    let owner = owner.unwrap_or_else(|| panic!("no node holds the key: {keys}"));
-    let slot: u16 = cluster
-        .cli(
-            owner,
-            &["CLUSTER", "KEYSLOT", cluster.cli(owner, &["--scan"]).trim()],
-        )
-        .parse()
-        .unwrap();
+    let (owner, _, slot) = home_of_the_only_key(&cluster);
+    let slot: u16 = slot.parse().unwrap();
     cluster.kill_node(owner);
     let promoted = tokio::task::spawn_blocking({
         let cluster = std::sync::Arc::new(cluster);
@@ -93,27 +71,11 @@ async fn a_manual_failover_under_traffic_fails_no_request() {
     let cluster = std::sync::Arc::new(RedisCluster::start(3, 1));
     let store = connect(&cluster, Duration::from_secs(5)).await;
     let store = Arc::new(store);
-    let params = Params::new(
-        Algorithm::FixedWindow,
-        1_000_000,
-        Duration::from_secs(3600),
-        None,
-    )
-    .unwrap();
+    let params = hourly(Algorithm::FixedWindow, 1_000_000);
     assert!(store.apply(&hot(&params)).await.unwrap()[0].is_allowed());
 
-    let owner = cluster
-        .primary_ports()
-        .into_iter()
-        .find(|p| !cluster.cli(*p, &["--scan"]).is_empty())
-        .unwrap();
-    let slot: u16 = cluster
-        .cli(
-            owner,
-            &["CLUSTER", "KEYSLOT", cluster.cli(owner, &["--scan"]).trim()],
-        )
-        .parse()
-        .unwrap();
+    let (owner, _, slot) = home_of_the_only_key(&cluster);
+    let slot: u16 = slot.parse().unwrap();
     // The replica's view of its primary can lag the cluster's start by a moment: poll.
     let mut replica = None;
     for _ in 0..50 {
@@ -176,35 +138,13 @@ async fn a_manual_failover_under_traffic_fails_no_request() {
 async fn a_counter_in_a_migrating_slot_follows_the_ask_redirect() {
     let cluster = RedisCluster::start(3, 0);
     let store = connect(&cluster, Duration::from_secs(2)).await;
-    let params = Params::new(
-        Algorithm::FixedWindow,
-        1_000,
-        Duration::from_secs(3600),
-        None,
-    )
-    .unwrap();
-    let charge = [Charge {
-        key: b"migrating",
-        params: &params,
-        cost: 1,
-        enforce: true,
-    }];
+    let params = hourly(Algorithm::FixedWindow, 1_000);
+    let charge = one(b"migrating", &params);
     assert_eq!(store.apply(&charge).await.unwrap()[0].remaining, 999);
 
-    let owner = cluster
-        .primary_ports()
-        .into_iter()
-        .find(|p| !cluster.cli(*p, &["--scan"]).is_empty())
-        .expect("a node holds the counter");
-    let key = cluster.cli(owner, &["--scan"]).trim().to_owned();
-    let slot = cluster.cli(owner, &["CLUSTER", "KEYSLOT", &key]);
-    let target = cluster
-        .primary_ports()
-        .into_iter()
-        .find(|p| *p != owner)
-        .unwrap();
-    let id = |port: u16| cluster.cli(port, &["CLUSTER", "MYID"]).trim().to_owned();
-    let (owner_id, target_id) = (id(owner), id(target));
+    let (owner, key, slot) = home_of_the_only_key(&cluster);
+    let target = other_primary(&cluster, owner);
+    let (owner_id, target_id) = (node_id(&cluster, owner), node_id(&cluster, target));
     cluster.cli(
         target,
         &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &owner_id],
@@ -232,28 +172,11 @@ async fn a_counter_in_a_migrating_slot_follows_the_ask_redirect() {
 async fn failures_after_a_redirect_open_the_breaker_of_the_node_redirected_to() {
     let cluster = RedisCluster::start(3, 0);
     let store = Arc::new(connect(&cluster, Duration::from_millis(200)).await);
-    let params = Params::new(
-        Algorithm::FixedWindow,
-        1_000,
-        Duration::from_secs(3600),
-        None,
-    )
-    .unwrap();
+    let params = hourly(Algorithm::FixedWindow, 1_000);
     assert!(store.apply(&one(b"moving", &params)).await.unwrap()[0].is_allowed());
-    let owner = cluster
-        .primary_ports()
-        .into_iter()
-        .find(|p| !cluster.cli(*p, &["--scan"]).is_empty())
-        .expect("a node holds the counter");
-    let key = cluster.cli(owner, &["--scan"]).trim().to_owned();
-    let slot = cluster.cli(owner, &["CLUSTER", "KEYSLOT", &key]);
-    let target = cluster
-        .primary_ports()
-        .into_iter()
-        .find(|p| *p != owner)
-        .unwrap();
-    let id = |port: u16| cluster.cli(port, &["CLUSTER", "MYID"]).trim().to_owned();
-    let target_id = id(target);
+    let (owner, key, slot) = home_of_the_only_key(&cluster);
+    let target = other_primary(&cluster, owner);
+    let target_id = node_id(&cluster, target);
     cluster.cli(owner, &["DEL", &key]);
     // The slot is the target's from now on; the store's map still says `owner` (it is read
     // again every second, or at once after a MOVED), and the target stops answering.
@@ -317,6 +240,39 @@ async fn connect(cluster: &RedisCluster, command_timeout: Duration) -> StoreBack
         .unwrap();
     assert!(store.wait_ready(Duration::from_secs(10)).await);
     store
+}
+
+/// `limit` an hour with `algorithm`.
+fn hourly(algorithm: Algorithm, limit: u64) -> Params {
+    Params::new(algorithm, limit, Duration::from_secs(3600), None).unwrap()
+}
+
+/// Where the cluster's only key lives: its primary's port, the key, and its slot.
+fn home_of_the_only_key(cluster: &RedisCluster) -> (u16, String, String) {
+    let owner = cluster
+        .primary_ports()
+        .into_iter()
+        .find(|p| !cluster.cli(*p, &["--scan"]).is_empty())
+        .expect("a node holds the key");
+    let key = cluster.cli(owner, &["--scan"]).trim().to_owned();
+    let slot = cluster
+        .cli(owner, &["CLUSTER", "KEYSLOT", &key])
+        .trim()
+        .to_owned();
+    (owner, key, slot)
+}
+
+/// A primary other than `port`.
+fn other_primary(cluster: &RedisCluster, port: u16) -> u16 {
+    cluster
+        .primary_ports()
+        .into_iter()
+        .find(|p| *p != port)
+        .expect("another primary")
+}
+
+fn node_id(cluster: &RedisCluster, port: u16) -> String {
+    cluster.cli(port, &["CLUSTER", "MYID"]).trim().to_owned()
 }
 
 /// One charge of 1 on `key`.
