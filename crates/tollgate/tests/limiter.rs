@@ -27,11 +27,15 @@ descriptors:
 "#;
 
 fn limiter() -> (Arc<ManualClock>, Limiter) {
+    limiter_with(Policy::from_yaml("test.yaml", POLICY).unwrap())
+}
+
+/// A limiter on the memory store running `policy`, with its clock.
+fn limiter_with(policy: Policy) -> (Arc<ManualClock>, Limiter) {
     // Aligned to a minute so the window does not roll over during a test.
     let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
         1_700_000_040_000_000,
     )));
-    let policy = Policy::from_yaml("test.yaml", POLICY).unwrap();
     let store = StoreBackend::Memory(MemoryStore::new(clock.clone()));
     (clock, Limiter::new(policy, store))
 }
@@ -333,13 +337,7 @@ descriptors:
     value: premium
     rate_limit: {unlimited: true, replaces: [{name: per_ip}]}
 "#;
-    let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
-        1_700_000_040_000_000,
-    )));
-    let limiter = Limiter::new(
-        Policy::from_yaml("replaces.yaml", policy).unwrap(),
-        StoreBackend::Memory(MemoryStore::new(clock)),
-    );
+    let (_clock, limiter) = limiter_with(Policy::from_yaml("replaces.yaml", policy).unwrap());
     let premium = request(&[&[("ip", "10.0.0.1")], &[("api_key", "premium")]]);
     for _ in 0..3 {
         assert!(limiter.check(&premium).await.unwrap().allowed());
@@ -369,10 +367,7 @@ descriptors:
 "#,
     )
     .unwrap();
-    let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
-        1_700_000_040_000_000,
-    )));
-    let limiter = Limiter::new(policy, StoreBackend::Memory(MemoryStore::new(clock)));
+    let (_clock, limiter) = limiter_with(policy);
     let allowed = |path: &'static str| {
         let limiter = &limiter;
         async move {
@@ -406,10 +401,7 @@ async fn rules_whose_paths_read_alike_get_names_of_their_own() {
     .unwrap();
     let names: Vec<&str> = policy.rules().iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["a_b_c", "a_b_c#2"]);
-    let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
-        1_700_000_040_000_000,
-    )));
-    let limiter = Limiter::new(policy, StoreBackend::Memory(MemoryStore::new(clock)));
+    let (_clock, limiter) = limiter_with(policy);
     for _ in 0..2 {
         let only = CheckRequest::new(
             "api".into(),
@@ -441,10 +433,7 @@ async fn long_values_match_wildcards_and_are_limited() {
         "domain: api\ndescriptors:\n  - key: path\n    value: \"/api/*\"\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
     )
     .unwrap();
-    let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
-        1_700_000_040_000_000,
-    )));
-    let limiter = Limiter::new(policy, StoreBackend::Memory(MemoryStore::new(clock)));
+    let (_clock, limiter) = limiter_with(policy);
     let long = format!("/api/{}", "x".repeat(2048));
     let other = format!("{long}y");
     let check = |path: &str| {

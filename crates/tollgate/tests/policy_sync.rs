@@ -98,6 +98,15 @@ async fn converge(replicas: &[&Replica], expected: &[(&str, u64)]) {
     panic!("replicas never agreed on {want:?}: {got:?}");
 }
 
+/// Two replicas on one Redis, A through a proxy that can cut it off.
+async fn a_behind_a_proxy() -> (RedisServer, FaultProxy, Replica, Replica) {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let a = Replica::start(&proxy.url()).await;
+    let b = Replica::start(&redis.url()).await;
+    (redis, proxy, a, b)
+}
+
 /// Waits (5 s at most) until every replica runs a policy whose limit is `limit`.
 async fn run_limit(replicas: &[&Replica], limit: u64) {
     let limit_of = |r: &Replica| {
@@ -151,10 +160,7 @@ async fn changes_made_on_two_replicas_at_once_all_survive() {
 /// replica starting afterwards gets them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_survive_an_outage_and_a_lost_key() {
-    let redis = RedisServer::start();
-    let proxy = FaultProxy::start(redis.addr());
-    let a = Replica::start(&proxy.url()).await;
-    let b = Replica::start(&redis.url()).await;
+    let (redis, proxy, a, b) = a_behind_a_proxy().await;
     b.set("acme", 100);
     converge(&[&a, &b], &[("acme", 100)]).await;
 
@@ -195,10 +201,7 @@ async fn changes_survive_an_outage_and_a_lost_key() {
 /// B's later push stays the fleet's policy, and B's later limit for the same tenant stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_redis_missed_does_not_undo_a_later_one() {
-    let redis = RedisServer::start();
-    let proxy = FaultProxy::start(redis.addr());
-    let a = Replica::start(&proxy.url()).await;
-    let b = Replica::start(&redis.url()).await;
+    let (_redis, proxy, a, b) = a_behind_a_proxy().await;
     b.set("acme", 100);
     converge(&[&a, &b], &[("acme", 100)]).await;
 
@@ -278,10 +281,7 @@ async fn a_replica_starting_after_redis_lost_everything_undoes_nothing() {
 /// shared late, does not bring the override back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_older_set_does_not_undo_a_deletion() {
-    let redis = RedisServer::start();
-    let proxy = FaultProxy::start(redis.addr());
-    let a = Replica::start(&proxy.url()).await;
-    let b = Replica::start(&redis.url()).await;
+    let (_redis, proxy, a, b) = a_behind_a_proxy().await;
     proxy.set_mode(Mode::Blackhole);
     a.set("acme", 200);
     tokio::time::sleep(Duration::from_millis(20)).await;
