@@ -182,15 +182,19 @@ mod tests {
         assert!(on_time.is_allowed());
     }
 
-    #[test]
-    fn retries_in_the_next_window_when_the_current_one_is_full() {
-        let params = Params::new(
+    fn four_a_millisecond() -> Params {
+        Params::new(
             Algorithm::SlidingWindowCounter,
             4,
             Duration::from_millis(1),
             None,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn retries_in_the_next_window_when_the_current_one_is_full() {
+        let params = four_a_millisecond();
         let state = State::SlidingWindowCounter {
             window: 5,
             current: 4,
@@ -206,13 +210,7 @@ mod tests {
 
     #[test]
     fn a_clock_stepping_back_across_a_boundary_keeps_the_counts() {
-        let params = Params::new(
-            Algorithm::SlidingWindowCounter,
-            4,
-            Duration::from_millis(1),
-            None,
-        )
-        .unwrap();
+        let params = four_a_millisecond();
         // Window 6 holds 4 (full) over a previous 2; the clock now reads 5.990 ms.
         let state = State::SlidingWindowCounter {
             window: 6,

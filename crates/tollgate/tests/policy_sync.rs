@@ -16,6 +16,14 @@ use tollgate_testkit::{FaultProxy, Mode, RedisServer};
 
 const POLICY: &str = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {name: per_tenant, unit: minute, requests_per_unit: 10}\n";
 
+/// The policy file with a limit of `n` a minute, as pushed.
+fn policy(n: u64) -> Vec<(String, String)> {
+    vec![(
+        "p.yaml".to_owned(),
+        POLICY.replace("10}", &format!("{n}}}")),
+    )]
+}
+
 /// How often the replicas here look at Redis.
 const EVERY: Duration = Duration::from_millis(100);
 
@@ -166,8 +174,7 @@ async fn changes_survive_an_outage_and_a_lost_key() {
 
     proxy.set_mode(Mode::Blackhole);
     a.set("globex", 200);
-    let pushed = vec![("p.yaml".to_owned(), POLICY.replace("10}", "20}"))];
-    a.lifecycle.activate(pushed, Origin::Push).unwrap();
+    a.lifecycle.activate(policy(20), Origin::Push).unwrap();
     tokio::time::sleep(EVERY * 4).await;
     assert_eq!(
         b.overrides().len(),
@@ -206,12 +213,6 @@ async fn a_change_redis_missed_does_not_undo_a_later_one() {
     converge(&[&a, &b], &[("acme", 100)]).await;
 
     proxy.set_mode(Mode::Blackhole);
-    let policy = |n: u64| {
-        vec![(
-            "p.yaml".to_owned(),
-            POLICY.replace("10}", &format!("{n}}}")),
-        )]
-    };
     a.lifecycle.activate(policy(20), Origin::Push).unwrap();
     a.set("acme", 200);
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -257,8 +258,7 @@ async fn a_replica_starting_after_redis_lost_everything_undoes_nothing() {
     let b = Replica::start(&proxy.url()).await;
     a.set("acme", 100);
     b.set("globex", 200);
-    let pushed = vec![("p.yaml".to_owned(), POLICY.replace("10}", "40}"))];
-    a.lifecycle.activate(pushed, Origin::Push).unwrap();
+    a.lifecycle.activate(policy(40), Origin::Push).unwrap();
     converge(&[&a, &b], &[("acme", 100), ("globex", 200)]).await;
     run_limit(&[&a, &b], 40).await;
 
