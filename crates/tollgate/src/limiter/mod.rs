@@ -28,7 +28,7 @@ pub use fallback::FailureSettings;
 pub use overrides::{Override, OverrideChange, Overrides};
 pub use request::{
     CheckRequest, InvalidRequest, LimitOverride, MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES,
-    MAX_FIELD_LEN, RequestDescriptor, check_cost, value_digest,
+    MAX_FIELD_LEN, RequestDescriptor, check_cost,
 };
 pub use response::{AppliedLimit, CheckResponse, Code, DescriptorStatus, Statuses};
 
@@ -396,20 +396,9 @@ impl Limiter {
         for (n, ((i, _), &decision)) in live.spans.iter().zip(&decisions).enumerate() {
             // Moved out: the plan is done with once its decisions are known.
             let limit = live.limits[*i].take();
-            // A limit of 0 blocks, whatever the store or a failure posture said of its
-            // stand-in.
-            let blocked = matches!(limit, Some(AppliedLimit::Blocked(_)));
-            let decision = if blocked {
-                AppliedLimit::blocked_decision()
-            } else {
-                decision
-            };
             let denied = decision.verdict != Verdict::Allowed;
             let mode = limit.as_ref().map_or(RuleMode::Enforce, mode_of);
-            let degraded = postures
-                .as_ref()
-                .and_then(|p| p.get(n).copied())
-                .filter(|_| !blocked);
+            let degraded = postures.as_ref().and_then(|p| p.get(n).copied());
             if let (true, Some(rule)) = (commit, limit.as_ref().and_then(AppliedLimit::rule)) {
                 if let Some(posture) = degraded {
                     snapshot.counters.record_degraded(rule.index, posture);
@@ -441,6 +430,18 @@ impl Limiter {
                 soft_exceeded: denied && mode == RuleMode::Soft,
                 degraded,
             };
+        }
+        // A caller's limit of 0: over it, with no counter and no store asked.
+        for (status, limit) in statuses.iter_mut().zip(live.limits.iter_mut()) {
+            if matches!(limit, Some(AppliedLimit::Blocked(_))) {
+                *status = DescriptorStatus {
+                    code: Code::OverLimit,
+                    limit: limit.take(),
+                    decision: Some(AppliedLimit::blocked_decision()),
+                    ..DescriptorStatus::unlimited()
+                };
+                response.overall = Code::OverLimit;
+            }
         }
         // Any limit the open posture let through counts, whatever other postures answered.
         if commit
@@ -478,12 +479,11 @@ impl Limiter {
         // An unlimited rule applies no limit but still replaces others, as in envoyproxy/ratelimit
         // (the "this premium key skips the per-IP limit" pattern).
         let mut replaced_by_unlimited: SmallVec<[&str; INLINE_CHARGES]> = SmallVec::new();
-        // As in envoyproxy/ratelimit, a domain the policy does not know limits nothing, not
-        // even with limits the caller sent.
-        let known_domain = policy.has_domain(request.domain());
         for d in descriptors {
             limits.push(match (d.limit_override(), side) {
-                (Some(_), Side::Live) if !known_domain => None,
+                // As in envoyproxy/ratelimit, a domain the policy does not know limits nothing,
+                // not even with limits the caller sent.
+                (Some(_), Side::Live) if !policy.has_domain(request.domain()) => None,
                 (Some(o), Side::Live) => {
                     // Configured rules were checked against the store at load time; a limit
                     // sent by the caller is checked here.
@@ -526,9 +526,11 @@ impl Limiter {
         for (i, (descriptor, limit)) in descriptors.iter().zip(limits.iter()).enumerate() {
             let start = key_buf.len();
             match (limit, side) {
-                (Some(AppliedLimit::Override(params) | AppliedLimit::Blocked(params)), _) => {
+                (Some(AppliedLimit::Override(params)), _) => {
                     keys::override_key(key_buf, request.domain(), descriptor, params)
                 }
+                // Decided without a counter: see the end of `decide`.
+                (Some(AppliedLimit::Blocked(_)), _) => continue,
                 (
                     Some(AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _)),
                     Side::Live,
@@ -754,12 +756,7 @@ impl Plan {
             Some(Charge {
                 key: &self.key_buf[span.clone()],
                 params: limit.params()?,
-                // A blocked descriptor asks more than its stand-in limit of 1 can ever admit:
-                // the store denies it, so the request, and writes nothing.
-                cost: match limit {
-                    AppliedLimit::Blocked(_) => 2,
-                    _ => descriptors[*i].cost(),
-                },
+                cost: descriptors[*i].cost(),
                 enforce: may_enforce && mode_of(limit) == RuleMode::Enforce,
             })
         }));
@@ -771,7 +768,6 @@ fn mode_of(limit: &AppliedLimit) -> RuleMode {
     limit.rule().map_or(RuleMode::Enforce, |r| r.mode)
 }
 
-/// Counts a denial of `descriptor` in `top`, shown as `key=value,key=value`.
 /// One table of top denied keys per rule of `policy`.
 fn top_keys_per_rule(policy: &Policy) -> Box<[TopKeys]> {
     policy
@@ -781,6 +777,7 @@ fn top_keys_per_rule(policy: &Policy) -> Box<[TopKeys]> {
         .collect()
 }
 
+/// Counts a denial of `descriptor` in `top`, shown as `key=value,key=value`.
 fn record_top_key(top: &TopKeys, descriptor: &RequestDescriptor) {
     let mut text = TopKeyText::default();
     describe_entries(descriptor, &mut text);

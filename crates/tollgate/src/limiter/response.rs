@@ -166,10 +166,8 @@ impl CheckResponse {
 
     /// The most severe posture (`closed` over `local` over `open`) among the limits that made
     /// the answer, or `None` when the store decided them: when denied, the limits that denied;
-    /// when allowed, every limit but shadow ones. So `closed` on a denial means [`unavailable`],
-    /// never a real limit beside a rule whose posture did not matter.
-    ///
-    /// [`unavailable`]: CheckResponse::unavailable
+    /// when allowed, every limit but shadow ones. So it never names the posture of a rule that
+    /// did not matter to the answer.
     pub fn degraded(&self) -> Option<Posture> {
         let severity = |p: &Posture| match p {
             Posture::Closed => 2,
@@ -190,6 +188,11 @@ impl CheckResponse {
             .max_by_key(severity)
     }
 
+    /// The statuses that denied the request.
+    fn denials(&self) -> impl Iterator<Item = &DescriptorStatus> {
+        self.statuses.iter().filter(|s| s.code == Code::OverLimit)
+    }
+
     /// When a soft limit was exceeded: how long the caller should hold the request, the time
     /// after which it would fit within every exceeded soft limit. It grows with the request's
     /// cost and with how far the quota is used up; `None` when no soft limit was exceeded.
@@ -207,22 +210,20 @@ impl CheckResponse {
 
     /// Denied because the limiter is unavailable (a `closed` posture), not by a real limit.
     pub fn unavailable(&self) -> bool {
-        let mut denials = self.statuses.iter().filter(|s| s.code == Code::OverLimit);
         // A limit that decided (a real denial, a blocked descriptor) makes it a `429`, whatever
         // a `closed` posture said of another limit.
         !self.allowed()
-            && denials.clone().any(|s| s.degraded == Some(Posture::Closed))
-            && denials.all(|s| s.degraded.is_some())
+            && self.denials().any(|s| s.degraded == Some(Posture::Closed))
+            && self.denials().all(|s| s.degraded.is_some())
     }
 
     /// When denied and retrying can help: how long to wait (the longest retry-after among the
     /// denials, since all of them must clear).
     pub fn retry_after(&self) -> Option<Duration> {
-        let denials = || self.statuses.iter().filter(|s| s.code == Code::OverLimit);
-        if self.allowed() || denials().any(DescriptorStatus::cost_exceeds_capacity) {
+        if self.allowed() || self.denials().any(DescriptorStatus::cost_exceeds_capacity) {
             return None;
         }
-        denials()
+        self.denials()
             .filter_map(|s| s.decision.and_then(|d| d.retry_after))
             .max()
     }
