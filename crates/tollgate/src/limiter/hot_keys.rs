@@ -67,24 +67,24 @@ impl Limiter {
         epoch: u64,
     ) -> Option<(usize, Decision)> {
         let prefilter = self.prefilter()?;
-        if charges
+        let denial =
+            plan.spans
+                .iter()
+                .zip(charges)
+                .enumerate()
+                .find_map(|(n, ((i, _), charge))| {
+                    let limit = plan.limits[*i].as_ref()?;
+                    if !charge.enforce || !prefilterable(limit) {
+                        return None;
+                    }
+                    let denial = prefilter.check(charge.key, charge.cost, now, epoch)?;
+                    Some((n, denial))
+                })?;
+        // Rare, so looked at only once a denial is remembered.
+        let never_fits = charges
             .iter()
-            .any(|c| c.enforce && c.cost > c.params.capacity())
-        {
-            return None;
-        }
-        plan.spans
-            .iter()
-            .zip(charges)
-            .enumerate()
-            .find_map(|(n, ((i, _), charge))| {
-                let limit = plan.limits[*i].as_ref()?;
-                if !charge.enforce || !prefilterable(limit) {
-                    return None;
-                }
-                let denial = prefilter.check(charge.key, charge.cost, now, epoch)?;
-                Some((n, denial))
-            })
+            .any(|c| c.enforce && c.cost > c.params.capacity());
+        (!never_fits).then_some(denial)
     }
 
     /// Remembers the store's denials of the live charges for the prefilter, and forgets a
