@@ -5,7 +5,7 @@
 use smallvec::SmallVec;
 use tollgate_core::Params;
 
-use super::request::{MAX_FIELD_LEN, RequestDescriptor, value_digest};
+use super::request::{MAX_FIELD_LEN, RequestDescriptor};
 
 /// Every counter key of one request, back to back. Inline up to 256 bytes (four descriptors
 /// of typical size), so building keys allocates nothing on the hot path.
@@ -34,7 +34,7 @@ fn push_part(buf: &mut KeyBuf, part: &[u8]) {
 }
 
 /// Appends the entries; the value of entry `i` is a bare `*` when bit `i` of `shared` is set,
-/// and a value longer than [`MAX_FIELD_LEN`] is its [`value_digest`] (`#` and hex digits). A
+/// and a value longer than [`MAX_FIELD_LEN`] is its digest ([`push_digest`]: `#` and hex digits). A
 /// part always starts with its length, so neither can be mistaken for a value.
 fn push_entries(buf: &mut KeyBuf, descriptor: &RequestDescriptor, shared: u64) {
     push_decimal(buf, descriptor.entries().len() as u64);
@@ -44,10 +44,21 @@ fn push_entries(buf: &mut KeyBuf, descriptor: &RequestDescriptor, shared: u64) {
         if i < 64 && shared & (1 << i) != 0 {
             buf.push(b'*');
         } else if value.len() > MAX_FIELD_LEN {
-            buf.extend_from_slice(value_digest(value).as_bytes());
+            push_digest(buf, value);
         } else {
             push_part(buf, value.as_bytes());
         }
+    }
+}
+
+/// Appends what stands for a value longer than [`MAX_FIELD_LEN`] bytes: `#` and the first 32
+/// hex digits (128 bits) of its SHA-1, the same on every replica, so each long value keeps a
+/// counter of its own and nobody can choose a long value that lands on another's.
+fn push_digest(buf: &mut KeyBuf, value: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    buf.push(b'#');
+    for byte in &sha1_smol::Sha1::from(value).digest().bytes()[..16] {
+        buf.extend_from_slice(&[HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]]);
     }
 }
 
@@ -128,7 +139,15 @@ mod tests {
         assert!(keyed.len() < 100, "{}", keyed.len());
         assert_eq!(keyed, key("r", &[("path", &long)]));
         assert_ne!(keyed, key("r", &[("path", &format!("{long}v"))]));
-        assert_ne!(keyed, key("r", &[("path", &value_digest(&long))]));
+        let mut digest = KeyBuf::new();
+        push_digest(&mut digest, &long);
+        let digest = std::str::from_utf8(&digest).unwrap();
+        assert!(digest.len() == 33 && digest[1..].bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(
+            keyed.ends_with(digest.as_bytes()),
+            "the key holds the digest"
+        );
+        assert_ne!(keyed, key("r", &[("path", digest)]));
     }
 
     #[test]
