@@ -1,6 +1,5 @@
 //! FNV-1a (64 bits): a stable hash, the same in every process and release (unlike std's
-//! `DefaultHasher`), for Redis hash tags, policy version hashes and the client layer's digests
-//! of over-long descriptor values.
+//! `DefaultHasher`), for Redis hash tags and policy version hashes.
 
 /// FNV-1a of `bytes`.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {

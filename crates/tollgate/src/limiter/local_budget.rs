@@ -64,12 +64,20 @@ enum Attempt {
 type Unused = (Params, u64, i64);
 
 impl Lease {
+    /// Whether this lease, reserved under `params` in `epoch`, still holds `cost` at `now`.
+    fn can_serve(&self, params: &Params, cost: u64, now: Timestamp, epoch: u64) -> bool {
+        !self.retired
+            && self.params.as_ref() == Some(params)
+            && self.epoch == epoch
+            && now < self.expires
+            && self.tokens >= cost
+    }
+
     fn attempt(&mut self, params: &Params, cost: u64, now: Timestamp, epoch: u64) -> Attempt {
-        let current = self.params.as_ref() == Some(params) && self.epoch == epoch;
         if self.retired {
             return Attempt::BackingOff;
         }
-        if current && now < self.expires && self.tokens >= cost {
+        if self.can_serve(params, cost, now, epoch) {
             self.tokens -= cost;
             if let Some(decision) = self.served(now) {
                 return Attempt::Taken(decision);
@@ -90,8 +98,7 @@ impl Lease {
         now: Timestamp,
         epoch: u64,
     ) -> Option<Decision> {
-        let current = self.params.as_ref() == Some(params) && self.epoch == epoch;
-        if self.retired || !current || now >= self.expires || self.tokens < cost {
+        if !self.can_serve(params, cost, now, epoch) {
             return None;
         }
         let mut decision = self.served(now)?;
