@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod observe;
 pub mod policy;
 pub mod policy_sync;
+mod random;
 pub mod resilience;
 pub mod store;
 

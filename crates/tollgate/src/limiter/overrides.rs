@@ -5,7 +5,6 @@
 //! for a fixed window or sliding counter whose `period` the override changes: see
 //! `tollgate_core`'s notes on changed params).
 
-use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -118,9 +117,7 @@ pub struct Overrides {
 /// A new override id: random below 2^53 (exact as a JSON number everywhere), so replicas that
 /// set overrides at the same time never hand out the same one.
 fn fresh_id() -> u64 {
-    static CALLS: AtomicU64 = AtomicU64::new(0);
-    let n = CALLS.fetch_add(1, Ordering::Relaxed);
-    (RandomState::new().hash_one(n) & ((1 << 53) - 1)).max(1)
+    (crate::random::random_u64() & ((1 << 53) - 1)).max(1)
 }
 
 impl Overrides {
