@@ -14,9 +14,7 @@ use tracing::{info, warn};
 
 use crate::lifecycle::{Activation, Lifecycle, Origin, PolicyVersion};
 use crate::limiter::{Override, OverrideChange};
-use crate::store::redis::{
-    LEGACY_OVERRIDES_KEY, POLICY_KEY, SharedOverride, SharedOverrideChange, SharedOverrides, Stamp,
-};
+use crate::store::redis::{SharedOverride, SharedOverrideChange, SharedOverrides, Stamp};
 use crate::store::{RedisStore, SharedPolicy, StoreBackend};
 
 /// Runs until `stop` turns true. Does nothing for the memory store.
@@ -79,7 +77,11 @@ async fn sync_policy(
     // now; Redis keeps the shared one if another replica's was accepted later.
     if unpublished.is_some_and(|seq| seq == current.seq) {
         match publish_policy(store, &current).await {
-            Ok(Some(stamp)) => *seen = Some(stamp),
+            Ok(Some(stamp)) => {
+                *seen = Some(stamp);
+                *unpublished = None;
+                return;
+            }
             Ok(None) => *seen = None, // adopted below
             Err(()) => return,        // still unreachable: try again at the next tick
         }
@@ -88,35 +90,33 @@ async fn sync_policy(
     // A version activated here while the shared one is read is newer than it: the adoption
     // below only happens over `before`.
     let before = current.seq;
-    let Ok(shared) = store.shared_doc(POLICY_KEY).await else {
+    let Ok(shared) = store.shared_policy().await else {
         return; // Redis unreachable: try again at the next tick
     };
-    match shared {
-        // Nothing shared yet: this replica's policy becomes the first version.
-        None => {
-            if let Ok(Some(stamp)) = publish_policy(store, &current).await {
-                *seen = Some(stamp);
-            }
-        }
-        // Made again since this replica last looked (Redis lost it): the replica that made it
-        // may run an older version than this one. Redis keeps whichever was accepted later.
-        Some(shared) if remade(seen.as_ref(), &shared.stamp) && shared.hash != current.hash => {
-            match publish_policy(store, &current).await {
-                Ok(Some(stamp)) => *seen = Some(stamp),
-                Ok(None) => {
+    // Nothing shared yet, or made again since this replica last looked (Redis lost it, and the
+    // replica that made it may run an older version): this replica's version goes in, and
+    // Redis keeps whichever was accepted later.
+    if shared
+        .as_ref()
+        .is_none_or(|s| remade(seen.as_ref(), &s.stamp) && s.hash != current.hash)
+    {
+        match publish_policy(store, &current).await {
+            Ok(Some(stamp)) => *seen = Some(stamp),
+            Ok(None) => {
+                if let Some(shared) = &shared {
                     *seen = Some(shared.stamp.clone());
-                    adopt_policy(lifecycle, &shared, before);
+                    adopt_policy(lifecycle, shared, before);
                 }
-                Err(()) => {} // try again at the next tick
             }
+            Err(()) => {} // try again at the next tick
         }
-        Some(shared) if seen.as_ref() != Some(&shared.stamp) => {
-            *seen = Some(shared.stamp.clone());
-            if shared.hash != current.hash {
-                adopt_policy(lifecycle, &shared, before);
-            }
+    } else if let Some(shared) = shared
+        && seen.as_ref() != Some(&shared.stamp)
+    {
+        *seen = Some(shared.stamp.clone());
+        if shared.hash != current.hash {
+            adopt_policy(lifecycle, &shared, before);
         }
-        Some(_) => {}
     }
 }
 
@@ -137,34 +137,36 @@ async fn sync_overrides(
         return;
     }
     // (Changes that could not be shared stay pending, and are kept over what is adopted.)
-    match store.shared_overrides().await {
-        Ok(None) => {
-            if overrides.all().is_empty() && !*legacy_read {
-                *legacy_read = carry_over_legacy(store, lifecycle).await;
-            }
-            if let Ok(Some(stamp)) = share_overrides(store, lifecycle, true, None).await {
-                *seen = Some(stamp);
-            }
+    let Ok(shared) = store.shared_overrides().await else {
+        return;
+    };
+    // Nothing shared (Redis lost it, or none was ever), or made again since this replica last
+    // looked: whoever made it may have known only some of the overrides, so this replica adds
+    // all it knows.
+    if shared
+        .as_ref()
+        .is_none_or(|s| remade(seen.as_ref(), &s.stamp))
+    {
+        if shared.is_none() && overrides.all().is_empty() && !*legacy_read {
+            *legacy_read = carry_over_legacy(store, lifecycle).await;
         }
-        // Made again since this replica last looked (Redis lost it): whoever made it may have
-        // known only some of the overrides, so this replica adds all it knows.
-        Ok(Some(shared)) if remade(seen.as_ref(), &shared.stamp) => {
-            match share_overrides(store, lifecycle, true, None).await {
-                Ok(Some(stamp)) => *seen = Some(stamp),
-                // Nothing to add: take what is shared.
-                Ok(None) => {
+        match share_overrides(store, lifecycle, true, None).await {
+            Ok(Some(stamp)) => *seen = Some(stamp),
+            // Nothing to add: take what is shared.
+            Ok(None) => {
+                if let Some(shared) = &shared {
                     *seen = Some(shared.stamp.clone());
-                    adopt_overrides(lifecycle, &shared);
+                    adopt_overrides(lifecycle, shared);
                 }
-                // Not adopted while this replica's own cannot be added: try again next tick.
-                Err(()) => {}
             }
+            // Not adopted while this replica's own cannot be added: try again next tick.
+            Err(()) => {}
         }
-        Ok(Some(shared)) if seen.as_ref() != Some(&shared.stamp) => {
-            *seen = Some(shared.stamp.clone());
-            adopt_overrides(lifecycle, &shared);
-        }
-        _ => {}
+    } else if let Some(shared) = shared
+        && seen.as_ref() != Some(&shared.stamp)
+    {
+        *seen = Some(shared.stamp.clone());
+        adopt_overrides(lifecycle, &shared);
     }
 }
 
@@ -176,7 +178,7 @@ fn remade(seen: Option<&Stamp>, now: &Stamp) -> bool {
 /// Adopts the overrides a version before the merged format shared as one list. Returns whether
 /// Redis answered (the list was read, or there is none).
 async fn carry_over_legacy(store: &RedisStore, lifecycle: &Lifecycle) -> bool {
-    let legacy = match store.shared_doc(LEGACY_OVERRIDES_KEY).await {
+    let legacy = match store.legacy_overrides().await {
         Ok(Some(legacy)) => legacy,
         Ok(None) => return true,
         Err(_) => return false,
@@ -348,15 +350,15 @@ async fn share_overrides(
     // Redis had lost them (made now, or since this replica last looked): what was sent may
     // be all it holds. Send every override this replica knows, or the others would adopt only
     // the changes and drop the rest.
-    if let Ok(shared) = &merged
-        && (!shared.existed || remade(seen, &shared.stamp))
+    if let Ok((existed, shared)) = &merged
+        && (!existed || remade(seen, &shared.stamp))
         && !seed
     {
         let all: Vec<SharedOverrideChange> = overrides.all().iter().map(shared_set).collect();
         merged = store.merge_overrides(&all, now).await;
     }
     match merged {
-        Ok(shared) => {
+        Ok((_, shared)) => {
             adopt_overrides(lifecycle, &shared);
             Ok(Some(shared.stamp))
         }

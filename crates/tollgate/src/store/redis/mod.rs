@@ -46,8 +46,8 @@ pub use self::coalesce::CoalesceOptions;
 use self::coalesce::{Coalescer, Request};
 use self::script::charge_args;
 pub use self::shared_policy::{
-    LEGACY_OVERRIDES_KEY, OVERRIDES_KEY, POLICY_KEY, SharedOverride, SharedOverrideChange,
-    SharedOverrides, SharedPolicy, Stamp,
+    LEGACY_OVERRIDES_KEY, POLICY_KEY, SharedOverride, SharedOverrideChange, SharedOverrides,
+    SharedPolicy, Stamp,
 };
 use self::topology::Topology;
 use super::url::StoreUrl;
@@ -310,18 +310,11 @@ impl RedisStore {
         }
     }
 
-    /// Runs `call` against the node that owns `slot`, through that node's breaker. `call` gets
-    /// the node's address.
-    async fn through_breaker<T, F, Fut>(&self, slot: u16, call: F) -> Result<T, StoreError>
-    where
-        F: FnOnce(Arc<str>) -> Fut,
-        Fut: Future<Output = Result<T, StoreError>>,
-    {
-        let (node, breaker) = self
-            .topology
+    /// The node that owns `slot`, with its breaker; refused before calling when none does.
+    fn owner_of(&self, slot: u16) -> Result<(Arc<str>, Arc<Breaker>), StoreError> {
+        self.topology
             .breaker_for(slot)
-            .ok_or_else(|| StoreError::NotCalled(format!("no known node serves slot {slot}")))?;
-        through(&node, &breaker, call(node.clone())).await
+            .ok_or_else(|| StoreError::NotCalled(format!("no known node serves slot {slot}")))
     }
 
     /// Runs a script invocation on the node that owns `slot`, following `MOVED` and `ASK`
@@ -333,10 +326,7 @@ impl RedisStore {
         slot: u16,
         invocation: &redis::ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
-        let (mut node, mut breaker) = self
-            .topology
-            .breaker_for(slot)
-            .ok_or_else(|| StoreError::NotCalled(format!("no known node serves slot {slot}")))?;
+        let (mut node, mut breaker) = self.owner_of(slot)?;
         let mut asking = false;
         // During a failover the slot can move twice (old primary -> promoting replica): follow a
         // few redirects, all within the decision's deadline.
@@ -350,29 +340,31 @@ impl RedisStore {
                 };
                 match answer {
                     Ok(reply) => Ok(Ok(reply)),
+                    // A redirect is an answer: the node is fine, the slot is elsewhere.
                     Err(e) => match (e.redirect_node(), &self.connection) {
-                        (Some(_), Connection::Cluster(_)) => Ok(Err(e)),
+                        (Some((to, moved_slot)), Connection::Cluster(_)) => {
+                            let ask =
+                                e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask);
+                            Ok(Err((to.to_owned(), moved_slot, ask)))
+                        }
                         _ => Err(store_error(e)),
                     },
                 }
             };
-            let redirect = match through(&node, &breaker, call).await? {
+            let (to, moved_slot, ask) = match through(&node, &breaker, call).await? {
                 Ok(reply) => return Ok(reply),
                 Err(redirect) => redirect,
             };
-            let Some((to, moved_slot)) = redirect.redirect_node() else {
-                break;
-            };
-            asking = redirect.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask);
+            asking = ask;
             if !asking {
-                self.topology.moved(moved_slot, to);
+                self.topology.moved(moved_slot, &to);
                 if let Connection::Cluster(router) = &self.connection {
                     router.refresh_soon();
                 }
             }
             // A migrating slot (`ASK`) is asked on `to` this once, the map unchanged until the
             // migration ends with a `MOVED`.
-            (node, breaker) = self.topology.owner(to);
+            (node, breaker) = self.topology.owner(&to);
         }
         Err(StoreError::Unavailable(format!(
             "slot {slot}: more than {MAX_REDIRECTS} redirects"
@@ -422,7 +414,8 @@ impl RedisStore {
             request.push(c);
         }
         let place = coalescer.place()?;
-        let raw = self.through_breaker(0, |_| place.decide(request)).await?;
+        let (node, breaker) = self.owner_of(0)?;
+        let raw = through(&node, &breaker, place.decide(request)).await?;
         parse_reply(&raw, charges)
     }
 

@@ -28,7 +28,7 @@ use crate::store::StoreError;
 /// The running policy.
 pub const POLICY_KEY: &str = "tg:{tollgate-policy}:current";
 /// The runtime overrides (`:2`: merged per target).
-pub const OVERRIDES_KEY: &str = "tg:{tollgate-policy}:overrides:2";
+const OVERRIDES_KEY: &str = "tg:{tollgate-policy}:overrides:2";
 /// Where versions before the merged format kept the overrides, as one list: read once, to carry
 /// them over, while the merged hash does not exist yet.
 pub const LEGACY_OVERRIDES_KEY: &str = "tg:{tollgate-policy}:overrides";
@@ -63,8 +63,7 @@ pub struct Stamp {
 
 /// A random epoch for a hash this call may create.
 fn fresh_epoch() -> String {
-    use std::hash::{BuildHasher, RandomState};
-    format!("{:016x}", RandomState::new().hash_one(std::process::id()))
+    format!("{:016x}", crate::random::random_u64())
 }
 
 /// Applies override changes and answers `{existed, the whole hash}`, `existed` 0 when the hash
@@ -95,21 +94,23 @@ for i = 4, #ARGV, 3 do
     end
   end
 end
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  if all[i] ~= 'seq' and all[i] ~= 'epoch' then
-    local expires = tonumber(string.match(all[i + 1], '^%d+ (%d+) '))
-    if expires and expires > 0 and expires <= now then
-      redis.call('HDEL', KEYS[1], all[i])
-    end
-  end
-end
 redis.call('HINCRBY', KEYS[1], 'seq', 1)
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
-return {existed, redis.call('HGETALL', KEYS[1])}
+local all = redis.call('HGETALL', KEYS[1])
+local kept = {}
+for i = 1, #all, 2 do
+  local expires = tonumber(string.match(all[i + 1], '^%d+ (%d+) '))
+  if all[i] ~= 'seq' and all[i] ~= 'epoch' and expires and expires > 0 and expires <= now then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    kept[#kept + 1] = all[i]
+    kept[#kept + 1] = all[i + 1]
+  end
+end
+return {existed, kept}
 ";
 
-/// One override as shared: its target (the hash field) and `id expires_at_us json`.
+/// One override as shared: its target (the hash field) and its value (see `MERGE_OVERRIDES`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharedOverride {
     /// Domain, rule and entries, encoded; one override per target.
@@ -135,8 +136,6 @@ pub struct SharedOverrides {
     pub stamp: Stamp,
     /// Every override stored.
     pub overrides: Vec<SharedOverride>,
-    /// Whether the hash existed before this call (always true for a read).
-    pub existed: bool,
 }
 
 impl SharedOverrides {
@@ -157,7 +156,6 @@ impl SharedOverrides {
         Some(SharedOverrides {
             stamp: Stamp { epoch, seq: seq? },
             overrides,
-            existed: true,
         })
     }
 }
@@ -195,21 +193,46 @@ impl RedisStore {
         }
     }
 
-    /// The document last published at `key` ([`POLICY_KEY`] or [`OVERRIDES_KEY`]), if any;
-    /// renews its TTL.
-    pub async fn shared_doc(&self, key: &str) -> Result<Option<SharedPolicy>, StoreError> {
+    /// Reads `key` with `read`, renewing its TTL in the same round trip when `renew`.
+    async fn read<T: redis::FromRedisValue>(
+        &self,
+        key: &str,
+        read: &redis::Cmd,
+        renew: bool,
+    ) -> Result<T, StoreError> {
         let mut connection = self.policy_connection()?;
+        let mut pipe = redis::pipe();
+        pipe.add_command(read.clone());
+        if renew {
+            pipe.cmd("PEXPIRE")
+                .arg(key)
+                .arg(TTL.as_millis() as u64)
+                .ignore();
+        }
+        let (value,): (T,) = self.policy_call(pipe.query_async(&mut connection)).await?;
+        Ok(value)
+    }
+
+    /// The shared policy, if one was published; renews its TTL.
+    pub async fn shared_policy(&self) -> Result<Option<SharedPolicy>, StoreError> {
+        self.shared_doc(POLICY_KEY, true).await
+    }
+
+    /// The overrides an earlier version shared as one list ([`LEGACY_OVERRIDES_KEY`]), read once
+    /// to carry them over: `doc` holds them; the TTL is left to run out.
+    pub async fn legacy_overrides(&self) -> Result<Option<SharedPolicy>, StoreError> {
+        self.shared_doc(LEGACY_OVERRIDES_KEY, false).await
+    }
+
+    async fn shared_doc(&self, key: &str, renew: bool) -> Result<Option<SharedPolicy>, StoreError> {
         let mut cmd = redis::cmd("HMGET");
         cmd.arg(key).arg("seq").arg("hash").arg("doc").arg("epoch");
         let (seq, hash, doc, epoch): (Option<u64>, Option<String>, Option<String>, Option<String>) =
-            self.policy_call(cmd.query_async(&mut connection)).await?;
+            self.read(key, &cmd, renew).await?;
         let (Some(seq), Some(hash), Some(doc)) = (seq, hash, doc) else {
             return Ok(None);
         };
         let epoch = epoch.unwrap_or_default();
-        let mut renew = redis::cmd("PEXPIRE");
-        renew.arg(key).arg(TTL.as_millis() as u64);
-        let _: i64 = self.policy_call(renew.query_async(&mut connection)).await?;
         Ok(Some(SharedPolicy {
             stamp: Stamp { epoch, seq },
             hash,
@@ -243,27 +266,20 @@ impl RedisStore {
 
     /// The shared overrides, if any were ever shared; renews their TTL.
     pub async fn shared_overrides(&self) -> Result<Option<SharedOverrides>, StoreError> {
-        let mut connection = self.policy_connection()?;
         let mut cmd = redis::cmd("HGETALL");
         cmd.arg(OVERRIDES_KEY);
-        let fields: Vec<(String, String)> =
-            self.policy_call(cmd.query_async(&mut connection)).await?;
-        let Some(shared) = SharedOverrides::from_fields(fields) else {
-            return Ok(None);
-        };
-        let mut renew = redis::cmd("PEXPIRE");
-        renew.arg(OVERRIDES_KEY).arg(TTL.as_millis() as u64);
-        let _: i64 = self.policy_call(renew.query_async(&mut connection)).await?;
-        Ok(Some(shared))
+        let fields: Vec<(String, String)> = self.read(OVERRIDES_KEY, &cmd, true).await?;
+        Ok(SharedOverrides::from_fields(fields))
     }
 
     /// Applies `changes` to the shared overrides, dropping those expired at `now`; returns
+    /// whether the hash existed before (false: Redis lost it, or none was ever shared) and
     /// them all, changed.
     pub async fn merge_overrides(
         &self,
         changes: &[SharedOverrideChange],
         now: tollgate_core::Timestamp,
-    ) -> Result<SharedOverrides, StoreError> {
+    ) -> Result<(bool, SharedOverrides), StoreError> {
         let mut connection = self.policy_connection()?;
         let script = redis::Script::new(MERGE_OVERRIDES);
         let mut invocation = script.prepare_invoke();
@@ -281,9 +297,8 @@ impl RedisStore {
         let (existed, fields): (i64, Vec<(String, String)>) = self
             .policy_call(invocation.invoke_async(&mut connection))
             .await?;
-        let mut merged = SharedOverrides::from_fields(fields)
+        let merged = SharedOverrides::from_fields(fields)
             .ok_or_else(|| StoreError::InvalidData("the merged overrides have no seq".into()))?;
-        merged.existed = existed == 1;
-        Ok(merged)
+        Ok((existed == 1, merged))
     }
 }
