@@ -126,10 +126,16 @@ pub struct Lifecycle {
 /// it is being replaced (a Kubernetes ConfigMap swap between the listing and the reads) could
 /// otherwise give texts that never existed together, a policy valid but never written.
 fn read_settled(path: &Path) -> Result<Vec<(String, String)>, PolicyErrors> {
-    let first = Policy::read_sources(path)?;
-    let second = Policy::read_sources(path)?;
-    if first == second {
-        Ok(second)
+    settled(path, Policy::read_sources(path)?)
+}
+
+/// `first`, read from `path`, once a second read agrees with it (see [`read_settled`]).
+fn settled(
+    path: &Path,
+    first: Vec<(String, String)>,
+) -> Result<Vec<(String, String)>, PolicyErrors> {
+    if Policy::read_sources(path)? == first {
+        Ok(first)
     } else {
         Err(PolicyErrors(vec![crate::policy::PolicyError::new(
             None,
@@ -353,10 +359,21 @@ impl Lifecycle {
     /// briefly missing mid-swap): the next call tries again.
     pub fn reload_if_files_changed(&self) -> Option<Result<Activation, PolicyErrors>> {
         let path = self.config.as_ref()?;
-        let sources = match read_settled(path) {
-            Ok(sources) => {
+        // Read once; only files that changed are read a second time to confirm them.
+        let read = Policy::read_sources(path).and_then(|first| {
+            if sources_hash(&first) == *self.files_seen.lock() {
+                return Ok(None);
+            }
+            settled(path, first).map(Some)
+        });
+        let sources = match read {
+            Ok(Some(sources)) => {
                 self.unreadable_checks.store(0, Ordering::Relaxed);
                 sources
+            }
+            Ok(None) => {
+                self.unreadable_checks.store(0, Ordering::Relaxed);
+                return None;
             }
             Err(errors) => {
                 // Once is a swap in progress; twice in a row is a problem worth a line.
