@@ -649,8 +649,8 @@ impl<'f> SourceCompiler<'f> {
         }
     }
 
-    /// An explicit `name` is unique in its domain (derived names may coincide, as envoy's
-    /// `key_value` paths can); every `replaces` names some rule of the domain other than itself.
+    /// Every name is unique in its domain (derived ones already are: see `derived_name`);
+    /// every `replaces` names some rule of the domain other than itself.
     fn check_names(&mut self) {
         let named = std::mem::take(&mut self.named);
         let mut first_by_name: HashMap<&str, &NamedRule> = HashMap::new();
@@ -658,9 +658,6 @@ impl<'f> SourceCompiler<'f> {
             match first_by_name.entry(rule.name.as_str()) {
                 Entry::Occupied(first) => {
                     let first = *first.get();
-                    if !rule.explicit && !first.explicit {
-                        continue;
-                    }
                     let at = first
                         .name_location
                         .as_ref()
