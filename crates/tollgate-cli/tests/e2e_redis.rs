@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use support::{Server, descriptor};
 use tollgate_core::Algorithm;
-use tollgate_testkit::{RedisCluster, RedisServer};
+use tollgate_testkit::{FaultProxy, Mode, RedisCluster, RedisServer};
 
 fn race_policy() -> String {
     let mut policy = String::from("domain: race\ndescriptors:\n");
@@ -236,13 +236,11 @@ async fn a_foreign_value_at_our_key_takes_the_posture_for_that_request_only() {
 /// Started while Redis is down: the service serves from the start, with the postures.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn started_with_redis_down_the_postures_answer_over_http() {
-    // A port nobody listens on: bind one, then let it go.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let store = format!("redis://127.0.0.1:{port}");
+    // A Redis address that resets every connection. (A port bound and let go could be taken
+    // by a Redis another test starts meanwhile, which then answered.)
+    let nowhere = FaultProxy::start("127.0.0.1:9".parse().unwrap());
+    nowhere.set_mode(Mode::Reset);
+    let store = nowhere.url();
     let policy = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: soft\n    rate_limit: {unit: day, requests_per_unit: 5, on_store_error: open}\n  - key: shared\n    rate_limit: {name: shared, unit: minute, requests_per_unit: 4, on_store_error: local, local_share: 0.5}\n  - key: trial\n    rate_limit: {name: trial, unit: minute, requests_per_unit: 4, mode: shadow}\n";
     let server = Server::start_with_args(
         policy,
