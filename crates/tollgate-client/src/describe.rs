@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use axum::extract::ConnectInfo;
 use http::Request;
 use tollgate::limiter::{CheckRequest, MAX_DESCRIPTORS, MAX_FIELD_LEN, RequestDescriptor};
+use tollgate_server::headers::header_text;
 
 /// Derives the rate-limit request for an HTTP request; `None` lets it through unchecked.
 ///
@@ -143,13 +144,7 @@ impl<B> Describe<B> for Descriptors {
             .iter()
             .filter_map(|(source, key)| {
                 let value = match source {
-                    // An empty value counts as missing, as in forward auth, rather than as one
-                    // key every such client would share (and could exhaust for the others).
-                    Source::Header(name) => request
-                        .headers()
-                        .get(name)
-                        .filter(|v| !v.is_empty())
-                        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+                    Source::Header(name) => header_text(request.headers(), name),
                     Source::ClientIp => request
                         .extensions()
                         .get::<ConnectInfo<SocketAddr>>()

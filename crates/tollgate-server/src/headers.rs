@@ -24,6 +24,20 @@ pub const DEGRADED: &str = "x-tollgate-degraded";
 /// Set when a `mode: soft` limit was exceeded: the suggested delay in milliseconds.
 pub const SOFT_EXCEEDED: &str = "x-tollgate-soft-exceeded";
 
+/// A request header's value as a descriptor value: `None` when missing or empty (an empty
+/// value would be one key every such client shares, and could exhaust for the others); bytes
+/// that are not visible ASCII read lossily, so a client cannot slip past its limit by sending a
+/// value nobody can read.
+pub fn header_text(
+    headers: &axum::http::HeaderMap,
+    name: impl axum::http::header::AsHeaderName,
+) -> Option<String> {
+    headers
+        .get(name)
+        .filter(|v| !v.is_empty())
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
+
 /// Whole milliseconds, rounded up so a caller waiting that long is never early.
 pub fn ceil_ms(d: Duration) -> u64 {
     let ms = d.as_millis() + u128::from(!d.as_nanos().is_multiple_of(1_000_000));

@@ -25,6 +25,7 @@ use axum::response::{IntoResponse, Response};
 use tollgate::limiter::{CheckRequest, CheckResponse, Limiter, RequestDescriptor};
 
 use super::add_rate_limit_headers;
+use crate::headers::header_text;
 
 /// Response header saying why a request was denied: `over_limit`, `unavailable` or `invalid`.
 pub const REASON: &str = "x-tollgate-reason";
@@ -43,17 +44,12 @@ pub enum Source {
 }
 
 impl Source {
-    /// The value for this source in `headers`, if present and not empty. Bytes that are not
-    /// visible ASCII are read lossily: a value present is limited, whatever it holds, so a
-    /// client cannot slip past its limit by sending one nobody can read.
+    /// The value for this source in `headers`, if present and not empty (see
+    /// [`header_text`]).
     fn value(&self, headers: &HeaderMap) -> Option<String> {
-        let get = |name: &str| {
-            headers
-                .get(name)
-                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-        };
+        let get = |name: &str| header_text(headers, name);
         let value = match self {
-            Source::Header(name) => get(name.as_str()),
+            Source::Header(name) => header_text(headers, name),
             // The first address in the list: an empty item before it (`, 1.2.3.4`) would
             // otherwise leave the request without a client address, and unlimited.
             Source::ClientIp => get("x-forwarded-for")
@@ -211,7 +207,8 @@ pub async fn authorize(State(state): State<AuthorizeState>, headers: HeaderMap) 
     let request = match mapping.request(&headers) {
         None => return StatusCode::OK.into_response(),
         Some(Ok(r)) => r,
-        // A 400 would become a 500 in nginx; deny instead of letting an oversized key through.
+        // Only a mapping nothing could carry (a key over 1 KiB, too many descriptors) gets
+        // here. A 400 would become a 500 in nginx; deny instead of letting the request through.
         Some(Err(message)) => return denied("invalid", message),
     };
     match state.limiter.check(&request).await {
