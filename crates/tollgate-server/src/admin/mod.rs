@@ -38,7 +38,7 @@ use axum::routing::{delete, get, post};
 use serde::de::DeserializeOwned;
 use tollgate::lifecycle::Lifecycle;
 
-use crate::http::error_response;
+use crate::http::{error_response, json_fallbacks};
 
 /// What admin handlers share.
 #[derive(Debug, Clone)]
@@ -53,7 +53,7 @@ pub fn router(lifecycle: Arc<Lifecycle>, token: Option<String>) -> Router {
         lifecycle,
         token: token.map(Into::into),
     };
-    Router::new()
+    let router = Router::new()
         .route("/v1/admin/policy", get(policy::list).post(policy::push))
         .route("/v1/admin/policy/diff", get(policy::diff))
         .route("/v1/admin/policy/rollback", post(policy::rollback))
@@ -74,10 +74,8 @@ pub fn router(lifecycle: Arc<Lifecycle>, token: Option<String>) -> Router {
         .route("/v1/admin/top", get(top::top))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(axum::extract::DefaultBodyLimit::max(1024 * 1024))
-        .with_state(state)
-        .fallback(|| async {
-            error_response(StatusCode::NOT_FOUND, "no such admin endpoint".into())
-        })
+        .with_state(state);
+    json_fallbacks(router)
 }
 
 /// [`Path`](axum::extract::Path) whose rejection (a malformed segment) is answered like every

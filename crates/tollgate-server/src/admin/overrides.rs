@@ -76,7 +76,7 @@ pub async fn set(State(state): State<AdminState>, Body(body): Body) -> Response 
     let body: SetBody = match from_body(&body) {
         Ok(b) => b,
         Err(e) => {
-            return error_response(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}"));
+            return error_response(StatusCode::BAD_REQUEST, e);
         }
     };
     let limiter = state.lifecycle.limiter();

@@ -122,7 +122,7 @@ struct PushSource {
 
 /// The `(name, text)` pairs of a push body, or why the body is refused (a `400`).
 pub(super) fn pushed_sources(body: &[u8]) -> Result<Vec<(String, String)>, String> {
-    let push: PushBody = from_body(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+    let push: PushBody = from_body(body)?;
     if push.sources.is_empty() {
         return Err("a push needs at least one source".into());
     }
@@ -155,7 +155,7 @@ pub async fn rollback(State(state): State<AdminState>, Body(body): Body) -> Resp
         match from_body(&body) {
             Ok(r) => r,
             Err(e) => {
-                return error_response(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}"));
+                return error_response(StatusCode::BAD_REQUEST, e);
             }
         }
     };
@@ -167,4 +167,32 @@ pub async fn rollback(State(state): State<AdminState>, Body(body): Body) -> Resp
 
 pub async fn reload(State(state): State<AdminState>) -> Response {
     activation(state.lifecycle.reload())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tollgate_core::Timestamp;
+
+    use super::*;
+
+    /// A rollback that another activation overtook changed nothing, and says so with a `409`.
+    #[test]
+    fn an_overtaken_activation_is_a_conflict() {
+        let version = Arc::new(PolicyVersion {
+            seq: 3,
+            hash: "0123456789abcdef".into(),
+            origin: Origin::Push,
+            accepted_at: Timestamp::from_micros(0),
+            sources: Vec::new(),
+            rules: 0,
+        });
+        let answer = |a: Activation| activation(Ok(a)).status();
+        assert_eq!(
+            answer(Activation::Superseded(version.clone())),
+            StatusCode::CONFLICT
+        );
+        assert_eq!(answer(Activation::Unchanged(version)), StatusCode::OK);
+    }
 }

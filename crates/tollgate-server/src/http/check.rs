@@ -181,7 +181,7 @@ fn encode(decided: &CheckResponse) -> WireResponse<'_> {
 
 /// A `/v1/check` body (also `/v1/explain`'s) as a request, or why it is not one (a `400`).
 pub(super) fn decode(body: &[u8]) -> Result<CheckRequest, String> {
-    let wire: WireRequest = from_body(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+    let wire: WireRequest = from_body(body)?;
     CheckRequest::try_from(wire).map_err(|e| format!("invalid request: {e}"))
 }
 

@@ -86,7 +86,6 @@ struct JsonOverride {
     unit: Option<Value>,
 }
 
-/// proto3 JSON integers: a number or a decimal string.
 /// proto3 JSON integers: a number or a string, in exponent form too (`1e2`, `100.0`), as long as
 /// the value is a whole number.
 fn uint<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
@@ -242,7 +241,7 @@ pub async fn check(State(limiter): State<Arc<Limiter>>, Body(body): Body) -> Res
     let json: JsonRequest = match from_body(&body) {
         Ok(j) => j,
         Err(e) => {
-            return error_response(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}"));
+            return error_response(StatusCode::BAD_REQUEST, e);
         }
     };
     let wire = match RateLimitRequest::try_from(json) {
@@ -277,7 +276,7 @@ mod tests {
     }
 
     fn parsed(body: &str) -> Result<RateLimitRequest, String> {
-        let json: JsonRequest = from_body(body.as_bytes()).map_err(|e| e.to_string())?;
+        let json: JsonRequest = from_body(body.as_bytes())?;
         RateLimitRequest::try_from(json)
     }
 

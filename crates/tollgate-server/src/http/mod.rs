@@ -97,7 +97,7 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
 }
 
 /// The JSON answers for an unknown path (`404`) and a method a path does not take (`405`).
-fn json_fallbacks(router: Router) -> Router {
+pub(crate) fn json_fallbacks(router: Router) -> Router {
     router
         .fallback(|| async { error_response(StatusCode::NOT_FOUND, "no such endpoint".into()) })
         .method_not_allowed_fallback(|| async {
