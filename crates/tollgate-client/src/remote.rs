@@ -166,7 +166,8 @@ impl Backend for Remote {
                     Some((*name, value.to_owned()))
                 })
                 .collect();
-            let body: serde_json::Value = response.json().await?;
+            // Only a 400's `error` is read; the rest of the answer is in the status and headers.
+            let body: ErrorBody = response.json().await?;
             Ok::<_, reqwest::Error>((status, headers, body))
         }
         .await;
@@ -178,8 +179,10 @@ impl Backend for Remote {
             429 => Outcome::Limited,
             503 => Outcome::Unavailable,
             400 => {
-                let why = body["error"].as_str().unwrap_or("rejected by the service");
-                return Err(BackendError::Invalid(why.to_owned()));
+                let why = body
+                    .error
+                    .unwrap_or_else(|| "rejected by the service".into());
+                return Err(BackendError::Invalid(why));
             }
 
             _ => return Ok(fallback(self.posture)),
@@ -191,6 +194,13 @@ impl Backend for Remote {
             limit_name,
         })
     }
+}
+
+/// The one field of the service's answer this client reads (a `400`'s reason); other fields
+/// are skipped without being built.
+#[derive(serde::Deserialize)]
+struct ErrorBody {
+    error: Option<String>,
 }
 
 #[cfg(test)]
