@@ -25,6 +25,23 @@ fn probe() -> impl Strategy<Value = (Params, u64, Vec<crate::support::Step>, u64
 proptest! {
     #![proptest_config(config(256))]
 
+    /// A clock that reads up to one period behind the state's last write (a failover to a
+    /// server whose clock lags) never admits a request the later reading would deny: no
+    /// window is reopened and no bucket refilled by going back. The sliding log counts the
+    /// entries of its trailing period as it is, so it is left out.
+    #[test]
+    fn an_earlier_reading_is_never_more_permissive(
+        (params, start, history, back, cost) in probe()
+    ) {
+        prop_assume!(params.algorithm() != Algorithm::SlidingWindowLog);
+        let (state, last, _) = run(&params, start, &history);
+        let back = back.min(params.period_micros() - 1).min(last);
+        let at = |t: u64| decide(&params, &state, Timestamp::from_micros(t), cost).0;
+        if at(last - back).is_allowed() {
+            prop_assert!(at(last).is_allowed(), "admitted {back} µs earlier, denied at {last}");
+        }
+    }
+
     /// Denied means: admitted at `now + retry_after`, still denied 1µs before, state untouched.
     #[test]
     fn retry_after_is_exact((params, start, history, advance, cost) in probe()) {

@@ -67,3 +67,62 @@ pub fn encode_response(response: &CheckResponse, x_ratelimit: bool) -> RateLimit
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tollgate::limiter::AppliedLimit;
+    use tollgate_core::{Algorithm, Decision, Params, Verdict};
+
+    use super::*;
+
+    /// Without `X-RateLimit-*` (`--no-rls-x-ratelimit-headers`), the other headers and
+    /// tollgate's markers are still sent.
+    #[test]
+    fn leaving_x_ratelimit_to_envoy_keeps_the_rest() {
+        let params = Params::new(Algorithm::FixedWindow, 5, Duration::from_secs(60), None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let decision = Decision {
+            verdict: Verdict::Denied,
+            limit: 5,
+            remaining: 0,
+            reset_after: Duration::from_secs(30),
+            retry_after: Some(Duration::from_secs(30)),
+            delay: Duration::ZERO,
+        };
+        let response = CheckResponse {
+            overall: Code::Ok,
+            statuses: [DescriptorStatus {
+                code: Code::Ok,
+                limit: Some(AppliedLimit::Override(params)),
+                decision: Some(decision),
+                shadow_would_deny: false,
+                soft_exceeded: true,
+                degraded: None,
+            }]
+            .into_iter()
+            .collect(),
+        };
+        let keys = |x_ratelimit: bool| -> Vec<String> {
+            encode_response(&response, x_ratelimit)
+                .response_headers_to_add
+                .into_iter()
+                .map(|h| h.key)
+                .collect()
+        };
+        let all = keys(true);
+        assert!(all.iter().any(|k| k == LIMIT), "{all:?}");
+        let left = keys(false);
+        let expected: Vec<String> = all
+            .into_iter()
+            .filter(|k| ![LIMIT, REMAINING, RESET].contains(&k.as_str()))
+            .collect();
+        assert_eq!(left, expected);
+        assert!(
+            left.iter().any(|k| k == "x-tollgate-soft-exceeded"),
+            "{left:?}"
+        );
+        assert!(left.iter().any(|k| k == "ratelimit-policy"), "{left:?}");
+    }
+}

@@ -228,3 +228,32 @@ impl CheckResponse {
             .max()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denial(degraded: Option<Posture>) -> DescriptorStatus {
+        DescriptorStatus {
+            code: Code::OverLimit,
+            degraded,
+            ..DescriptorStatus::unlimited()
+        }
+    }
+
+    fn denied_by(statuses: impl IntoIterator<Item = DescriptorStatus>) -> CheckResponse {
+        CheckResponse {
+            overall: Code::OverLimit,
+            statuses: statuses.into_iter().collect(),
+        }
+    }
+
+    /// A `closed` posture's denial is "unavailable" (a 503) only when no limit denied the
+    /// request by itself: beside a real denial, it is a 429.
+    #[test]
+    fn a_real_denial_beside_a_closed_posture_is_not_unavailable() {
+        assert!(denied_by([denial(Some(Posture::Closed))]).unavailable());
+        assert!(!denied_by([denial(Some(Posture::Closed)), denial(None)]).unavailable());
+        assert!(!denied_by([denial(Some(Posture::Local))]).unavailable());
+    }
+}
