@@ -154,6 +154,31 @@ async fn hits_addend_zero_means_one_and_descriptor_hits_override_the_request() {
     assert_eq!(remaining(r.get_ref()), 1, "a denial consumes nothing");
 }
 
+/// Envoy's per-descriptor `hits_addend: 0` (the request-time check of a limit whose cost is
+/// only known when the response is done) checks without counting, as in envoyproxy/ratelimit.
+#[tokio::test]
+async fn a_descriptor_hits_addend_of_zero_checks_without_counting() {
+    let server = Server::start(POLICY);
+    let mut client = server.grpc_client().await;
+    let mut ask = async |hits: u64| {
+        let r = client
+            .should_rate_limit(request(vec![(&[("user", "c")], Some(hits))], 3))
+            .await
+            .unwrap()
+            .into_inner();
+        (
+            Code::try_from(r.overall_code).unwrap(),
+            r.statuses[0].limit_remaining,
+        )
+    };
+    assert_eq!(ask(0).await, (Code::Ok, 5), "a check counts nothing");
+    assert_eq!(ask(0).await, (Code::Ok, 5));
+    assert_eq!(ask(4).await, (Code::Ok, 1));
+    assert_eq!(ask(0).await, (Code::Ok, 1), "one unit is left");
+    assert_eq!(ask(1).await, (Code::Ok, 0));
+    assert_eq!(ask(0).await, (Code::OverLimit, 0), "none is left");
+}
+
 #[tokio::test]
 async fn any_denied_descriptor_denies_the_request_and_charges_none() {
     let server = Server::start(POLICY);

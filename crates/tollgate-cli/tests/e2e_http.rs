@@ -78,6 +78,24 @@ async fn allows_up_to_the_limit_then_answers_429_with_headers() {
     assert_eq!(r.status(), 200);
 }
 
+/// A descriptor's `hits_addend: 0` checks its limit without counting: a 200 while a unit is
+/// left, a 429 with `Retry-After` once none is.
+#[tokio::test]
+async fn a_descriptor_hits_addend_of_zero_checks_without_counting() {
+    let server = Server::start(POLICY);
+    let check = json!({"domain": "api", "hits_addend": 2, "descriptors": [{"entries": [{"key": "user", "value": "carol"}], "hits_addend": 0}]});
+    for _ in 0..2 {
+        let r = post(&server, "/v1/check", &check).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-ratelimit-remaining"), Some("3"));
+    }
+    let r = post(&server, "/v1/check", &check_body("user", "carol", Some(3))).await;
+    assert_eq!(header(&r, "x-ratelimit-remaining"), Some("0"));
+    let r = post(&server, "/v1/check", &check).await;
+    assert_eq!(r.status(), 429);
+    assert!(header(&r, "retry-after").is_some());
+}
+
 #[tokio::test]
 async fn bad_input_is_a_400_that_names_the_problem_and_counts_nothing() {
     let server = Server::start(POLICY);
@@ -260,6 +278,15 @@ async fn envoy_json_endpoint_speaks_proto3_json() {
             .ends_with('s')
     );
     assert!(answer["statuses"][1].get("currentLimit").is_none());
+    for _ in 0..2 {
+        let check = json!({"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "dave"}], "hitsAddend": 0}]});
+        let answer: Value = post(&server, "/json", &check).await.json().await.unwrap();
+        assert_eq!(answer["overallCode"], "OK");
+        assert_eq!(
+            answer["statuses"][0]["limitRemaining"], 1,
+            "a check counts nothing"
+        );
+    }
     let r = post(&server, "/json", &json!({"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "dave"}], "hits_addend": 2}]})).await;
     assert_eq!(r.status(), 429);
     let answer: Value = r.json().await.unwrap();

@@ -79,3 +79,34 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
         Algorithm::Gcra => gcra::decide(params, state, now, cost),
     }
 }
+
+/// Checks one limit without charging it (Envoy's per-descriptor `hits_addend: 0`).
+///
+/// The verdict is the one a request of cost 1 would get, and so is a denial's `retry_after`.
+/// When admitted, the figures are those of the state as it is: `remaining` and `reset_after`
+/// count nothing more, and there is no `delay`. Nothing is charged, so there is no transition.
+pub fn check(params: &Params, state: &State, now: Timestamp) -> Decision {
+    let (one, _) = decide(params, state, now, 1);
+    if !one.is_allowed() {
+        return one;
+    }
+    let (as_is, _) = decide(params, state, now, 0);
+    Decision {
+        delay: std::time::Duration::ZERO,
+        ..as_is
+    }
+}
+
+/// Decides a charge as the stores do: a `cost` of 0 is a [`check`], which charges nothing
+/// ([`Transition::Keep`]); any other cost is [`decide`]d.
+pub fn decide_or_check(
+    params: &Params,
+    state: &State,
+    now: Timestamp,
+    cost: u64,
+) -> (Decision, Transition) {
+    if cost == 0 {
+        return (check(params, state, now), Transition::Keep);
+    }
+    decide(params, state, now, cost)
+}

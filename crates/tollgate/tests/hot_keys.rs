@@ -275,6 +275,28 @@ async fn explain_sees_the_units_a_lease_holds() {
     assert!(!admits(&limiter, "v").await);
 }
 
+/// A check (cost 0) on a key this replica holds a lease for is answered from the lease, which
+/// it leaves as it was, and denied once the lease and the store have no unit left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_takes_nothing_from_a_lease() {
+    let redis = RedisServer::start();
+    let clock = wall_clock();
+    let yaml = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 1h, requests_per_unit: 10, local_budget: 10, local_budget_ttl: 60s}\n";
+    let limiter = limiter(&redis.url(), &clock, yaml, true).await;
+    let check = request("a", "k", "v", 0);
+    assert!(admits(&limiter, "v").await);
+    for _ in 0..3 {
+        let answer = limiter.check(&check).await.unwrap();
+        assert!(answer.allowed());
+        assert_eq!(answer.statuses[0].decision.unwrap().remaining, 9);
+    }
+    for _ in 0..9 {
+        assert!(admits(&limiter, "v").await, "the checks took nothing");
+    }
+    let answer = limiter.check(&check).await.unwrap();
+    assert_eq!(answer.overall, Code::OverLimit, "the lease is empty");
+}
+
 /// Three replicas with local budgets on one Redis, many requests in flight on each: a fixed
 /// window never admits more than its limit, and once the leases are given back the rest of
 /// the quota is admitted to the unit (nothing is lost). Most admissions come from the leases.

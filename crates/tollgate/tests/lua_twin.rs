@@ -27,7 +27,7 @@ use tollgate::store::redis::script::{
 };
 use tollgate_core::{
     Algorithm, Decision, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD, Params, State, Timestamp,
-    Transition, Verdict, decide,
+    Transition, Verdict, decide_or_check,
 };
 use tollgate_testkit::RedisServer;
 
@@ -282,10 +282,10 @@ impl Reference {
                         scratch.apply(t.clone());
                     }
                 }
-                decide(&charge.params, &scratch, at, charge.cost)
+                decide_or_check(&charge.params, &scratch, at, charge.cost)
             } else {
                 let empty = State::empty(&charge.params);
-                decide(&charge.params, stored.unwrap_or(&empty), at, charge.cost)
+                decide_or_check(&charge.params, stored.unwrap_or(&empty), at, charge.cost)
             };
             decisions.push(decision);
             transitions.push(transition);

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tollgate_core::{Algorithm, Params, State, Timestamp, Transition, Verdict, decide};
+use tollgate_core::{Algorithm, Params, State, Timestamp, Transition, Verdict, check, decide};
 
 use crate::support::{any_params, any_scenario, config, run, us};
 
@@ -39,6 +39,27 @@ proptest! {
         let at = |t: u64| decide(&params, &state, Timestamp::from_micros(t), cost).0;
         if at(last - back).is_allowed() {
             prop_assert!(at(last).is_allowed(), "admitted {back} µs earlier, denied at {last}");
+        }
+    }
+
+    /// A check answers as a request of cost 1 would, with the quota as it is: one unit more
+    /// remaining than after that request, the same reset as a request that costs nothing, no
+    /// delay.
+    #[test]
+    fn a_check_is_a_request_of_one_that_charges_nothing(
+        (params, start, history, advance, _) in probe()
+    ) {
+        let (state, last, _) = run(&params, start, &history);
+        let now = Timestamp::from_micros(last + advance);
+        let checked = check(&params, &state, now);
+        let (one, _) = decide(&params, &state, now, 1);
+        prop_assert_eq!(checked.verdict, one.verdict);
+        if one.is_allowed() {
+            prop_assert_eq!(checked.remaining, one.remaining + 1);
+            prop_assert_eq!(checked.reset_after, decide(&params, &state, now, 0).0.reset_after);
+            prop_assert_eq!(checked.delay, Duration::ZERO);
+        } else {
+            prop_assert_eq!(checked, one);
         }
     }
 

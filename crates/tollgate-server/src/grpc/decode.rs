@@ -1,9 +1,7 @@
 //! Wire request → [`CheckRequest`].
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use tollgate::limiter::{
-    CheckRequest, InvalidRequest, LimitOverride, RequestDescriptor, check_cost,
-};
+use tollgate::limiter::{CheckRequest, InvalidRequest, LimitOverride, RequestDescriptor};
 
 use crate::units::period_of_unit;
 
@@ -20,12 +18,9 @@ pub fn decode_request(request: RateLimitRequest) -> Result<CheckRequest, Invalid
                 "descriptor {i}: is_negative_hits is not supported"
             )));
         }
-        // A per-descriptor hits_addend overrides the request's; its 0 also means 1.
-        let cost = match d.hits_addend {
-            Some(v) => v.value.max(1),
-            None => request_cost,
-        };
-        let cost = check_cost(cost).map_err(|e| InvalidRequest(format!("descriptor {i}: {e}")))?;
+        // A per-descriptor hits_addend overrides the request's. Being a wrapper, it can say 0,
+        // which means "check without counting" (as in envoyproxy/ratelimit).
+        let cost = d.hits_addend.map_or(request_cost, |v| v.value);
         let limit_override = match d.limit {
             None => None,
             Some(l) => {

@@ -2,7 +2,8 @@
 //!
 //! Request: `{"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "alice"}],
 //! "hits_addend": 1}], "hits_addend": 1}`. `hits_addend` is optional at both levels (default 1;
-//! the descriptor's wins); an explicit 0 is an error here, unlike in proto3 where 0 means unset.
+//! the descriptor's wins). A descriptor's 0 checks its limit without charging it; the request's
+//! 0 is an error here, unlike in proto3 where 0 means unset.
 
 use std::sync::Arc;
 
@@ -67,7 +68,6 @@ impl TryFrom<WireRequest> for CheckRequest {
             .enumerate()
             .map(|(i, Object(d))| {
                 let at = |e: InvalidRequest| InvalidRequest(format!("descriptor {i}: {e}"));
-                let cost = d.hits_addend.map(check_cost).transpose().map_err(at)?;
                 let limit_override = d
                     .limit
                     .map(|Object(l)| {
@@ -83,8 +83,12 @@ impl TryFrom<WireRequest> for CheckRequest {
                     .into_iter()
                     .map(|Object(e)| (e.key, e.value))
                     .collect();
-                RequestDescriptor::new(entries, cost.unwrap_or(request_cost), limit_override)
-                    .map_err(at)
+                RequestDescriptor::new(
+                    entries,
+                    d.hits_addend.unwrap_or(request_cost),
+                    limit_override,
+                )
+                .map_err(at)
             })
             .collect::<Result<Vec<_>, _>>()?;
         CheckRequest::new(wire.domain, descriptors)

@@ -64,13 +64,14 @@ enum Attempt {
 type Unused = (Params, u64, i64);
 
 impl Lease {
-    /// Whether this lease, reserved under `params` in `epoch`, still holds `cost` at `now`.
+    /// Whether this lease, reserved under `params` in `epoch`, still holds `cost` at `now`
+    /// (a check, of cost 0, needs a unit it does not take).
     fn can_serve(&self, params: &Params, cost: u64, now: Timestamp, epoch: u64) -> bool {
         !self.retired
             && self.params.as_ref() == Some(params)
             && self.epoch == epoch
             && now < self.expires
-            && self.tokens >= cost
+            && self.tokens >= cost.max(1)
     }
 
     fn attempt(&mut self, params: &Params, cost: u64, now: Timestamp, epoch: u64) -> Attempt {

@@ -54,8 +54,10 @@ pub struct RequestDescriptor {
 }
 
 impl RequestDescriptor {
-    /// Validates one descriptor. `cost` must be in `1..=MAX_COST` (transports resolve protocol
-    /// defaults such as Envoy's "0 means 1" before calling this). Values of any length are
+    /// Validates one descriptor. `cost` must be in `0..=MAX_COST`; 0 checks the descriptor's
+    /// limit without charging it, as Envoy's per-descriptor `hits_addend: 0` does (transports
+    /// resolve protocol defaults such as a request's "0 means 1" before calling this; see
+    /// [`tollgate_core::check`]). Values of any length are
     /// accepted, and matched against the policy as they are: they come from clients (a path,
     /// a token), and refusing the request would let Envoy, which fails open on an error, pass
     /// it unlimited on every descriptor.
@@ -84,7 +86,9 @@ impl RequestDescriptor {
                 )));
             }
         }
-        check_cost(cost)?;
+        if cost > 0 {
+            check_cost(cost)?;
+        }
         Ok(RequestDescriptor {
             entries,
             cost,
@@ -97,7 +101,7 @@ impl RequestDescriptor {
         &self.entries
     }
 
-    /// The cost of this descriptor.
+    /// The cost of this descriptor; 0 for a check, which charges nothing.
     pub fn cost(&self) -> u64 {
         self.cost
     }

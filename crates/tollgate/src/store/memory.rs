@@ -13,7 +13,7 @@ use std::num::NonZeroU64;
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
-use tollgate_core::{Decision, Params, State, Timestamp, Transition, decide};
+use tollgate_core::{Decision, Params, State, Timestamp, Transition, decide_or_check};
 
 use super::{Charge, Decisions, INLINE_CHARGES, Store, StoreError, admitted};
 use crate::clock::SharedClock;
@@ -273,9 +273,9 @@ impl MemoryStore {
                         scratch.apply(Transition::clone(t));
                     }
                 }
-                decide(charge.params, &scratch, now, charge.cost)
+                decide_or_check(charge.params, &scratch, now, charge.cost)
             } else {
-                decide(charge.params, &stored, now, charge.cost)
+                decide_or_check(charge.params, &stored, now, charge.cost)
             };
             decisions.push(decision);
             transitions.push(transition);
@@ -327,7 +327,7 @@ impl Store for MemoryStore {
 mod tests {
     use std::time::Duration;
 
-    use tollgate_core::Algorithm;
+    use tollgate_core::{Algorithm, decide};
 
     use super::*;
 

@@ -22,7 +22,8 @@ pub struct Charge<'a> {
     pub key: &'a [u8],
     /// The limit.
     pub params: &'a Params,
-    /// Weight of the request, at least 1.
+    /// Weight of the request; 0 checks the limit without charging it (the decision of
+    /// [`tollgate_core::check`]: a denial when a cost of 1 would be denied).
     pub cost: u64,
     /// Whether a denial of this charge denies the request (false for shadow-mode rules).
     pub enforce: bool,

@@ -27,6 +27,7 @@ cases!(
     decisions_equal_the_pure_algorithms,
     every_key_expires,
     concurrent_requests_admit_exactly_the_limit,
+    checks_charge_nothing_and_deny_when_one_unit_would_not_fit,
 );
 
 fn params(algorithm: Algorithm, limit: u64, period: Duration, burst: Option<u64>) -> Params {
@@ -141,6 +142,71 @@ async fn layered_limits_are_all_or_nothing(b: Backend) {
     assert!(d.iter().all(Decision::is_allowed));
     assert_eq!(d[0].remaining, 8, "user charged twice in all");
     assert_eq!(d[1].remaining, 8, "tenant charged twice in all");
+}
+
+/// A cost of 0 (Envoy's per-descriptor `hits_addend: 0`) checks: it answers as a request of 1
+/// would, with the quota as it is, and leaves every counter as it found it, also beside charges
+/// of other keys (other slots on a cluster) and of its own key.
+async fn checks_charge_nothing_and_deny_when_one_unit_would_not_fit(b: Backend) {
+    for algorithm in Algorithm::ALL {
+        let p = params(algorithm, 3, Duration::from_secs(60), None);
+        let key = |name: &str| format!("check-{algorithm}-{name}");
+        let (used, fresh, both) = (key("used"), key("fresh"), key("both"));
+        for _ in 0..3 {
+            let d = one(&b.store, used.as_bytes(), &p, 0).await;
+            assert_eq!(d.verdict, Verdict::Allowed, "{algorithm}");
+            assert_eq!(d.remaining, 3, "{algorithm}: nothing counted");
+            assert_eq!(d.delay, Duration::ZERO, "{algorithm}");
+        }
+        assert!(one(&b.store, used.as_bytes(), &p, 2).await.is_allowed());
+        let d = one(&b.store, used.as_bytes(), &p, 0).await;
+        assert_eq!(
+            (d.verdict, d.remaining),
+            (Verdict::Allowed, 1),
+            "{algorithm}"
+        );
+        assert!(one(&b.store, used.as_bytes(), &p, 1).await.is_allowed());
+        let d = one(&b.store, used.as_bytes(), &p, 0).await;
+        assert_eq!(d.verdict, Verdict::Denied, "{algorithm}: no unit left");
+        assert!(d.retry_after.is_some_and(|r| r > Duration::ZERO));
+
+        // A check that denies denies the request; one that admits lets the others charge.
+        let d = b
+            .store
+            .apply(&[
+                charge(fresh.as_bytes(), &p, 1),
+                charge(used.as_bytes(), &p, 0),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            (d[0].verdict, d[1].verdict),
+            (Verdict::Allowed, Verdict::Denied)
+        );
+        let d = b
+            .store
+            .apply(&[
+                charge(fresh.as_bytes(), &p, 0),
+                charge(both.as_bytes(), &p, 1),
+            ])
+            .await
+            .unwrap();
+        assert!(d.iter().all(Decision::is_allowed), "{algorithm}");
+        assert!(
+            one(&b.store, fresh.as_bytes(), &p, 3).await.is_allowed(),
+            "{algorithm}: neither the denied request nor the check charged it"
+        );
+        let d = b
+            .store
+            .apply(&[
+                charge(both.as_bytes(), &p, 0),
+                charge(both.as_bytes(), &p, 2),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(d[0].remaining, 2, "{algorithm}: the earlier charge counts");
+        assert!(d[1].is_allowed(), "{algorithm}: the check took nothing");
+    }
 }
 
 async fn shadow_charges_never_block(b: Backend) {

@@ -431,11 +431,11 @@ impl RedisStore {
         invocation.arg(reply.now_micros);
         let mut any = false;
         for (&i, decision) in group.indexes.iter().zip(&reply.decisions) {
-            if !decision.is_allowed() {
-                continue; // denied charges were never written
+            let c = &charges[i];
+            if !decision.is_allowed() || c.cost == 0 {
+                continue; // denied charges and checks were never written
             }
             any = true;
-            let c = &charges[i];
             invocation
                 .key(&keys[spans[i].clone()])
                 .arg(&charge_args(c.params, c.cost)[..]);

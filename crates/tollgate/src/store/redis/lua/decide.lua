@@ -4,8 +4,8 @@
 -- decide_request(first, n, arg, commit, now): the request's n charges are KEYS[first + i] with
 -- 6 arguments each from ARGV[arg + 6 * (i - 1)]: algorithm (1 fixed_window, 2
 -- sliding_window_log, 3 sliding_window_counter, 4 token_bucket, 5 leaky_bucket, 6 gcra),
--- limit, period_us, burst, cost, enforce ("1" / "0"). commit: write if admitted; now: whole
--- microseconds since the epoch.
+-- limit, period_us, burst, cost, enforce ("1" / "0"). A cost of 0 is a check, which charges
+-- nothing. commit: write if admitted; now: whole microseconds since the epoch.
 --
 -- Every charge is decided against the current state; charges on the same key are decided in
 -- order, each seeing the tentative effect of the earlier ones. The request is admitted when every
@@ -20,6 +20,30 @@
 --
 -- Storage: see state.lua (hash layout) and each algorithm's file (fields, sliding-log ZSET).
 
+-- One charge of `cost` against its key's context c: verdict, remaining, reset, retry, delay,
+-- then what to apply when allowed (for the sliding log, true; else the new state's fields).
+local function decide_charge(c, alg, now, limit, period, burst, cost)
+  if alg == 2 then
+    return sliding_window_log_decide(c, now, limit, period, cost)
+  end
+  local x, y, z
+  if c.tag == alg then
+    x, y, z = c.x, c.y, c.z
+  end
+  if alg == 1 then
+    return fixed_window_decide(x, y, now, limit, period, cost)
+  elseif alg == 3 then
+    return sliding_window_counter_decide(x, y, z, now, limit, period, cost)
+  elseif alg == 4 then
+    return token_bucket_decide(x, y, z, now, limit, period, burst, cost)
+  elseif alg == 5 then
+    return leaky_bucket_decide(x, y, now, limit, period, burst, cost)
+  elseif alg == 6 then
+    return gcra_decide(x, y, now, limit, period, burst, cost)
+  end
+  error({ err = 'ERR tollgate: unknown algorithm code ' .. tostring(alg) })
+end
+
 local function decide_request(first, n, arg, commit, now)
   local out = { now, 1 }
   local contexts = {} -- charge index -> its key's context
@@ -33,39 +57,24 @@ local function decide_request(first, n, arg, commit, now)
     local c = state_context(first, i, alg, contexts, opened)
 
     local verdict, remaining, reset, retry, delay, nx, ny, nz
-    if alg == 2 then
-      verdict, remaining, reset, retry, delay, nx =
-        sliding_window_log_decide(c, now, limit, period, cost)
-      if nx then
-        sliding_window_log_apply(c, period, cost)
+    if cost == 0 then
+      -- A check (tollgate_core::check): the verdict of a cost of 1; admitted, the figures of a
+      -- cost of 0 and no delay. Nothing is applied.
+      verdict, remaining, reset, retry, delay =
+        decide_charge(c, alg, now, limit, period, burst, 1)
+      if verdict == 0 then
+        verdict, remaining, reset, retry = decide_charge(c, alg, now, limit, period, burst, 0)
+        delay = 0
       end
     else
-      local x, y, z
-      if c.tag == alg then
-        x, y, z = c.x, c.y, c.z
-      end
-      if alg == 1 then
-        verdict, remaining, reset, retry, delay, nx, ny =
-          fixed_window_decide(x, y, now, limit, period, cost)
-      elseif alg == 3 then
-        verdict, remaining, reset, retry, delay, nx, ny, nz =
-          sliding_window_counter_decide(x, y, z, now, limit, period, cost)
-      elseif alg == 4 then
-        verdict, remaining, reset, retry, delay, nx, ny, nz =
-          token_bucket_decide(x, y, z, now, limit, period, burst, cost)
-      elseif alg == 5 then
-        verdict, remaining, reset, retry, delay, nx, ny =
-          leaky_bucket_decide(x, y, now, limit, period, burst, cost)
-      elseif alg == 6 then
-        verdict, remaining, reset, retry, delay, nx, ny =
-          gcra_decide(x, y, now, limit, period, burst, cost)
-      else
-        error({ err = 'ERR tollgate: unknown algorithm code ' .. tostring(ARGV[a]) })
-      end
-      if nx then
-        c.tag, c.x, c.y, c.z = alg, nx, ny, nz
-        c.base, c.T, c.dirty, c.ep = false, 0, true, period
-      end
+      verdict, remaining, reset, retry, delay, nx, ny, nz =
+        decide_charge(c, alg, now, limit, period, burst, cost)
+    end
+    if nx and alg == 2 then
+      sliding_window_log_apply(c, period, cost)
+    elseif nx then
+      c.tag, c.x, c.y, c.z = alg, nx, ny, nz
+      c.base, c.T, c.dirty, c.ep = false, 0, true, period
     end
     local o = 5 * i - 2
     out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4] = verdict, remaining, reset, retry, delay
