@@ -64,6 +64,9 @@ fn describe(rule: &Rule) -> String {
     if rule.mode != tollgate::policy::RuleMode::Enforce {
         flags.push_str(&format!(" [{}]", rule.mode.name()));
     }
+    if rule.limit.is_some_and(|p| p.charges_up_to_limit()) {
+        flags.push_str(" [charges up to the limit]");
+    }
     if !rule.replaces.is_empty() {
         flags.push_str(&format!(" [replaces {}]", rule.replaces.join(", ")));
     }

@@ -26,6 +26,8 @@ descriptors:
   - key: plan
     shadow_mode: true
     rate_limit: {name: candidate, unit: day, requests_per_unit: 1}
+  - key: llm_user
+    rate_limit: {name: tokens, unit: minute, requests_per_unit: 10, charge: up_to_limit}
 "#;
 
 /// A descriptor's entries and its optional `hits_addend`.
@@ -177,6 +179,40 @@ async fn a_descriptor_hits_addend_of_zero_checks_without_counting() {
     assert_eq!(ask(0).await, (Code::Ok, 1), "one unit is left");
     assert_eq!(ask(1).await, (Code::Ok, 0));
     assert_eq!(ask(0).await, (Code::OverLimit, 0), "none is left");
+}
+
+/// A token budget as Envoy drives it: a check (`hits_addend: 0`) before the request, the
+/// tokens used sent after the response (`apply_on_stream_done`). With `charge: up_to_limit`
+/// the tokens that overshoot still use up what was left, so the next check is denied; a
+/// limit charged whole records nothing of a charge that does not fit.
+#[tokio::test]
+async fn tokens_counted_after_the_response_count_up_to_the_limit() {
+    let server = Server::start(POLICY);
+    let mut client = server.grpc_client().await;
+    let mut ask = async |key: &str, hits: u64| {
+        let r = client
+            .should_rate_limit(request(vec![(&[(key, "ada")], Some(hits))], 0))
+            .await
+            .unwrap()
+            .into_inner();
+        (
+            Code::try_from(r.overall_code).unwrap(),
+            r.statuses[0].limit_remaining,
+        )
+    };
+    assert_eq!(ask("llm_user", 0).await, (Code::Ok, 10));
+    assert_eq!(ask("llm_user", 4).await, (Code::Ok, 6));
+    assert_eq!(ask("llm_user", 0).await, (Code::Ok, 6));
+    assert_eq!(ask("llm_user", 8).await, (Code::Ok, 0), "6 of the 8 fit");
+    assert_eq!(ask("llm_user", 0).await, (Code::OverLimit, 0));
+
+    assert_eq!(ask("user", 3).await, (Code::Ok, 2));
+    assert_eq!(
+        ask("user", 4).await,
+        (Code::OverLimit, 2),
+        "charged whole or not at all"
+    );
+    assert_eq!(ask("user", 0).await, (Code::Ok, 2));
 }
 
 #[tokio::test]

@@ -69,7 +69,30 @@ pub use time::Timestamp;
 /// `state` must have been created for the same algorithm (see [`State::empty`]); a state of
 /// another algorithm is treated as empty, and one written under other params of this algorithm
 /// is first converted to these params (see [`State`]).
+///
+/// With [`Params::charges_up_to_limit`], a request whose whole cost does not fit (denied, or
+/// above the capacity) is decided again for what is left, `min(cost, remaining)`, and admitted
+/// with that charge; with nothing left it is denied as a request of 1 would be, so its
+/// `retry_after` is when one unit fits.
 pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Decision, Transition) {
+    let whole = decide_whole(params, state, now, cost);
+    if whole.0.is_allowed() || cost <= 1 || !params.charges_up_to_limit() {
+        return whole;
+    }
+    let part = whole.0.remaining.clamp(1, cost);
+    if part == cost {
+        return whole;
+    }
+    decide_whole(params, state, now, part)
+}
+
+/// [`decide`] for the whole `cost`.
+fn decide_whole(
+    params: &Params,
+    state: &State,
+    now: Timestamp,
+    cost: u64,
+) -> (Decision, Transition) {
     match params.algorithm() {
         Algorithm::FixedWindow => fixed_window::decide(params, state, now, cost),
         Algorithm::SlidingWindowLog => sliding_window_log::decide(params, state, now, cost),

@@ -22,6 +22,8 @@ pub struct Params {
     limit: NonZeroU64,
     period_micros: NonZeroU64,
     burst: u64,
+    /// Whether a request that does not fit whole is charged what is left instead of denied.
+    up_to_limit: bool,
 }
 
 /// Why a set of parameters is impossible.
@@ -115,6 +117,7 @@ impl Params {
             limit: nonzero_limit,
             period_micros,
             burst,
+            up_to_limit: false,
         })
     }
 
@@ -152,6 +155,21 @@ impl Params {
     /// Bucket capacity for bucket algorithms; equal to `limit` for the others.
     pub fn burst(&self) -> u64 {
         self.burst
+    }
+
+    /// These params, charging up to the limit (or not): a request whose whole cost does not
+    /// fit is then admitted while any unit is left and charged what is left (see
+    /// [`crate::decide`]), for costs known only once the work is done (tokens a response used).
+    pub fn charging_up_to_limit(self, up_to_limit: bool) -> Self {
+        Params {
+            up_to_limit,
+            ..self
+        }
+    }
+
+    /// Whether a request that does not fit whole is charged what is left instead of denied.
+    pub fn charges_up_to_limit(&self) -> bool {
+        self.up_to_limit
     }
 
     /// The largest cost a single request can ever be admitted with.

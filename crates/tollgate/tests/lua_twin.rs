@@ -84,7 +84,7 @@ impl Redis {
                 .arg(c.params.period_micros())
                 .arg(c.params.burst())
                 .arg(c.cost)
-                .arg(if c.enforce { "1" } else { "0" });
+                .arg(c.flags());
         }
         let raw: Vec<i64> = call.invoke(&mut self.con)?;
         Ok(Answer::from_reply(raw, charges.len()))
@@ -108,7 +108,7 @@ impl Redis {
                     .arg(c.params.period_micros())
                     .arg(c.params.burst())
                     .arg(c.cost)
-                    .arg(if c.enforce { "1" } else { "0" });
+                    .arg(c.flags());
             }
         }
         let replies: Vec<Value> = call.invoke(&mut self.con).unwrap();
@@ -211,6 +211,11 @@ impl Charge {
             cost,
             enforce: true,
         }
+    }
+
+    /// DECIDE's flags argument: 1 enforced, plus 2 charging up to the limit.
+    fn flags(&self) -> u64 {
+        u64::from(self.enforce) + 2 * u64::from(self.params.charges_up_to_limit())
     }
 }
 
@@ -556,8 +561,8 @@ fn params(algorithm: Algorithm) -> BoxedStrategy<Params> {
     } else {
         Just(None).boxed()
     };
-    (limit(max), period(), burst)
-        .prop_map(move |(limit, period, burst)| {
+    (limit(max), period(), burst, proptest::bool::weighted(0.3))
+        .prop_map(move |(limit, period, burst, up_to_limit)| {
             let burst = if algorithm.uses_burst() {
                 let cap = u128::from(MAX_REFILL_MICROS) * u128::from(limit) / u128::from(period);
                 let cap = u64::try_from(cap).unwrap_or(u64::MAX).min(MAX_LIMIT);
@@ -565,8 +570,9 @@ fn params(algorithm: Algorithm) -> BoxedStrategy<Params> {
             } else {
                 None
             };
-            let params =
-                Params::new(algorithm, limit, Duration::from_micros(period), burst).unwrap();
+            let params = Params::new(algorithm, limit, Duration::from_micros(period), burst)
+                .unwrap()
+                .charging_up_to_limit(up_to_limit);
             fits_lua(&params).unwrap();
             params
         })
@@ -895,6 +901,8 @@ fn refund_undoes_a_charge_exactly() {
             48,
             strategy,
             |redis, (params, start, before, refunded, after)| {
+                // A refund takes back a whole charge (see `Store::run_refund`).
+                let params = params.charging_up_to_limit(false);
                 let charged = fresh_key("refund");
                 let untouched = fresh_key("control");
                 let mut with_charge = Reference::default();
@@ -985,6 +993,7 @@ fn late_refunds_follow_the_contract() {
             48,
             strategy,
             |redis, (params, start, steps, refunds)| {
+                let params = params.charging_up_to_limit(false);
                 let key = fresh_key("late");
                 let mut reference = Reference::default();
                 let mut charged: Vec<(u64, u64)> = Vec::new(); // (now, cost) of allowed charges

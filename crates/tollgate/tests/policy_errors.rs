@@ -624,3 +624,36 @@ fn local_budgets_are_checked_against_their_limit() {
             .starts_with("t.yaml:4:91: invalid `local_budget_ttl` `soon`:")
     );
 }
+
+#[test]
+fn charging_up_to_the_limit_is_checked_against_the_other_fields() {
+    let rule = |fields: &str| {
+        format!(
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 100, {fields}}}\n"
+        )
+    };
+    let charges_up_to_limit = |fields: &str| {
+        let policy = Policy::from_yaml("t.yaml", &rule(fields)).unwrap();
+        policy.rules()[0].limit.unwrap().charges_up_to_limit()
+    };
+    assert!(charges_up_to_limit("charge: up_to_limit"));
+    assert!(!charges_up_to_limit("charge: whole"));
+    assert!(!charges_up_to_limit("name: n"));
+
+    // `charge: ` ends at column 63, or at 80 after `local_budget: 5, `.
+    assert_eq!(
+        error(&rule("charge: all")),
+        "t.yaml:4:64: unknown charge `all`, expected whole or up_to_limit"
+    );
+    assert_eq!(
+        error(&rule("local_budget: 5, charge: up_to_limit")),
+        "t.yaml:4:81: `charge: up_to_limit` cannot be used with `local_budget`: a replica \
+         serves from its reservation only what fits whole"
+    );
+    assert_eq!(
+        error(
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, charge: whole}\n"
+        ),
+        "t.yaml:4:43: `charge` has no meaning with `unlimited: true`"
+    );
+}

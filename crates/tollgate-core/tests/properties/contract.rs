@@ -63,6 +63,37 @@ proptest! {
         }
     }
 
+    /// Charging up to the limit: a request that fits whole is decided as always; one that
+    /// does not is admitted while a unit is left, charged exactly what is left (nothing
+    /// remains after it), and with nothing left it is denied as a request of 1 would be.
+    #[test]
+    fn charging_up_to_the_limit_charges_what_is_left(
+        (params, start, history, advance, cost) in probe()
+    ) {
+        let (state, last, _) = run(&params, start, &history);
+        let now = Timestamp::from_micros(last + advance);
+        let up_to = params.charging_up_to_limit(true);
+        let (up, transition) = decide(&up_to, &state, now, cost);
+        let whole = decide(&params, &state, now, cost);
+        let (one, _) = decide(&params, &state, now, 1);
+        if whole.0.is_allowed() || cost == 0 {
+            prop_assert_eq!((up, transition), whole);
+        } else if !one.is_allowed() {
+            prop_assert_eq!(up, one);
+            prop_assert_eq!(transition, Transition::Keep);
+        } else {
+            prop_assert!(up.is_allowed(), "a unit is left");
+            prop_assert_eq!(up.remaining, 0);
+            let mut after = state.clone();
+            after.apply(transition);
+            let (what_was_left, its_charge) = decide(&params, &state, now, whole.0.remaining);
+            prop_assert!(what_was_left.is_allowed());
+            let mut expected = state.clone();
+            expected.apply(its_charge);
+            prop_assert_eq!(after, expected);
+        }
+    }
+
     /// Denied means: admitted at `now + retry_after`, still denied 1µs before, state untouched.
     #[test]
     fn retry_after_is_exact((params, start, history, advance, cost) in probe()) {

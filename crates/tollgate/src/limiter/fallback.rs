@@ -146,7 +146,9 @@ fn scaled(params: &Params, share: f64) -> Params {
         params.period(),
         burst,
     )
-    .unwrap_or(*params)
+    .map_or(*params, |p| {
+        p.charging_up_to_limit(params.charges_up_to_limit())
+    })
 }
 
 #[cfg(test)]

@@ -40,8 +40,8 @@ pub struct Override {
 }
 
 impl Override {
-    /// The parameters this override gives `rule` (its algorithm; the burst scaled like the
-    /// limit), or why they are impossible.
+    /// The parameters this override gives `rule` (its algorithm and way of charging; the burst
+    /// scaled like the limit), or why they are impossible.
     pub fn params_for(&self, rule: &Rule) -> Result<Params, String> {
         let base = rule
             .limit
@@ -57,6 +57,7 @@ impl Override {
             self.period.unwrap_or(base.period()),
             burst,
         )
+        .map(|params| params.charging_up_to_limit(base.charges_up_to_limit()))
         .map_err(|e| e.to_string())
     }
 

@@ -256,6 +256,8 @@ impl<'f> SourceCompiler<'f> {
         let (on_store_error, local_share) = self.failure_posture(doc);
         let mode = self.mode(doc, descriptor.shadow_mode.unwrap_or(false));
         let local_budget = self.local_budget(doc, limit.as_ref(), mode);
+        let up_to_limit = self.charges_up_to_limit(doc);
+        let limit = limit.map(|params| params.charging_up_to_limit(up_to_limit));
 
         let (name, name_location, explicit) =
             match doc.name.as_ref().filter(|n| !n.value.is_empty()) {
@@ -373,6 +375,38 @@ impl<'f> SourceCompiler<'f> {
             );
         }
         parsed
+    }
+
+    /// Whether `charge: up_to_limit` is set (validated against the other fields).
+    fn charges_up_to_limit(&mut self, doc: &RateLimitDoc) -> bool {
+        let Some(charge) = &doc.charge else {
+            return false;
+        };
+        let at = self.location(&charge.referenced);
+        let up_to_limit = match charge.value.as_str() {
+            "whole" => false,
+            "up_to_limit" => true,
+            other => {
+                self.error(
+                    at,
+                    format!("unknown charge `{other}`, expected whole or up_to_limit"),
+                );
+                return false;
+            }
+        };
+        if doc.unlimited.as_ref().is_some_and(|u| u.value) {
+            self.error(at, "`charge` has no meaning with `unlimited: true`");
+            return false;
+        }
+        if up_to_limit && doc.local_budget.is_some() {
+            self.error(
+                at,
+                "`charge: up_to_limit` cannot be used with `local_budget`: a replica serves \
+                 from its reservation only what fits whole",
+            );
+            return false;
+        }
+        up_to_limit
     }
 
     /// Validates `local_budget` and `local_budget_ttl` against the rule's limit and mode.

@@ -70,6 +70,11 @@ pub(super) struct RateLimitDoc {
     /// Extension: bucket size for `token_bucket`, `leaky_bucket` and `gcra`; defaults to the
     /// limit.
     pub burst: Option<Spanned<Count>>,
+    /// Extension: how a request whose cost does not fit is charged. `whole` (default): it is
+    /// denied and charges nothing. `up_to_limit`: it is admitted while any unit is left and
+    /// charged what is left, for costs counted once the work is done (the tokens a response
+    /// used, sent by Envoy's `apply_on_stream_done`), which must count as far as they can.
+    pub charge: Option<Spanned<String>>,
     /// Extension: `enforce` (default), `shadow` (the same as the descriptor's
     /// `shadow_mode: true`) or `soft` (allow, but mark the request as over its limit).
     pub mode: Option<Spanned<String>>,

@@ -28,6 +28,7 @@ cases!(
     every_key_expires,
     concurrent_requests_admit_exactly_the_limit,
     checks_charge_nothing_and_deny_when_one_unit_would_not_fit,
+    charging_up_to_the_limit_counts_what_is_left,
 );
 
 fn params(algorithm: Algorithm, limit: u64, period: Duration, burst: Option<u64>) -> Params {
@@ -206,6 +207,59 @@ async fn checks_charge_nothing_and_deny_when_one_unit_would_not_fit(b: Backend) 
             .unwrap();
         assert_eq!(d[0].remaining, 2, "{algorithm}: the earlier charge counts");
         assert!(d[1].is_allowed(), "{algorithm}: the check took nothing");
+    }
+}
+
+/// `charge: up_to_limit`: a charge that does not fit whole is admitted while a unit is left and
+/// counts what is left; with nothing left it is denied; and a request another limit denies
+/// still charges nothing.
+async fn charging_up_to_the_limit_counts_what_is_left(b: Backend) {
+    for algorithm in Algorithm::ALL {
+        let whole = params(algorithm, 5, Duration::from_secs(60), None);
+        let up_to = whole.charging_up_to_limit(true);
+        let key = |name: &str| format!("up-to-{algorithm}-{name}");
+        let (tokens, fresh, full) = (key("tokens"), key("fresh"), key("full"));
+        let d = one(&b.store, tokens.as_bytes(), &up_to, 3).await;
+        assert_eq!(
+            (d.verdict, d.remaining),
+            (Verdict::Allowed, 2),
+            "{algorithm}"
+        );
+        let d = one(&b.store, tokens.as_bytes(), &up_to, 4).await;
+        assert_eq!(
+            (d.verdict, d.remaining),
+            (Verdict::Allowed, 0),
+            "{algorithm}: the two units left are charged"
+        );
+        let d = one(&b.store, tokens.as_bytes(), &up_to, 0).await;
+        assert_eq!(
+            d.verdict,
+            Verdict::Denied,
+            "{algorithm}: a check sees none left"
+        );
+        let d = one(&b.store, tokens.as_bytes(), &up_to, 9).await;
+        assert_eq!(d.verdict, Verdict::Denied, "{algorithm}");
+        assert!(
+            d.retry_after.is_some(),
+            "{algorithm}: one unit will come back"
+        );
+
+        assert!(one(&b.store, full.as_bytes(), &whole, 5).await.is_allowed());
+        let d = b
+            .store
+            .apply(&[
+                charge(fresh.as_bytes(), &up_to, 9),
+                charge(full.as_bytes(), &whole, 1),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(d[1].verdict, Verdict::Denied, "{algorithm}");
+        assert!(
+            one(&b.store, fresh.as_bytes(), &whole, 5)
+                .await
+                .is_allowed(),
+            "{algorithm}: the denied request charged nothing"
+        );
     }
 }
 

@@ -63,8 +63,8 @@ impl CoalesceOptions {
 pub(super) struct Request {
     /// The charges' Redis keys, back to back.
     pub keys: Vec<u8>,
-    /// Per charge: its key's range in `keys` and its six script arguments (algorithm code,
-    /// limit, period in µs, burst, cost, enforce as 1/0).
+    /// Per charge: its key's range in `keys` and its six script arguments
+    /// ([`script::decide_args`]).
     pub charges: Vec<(Range<usize>, [u64; 6])>,
     /// Write if admitted.
     pub commit: bool,
@@ -84,17 +84,8 @@ impl Request {
     pub fn push(&mut self, charge: &Charge<'_>) {
         let start = self.keys.len();
         super::slot::redis_key(&mut self.keys, charge.key);
-        let [algorithm, limit, period, burst, cost] =
-            script::charge_args(charge.params, charge.cost);
-        let args = [
-            algorithm,
-            limit,
-            period,
-            burst,
-            cost,
-            u64::from(charge.enforce),
-        ];
-        self.charges.push((start..self.keys.len(), args));
+        self.charges
+            .push((start..self.keys.len(), script::decide_args(charge)));
     }
 }
 

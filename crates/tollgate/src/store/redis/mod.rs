@@ -44,7 +44,7 @@ use tracing::{info, warn};
 use self::cluster::ClusterRouter;
 pub use self::coalesce::CoalesceOptions;
 use self::coalesce::{Coalescer, Request};
-use self::script::charge_args;
+use self::script::{charge_args, decide_args};
 pub use self::shared_policy::{
     LEGACY_OVERRIDES_KEY, POLICY_KEY, SharedOverride, SharedOverrideChange, SharedOverrides,
     SharedPolicy, Stamp,
@@ -393,10 +393,7 @@ impl RedisStore {
             None => invocation.arg(""),
         };
         for &i in &group.indexes {
-            let c = &charges[i];
-            invocation
-                .arg(&charge_args(c.params, c.cost)[..])
-                .arg(if c.enforce { "1" } else { "0" });
+            invocation.arg(&decide_args(&charges[i])[..]);
         }
         let raw: Vec<i64> = self.invoke_on_slot(group.slot, &invocation).await?;
         parse_reply(&raw, group.indexes.iter().map(|&i| &charges[i]))
@@ -434,6 +431,12 @@ impl RedisStore {
             let c = &charges[i];
             if !decision.is_allowed() || c.cost == 0 {
                 continue; // denied charges and checks were never written
+            }
+            if c.params.charges_up_to_limit() && decision.remaining == 0 {
+                // It may have charged only what was left, an amount the answer does not
+                // carry: refunding the whole cost could give back what others used. The
+                // charge stays (under-admission, only in this case).
+                continue;
             }
             any = true;
             invocation

@@ -16,8 +16,10 @@
 //! - `ARGV[1]`: `"1"` commits if admitted, `"0"` decides only and never writes.
 //! - `ARGV[2]`: `now` in microseconds since the epoch (tests), or `""` for the server's `TIME`.
 //!   Must be below [`MAX_NOW_MICROS`].
-//! - then 6 per charge, from `ARGV[3 + 6 * (i - 1)]`: [`algorithm_code`], limit, period in
-//!   microseconds, burst, cost, enforce (`"1"` / `"0"`).
+//! - then 6 per charge, from `ARGV[3 + 6 * (i - 1)]` ([`decide_args`]): [`algorithm_code`],
+//!   limit, period in microseconds, burst, cost (0: a check, which charges nothing), flags (1
+//!   enforced, plus 2 when the limit charges up to the limit: a charge that does not fit whole
+//!   is decided again for what is left, as `tollgate_core::decide` does).
 //!
 //! Every charge is decided against the current state; charges on the same key are decided in
 //! order, each seeing the tentative effect of the earlier ones. The call is admitted when every
@@ -96,6 +98,8 @@
 
 use tollgate_core::{Algorithm, Params};
 
+use crate::store::Charge;
+
 /// The helpers, the twins and the per-key state, then `$driver`: one script.
 macro_rules! script {
     ($($driver:literal),+) => {
@@ -132,6 +136,14 @@ pub fn charge_args(params: &Params, cost: u64) -> [u64; 5] {
         params.burst(),
         cost,
     ]
+}
+
+/// The six numbers that describe a charge to DECIDE: its [`charge_args`], then its flags, 1
+/// when it is enforced plus 2 when its limit charges up to the limit.
+pub fn decide_args(charge: &Charge<'_>) -> [u64; 6] {
+    let [algorithm, limit, period, burst, cost] = charge_args(charge.params, charge.cost);
+    let flags = u64::from(charge.enforce) | u64::from(charge.params.charges_up_to_limit()) << 1;
+    [algorithm, limit, period, burst, cost, flags]
 }
 
 /// The scripts refuse a `now` at or past this (2^52 µs, in the year 2112): every instant they

@@ -4,12 +4,13 @@
 -- decide_request(first, n, arg, commit, now): the request's n charges are KEYS[first + i] with
 -- 6 arguments each from ARGV[arg + 6 * (i - 1)]: algorithm (1 fixed_window, 2
 -- sliding_window_log, 3 sliding_window_counter, 4 token_bucket, 5 leaky_bucket, 6 gcra),
--- limit, period_us, burst, cost, enforce ("1" / "0"). A cost of 0 is a check, which charges
--- nothing. commit: write if admitted; now: whole microseconds since the epoch.
+-- limit, period_us, burst, cost, flags (1 enforced, plus 2 charging up to the limit). A cost
+-- of 0 is a check, which charges nothing. commit: write if admitted; now: whole microseconds
+-- since the epoch.
 --
 -- Every charge is decided against the current state; charges on the same key are decided in
 -- order, each seeing the tentative effect of the earlier ones. The request is admitted when every
--- charge with enforce = 1 is allowed; then, if commit, every allowed charge is committed (denied
+-- enforced charge is allowed; then, if commit, every allowed charge is committed (denied
 -- ones consume nothing); otherwise nothing is written. All reads happen before the first write,
 -- so an error (a key of a foreign type, raised as a Redis error table) leaves every key of the
 -- request unchanged. Every key written gets PEXPIREAT at ceil(expires_at / 1000) ms, expires_at
@@ -52,7 +53,7 @@ local function decide_request(first, n, arg, commit, now)
   for i = 1, n do
     local a = arg + 6 * (i - 1)
     local alg, limit, period = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-    local burst, cost = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+    local burst, cost, flags = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
     state_build_twin(alg)
     local c = state_context(first, i, alg, contexts, opened)
 
@@ -69,6 +70,21 @@ local function decide_request(first, n, arg, commit, now)
     else
       verdict, remaining, reset, retry, delay, nx, ny, nz =
         decide_charge(c, alg, now, limit, period, burst, cost)
+      if verdict ~= 0 and flags >= 2 and cost > 1 then
+        -- Charging up to the limit (tollgate_core::decide): decided again for what is left,
+        -- at least 1, if that is less than the whole cost.
+        local part = remaining
+        if part < 1 then
+          part = 1
+        elseif part > cost then
+          part = cost
+        end
+        if part ~= cost then
+          cost = part
+          verdict, remaining, reset, retry, delay, nx, ny, nz =
+            decide_charge(c, alg, now, limit, period, burst, cost)
+        end
+      end
     end
     if nx and alg == 2 then
       sliding_window_log_apply(c, period, cost)
@@ -78,7 +94,7 @@ local function decide_request(first, n, arg, commit, now)
     end
     local o = 5 * i - 2
     out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4] = verdict, remaining, reset, retry, delay
-    if verdict ~= 0 and ARGV[a + 5] == '1' then
+    if verdict ~= 0 and fmod(flags, 2) == 1 then
       admitted = 0
     end
   end
