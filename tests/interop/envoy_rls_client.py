@@ -20,11 +20,14 @@ from envoy_data_plane.envoy.service.ratelimit.v3 import (
 )
 
 
-def check(stub, entries, hits=0):
+def check(stub, entries, hits=0, descriptor_hits=None):
     request = RateLimitRequest(
         domain="interop",
         descriptors=[
-            RateLimitDescriptor(entries=[RateLimitDescriptorEntry(key=k, value=v) for k, v in e])
+            RateLimitDescriptor(
+                entries=[RateLimitDescriptorEntry(key=k, value=v) for k, v in e],
+                hits_addend=descriptor_hits,
+            )
             for e in entries
         ],
         hits_addend=hits,
@@ -69,12 +72,22 @@ def main():
         expect(response.statuses[0].current_limit is None, "unmatched descriptor has no limit")
         expect(response.statuses[1].limit_remaining == 1, f"remaining {response.statuses[1].limit_remaining}")
 
+        # A descriptor's hits_addend of 0 (an empty UInt64Value on the wire) checks without
+        # counting, until no unit is left.
+        for _ in range(2):
+            response = check(stub, [[("client", "checker")]], descriptor_hits=0)
+            expect(response.overall_code == RateLimitResponseCode.OK, "a check is allowed")
+            expect(response.statuses[0].limit_remaining == 3, "a check counts nothing")
+        check(stub, [[("client", "checker")]], descriptor_hits=3)
+        response = check(stub, [[("client", "checker")]], descriptor_hits=0)
+        expect(response.overall_code == RateLimitResponseCode.OVER_LIMIT, "no unit left")
+
         try:
             check(stub, [[("", "empty key")]])
             expect(False, "an empty key must be rejected")
         except grpc.RpcError as error:
             expect(error.code() == grpc.StatusCode.INVALID_ARGUMENT, f"code {error.code()}")
-    print("interop ok: 4 checks, 1 weighted request, 1 invalid request")
+    print("interop ok: 4 requests, 1 weighted request, 3 checks, 1 invalid request")
 
 
 if __name__ == "__main__":
