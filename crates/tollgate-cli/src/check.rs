@@ -15,7 +15,7 @@ pub struct CheckArgs {
     /// A descriptor as `key=value[,key=value...]`; repeat for several descriptors.
     #[arg(long = "descriptor", required = true, value_name = "KEY=VALUE[,...]")]
     descriptors: Vec<String>,
-    /// Cost of the request (hits_addend).
+    /// Cost of the request (hits_addend); 0 checks every descriptor without counting.
     #[arg(long, default_value_t = 1)]
     hits: u64,
     /// Base URL of the server's HTTP API.
@@ -42,23 +42,23 @@ pub(crate) fn descriptor_entries(text: &str) -> anyhow::Result<Vec<(&str, &str)>
         .collect()
 }
 
-fn parse_descriptor(text: &str) -> anyhow::Result<Value> {
+fn parse_descriptor(text: &str, hits: u64) -> anyhow::Result<Value> {
     let entries: Vec<Value> = descriptor_entries(text)?
         .into_iter()
         .map(|(key, value)| json!({ "key": key, "value": value }))
         .collect();
-    Ok(json!({ "entries": entries }))
+    Ok(json!({ "entries": entries, "hits_addend": hits }))
 }
 
-/// Exit status: 0 allowed, 1 denied, 2 error.
+/// Exit status: 0 allowed, 1 denied, 2 error, 3 the server could not decide (a `503`: the
+/// store is unavailable and a limit's posture is `closed`).
 pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let descriptors = args
         .descriptors
         .iter()
-        .map(|d| parse_descriptor(d))
+        .map(|d| parse_descriptor(d, args.hits))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let body =
-        json!({ "domain": args.domain, "descriptors": descriptors, "hits_addend": args.hits });
+    let body = json!({ "domain": args.domain, "descriptors": descriptors });
     let url = format!("{}/v1/check", args.addr.trim_end_matches('/'));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -94,6 +94,8 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or(false);
     Ok(if allowed {
         ExitCode::SUCCESS
+    } else if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+        ExitCode::from(3)
     } else {
         ExitCode::FAILURE
     })
@@ -113,6 +115,11 @@ fn render(descriptors: &[String], status: u16, answer: &Value) -> String {
     let mut out = format!("{verdict} (HTTP {status})");
     if let Some(retry) = ms(answer, "retry_after_ms") {
         out.push_str(&format!(", retry after {retry}"));
+    }
+    if let Some(posture) = answer.get("degraded").and_then(Value::as_str) {
+        out.push_str(&format!(
+            ", the store could not decide: answered by the `{posture}` posture"
+        ));
     }
     out.push('\n');
     let statuses = answer

@@ -140,7 +140,7 @@ fn every_subcommand_has_help() {
 fn check_prints_the_decision_and_exits_by_verdict() {
     let server = Server::start(GOOD);
     let addr = server.url("");
-    let run = || {
+    let run_with = |hits: &str| {
         Command::new(binary())
             .args([
                 "check",
@@ -148,12 +148,15 @@ fn check_prints_the_decision_and_exits_by_verdict() {
                 "api",
                 "--descriptor",
                 "user=zoe",
+                "--hits",
+                hits,
                 "--addr",
                 &addr,
             ])
             .output()
             .unwrap()
     };
+    let run = || run_with("1");
     let first = run();
     let stdout = String::from_utf8_lossy(&first.stdout);
     assert_eq!(first.status.code(), Some(0), "{stdout}");
@@ -162,7 +165,17 @@ fn check_prints_the_decision_and_exits_by_verdict() {
         stdout.contains("limit `per_user` fixed_window 2 per 86400s, 1 remaining"),
         "{stdout}"
     );
+    for _ in 0..2 {
+        let checked = run_with("0");
+        let stdout = String::from_utf8_lossy(&checked.stdout);
+        assert_eq!(checked.status.code(), Some(0), "{stdout}");
+        assert!(
+            stdout.contains("1 remaining"),
+            "--hits 0 counts nothing: {stdout}"
+        );
+    }
     run();
+    assert_eq!(run_with("0").status.code(), Some(1), "no unit left");
     let denied = run();
     let stdout = String::from_utf8_lossy(&denied.stdout);
     assert_eq!(denied.status.code(), Some(1), "{stdout}");

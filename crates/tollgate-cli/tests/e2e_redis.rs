@@ -270,6 +270,21 @@ async fn started_with_redis_down_the_postures_answer_over_http() {
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(body["statuses"][0]["reason"], "store_unavailable");
     assert_eq!(body["degraded"], "closed");
+    let cli = std::process::Command::new(support::binary())
+        .args(["check", "--domain", "d", "--descriptor", "user=a", "--addr"])
+        .arg(server.url(""))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&cli.stdout);
+    assert_eq!(
+        cli.status.code(),
+        Some(3),
+        "`check` tells could-not-decide apart: {stdout}"
+    );
+    assert!(
+        stdout.contains("answered by the `closed` posture"),
+        "{stdout}"
+    );
 
     let r = check("soft").await.unwrap();
     assert_eq!(r.status(), 200, "this rule's own posture is open");
@@ -313,7 +328,8 @@ async fn started_with_redis_down_the_postures_answer_over_http() {
     let metrics = server.metrics().await;
     assert!(
         metrics.contains(
-            r#"tollgate_degraded_decisions_total{domain="d",rule="user",posture="closed"} 1"#
+            // The first request and the CLI's.
+            r#"tollgate_degraded_decisions_total{domain="d",rule="user",posture="closed"} 2"#
         ),
         "{metrics}"
     );
