@@ -483,6 +483,24 @@ descriptors:
     (redis, proxy, clock, limiter)
 }
 
+/// While Redis is unreachable, explain answers a key this replica's lease still serves as a
+/// check does, from the lease, not as the store's failure posture.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_answers_from_a_lease_while_redis_is_down() {
+    let (_redis, proxy, _clock, limiter) = leased_behind_a_proxy("fixed_window").await;
+    let tenant = request("a", "tenant", "t1", 1);
+    assert!(limiter.check(&tenant).await.unwrap().allowed());
+    proxy.set_mode(Mode::Refuse);
+    let explained = limiter.explain(&tenant).await.unwrap();
+    let status = &explained.statuses[0];
+    assert_eq!(status.degraded, None, "answered by the lease");
+    // 90 left in Redis and 9 in the lease; explain answers as if for one more.
+    assert_eq!(status.decision.unwrap().remaining, 98);
+    let checked = limiter.check(&tenant).await.unwrap();
+    assert_eq!(checked.statuses[0].degraded, None);
+    assert_eq!(checked.statuses[0].decision.unwrap().remaining, 98);
+}
+
 /// A caller that hangs up while its request reserves a lease (a client reset, a proxy's
 /// timeout) leaves no lease charged in Redis and recorded nowhere: the reservation still
 /// lands in this replica's table, and a release gives back everything but the two units taken

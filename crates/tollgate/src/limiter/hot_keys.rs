@@ -184,26 +184,53 @@ impl Limiter {
         Box::pin(self.apply_leased(redis, plan, charges, live, (now, epoch), decisions)).await
     }
 
-    /// For explain: the store's answers in `decisions` (a peek), replaced by this replica's
-    /// lease where one would serve the charge. A lease holds units the store counts as used, so
-    /// without this a key this replica would still admit reads as exhausted.
-    pub(super) fn explain_leases(
+    /// For explain, what [`Limiter::apply_with_budgets`] would answer, taking nothing: the live
+    /// charges this replica's leases would serve are answered from them, the rest by a peek at
+    /// the store, which is not called when nothing is left for it (nor is it by a check). A
+    /// lease holds units the store counts as used, so a peek alone reads a key this replica
+    /// would still admit as exhausted; and while the store is down, a check served from leases
+    /// alone still admits.
+    pub(super) async fn explain_with_budgets(
         &self,
         plan: &Plan,
         charges: &[Charge<'_>],
-        decisions: &mut Decisions,
+        live: usize,
         (now, epoch): (Timestamp, u64),
-    ) {
-        if !matches!(self.store, StoreBackend::Redis(_)) {
-            return;
+        decisions: &mut Decisions,
+    ) -> Result<(), StoreError> {
+        let leased: SmallVec<[Option<Decision>; INLINE_CHARGES]> = match &self.store {
+            StoreBackend::Redis(_) => plan
+                .spans
+                .iter()
+                .zip(&charges[..live])
+                .map(|(span, charge)| {
+                    budget_of(plan, span)?;
+                    self.leases.would_serve(charge, now, epoch)
+                })
+                .collect(),
+            StoreBackend::Memory(_) => SmallVec::new(),
+        };
+        if leased.iter().all(Option::is_none) {
+            return self.store_decide(charges, false, decisions).await;
         }
-        for ((span, charge), decision) in plan.spans.iter().zip(charges).zip(decisions.iter_mut()) {
-            if budget_of(plan, span).is_some()
-                && let Some(served) = self.leases.would_serve(charge, now, epoch)
-            {
-                *decision = served;
-            }
+        let from_lease = |i: usize| leased.get(i).copied().flatten();
+        let rest: SmallVec<[Charge<'_>; INLINE_CHARGES]> = (0..charges.len())
+            .filter(|&i| from_lease(i).is_none())
+            .map(|i| charges[i])
+            .collect();
+        let mut peeked = Decisions::new();
+        if !rest.is_empty() {
+            self.store_decide(&rest, false, &mut peeked).await?;
         }
+        let mut peeked = peeked.into_iter();
+        decisions.clear();
+        for i in 0..charges.len() {
+            let decision = from_lease(i).or_else(|| peeked.next()).ok_or_else(|| {
+                StoreError::InvalidData("the store answered too few decisions".into())
+            })?;
+            decisions.push(decision);
+        }
+        Ok(())
     }
 
     /// [`Limiter::apply_with_budgets`] once at least one live charge has a local budget.

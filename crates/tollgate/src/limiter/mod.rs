@@ -337,16 +337,8 @@ impl Limiter {
             self.apply_with_budgets(&live, &charges, live_charges, (now, epoch), &mut decisions)
                 .await
         } else {
-            let peeked = self.store_decide(&charges, false, &mut decisions).await;
-            if peeked.is_ok() {
-                self.explain_leases(
-                    &live,
-                    &charges[..live_charges],
-                    &mut decisions,
-                    (now, epoch),
-                );
-            }
-            peeked
+            self.explain_with_budgets(&live, &charges, live_charges, (now, epoch), &mut decisions)
+                .await
         };
         let postures = match answer {
             Ok(()) => {
