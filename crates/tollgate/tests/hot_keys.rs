@@ -227,33 +227,36 @@ async fn remembered_denials_need_no_store() {
 }
 
 /// The store latency histogram times calls that reach the store: not the admissions a local
-/// budget makes alone (every one of them used to be observed, as a near-zero "store" latency).
+/// budget makes alone (every one of them used to be observed, as a near-zero "store" latency),
+/// but its reservations and give-backs, each under an operation of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_latency_times_only_calls_to_the_store() {
     let redis = RedisServer::start();
     let clock = wall_clock();
     let yaml = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 1h, requests_per_unit: 1000, local_budget: 100, local_budget_ttl: 60s}\n  - key: plain\n    rate_limit: {period: 1h, requests_per_unit: 1000}\n";
     let limiter = limiter(&redis.url(), &clock, yaml, true).await;
-    let timed = |text: &str| {
-        let series =
-            r#"tollgate_store_operation_duration_seconds_count{store="redis",op="apply"} "#;
+    let timed = async |op: &str| {
+        let series = format!(
+            r#"tollgate_store_operation_duration_seconds_count{{store="redis",op="{op}"}} "#
+        );
+        let text = limiter.render_metrics().await;
         text.lines()
-            .find_map(|l| l.strip_prefix(series))
+            .find_map(|l| l.strip_prefix(&series))
             .map_or(0, |v| v.parse::<u64>().unwrap())
     };
     for _ in 0..20 {
         assert!(admits(&limiter, "v").await);
     }
-    assert_eq!(
-        timed(&limiter.render_metrics().await),
-        0,
-        "the lease decided alone"
-    );
+    assert_eq!(timed("apply").await, 0, "the lease decided alone");
+    assert_eq!(timed("reserve").await, 1, "after reserving it");
     for _ in 0..3 {
         let answer = limiter.check(&request("a", "plain", "v", 1)).await.unwrap();
         assert!(answer.allowed());
     }
-    assert_eq!(timed(&limiter.render_metrics().await), 3);
+    assert_eq!(timed("apply").await, 3);
+    assert_eq!(timed("give_back").await, 0);
+    limiter.release_local_budgets().await;
+    assert_eq!(timed("give_back").await, 1, "the unused 80 went back");
 }
 
 /// Explain counts what this replica's lease would still admit: the store has the whole lease

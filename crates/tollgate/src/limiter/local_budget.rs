@@ -26,6 +26,8 @@ use tollgate_core::{Algorithm, Decision, Params, Timestamp, Verdict};
 use tracing::debug;
 
 use super::keyed_shards::KeyedShards;
+use super::timed_store_call;
+use crate::observe::Histogram;
 use crate::policy::LocalBudget;
 use crate::store::{Charge, RedisStore, StoreError};
 
@@ -139,12 +141,7 @@ impl Lease {
 /// right soon after its charge (late, it would credit a bucket that has refilled since and
 /// been charged again). Those units stay charged: under-admission until the counter resets,
 /// never over (as they do with `unreturned` full).
-async fn give_back(
-    store: &RedisStore,
-    key: &[u8],
-    unused: Unused,
-    unreturned: &Unreturned,
-) -> bool {
+async fn give_back(store: &RedisStore, key: &[u8], unused: Unused, shared: &Shared) -> bool {
     let (params, tokens, at) = unused;
     let charge = Charge {
         key,
@@ -152,12 +149,12 @@ async fn give_back(
         cost: tokens,
         enforce: true,
     };
-    match store.give_back(charge, at).await {
+    match timed_store_call(&shared.give_back_latency, store.give_back(charge, at)).await {
         Ok(()) => true,
         Err(e) => {
             let kept = matches!(e, StoreError::NotCalled(_))
                 && !params.algorithm().uses_burst()
-                && unreturned.keep(key, unused);
+                && shared.unreturned.keep(key, unused);
             debug!(error = %e, tokens, kept, "Could not give back an unused local budget");
             false
         }
@@ -185,6 +182,25 @@ impl Unreturned {
 
     fn take(&self) -> Vec<(Box<[u8]>, Unused)> {
         std::mem::take(&mut *self.0.lock())
+    }
+}
+
+/// What [`Leases`] shares with its renewal tasks: the give-backs to try again, and how long
+/// the store took to answer reservations and give-backs.
+#[derive(Debug)]
+struct Shared {
+    unreturned: Unreturned,
+    reserve_latency: Histogram,
+    give_back_latency: Histogram,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            unreturned: Unreturned::default(),
+            reserve_latency: Histogram::new(Histogram::LATENCY_SECONDS),
+            give_back_latency: Histogram::new(Histogram::LATENCY_SECONDS),
+        }
     }
 }
 
@@ -220,7 +236,7 @@ struct Request {
 /// caller's units are then taken from the lease for nobody.
 async fn renew(
     store: Arc<RedisStore>,
-    unreturned: Arc<Unreturned>,
+    shared: Arc<Shared>,
     (slot, _renewing): (Arc<Slot>, OwnedMutexGuard<()>),
     key: Box<[u8]>,
     unused: Option<Unused>,
@@ -234,7 +250,7 @@ async fn renew(
         epoch,
     } = request;
     if let Some(unused) = unused {
-        give_back(&store, &key, unused, &unreturned).await;
+        give_back(&store, &key, unused, &shared).await;
     }
     let charge = Charge {
         key: &key,
@@ -242,7 +258,7 @@ async fn renew(
         cost: budget.size,
         enforce: true,
     };
-    let reserved = store.reserve(charge).await;
+    let reserved = timed_store_call(&shared.reserve_latency, store.reserve(charge)).await;
     let mut lease = slot.lease.lock();
     let (decision, charged_at) = match reserved {
         Ok((decision, at)) if decision.is_allowed() => (decision, at),
@@ -320,10 +336,19 @@ fn taken(
 #[derive(Debug, Default)]
 pub struct Leases {
     slots: KeyedShards<Arc<Slot>>,
-    unreturned: Arc<Unreturned>,
+    shared: Arc<Shared>,
 }
 
 impl Leases {
+    /// The store calls of leases, by operation, with their latency histograms.
+    pub fn store_latency(&self) -> impl Iterator<Item = (&'static str, &Histogram)> {
+        [
+            ("reserve", &self.shared.reserve_latency),
+            ("give_back", &self.shared.give_back_latency),
+        ]
+        .into_iter()
+    }
+
     fn slot(&self, key: &[u8]) -> Arc<Slot> {
         self.slots.get_or_insert_with(key, Arc::default)
     }
@@ -374,7 +399,7 @@ impl Leases {
                 // give back its units.
                 tokio::spawn(renew(
                     store.clone(),
-                    self.unreturned.clone(),
+                    self.shared.clone(),
                     (slot.clone(), renewing),
                     key.into(),
                     unused,
@@ -427,19 +452,19 @@ impl Leases {
         let mut credited = Vec::new();
         // Earlier failures first; after a new failure the store is still away: keep the rest
         // for the next sweep rather than wait out a deadline per key.
-        let mut retries = self.unreturned.take().into_iter();
+        let mut retries = self.shared.unreturned.take().into_iter();
         for (key, unused) in retries.by_ref() {
-            if !give_back(store, &key, unused, &self.unreturned).await {
+            if !give_back(store, &key, unused, &self.shared).await {
                 break;
             }
             credited.push(key);
         }
         for (key, unused) in retries {
-            self.unreturned.keep(&key, unused);
+            self.shared.unreturned.keep(&key, unused);
         }
         for (key, unused) in lapsed {
             if let Some(unused) = unused
-                && give_back(store, &key, unused, &self.unreturned).await
+                && give_back(store, &key, unused, &self.shared).await
             {
                 credited.push(key);
             }

@@ -594,12 +594,8 @@ impl Limiter {
         commit: bool,
         decisions: &mut Decisions,
     ) -> Result<(), StoreError> {
-        let started = tokio::time::Instant::now();
-        let answer = self.store.decide(charges, commit, decisions).await;
-        if !matches!(answer, Err(StoreError::NotCalled(_))) {
-            self.store_latency[usize::from(!commit)].observe(started.elapsed());
-        }
-        answer
+        let histogram = &self.store_latency[usize::from(!commit)];
+        timed_store_call(histogram, self.store.decide(charges, commit, decisions)).await
     }
 
     /// Prometheus text for the decision counters and store gauges.
@@ -671,7 +667,10 @@ impl Limiter {
         let store = "tollgate_store_operation_duration_seconds";
         Histogram::render_header(store, "Store calls by backend and operation.", &mut out);
         let kind = self.store.kind();
-        for (op, histogram) in ["apply", "peek"].iter().zip(&self.store_latency) {
+        let leases =
+            matches!(self.store, StoreBackend::Redis(_)).then(|| self.leases.store_latency());
+        let ops = ["apply", "peek"].into_iter().zip(&self.store_latency);
+        for (op, histogram) in ops.chain(leases.into_iter().flatten()) {
             histogram.render(store, &format!("store=\"{kind}\",op=\"{op}\""), &mut out);
         }
         if let StoreBackend::Redis(redis) = &self.store
@@ -706,6 +705,20 @@ impl Limiter {
     pub fn rule_count(&self, rule: &Rule, outcome: Outcome) -> u64 {
         self.snapshot.load().counters.get(rule.index, outcome)
     }
+}
+
+/// Awaits a store call, timing it in `histogram` unless it never reached the store (refused by
+/// an open breaker, the in-flight cap...).
+async fn timed_store_call<T>(
+    histogram: &Histogram,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let started = tokio::time::Instant::now();
+    let answer = call.await;
+    if !matches!(answer, Err(StoreError::NotCalled(_))) {
+        histogram.observe(started.elapsed());
+    }
+    answer
 }
 
 /// Whose limits a [`Plan`] holds.
