@@ -7,7 +7,8 @@
 //!
 //! Every algorithm keeps the same contract (each module documents its exact arithmetic):
 //! - a denied request, or one costing more than [`Params::capacity`], charges nothing
-//!   ([`Transition::Keep`]);
+//!   ([`Transition::Keep`]); with [`Params::charges_up_to_limit`], [`decide`] admits such a
+//!   request for what is left instead, while a unit is;
 //! - on denial `retry_after` is exact: if nothing else is charged, the same request is admitted at
 //!   `now + retry_after` and still denied one microsecond earlier;
 //! - `reset_after` is the time until the state behaves like [`State::empty`] again, which is
@@ -65,7 +66,8 @@ pub use time::Timestamp;
 /// Decides one request of weight `cost` against one limit.
 ///
 /// Returns the decision and the transition that charges it. A denied request (or one whose cost
-/// exceeds what the limit can ever admit) returns [`Transition::Keep`]: it consumes nothing.
+/// exceeds what the limit can ever admit) returns [`Transition::Keep`]: it consumes nothing
+/// (but see charging up to the limit, below).
 /// `state` must have been created for the same algorithm (see [`State::empty`]); a state of
 /// another algorithm is treated as empty, and one written under other params of this algorithm
 /// is first converted to these params (see [`State`]).

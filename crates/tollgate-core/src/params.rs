@@ -158,8 +158,9 @@ impl Params {
     }
 
     /// These params, charging up to the limit (or not): a request whose whole cost does not
-    /// fit is then admitted while any unit is left and charged what is left (see
-    /// [`crate::decide`]), for costs known only once the work is done (tokens a response used).
+    /// fit is then admitted while any unit is left and charged what is left, for costs known
+    /// only once the work is done (tokens a response used). Only [`crate::decide`] (and so
+    /// [`crate::decide_or_check`]) reads this; each algorithm's own `decide` charges whole.
     pub fn charging_up_to_limit(self, up_to_limit: bool) -> Self {
         Params {
             up_to_limit,
@@ -172,7 +173,8 @@ impl Params {
         self.up_to_limit
     }
 
-    /// The largest cost a single request can ever be admitted with.
+    /// The largest cost a single request can ever be admitted with whole (charging up to the
+    /// limit admits a larger one for what is left).
     pub fn capacity(&self) -> u64 {
         if self.algorithm.uses_burst() {
             self.burst

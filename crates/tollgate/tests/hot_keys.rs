@@ -287,6 +287,10 @@ async fn a_check_takes_nothing_from_a_lease() {
     let yaml = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 1h, requests_per_unit: 10, local_budget: 10, local_budget_ttl: 60s}\n";
     let limiter = limiter(&redis.url(), &clock, yaml, true).await;
     let check = request("a", "k", "v", 0);
+    // No lease yet: the store answers, and no lease is reserved for a check.
+    let answer = limiter.check(&check).await.unwrap();
+    assert_eq!(answer.statuses[0].decision.unwrap().remaining, 10);
+    assert_eq!(limiter.release_local_budgets().await, 0, "nothing reserved");
     assert!(admits(&limiter, "v").await);
     for _ in 0..3 {
         let answer = limiter.check(&check).await.unwrap();

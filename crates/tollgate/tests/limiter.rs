@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::clock::ManualClock;
-use tollgate::limiter::{CheckRequest, Code, LimitOverride, Limiter, RequestDescriptor};
+use tollgate::clock::{Clock, ManualClock};
+use tollgate::limiter::{CheckRequest, Code, LimitOverride, Limiter, Override, RequestDescriptor};
 use tollgate::metrics::Outcome;
 use tollgate::policy::Policy;
 use tollgate::store::{MemoryStore, StoreBackend};
@@ -444,4 +444,32 @@ async fn long_values_match_wildcards_and_are_limited() {
     assert!(check(&long).await);
     assert!(!check(&long).await, "the second in the minute");
     assert!(check(&other).await, "another long value, another counter");
+}
+
+/// A runtime override changes a `charge: up_to_limit` rule's limit, not the way it charges:
+/// a cost above the new limit still counts what is left of it.
+#[tokio::test]
+async fn a_runtime_override_keeps_charging_up_to_the_limit() {
+    let yaml = "domain: api\ndescriptors:\n  - key: llm_user\n    rate_limit: {name: tokens, unit: minute, requests_per_unit: 100, charge: up_to_limit}\n";
+    let (clock, limiter) = limiter_with(Policy::from_yaml("t.yaml", yaml).unwrap());
+    limiter.overrides().set(Override {
+        id: 0,
+        domain: "api".into(),
+        rule: "tokens".into(),
+        entries: vec![("llm_user".into(), "ada".into())],
+        requests_per_unit: 5,
+        period: None,
+        expires_at: None,
+        set_at: clock.now(),
+        reason: "test".into(),
+    });
+    let tokens = |cost: u64| {
+        let d = RequestDescriptor::new(vec![("llm_user".into(), "ada".into())], cost, None);
+        CheckRequest::new("api".into(), vec![d.unwrap()]).unwrap()
+    };
+    let r = limiter.check(&tokens(8)).await.unwrap();
+    assert!(r.allowed(), "the 5 of the override are charged");
+    assert_eq!(r.statuses[0].decision.unwrap().limit, 5);
+    assert_eq!(r.statuses[0].decision.unwrap().remaining, 0);
+    assert!(!limiter.check(&tokens(0)).await.unwrap().allowed());
 }

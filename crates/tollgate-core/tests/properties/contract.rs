@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tollgate_core::{Algorithm, Params, State, Timestamp, Transition, Verdict, check, decide};
+use tollgate_core::{
+    Algorithm, Params, State, Timestamp, Transition, Verdict, check, decide, decide_or_check,
+};
 
 use crate::support::{any_params, any_scenario, config, run, us};
 
@@ -50,13 +52,17 @@ proptest! {
         (params, start, history, advance, _) in probe()
     ) {
         let (state, last, _) = run(&params, start, &history);
-        let now = Timestamp::from_micros(last + advance);
-        let checked = check(&params, &state, now);
-        let (one, _) = decide(&params, &state, now, 1);
+        let now = last + advance;
+        let at = Timestamp::from_micros(now);
+        let checked = check(&params, &state, at);
+        prop_assert_eq!(decide_or_check(&params, &state, at, 0), (checked, Transition::Keep));
+        let (one, _) = decide(&params, &state, at, 1);
         prop_assert_eq!(checked.verdict, one.verdict);
         if one.is_allowed() {
             prop_assert_eq!(checked.remaining, one.remaining + 1);
-            prop_assert_eq!(checked.reset_after, decide(&params, &state, now, 0).0.reset_after);
+            // Until the state as it is behaves like an empty one.
+            let expires = state.expires_at(&params).as_micros();
+            prop_assert_eq!(now + us(checked.reset_after), expires.max(now));
             prop_assert_eq!(checked.delay, Duration::ZERO);
         } else {
             prop_assert_eq!(checked, one);

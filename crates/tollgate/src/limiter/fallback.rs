@@ -174,6 +174,10 @@ mod tests {
         );
         let tiny = Params::new(Algorithm::FixedWindow, 3, Duration::from_secs(1), None).unwrap();
         assert_eq!(scaled(&tiny, 0.1).limit(), 1);
+        for up_to_limit in [false, true] {
+            let p = tiny.charging_up_to_limit(up_to_limit);
+            assert_eq!(scaled(&p, 0.5).charges_up_to_limit(), up_to_limit);
+        }
     }
 
     #[test]

@@ -58,7 +58,8 @@ impl Limiter {
 
     /// A live charge the prefilter denies, by its index among `plan`'s spans. None when an
     /// enforced charge can never fit its limit: the store's answer (no retry-after, reason
-    /// `cost_exceeds_capacity`) is not one the prefilter can give.
+    /// `cost_exceeds_capacity`) is not one the prefilter can give. (A limit that charges up to
+    /// itself admits such a charge while a unit is left; the store decides those too.)
     pub(super) fn prefiltered(
         &self,
         plan: &Plan,

@@ -56,7 +56,8 @@ struct Lease {
 /// What a lease can do for a request.
 enum Attempt {
     Taken(Decision),
-    /// The store refused a lease lately: decide this request at the store.
+    /// Decide this request at the store: it refused a lease lately, or the request is a check
+    /// the lease cannot answer.
     BackingOff,
     /// Reserve a new lease (or, retired, give up).
     Renew,
@@ -86,7 +87,8 @@ impl Lease {
                 return Attempt::Taken(decision);
             }
         }
-        if now < self.backoff_until {
+        // A check (cost 0) the lease cannot answer goes to the store: it reserves nothing.
+        if cost == 0 || now < self.backoff_until {
             return Attempt::BackingOff;
         }
         Attempt::Renew
@@ -252,9 +254,11 @@ async fn renew(
     if let Some(unused) = unused {
         give_back(&store, &key, unused, &shared).await;
     }
+    // Whole: a lease records `budget.size` units, so it must have been charged all of them.
+    let whole = params.charging_up_to_limit(false);
     let charge = Charge {
         key: &key,
-        params: &params,
+        params: &whole,
         cost: budget.size,
         enforce: true,
     };

@@ -21,7 +21,9 @@
 //! the last quota of one slot in between, that slot denies and the slots that charged are
 //! refunded; so are they when another slot's charge fails. A refund is exact when nothing else
 //! charged that counter in between and never credits more than was charged, so the race can
-//! only under-admit, by at most the request's own cost, never over-admit.
+//! only under-admit, by at most the request's own cost, never over-admit. A charge on a limit
+//! that charges up to itself and used it up is not refunded: its answer does not say how much
+//! was charged, and refunding the whole cost could credit what others used.
 
 mod cluster;
 mod coalesce;
