@@ -11,7 +11,9 @@ use http::{Request, Response, StatusCode};
 use tollgate_server::headers;
 use tower::{Layer, Service};
 
-use crate::backend::{Backend, Outcome, Verdict};
+use tollgate::limiter::CheckRequest;
+
+use crate::backend::{Backend, BackendError, Outcome, Verdict};
 use crate::describe::Describe;
 
 /// A [`Layer`] that rate-limits every request through a [`Backend`].
@@ -21,10 +23,20 @@ use crate::describe::Describe;
 /// `X-Tollgate-Degraded` when set). A request denied by a limit is answered `429` with
 /// `Retry-After` and an `application/problem+json` body; one denied because the limiter is
 /// unavailable is answered `503`. The inner service is not called for either.
+///
+/// With [`RateLimitLayer::charge_after_response`], a request is only checked before it is
+/// served, and charged the [`Cost`] its response reports.
 pub struct RateLimitLayer<K, D> {
     backend: Arc<K>,
     describe: Arc<D>,
+    after_response: bool,
 }
+
+/// What a response cost, in the units of the rate limits it was checked against (the tokens
+/// an LLM call used, say): put it in the response's extensions for a layer built with
+/// [`RateLimitLayer::charge_after_response`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cost(pub u64);
 
 impl<K, D> RateLimitLayer<K, D> {
     /// Checks requests described by `describe` against `backend`.
@@ -32,6 +44,20 @@ impl<K, D> RateLimitLayer<K, D> {
         RateLimitLayer {
             backend: Arc::new(backend),
             describe: Arc::new(describe),
+            after_response: false,
+        }
+    }
+
+    /// Charges what a response cost once it is known, instead of the request's cost before it
+    /// is served: a request is checked without counting (it passes while its limits have a
+    /// unit left), and the [`Cost`] the inner service puts in its response's extensions is then
+    /// charged to the same descriptors, before the response is returned so that the caller's
+    /// next request sees it. A response without a `Cost` charges nothing. Give the policy's
+    /// rules `charge: up_to_limit`, so that a cost larger than what is left still uses it up.
+    pub fn charge_after_response(self) -> Self {
+        RateLimitLayer {
+            after_response: true,
+            ..self
         }
     }
 }
@@ -41,6 +67,7 @@ impl<K, D> Clone for RateLimitLayer<K, D> {
         RateLimitLayer {
             backend: self.backend.clone(),
             describe: self.describe.clone(),
+            after_response: self.after_response,
         }
     }
 }
@@ -59,6 +86,7 @@ impl<S, K, D> Layer<S> for RateLimitLayer<K, D> {
             inner,
             backend: self.backend.clone(),
             describe: self.describe.clone(),
+            after_response: self.after_response,
         }
     }
 }
@@ -68,6 +96,7 @@ pub struct RateLimit<S, K, D> {
     inner: S,
     backend: Arc<K>,
     describe: Arc<D>,
+    after_response: bool,
 }
 
 impl<S: Clone, K, D> Clone for RateLimit<S, K, D> {
@@ -76,6 +105,7 @@ impl<S: Clone, K, D> Clone for RateLimit<S, K, D> {
             inner: self.inner.clone(),
             backend: self.backend.clone(),
             describe: self.describe.clone(),
+            after_response: self.after_response,
         }
     }
 }
@@ -112,11 +142,21 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let check = self.describe.describe(&request);
         let backend = self.backend.clone();
+        let after_response = self.after_response;
         Box::pin(async move {
             let Some(check) = check else {
                 return inner.call(request).await;
             };
-            let verdict = match backend.check(&check).await {
+            let first = if after_response {
+                check.with_cost(0)
+            } else {
+                Ok(check.clone())
+            };
+            let verdict = match first {
+                Ok(first) => backend.check(&first).await,
+                Err(e) => Err(BackendError::Invalid(e.to_string())),
+            };
+            let verdict = match verdict {
                 Ok(verdict) => verdict,
                 Err(_) => {
                     // Details stay on the server side: the caller learns only that it failed.
@@ -130,6 +170,9 @@ where
             match verdict.outcome {
                 Outcome::Allowed => {
                     let mut response = inner.call(request).await?;
+                    if after_response {
+                        charge_cost(backend.as_ref(), &check, response.extensions()).await;
+                    }
                     add_headers(response.headers_mut(), &verdict.headers);
                     Ok(response)
                 }
@@ -145,6 +188,17 @@ where
                 )),
             }
         })
+    }
+}
+
+/// Charges `check`'s descriptors the [`Cost`] in `extensions`, if any. The answer does not
+/// matter: the response is served already.
+async fn charge_cost<K: Backend>(backend: &K, check: &CheckRequest, extensions: &http::Extensions) {
+    let Some(&Cost(cost)) = extensions.get::<Cost>().filter(|c| c.0 > 0) else {
+        return;
+    };
+    if let Ok(charge) = check.with_cost(cost) {
+        let _ = backend.check(&charge).await;
     }
 }
 

@@ -43,6 +43,6 @@ mod remote_grpc;
 pub use backend::{Backend, BackendError, Outcome, Verdict};
 pub use describe::{AuthenticatedUser, Describe, Descriptors};
 pub use embedded::{Embedded, OpenError, Options, verdict};
-pub use layer::{RateLimit, RateLimitLayer};
+pub use layer::{Cost, RateLimit, RateLimitLayer};
 pub use remote::{Posture, Remote};
 pub use remote_grpc::RemoteGrpc;

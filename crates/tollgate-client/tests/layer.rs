@@ -12,7 +12,7 @@ use http_body_util::BodyExt;
 use tollgate::limiter::{CheckRequest, RequestDescriptor};
 use tollgate::policy::Policy;
 use tollgate::store::StoreUrl;
-use tollgate_client::{Descriptors, Embedded, Options, RateLimitLayer};
+use tollgate_client::{Cost, Descriptors, Embedded, Options, RateLimitLayer};
 use tower::ServiceExt;
 
 const POLICY: &str = "
@@ -251,4 +251,81 @@ descriptors:
     let body = sixth.into_body().collect().await.unwrap().to_bytes();
     let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(problem["detail"], "rate limit `admin` exceeded");
+}
+
+/// Post-paid costs (the tokens an LLM call used): with `charge_after_response`, a request is
+/// checked without counting and charged the `Cost` its response reports; on a
+/// `charge: up_to_limit` rule, a cost above what is left uses it up, and the next request is
+/// refused without reaching the service.
+#[tokio::test]
+async fn costs_reported_by_the_response_are_charged_after_it() {
+    let policy = Policy::from_yaml(
+        "inline.yaml",
+        "domain: api\ndescriptors:\n  - key: api_key\n    rate_limit: {name: tokens, unit: hour, requests_per_unit: 10, charge: up_to_limit}\n",
+    )
+    .unwrap();
+    let limiter = Embedded::with_policy(policy, &StoreUrl::Memory, Options::default())
+        .await
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let served = calls.clone();
+    let app = Router::new()
+        .route(
+            "/",
+            get(move |headers: http::HeaderMap| {
+                served.fetch_add(1, Ordering::SeqCst);
+                let used = headers
+                    .get("x-used")
+                    .map(|v| v.to_str().unwrap().parse().unwrap());
+                async move {
+                    let mut response = axum::response::Response::new(Body::from("answer"));
+                    if let Some(used) = used {
+                        response.extensions_mut().insert(Cost(used));
+                    }
+                    response
+                }
+            }),
+        )
+        .layer(
+            RateLimitLayer::new(
+                limiter,
+                Descriptors::new("api").header("x-api-key", "api_key"),
+            )
+            .charge_after_response(),
+        );
+    let call = async |used: Option<&str>| {
+        let mut request = Request::get("/").header("x-api-key", "k");
+        if let Some(used) = used {
+            request = request.header("x-used", used);
+        }
+        let response = app
+            .clone()
+            .oneshot(request.body(Body::empty()).unwrap())
+            .await;
+        let response = response.unwrap();
+        let remaining = response.headers().get("x-ratelimit-remaining").cloned();
+        (
+            response.status(),
+            remaining.map(|v| v.to_str().unwrap().to_owned()),
+        )
+    };
+    let ok = |left: &str| (StatusCode::OK, Some(left.to_owned()));
+    assert_eq!(
+        call(None).await,
+        ok("10"),
+        "no cost reported: nothing charged"
+    );
+    assert_eq!(
+        call(Some("4")).await,
+        ok("10"),
+        "checked before it was served"
+    );
+    assert_eq!(call(Some("8")).await, ok("6"));
+    let (status, _) = call(Some("1")).await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the 8 used up the 6 left"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
 }

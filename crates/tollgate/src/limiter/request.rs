@@ -176,6 +176,19 @@ impl CheckRequest {
     pub fn descriptors(&self) -> &[RequestDescriptor] {
         &self.descriptors
     }
+
+    /// The same request with every descriptor costing `cost` (0: a check, which charges
+    /// nothing), or why that cost is refused.
+    pub fn with_cost(&self, cost: u64) -> Result<CheckRequest, InvalidRequest> {
+        if cost > 0 {
+            check_cost(cost)?;
+        }
+        let mut request = self.clone();
+        for descriptor in &mut request.descriptors {
+            descriptor.cost = cost;
+        }
+        Ok(request)
+    }
 }
 
 #[cfg(test)]
