@@ -131,3 +131,28 @@ async fn a_request_too_large_for_the_service_is_invalid_not_a_posture() {
         "{answer:?}"
     );
 }
+
+/// A check (cost 0) sent by either remote client counts nothing, and is refused once no unit
+/// is left: the HTTP client sends it as a descriptor's `hits_addend: 0`, the gRPC client as an
+/// empty `UInt64Value`.
+#[tokio::test]
+async fn remote_clients_send_checks_that_count_nothing() {
+    let server = Server::start(POLICY);
+    let grpc_url = format!("http://{}", server.grpc);
+    let http = Remote::http(&server.url(""), Duration::from_secs(2), Posture::Closed).unwrap();
+    let grpc = RemoteGrpc::new(&grpc_url, Duration::from_secs(2), Posture::Closed).unwrap();
+    let check = request("frank").with_cost(0).unwrap();
+    for _ in 0..2 {
+        for verdict in [http.check(&check).await, grpc.check(&check).await] {
+            let verdict = verdict.unwrap();
+            assert_eq!(verdict.outcome, Outcome::Allowed);
+            assert_eq!(verdict.header("x-ratelimit-remaining"), Some("2"));
+        }
+    }
+    http.check(&request("frank").with_cost(2).unwrap())
+        .await
+        .unwrap();
+    for verdict in [http.check(&check).await, grpc.check(&check).await] {
+        assert_eq!(verdict.unwrap().outcome, Outcome::Limited);
+    }
+}
