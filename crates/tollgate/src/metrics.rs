@@ -2,7 +2,9 @@
 //!
 //! Counters are allocated when a policy is compiled (one slot per rule), so counting on the
 //! request path is one atomic add. Labels are bounded: domain and rule name from the policy
-//! file, never a client-supplied value.
+//! file, never a client-supplied value, except for the rules that ask for it with
+//! `detailed_metric: true` (as in envoyproxy/ratelimit): those are also counted per descriptor
+//! value, for at most [`MAX_DETAILED_VALUES`] values per rule.
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -62,8 +64,23 @@ fn posture_slot(posture: Posture) -> usize {
     Outcome::ALL.len() + posture as usize
 }
 
+/// Distinct descriptor values counted per `detailed_metric` rule; later ones are counted
+/// together as [`OTHER_VALUES`].
+pub const MAX_DETAILED_VALUES: usize = 1000;
+
+/// The `descriptor` label of the values past [`MAX_DETAILED_VALUES`]. A descriptor's text always
+/// holds a `=`, so this one is never a descriptor's.
+pub const OTHER_VALUES: &str = "_other";
+
 /// One rule's counters.
-type Slot = Arc<[AtomicU64; SLOTS]>;
+type Slot = Arc<RuleSlot>;
+
+#[derive(Debug, Default)]
+struct RuleSlot {
+    counts: [AtomicU64; SLOTS],
+    /// Per descriptor value (`detailed_metric` rules only): a count per outcome.
+    values: parking_lot::Mutex<HashMap<Box<str>, [u64; Outcome::ALL.len()]>>,
+}
 
 /// Counters for every rule of one policy.
 #[derive(Debug)]
@@ -110,29 +127,48 @@ impl RuleCounters {
     /// Counts one outcome for the rule at `index`.
     pub fn record(&self, index: usize, outcome: Outcome) {
         if let Some(slot) = self.counts.get(index) {
-            slot[outcome as usize].fetch_add(1, Ordering::Relaxed);
+            slot.counts[outcome as usize].fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Counts one outcome for the rule at `index` under the descriptor shown as `value` (for a
+    /// rule with `detailed_metric`; see [`MAX_DETAILED_VALUES`]).
+    pub fn record_value(&self, index: usize, value: &str, outcome: Outcome) {
+        let Some(slot) = self.counts.get(index) else {
+            return;
+        };
+        let mut values = slot.values.lock();
+        if let Some(counts) = values.get_mut(value) {
+            counts[outcome as usize] += 1;
+            return;
+        }
+        let key = if values.len() < MAX_DETAILED_VALUES {
+            value
+        } else {
+            OTHER_VALUES
+        };
+        values.entry(key.into()).or_default()[outcome as usize] += 1;
     }
 
     /// Counts one decision the rule's failure posture made because the store could not.
     pub fn record_degraded(&self, index: usize, posture: Posture) {
         if let Some(slot) = self.counts.get(index) {
-            slot[posture_slot(posture)].fetch_add(1, Ordering::Relaxed);
+            slot.counts[posture_slot(posture)].fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// The count of degraded decisions made with `posture` for the rule at `index`.
     pub fn degraded(&self, index: usize, posture: Posture) -> u64 {
         self.counts.get(index).map_or(0, |slot| {
-            slot[posture_slot(posture)].load(Ordering::Relaxed)
+            slot.counts[posture_slot(posture)].load(Ordering::Relaxed)
         })
     }
 
     /// The count of `outcome` for the rule at `index`.
     pub fn get(&self, index: usize, outcome: Outcome) -> u64 {
-        self.counts
-            .get(index)
-            .map_or(0, |slot| slot[outcome as usize].load(Ordering::Relaxed))
+        self.counts.get(index).map_or(0, |slot| {
+            slot.counts[outcome as usize].load(Ordering::Relaxed)
+        })
     }
 
     /// Appends `tollgate_decisions_total` in Prometheus text format.
@@ -153,6 +189,7 @@ impl RuleCounters {
                 );
             }
         }
+        self.render_values(policy, out);
         out.push_str("# HELP tollgate_degraded_decisions_total Decisions made by a rule's failure posture because the store could not decide.\n");
         out.push_str("# TYPE tollgate_degraded_decisions_total counter\n");
         for rule in policy.rules().iter().filter(|r| r.limit.is_some()) {
@@ -165,6 +202,39 @@ impl RuleCounters {
                     posture,
                     self.degraded(rule.index, posture)
                 );
+            }
+        }
+    }
+}
+
+impl RuleCounters {
+    /// Appends `tollgate_detailed_decisions_total`: the outcomes counted per descriptor value
+    /// of every `detailed_metric` rule, in the order of the values' texts.
+    fn render_values(&self, policy: &Policy, out: &mut String) {
+        let name = "tollgate_detailed_decisions_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Descriptors checked against a rule with detailed_metric, by descriptor and outcome (at most {MAX_DETAILED_VALUES} descriptors a rule; later ones as descriptor=\"{OTHER_VALUES}\").\n# TYPE {name} counter"
+        );
+        for rule in policy.rules().iter().filter(|r| r.detailed_metric) {
+            let Some(slot) = self.counts.get(rule.index) else {
+                continue;
+            };
+            let values = slot.values.lock();
+            let mut sorted: Vec<_> = values.iter().collect();
+            sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (value, counts) in sorted {
+                for outcome in Outcome::ALL.into_iter().filter(|o| counts[*o as usize] > 0) {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{domain=\"{}\",rule=\"{}\",descriptor=\"{}\",outcome=\"{}\"}} {}",
+                        escape_label(&rule.domain),
+                        escape_label(&rule.name),
+                        escape_label(value),
+                        outcome.label(),
+                        counts[outcome as usize]
+                    );
+                }
             }
         }
     }

@@ -473,3 +473,57 @@ async fn a_runtime_override_keeps_charging_up_to_the_limit() {
     assert_eq!(r.statuses[0].decision.unwrap().remaining, 0);
     assert!(!limiter.check(&tokens(0)).await.unwrap().allowed());
 }
+
+/// `detailed_metric: true` (envoyproxy/ratelimit's per-value statistics) counts a rule's
+/// outcomes per descriptor value as well, for the first 1000 values; the later ones are
+/// counted together. Rules without it get no per-value series.
+#[tokio::test]
+async fn detailed_metric_rules_are_counted_per_descriptor_value() {
+    let yaml = "domain: api\ndescriptors:\n  - key: user\n    detailed_metric: true\n    rate_limit: {name: per_user, unit: minute, requests_per_unit: 1}\n  - key: ip\n    rate_limit: {name: per_ip, unit: minute, requests_per_unit: 5}\n";
+    let (_clock, limiter) = limiter_with(Policy::from_yaml("t.yaml", yaml).unwrap());
+    for (key, value) in [
+        ("user", "alice"),
+        ("user", "alice"),
+        ("user", "bob"),
+        ("ip", "1"),
+    ] {
+        limiter.check(&request(&[&[(key, value)]])).await.unwrap();
+    }
+    let series = |descriptor: &str, outcome: &str| {
+        format!(
+            "tollgate_detailed_decisions_total{{domain=\"api\",rule=\"per_user\",descriptor=\"{descriptor}\",outcome=\"{outcome}\"}} "
+        )
+    };
+    let count = |text: &str, line: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(line))
+            .map(|n| n.parse::<u64>().unwrap())
+    };
+    let text = limiter.render_metrics().await;
+    assert_eq!(
+        count(&text, &series("user=alice", "allowed")),
+        Some(1),
+        "{text}"
+    );
+    assert_eq!(count(&text, &series("user=alice", "denied")), Some(1));
+    assert_eq!(count(&text, &series("user=bob", "allowed")), Some(1));
+    assert_eq!(
+        count(&text, &series("user=bob", "denied")),
+        None,
+        "no zero series"
+    );
+    assert!(!text.contains("rule=\"per_ip\",descriptor="), "{text}");
+
+    // Two values are counted already: 998 more get series of their own, the last 2 share one.
+    for n in 0..1000 {
+        let user = format!("u{n}");
+        limiter
+            .check(&request(&[&[("user", &user)]]))
+            .await
+            .unwrap();
+    }
+    let text = limiter.render_metrics().await;
+    assert_eq!(count(&text, &series("user=u997", "allowed")), Some(1));
+    assert_eq!(count(&text, &series("user=u998", "allowed")), None);
+    assert_eq!(count(&text, &series("_other", "allowed")), Some(2));
+}

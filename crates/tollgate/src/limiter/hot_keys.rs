@@ -13,7 +13,7 @@ use tollgate_core::{Decision, Timestamp};
 use super::local_budget::Taken;
 use super::prefilter::Prefilter;
 use super::{AppliedLimit, Code, DescriptorStatus, Limiter, Plan, Snapshot, Statuses};
-use super::{CheckResponse, RequestDescriptor, record_top_key};
+use super::{CheckResponse, RequestDescriptor, record_outcome};
 use crate::metrics::Outcome;
 use crate::policy::{LocalBudget, RuleMode};
 use crate::store::{
@@ -137,10 +137,7 @@ impl Limiter {
             let limit = plan.limits[*i].clone();
             let denies = m == n;
             if denies && let Some(rule) = limit.as_ref().and_then(AppliedLimit::rule) {
-                snapshot.counters.record(rule.index, Outcome::Denied);
-                if let Some(top) = snapshot.top.get(rule.index) {
-                    record_top_key(top, &descriptors[*i]);
-                }
+                record_outcome(snapshot, rule, &descriptors[*i], Outcome::Denied);
             }
             statuses[*i] = DescriptorStatus {
                 code: if denies { Code::OverLimit } else { Code::Ok },

@@ -398,12 +398,7 @@ impl Limiter {
                 // Outcomes and throttled keys are the limit's: an answer of the open or closed
                 // posture, which decided nothing about the key, is counted as degraded only.
                 if matches!(degraded, None | Some(Posture::Local)) {
-                    snapshot
-                        .counters
-                        .record(rule.index, Outcome::of(denied, mode));
-                    if denied && let Some(top) = snapshot.top.get(rule.index) {
-                        record_top_key(top, &descriptors[*i]);
-                    }
+                    record_outcome(&snapshot, rule, &descriptors[*i], Outcome::of(denied, mode));
                 }
             }
             let code = if denied && mode == RuleMode::Enforce {
@@ -780,6 +775,35 @@ fn top_keys_per_rule(policy: &Policy) -> Box<[TopKeys]> {
         .iter()
         .map(|_| TopKeys::new(TOP_KEYS_PER_RULE))
         .collect()
+}
+
+/// Counts `outcome` of `rule` for `descriptor`: in the rule's counters, per descriptor when the
+/// rule has `detailed_metric`, and among its top keys when it is not an admission.
+fn record_outcome(
+    snapshot: &Snapshot,
+    rule: &Rule,
+    descriptor: &RequestDescriptor,
+    outcome: Outcome,
+) {
+    snapshot.counters.record(rule.index, outcome);
+    let top = snapshot
+        .top
+        .get(rule.index)
+        .filter(|_| outcome != Outcome::Allowed);
+    if !rule.detailed_metric && top.is_none() {
+        return;
+    }
+    let mut text = TopKeyText::default();
+    describe_entries(descriptor, &mut text);
+    if rule.detailed_metric {
+        snapshot
+            .counters
+            .record_value(rule.index, text.as_str(), outcome);
+    }
+    if let Some(top) = top {
+        // One per denial, whatever its cost: the listing ranks who was denied most often.
+        top.record(text.as_str(), 1);
+    }
 }
 
 /// Counts a denial of `descriptor` in `top`, shown as `key=value,key=value`.

@@ -31,7 +31,8 @@ pub struct Rule {
     /// `enforce` (default), `shadow` (`shadow_mode: true`: count and report, never deny) or
     /// `soft` (allow, but mark the request as over its limit with a suggested delay).
     pub mode: RuleMode,
-    /// `detailed_metric: true`: metrics may carry the matched value.
+    /// `detailed_metric: true`: its outcomes are also counted per descriptor value (see
+    /// `metrics::MAX_DETAILED_VALUES`).
     pub detailed_metric: bool,
     /// Names of the rules this one replaces when both match one request.
     pub replaces: Vec<String>,
