@@ -11,7 +11,7 @@ use http::{Request, Response, StatusCode};
 use tollgate_server::headers;
 use tower::{Layer, Service};
 
-use tollgate::limiter::CheckRequest;
+use tollgate::limiter::{CheckRequest, MAX_COST};
 
 use crate::backend::{Backend, BackendError, Outcome, Verdict};
 use crate::describe::Describe;
@@ -52,8 +52,11 @@ impl<K, D> RateLimitLayer<K, D> {
     /// is served: a request is checked without counting (it passes while its limits have a
     /// unit left), and the [`Cost`] the inner service puts in its response's extensions is then
     /// charged to the same descriptors, before the response is returned so that the caller's
-    /// next request sees it. A response without a `Cost` charges nothing. Give the policy's
-    /// rules `charge: up_to_limit`, so that a cost larger than what is left still uses it up.
+    /// next request sees it; the response's rate-limit headers tell the quota left after it.
+    /// The cost must be known when the inner service returns the response (its head): a body
+    /// streamed after that cannot report one. A response without a `Cost` charges nothing.
+    /// Give the policy's rules `charge: up_to_limit`, so that a cost larger than what is left
+    /// still uses it up.
     pub fn charge_after_response(self) -> Self {
         RateLimitLayer {
             after_response: true,
@@ -170,10 +173,12 @@ where
             match verdict.outcome {
                 Outcome::Allowed => {
                     let mut response = inner.call(request).await?;
-                    if after_response {
-                        charge_cost(backend.as_ref(), &check, response.extensions()).await;
-                    }
-                    add_headers(response.headers_mut(), &verdict.headers);
+                    let charged = match after_response {
+                        true => charge_cost(backend, check, response.extensions()).await,
+                        false => None,
+                    };
+                    let headers = &charged.as_ref().unwrap_or(&verdict).headers;
+                    add_headers(response.headers_mut(), headers);
                     Ok(response)
                 }
                 Outcome::Limited => Ok(problem(
@@ -191,15 +196,19 @@ where
     }
 }
 
-/// Charges `check`'s descriptors the [`Cost`] in `extensions`, if any. The answer does not
-/// matter: the response is served already.
-async fn charge_cost<K: Backend>(backend: &K, check: &CheckRequest, extensions: &http::Extensions) {
-    let Some(&Cost(cost)) = extensions.get::<Cost>().filter(|c| c.0 > 0) else {
-        return;
-    };
-    if let Ok(charge) = check.with_cost(cost) {
-        let _ = backend.check(&charge).await;
-    }
+/// Charges `check`'s descriptors the [`Cost`] in `extensions`, if any (a cost above
+/// [`MAX_COST`] as that much). Returns the charge's verdict when it was admitted: its headers
+/// tell the quota left after it. The charge runs as a task of its own, so that it is made even
+/// if the caller goes away (a client reset, an outer timeout) once the response is made.
+async fn charge_cost<K: Backend>(
+    backend: Arc<K>,
+    check: CheckRequest,
+    extensions: &http::Extensions,
+) -> Option<Verdict> {
+    let &Cost(cost) = extensions.get::<Cost>().filter(|c| c.0 > 0)?;
+    let charge = check.with_cost(cost.min(MAX_COST)).ok()?;
+    let charged = tokio::spawn(async move { backend.check(&charge).await });
+    charged.await.ok()?.ok().filter(Verdict::allowed)
 }
 
 fn detail(verdict: &Verdict) -> String {

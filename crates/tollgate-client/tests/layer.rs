@@ -316,16 +316,21 @@ async fn costs_reported_by_the_response_are_charged_after_it() {
         "no cost reported: nothing charged"
     );
     assert_eq!(
-        call(Some("4")).await,
+        call(Some("0")).await,
         ok("10"),
-        "checked before it was served"
+        "a cost of 0 charges nothing"
     );
-    assert_eq!(call(Some("8")).await, ok("6"));
-    let (status, _) = call(Some("1")).await;
     assert_eq!(
-        status,
-        StatusCode::TOO_MANY_REQUESTS,
-        "the 8 used up the 6 left"
+        call(Some("4")).await,
+        ok("6"),
+        "the quota left after the charge"
     );
-    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert_eq!(call(Some("8")).await, ok("0"), "the 6 left are used up");
+    let (status, _) = call(Some("1")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        4,
+        "a refused request is not served"
+    );
 }

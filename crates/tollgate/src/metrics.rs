@@ -4,7 +4,7 @@
 //! request path is one atomic add. Labels are bounded: domain and rule name from the policy
 //! file, never a client-supplied value, except for the rules that ask for it with
 //! `detailed_metric: true` (as in envoyproxy/ratelimit): those are also counted per descriptor
-//! value, for at most [`MAX_DETAILED_VALUES`] values per rule.
+//! value, under a lock of their own, for at most [`MAX_DETAILED_VALUES`] values per rule.
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -68,8 +68,8 @@ fn posture_slot(posture: Posture) -> usize {
 /// together as [`OTHER_VALUES`].
 pub const MAX_DETAILED_VALUES: usize = 1000;
 
-/// The `descriptor` label of the values past [`MAX_DETAILED_VALUES`]. A descriptor's text always
-/// holds a `=`, so this one is never a descriptor's.
+/// The `descriptor` label of the values past [`MAX_DETAILED_VALUES`]. Never a descriptor's:
+/// a descriptor's text holds a `=`, or is cut at a length far above this one's.
 pub const OTHER_VALUES: &str = "_other";
 
 /// One rule's counters.
@@ -138,16 +138,19 @@ impl RuleCounters {
             return;
         };
         let mut values = slot.values.lock();
-        if let Some(counts) = values.get_mut(value) {
-            counts[outcome as usize] += 1;
-            return;
-        }
-        let key = if values.len() < MAX_DETAILED_VALUES {
+        let key = if values.contains_key(value) || values.len() < MAX_DETAILED_VALUES {
             value
         } else {
             OTHER_VALUES
         };
-        values.entry(key.into()).or_default()[outcome as usize] += 1;
+        match values.get_mut(key) {
+            Some(counts) => counts[outcome as usize] += 1,
+            None => {
+                let mut counts = [0; Outcome::ALL.len()];
+                counts[outcome as usize] = 1;
+                values.insert(key.into(), counts);
+            }
+        }
     }
 
     /// Counts one decision the rule's failure posture made because the store could not.
@@ -220,9 +223,9 @@ impl RuleCounters {
             let Some(slot) = self.counts.get(rule.index) else {
                 continue;
             };
-            let values = slot.values.lock();
-            let mut sorted: Vec<_> = values.iter().collect();
-            sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            // Copied out, so that decisions do not wait for the formatting.
+            let mut sorted: Vec<_> = slot.values.lock().clone().into_iter().collect();
+            sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             for (value, counts) in sorted {
                 for outcome in Outcome::ALL.into_iter().filter(|o| counts[*o as usize] > 0) {
                     let _ = writeln!(
@@ -230,7 +233,7 @@ impl RuleCounters {
                         "{name}{{domain=\"{}\",rule=\"{}\",descriptor=\"{}\",outcome=\"{}\"}} {}",
                         escape_label(&rule.domain),
                         escape_label(&rule.name),
-                        escape_label(value),
+                        escape_label(&value),
                         outcome.label(),
                         counts[outcome as usize]
                     );

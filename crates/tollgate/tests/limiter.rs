@@ -526,4 +526,13 @@ async fn detailed_metric_rules_are_counted_per_descriptor_value() {
     assert_eq!(count(&text, &series("user=u997", "allowed")), Some(1));
     assert_eq!(count(&text, &series("user=u998", "allowed")), None);
     assert_eq!(count(&text, &series("_other", "allowed")), Some(2));
+
+    // Continued across a reload, like the rule's own counters.
+    limiter.replace_policy(Policy::from_yaml("t.yaml", yaml).unwrap());
+    limiter
+        .check(&request(&[&[("user", "alice")]]))
+        .await
+        .unwrap();
+    let text = limiter.render_metrics().await;
+    assert_eq!(count(&text, &series("user=alice", "denied")), Some(2));
 }

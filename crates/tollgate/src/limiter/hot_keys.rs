@@ -1,6 +1,6 @@
 //! What keeps a hot key off the shared store: the [`Prefilter`] answers remembered denials, and
 //! [`Leases`] admit from local budgets. Both apply to a Redis store only (the memory store is
-//! already local) and to charged decisions only (`explain` always asks the store).
+//! already local); explain reads the leases without taking from them, and never the prefilter.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -182,12 +182,13 @@ impl Limiter {
         Box::pin(self.apply_leased(redis, plan, charges, live, (now, epoch), decisions)).await
     }
 
-    /// For explain, what [`Limiter::apply_with_budgets`] would answer, taking nothing: the live
-    /// charges this replica's leases would serve are answered from them, the rest by a peek at
+    /// For explain, taking nothing: the live charges this replica's leases would serve are
+    /// answered from them, as [`Limiter::apply_with_budgets`] does, and the rest by a peek at
     /// the store, which is not called when nothing is left for it (nor is it by a check). A
     /// lease holds units the store counts as used, so a peek alone reads a key this replica
     /// would still admit as exhausted; and while the store is down, a check served from leases
-    /// alone still admits.
+    /// alone still admits. (Each charge is read against its lease on its own: a key charged
+    /// twice in one request is explained as if charged once.)
     pub(super) async fn explain_with_budgets(
         &self,
         plan: &Plan,
@@ -196,21 +197,37 @@ impl Limiter {
         (now, epoch): (Timestamp, u64),
         decisions: &mut Decisions,
     ) -> Result<(), StoreError> {
-        let leased: SmallVec<[Option<Decision>; INLINE_CHARGES]> = match &self.store {
-            StoreBackend::Redis(_) => plan
+        let budgets = matches!(self.store, StoreBackend::Redis(_))
+            && plan
                 .spans
                 .iter()
-                .zip(&charges[..live])
-                .map(|(span, charge)| {
-                    budget_of(plan, span)?;
-                    self.leases.would_serve(charge, now, epoch)
-                })
-                .collect(),
-            StoreBackend::Memory(_) => SmallVec::new(),
-        };
-        if leased.iter().all(Option::is_none) {
+                .take(live)
+                .any(|span| budget_of(plan, span).is_some());
+        if !budgets {
             return self.store_decide(charges, false, decisions).await;
         }
+        // Boxed, as `apply_leased` is, so that its state does not grow every decision's future.
+        Box::pin(self.explain_leased(plan, charges, live, (now, epoch), decisions)).await
+    }
+
+    /// [`Limiter::explain_with_budgets`] once at least one live charge has a local budget.
+    async fn explain_leased(
+        &self,
+        plan: &Plan,
+        charges: &[Charge<'_>],
+        live: usize,
+        (now, epoch): (Timestamp, u64),
+        decisions: &mut Decisions,
+    ) -> Result<(), StoreError> {
+        let leased: SmallVec<[Option<Decision>; INLINE_CHARGES]> = plan
+            .spans
+            .iter()
+            .zip(&charges[..live])
+            .map(|(span, charge)| {
+                budget_of(plan, span)?;
+                self.leases.would_serve(charge, now, epoch)
+            })
+            .collect();
         let from_lease = |i: usize| leased.get(i).copied().flatten();
         let rest: SmallVec<[Charge<'_>; INLINE_CHARGES]> = (0..charges.len())
             .filter(|&i| from_lease(i).is_none())

@@ -360,7 +360,7 @@ impl Leases {
     /// Admits `request` from this replica's lease on its key, reserving a new lease from
     /// `store` when needed. `None` means the store must decide this request itself: no lease
     /// could be had (the store has less than `budget.size` left, is failing, or the cost is
-    /// larger than a lease).
+    /// larger than a lease), or it is a check the lease cannot answer (a check reserves none).
     pub async fn take(
         &self,
         store: &Arc<RedisStore>,
