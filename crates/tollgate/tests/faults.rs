@@ -28,6 +28,8 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 1000, on_store_error: closed}
   - key: local
     rate_limit: {unit: day, requests_per_unit: 8, on_store_error: local, local_share: 0.25}
+  - key: tokens
+    rate_limit: {unit: day, requests_per_unit: 10, charge: up_to_limit, on_store_error: open}
 "#;
 
 /// The store deadline in these tests, and how much later than it a decision may finish on a
@@ -660,4 +662,52 @@ async fn a_charge_that_fails_on_one_primary_is_refunded_on_the_others() {
     assert!(left.degraded().is_none(), "the healthy primary decides");
     let remaining = left.statuses[0].decision.unwrap().remaining;
     assert!((1000 - 5..=1000 - 2).contains(&remaining), "{remaining}");
+}
+
+/// The same with a `charge: up_to_limit` limit on the healthy primary: its charge takes only
+/// what was left there, and the refund gives back exactly that, as the script reports it (not
+/// the request's whole cost, which would credit what others used, nor nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_up_to_the_limit_is_refunded_what_it_took() {
+    let _serial = SERIAL.lock().await;
+    let cluster = RedisCluster::start(3, 0);
+    // A deadline a busy machine does not cut short: this test is about the amount refunded.
+    let limiter = limiter_with_deadline(&cluster.store_url(), Duration::from_secs(2)).await;
+    let placed = users_on_distinct_primaries(&cluster, &limiter).await;
+    let [(doomed, failing), ..] = placed.as_slice() else {
+        unreachable!("two at least");
+    };
+    // A `tokens` counter on another primary, charged 1 by its placement: 9 left.
+    let mut on_other = None;
+    for i in 0..40 {
+        let value = format!("tk{i}z");
+        limiter.check(&request("tokens", &value)).await.unwrap();
+        let owner = cluster
+            .primary_ports()
+            .into_iter()
+            .find(|p| cluster.cli(*p, &["--scan"]).contains(value.as_str()));
+        if owner.is_some_and(|p| p != *failing) {
+            on_other = Some(value);
+            break;
+        }
+    }
+    let tokens = on_other.expect("a tokens counter off the failing primary");
+    cluster.cli(
+        *failing,
+        &["CONFIG", "SET", "maxmemory-policy", "noeviction"],
+    );
+    cluster.cli(*failing, &["CONFIG", "SET", "maxmemory", "1"]);
+
+    let d = |key: &str, value: &str, cost| {
+        RequestDescriptor::new(vec![(key.into(), value.into())], cost, None).unwrap()
+    };
+    let both = CheckRequest::new(
+        "f".into(),
+        vec![d("open", doomed, 1), d("tokens", &tokens, 50)],
+    );
+    let answer = limiter.check(&both.unwrap()).await.unwrap();
+    assert!(answer.allowed() && answer.degraded().is_some());
+    // The 9 it took came back; explain answers as if for one more.
+    let left = limiter.explain(&request("tokens", &tokens)).await.unwrap();
+    assert_eq!(left.statuses[0].decision.unwrap().remaining, 8);
 }

@@ -27,7 +27,7 @@ use tollgate::store::redis::script::{
 };
 use tollgate_core::{
     Algorithm, Decision, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD, Params, State, Timestamp,
-    Transition, Verdict, decide_or_check,
+    Transition, Verdict, decide, decide_or_check,
 };
 use tollgate_testkit::RedisServer;
 
@@ -224,20 +224,20 @@ impl Charge {
 struct Answer {
     now: u64,
     admitted: bool,
-    /// verdict, remaining, reset_after, retry_after (-1: none), delay; µs.
-    decisions: Vec<[i64; 5]>,
+    /// verdict, remaining, reset_after, retry_after (-1: none), delay (µs), charged units.
+    decisions: Vec<[i64; 6]>,
 }
 
 impl Answer {
     /// A DECIDE reply for `charges` charges.
     fn from_reply(raw: Vec<i64>, charges: usize) -> Self {
-        assert_eq!(raw.len(), 2 + 5 * charges, "reply shape: {raw:?}");
+        assert_eq!(raw.len(), 2 + 6 * charges, "reply shape: {raw:?}");
         Answer {
             now: raw[0] as u64,
             admitted: raw[1] == 1,
             decisions: raw[2..]
-                .chunks(5)
-                .map(|c| [c[0], c[1], c[2], c[3], c[4]])
+                .chunks(6)
+                .map(|c| [c[0], c[1], c[2], c[3], c[4], c[5]])
                 .collect(),
         }
     }
@@ -247,7 +247,8 @@ fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap()
 }
 
-fn wire(d: &Decision) -> [i64; 5] {
+/// A decision as DECIDE answers it, with the units it took (`charged`).
+fn wire((d, charged): &(Decision, u64)) -> [i64; 6] {
     let verdict = match d.verdict {
         Verdict::Allowed => 0,
         Verdict::Denied => 1,
@@ -259,6 +260,7 @@ fn wire(d: &Decision) -> [i64; 5] {
         micros(d.reset_after),
         d.retry_after.map_or(-1, micros),
         micros(d.delay),
+        i64::try_from(*charged).unwrap(),
     ]
 }
 
@@ -278,27 +280,30 @@ impl Reference {
         for (i, charge) in charges.iter().enumerate() {
             let stored = self.states.get(&charge.key).map(|(s, _)| s);
             let repeated = charges[..i].iter().any(|c| c.key == charge.key);
-            let (decision, transition) = if repeated {
-                let mut scratch = stored
-                    .cloned()
-                    .unwrap_or_else(|| State::empty(&charge.params));
+            let mut state = stored
+                .cloned()
+                .unwrap_or_else(|| State::empty(&charge.params));
+            if repeated {
                 for (prev, t) in charges[..i].iter().zip(&transitions) {
                     if prev.key == charge.key {
-                        scratch.apply(t.clone());
+                        state.apply(t.clone());
                     }
                 }
-                decide_or_check(&charge.params, &scratch, at, charge.cost)
-            } else {
-                let empty = State::empty(&charge.params);
-                decide_or_check(&charge.params, stored.unwrap_or(&empty), at, charge.cost)
+            }
+            let (decision, transition) = decide_or_check(&charge.params, &state, at, charge.cost);
+            // The units it takes: the whole units it leaves fewer than there were.
+            let before = decide(&charge.params, &state, at, 0).0.remaining;
+            let charged = match transition {
+                Transition::Keep => 0,
+                _ => before - decision.remaining,
             };
-            decisions.push(decision);
+            decisions.push((decision, charged));
             transitions.push(transition);
         }
         let admitted = charges
             .iter()
             .zip(&decisions)
-            .all(|(c, d)| !c.enforce || d.is_allowed());
+            .all(|(c, (d, _))| !c.enforce || d.is_allowed());
         if admitted && commit {
             let mut written = Vec::new();
             for (charge, transition) in charges.iter().zip(transitions) {
@@ -1126,7 +1131,7 @@ fn unpinned_calls_use_the_server_clock() {
         answer.now <= server_now && server_now - answer.now < 5_000_000,
         "{answer:?}"
     );
-    assert_eq!(answer.decisions, vec![[0, 2, 20_000_000, -1, 0]]);
+    assert_eq!(answer.decisions, vec![[0, 2, 20_000_000, -1, 0, 1]]);
     let ttl: i64 = redis.cmd(&["PTTL", &key]);
     assert!((19_000..=20_001).contains(&ttl), "PTTL {ttl}");
 }

@@ -13,9 +13,8 @@
 //! is rolled back or a runtime override is set or removed), and a counter given back, which
 //! the limiter avoids by never remembering denials of rules with a `local_budget` or of limits
 //! set by a runtime override. On a Redis Cluster, a request that lost a race between slots is
-//! refunded (see `store::redis`; a charge that is not refunded only makes the true retry
-//! later): that is the one case left, for at most that request's cost and the time of one
-//! round trip.
+//! refunded (see `store::redis`): that is the one case left, for at most that request's cost
+//! and the time of one round trip.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

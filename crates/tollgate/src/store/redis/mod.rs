@@ -21,9 +21,8 @@
 //! the last quota of one slot in between, that slot denies and the slots that charged are
 //! refunded; so are they when another slot's charge fails. A refund is exact when nothing else
 //! charged that counter in between and never credits more than was charged, so the race can
-//! only under-admit, by at most the request's own cost, never over-admit. A charge on a limit
-//! that charges up to itself and used it up is not refunded: its answer does not say how much
-//! was charged, and refunding the whole cost could credit what others used.
+//! only under-admit, by at most the request's own cost, never over-admit. (A refund gives back
+//! what the script says it charged: for a limit that charges up to itself, what was left.)
 
 mod cluster;
 mod coalesce;
@@ -38,6 +37,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use redis::aio::ConnectionManager;
+use smallvec::SmallVec;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tollgate_core::{Decision, Params, Verdict};
@@ -53,7 +53,7 @@ pub use self::shared_policy::{
 };
 use self::topology::Topology;
 use super::url::StoreUrl;
-use super::{Charge, Store, StoreError};
+use super::{Charge, INLINE_CHARGES, Store, StoreError};
 use crate::clock::SharedClock;
 use crate::resilience::{Breaker, BreakerConfig, BreakerState};
 
@@ -212,6 +212,8 @@ struct Reply {
     now_micros: i64,
     admitted: bool,
     decisions: Vec<Decision>,
+    /// Per decision, the units it takes (see the DECIDE reply in [`script`]).
+    charged: SmallVec<[u64; INLINE_CHARGES]>,
 }
 
 impl RedisStore {
@@ -429,21 +431,15 @@ impl RedisStore {
         let mut invocation = self.refund.prepare_invoke();
         invocation.arg(reply.now_micros);
         let mut any = false;
-        for (&i, decision) in group.indexes.iter().zip(&reply.decisions) {
+        for (&i, &charged) in group.indexes.iter().zip(&reply.charged) {
+            if charged == 0 {
+                continue; // denials and checks wrote nothing
+            }
             let c = &charges[i];
-            if !decision.is_allowed() || c.cost == 0 {
-                continue; // denied charges and checks were never written
-            }
-            if c.params.charges_up_to_limit() && decision.remaining == 0 {
-                // It may have charged only what was left, an amount the answer does not
-                // carry: refunding the whole cost could give back what others used. The
-                // charge stays (under-admission, only in this case).
-                continue;
-            }
             any = true;
             invocation
                 .key(&keys[spans[i].clone()])
-                .arg(&charge_args(c.params, c.cost)[..]);
+                .arg(&charge_args(c.params, charged)[..]);
         }
         if any {
             self.invoke_on_slot::<i64>(group.slot, &invocation).await?;
@@ -543,15 +539,20 @@ fn parse_reply<'a>(
     charges: impl ExactSizeIterator<Item = &'a Charge<'a>>,
 ) -> Result<Reply, StoreError> {
     let n = charges.len();
-    if raw.len() != 2 + 5 * n {
+    if raw.len() != 2 + 6 * n {
         return Err(StoreError::InvalidData(format!(
             "script answered {} numbers for {n} charges",
             raw.len()
         )));
     }
     let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
+    let per_charge = raw[2..].chunks_exact(6);
+    let charged = per_charge
+        .clone()
+        .map(|r| u64::try_from(r[5]).unwrap_or(0))
+        .collect();
     let decisions = charges
-        .zip(raw[2..].chunks_exact(5))
+        .zip(per_charge)
         .map(|(charge, r)| {
             let verdict = match r[0] {
                 0 => Verdict::Allowed,
@@ -575,6 +576,7 @@ fn parse_reply<'a>(
         now_micros: raw[0],
         admitted: raw[1] == 1,
         decisions,
+        charged,
     })
 }
 

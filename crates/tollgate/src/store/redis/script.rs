@@ -32,7 +32,9 @@
 //!
 //! Reply: a flat integer array `[now_us, admitted (1/0)]`, then per charge `verdict` (0
 //! allowed, 1 denied, 2 cost exceeds capacity), `remaining`, `reset_after_us`,
-//! `retry_after_us` (-1 when none), `delay_us`.
+//! `retry_after_us` (-1 when none), `delay_us`, `charged` (the units an allowed charge takes:
+//! its cost, or what was left when it charges up to the limit; 0 for a check or a denial),
+//! which is what a refund gives back.
 //!
 //! # DECIDE_BATCH ([`DECIDE_BATCH_SCRIPT`])
 //!

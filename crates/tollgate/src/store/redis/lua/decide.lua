@@ -17,7 +17,9 @@
 -- being Rust's State::expires_at of the new state; a state already expired at `now` is deleted.
 --
 -- Returns {now_us, admitted (1/0), then per charge: verdict (0 allowed, 1 denied, 2 cost
--- exceeds capacity), remaining, reset_after_us, retry_after_us (-1 when none), delay_us}.
+-- exceeds capacity), remaining, reset_after_us, retry_after_us (-1 when none), delay_us,
+-- charged (the units an allowed charge takes, written if the request commits: its cost, or
+-- what was left when it charges up to the limit; 0 for a check or a denial)}.
 --
 -- Storage: see state.lua (hash layout) and each algorithm's file (fields, sliding-log ZSET).
 
@@ -92,8 +94,13 @@ local function decide_request(first, n, arg, commit, now)
       c.tag, c.x, c.y, c.z = alg, nx, ny, nz
       c.base, c.T, c.dirty, c.ep = false, 0, true, period
     end
-    local o = 5 * i - 2
+    local charged = 0
+    if verdict == 0 then
+      charged = cost -- what was left, for a charge up to the limit; 0 for a check
+    end
+    local o = 6 * i - 3
     out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4] = verdict, remaining, reset, retry, delay
+    out[o + 5] = charged
     if verdict ~= 0 and fmod(flags, 2) == 1 then
       admitted = 0
     end
