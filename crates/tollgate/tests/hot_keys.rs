@@ -304,6 +304,26 @@ async fn a_check_takes_nothing_from_a_lease() {
     assert_eq!(answer.overall, Code::OverLimit, "the lease is empty");
 }
 
+/// A check on a key whose lease has lapsed and not been swept yet: the lease gives its unused
+/// units back first, so the check sees them, as a request of 1 (which renews the lease) would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_sees_the_units_a_lapsed_lease_held() {
+    let redis = RedisServer::start();
+    let clock = wall_clock();
+    let yaml = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 1h, requests_per_unit: 10, local_budget: 10, local_budget_ttl: 1s}\n";
+    let limiter = limiter(&redis.url(), &clock, yaml, true).await;
+    assert!(admits(&limiter, "v").await, "a lease of all 10, one used");
+    clock.advance(Duration::from_secs(2));
+    let answer = limiter.check(&request("a", "k", "v", 0)).await.unwrap();
+    assert!(answer.allowed(), "the 9 unused are back in Redis");
+    assert_eq!(answer.statuses[0].decision.unwrap().remaining, 9);
+    assert_eq!(
+        limiter.release_local_budgets().await,
+        0,
+        "none held any more"
+    );
+}
+
 /// Three replicas with local budgets on one Redis, many requests in flight on each: a fixed
 /// window never admits more than its limit, and once the leases are given back the rest of
 /// the quota is admitted to the unit (nothing is lost). Most admissions come from the leases.

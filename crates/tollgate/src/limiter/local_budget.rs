@@ -87,8 +87,7 @@ impl Lease {
                 return Attempt::Taken(decision);
             }
         }
-        // A check (cost 0) the lease cannot answer goes to the store: it reserves nothing.
-        if cost == 0 || now < self.backoff_until {
+        if now < self.backoff_until {
             return Attempt::BackingOff;
         }
         Attempt::Renew
@@ -360,7 +359,7 @@ impl Leases {
     /// Admits `request` from this replica's lease on its key, reserving a new lease from
     /// `store` when needed. `None` means the store must decide this request itself: no lease
     /// could be had (the store has less than `budget.size` left, is failing, or the cost is
-    /// larger than a lease), or it is a check the lease cannot answer (a check reserves none).
+    /// larger than a lease), or it is a check the lease cannot answer (see `Leases::check`).
     pub async fn take(
         &self,
         store: &Arc<RedisStore>,
@@ -372,6 +371,9 @@ impl Leases {
         let Charge {
             key, params, cost, ..
         } = request;
+        if cost == 0 {
+            return self.check(store, key, params, now, epoch).await;
+        }
         if cost > budget.size {
             return None;
         }
@@ -421,6 +423,53 @@ impl Leases {
             }
         };
         taken((decision, serial, spared_the_store), slot)
+    }
+
+    /// A check (cost 0) on `key`: answered by a lease that holds a unit, taking nothing, else
+    /// by the store (`None`). It reserves no lease; but a lapsed lease still holding units
+    /// gives them back first, as a request's renewal would, so that the store does not count
+    /// them as used (the sweep would only do so within `Limiter::HOT_KEY_SWEEP`).
+    async fn check(
+        &self,
+        store: &Arc<RedisStore>,
+        key: &[u8],
+        params: &Params,
+        now: Timestamp,
+        epoch: u64,
+    ) -> Option<Taken> {
+        let slot = self.slots.get(key, Arc::clone)?;
+        let served = |lease: &Lease| {
+            let decision = lease.served(now)?;
+            lease
+                .can_serve(params, 0, now, epoch)
+                .then_some((decision, lease.serial, true))
+        };
+        {
+            let lease = slot.lease.lock();
+            if let Some(answer) = served(&lease) {
+                drop(lease);
+                return taken(answer, slot);
+            }
+            if lease.retired || lease.tokens == 0 {
+                return None;
+            }
+        }
+        let _renewing = slot.renewal.clone().lock_owned().await;
+        let unused = {
+            let mut lease = slot.lease.lock();
+            if let Some(answer) = served(&lease) {
+                drop(lease);
+                return taken(answer, slot);
+            }
+            if lease.retired {
+                return None;
+            }
+            lease.empty()?
+        };
+        // A task of its own, as a renewal: a caller that hangs up must not strand the units.
+        let (store, shared, key) = (store.clone(), self.shared.clone(), key.to_vec());
+        let _ = tokio::spawn(async move { give_back(&store, &key, unused, &shared).await }).await;
+        None
     }
 
     /// What this replica's lease on `charge`'s key would answer it, taking nothing (for
