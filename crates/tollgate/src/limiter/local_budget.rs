@@ -56,8 +56,7 @@ struct Lease {
 /// What a lease can do for a request.
 enum Attempt {
     Taken(Decision),
-    /// Decide this request at the store: it refused a lease lately, or the request is a check
-    /// the lease cannot answer.
+    /// The store refused a lease lately: decide this request at the store.
     BackingOff,
     /// Reserve a new lease (or, retired, give up).
     Renew,
@@ -312,8 +311,8 @@ pub struct Taken {
 
 impl Taken {
     /// Returns the `cost` units taken, for a request another limit then denied. If that lease
-    /// has been replaced or retired since, they stay charged (under-admission by `cost` until
-    /// the counter resets, never over).
+    /// has been replaced, retired or emptied since, they stay charged (under-admission by
+    /// `cost` until the counter resets, never over).
     pub fn put_back(&self, cost: u64) {
         let mut lease = self.slot.lease.lock();
         if lease.serial == self.serial && !lease.retired && lease.params.is_some() {
@@ -426,9 +425,10 @@ impl Leases {
     }
 
     /// A check (cost 0) on `key`: answered by a lease that holds a unit, taking nothing, else
-    /// by the store (`None`). It reserves no lease; but a lapsed lease still holding units
-    /// gives them back first, as a request's renewal would, so that the store does not count
-    /// them as used (the sweep would only do so within `Limiter::HOT_KEY_SWEEP`).
+    /// by the store (`None`). It reserves no lease; but a lease that still holds units it can
+    /// no longer serve (it lapsed, or was reserved under another policy) gives them back first,
+    /// as a request's renewal would, so that the store does not count them as used (the sweep
+    /// would only do so within `Limiter::HOT_KEY_SWEEP`).
     async fn check(
         &self,
         store: &Arc<RedisStore>,
@@ -454,21 +454,27 @@ impl Leases {
                 return None;
             }
         }
-        let _renewing = slot.renewal.clone().lock_owned().await;
+        let renewing = slot.renewal.clone().lock_owned().await;
         let unused = {
             let mut lease = slot.lease.lock();
             if let Some(answer) = served(&lease) {
                 drop(lease);
                 return taken(answer, slot);
             }
-            if lease.retired {
+            // Renewed meanwhile and used up, or swept: nothing to give back.
+            if lease.retired || lease.tokens == 0 {
                 return None;
             }
             lease.empty()?
         };
-        // A task of its own, as a renewal: a caller that hangs up must not strand the units.
+        // A task of its own holding the renewal lock, as a renewal: a caller that hangs up must
+        // neither strand the units nor let a reservation start before they are back.
         let (store, shared, key) = (store.clone(), self.shared.clone(), key.to_vec());
-        let _ = tokio::spawn(async move { give_back(&store, &key, unused, &shared).await }).await;
+        let give = async move {
+            give_back(&store, &key, unused, &shared).await;
+            drop(renewing);
+        };
+        let _ = tokio::spawn(give).await;
         None
     }
 
