@@ -160,57 +160,42 @@ impl Limiter {
         }
     }
 
-    /// Charges `charges` (the first `live` of them the live policy's) into `decisions`,
-    /// serving the live charges whose rule has a local budget from this replica's leases and
-    /// the rest from the store. All or nothing: if the store denies the request, the leases get
-    /// their units back.
-    pub(super) async fn apply_with_budgets(
+    /// Decides `charges` (the first `live` of them the live policy's) into `decisions`, and
+    /// charges them when `commit`. The live charges whose rule has a local budget go to this
+    /// replica's leases, the rest to the store, which is not called when nothing is left for
+    /// it. Charged, all or nothing: if the store denies the request, the leases get their units
+    /// back. For explain, the leases answer taking nothing: a lease holds units the store
+    /// counts as used, so a peek alone reads a key this replica would still admit as
+    /// exhausted; and while the store is down, a request served from leases alone still admits.
+    pub(super) async fn decide_with_budgets(
         &self,
         plan: &Plan,
         charges: &[Charge<'_>],
         live: usize,
         (now, epoch): (Timestamp, u64),
+        commit: bool,
         decisions: &mut Decisions,
     ) -> Result<(), StoreError> {
         match &self.store {
-            // Boxed: inline, the lease path's state would make every decision's future 3.9 KB
+            // Boxed: inline, the lease paths' state would make every decision's future 3.9 KB
             // instead of 1.4 KB: the Redis path boxes that future per request, and the memory
-            // store's in-place decision holds it on the stack. The lease path calls Redis
+            // store's in-place decision holds it on the stack. The lease paths call Redis
             // anyway; one more allocation is nothing beside that.
             StoreBackend::Redis(redis) if has_budgets(plan, live) => {
-                let leased = self.apply_leased(redis, plan, charges, live, (now, epoch), decisions);
-                Box::pin(leased).await
+                let at = (now, epoch);
+                if commit {
+                    Box::pin(self.apply_leased(redis, plan, charges, live, at, decisions)).await
+                } else {
+                    Box::pin(self.explain_leased(plan, charges, live, at, decisions)).await
+                }
             }
-            _ => self.store_decide(charges, true, decisions).await,
+            _ => self.store_decide(charges, commit, decisions).await,
         }
     }
 
-    /// For explain, taking nothing: the live charges this replica's leases would serve are
-    /// answered from them, as [`Limiter::apply_with_budgets`] does, and the rest by a peek at
-    /// the store, which is not called when nothing is left for it (nor is it by a check). A
-    /// lease holds units the store counts as used, so a peek alone reads a key this replica
-    /// would still admit as exhausted; and while the store is down, a check served from leases
-    /// alone still admits. (Each charge is read against its lease on its own: a key charged
-    /// twice in one request is explained as if charged once.)
-    pub(super) async fn explain_with_budgets(
-        &self,
-        plan: &Plan,
-        charges: &[Charge<'_>],
-        live: usize,
-        (now, epoch): (Timestamp, u64),
-        decisions: &mut Decisions,
-    ) -> Result<(), StoreError> {
-        match &self.store {
-            // Boxed, as `apply_leased` is, so that its state does not grow every decision's
-            // future.
-            StoreBackend::Redis(_) if has_budgets(plan, live) => {
-                Box::pin(self.explain_leased(plan, charges, live, (now, epoch), decisions)).await
-            }
-            _ => self.store_decide(charges, false, decisions).await,
-        }
-    }
-
-    /// [`Limiter::explain_with_budgets`] once at least one live charge has a local budget.
+    /// [`Limiter::decide_with_budgets`] for explain, once a live charge has a local budget. (Each
+    /// charge is read against its lease on its own: a key charged twice in one request is
+    /// explained as if charged once.)
     async fn explain_leased(
         &self,
         plan: &Plan,
@@ -248,7 +233,7 @@ impl Limiter {
         Ok(())
     }
 
-    /// [`Limiter::apply_with_budgets`] once at least one live charge has a local budget.
+    /// [`Limiter::decide_with_budgets`] to charge, once a live charge has a local budget.
     async fn apply_leased(
         &self,
         redis: &Arc<RedisStore>,

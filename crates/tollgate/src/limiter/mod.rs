@@ -264,7 +264,7 @@ impl Limiter {
         match decision.poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(answer) => Some(answer),
             // The memory store's path awaits nothing that can be pending: `StoreBackend::decide`
-            // and `apply_with_budgets` return before any `.await` on it.
+            // and `decide_with_budgets` return before any `.await` on it.
             Poll::Pending => unreachable!("a decision on the memory store waited"),
         }
     }
@@ -333,11 +333,9 @@ impl Limiter {
         let mut decisions = Decisions::new();
         let answer = if charges.is_empty() {
             Ok(())
-        } else if commit {
-            self.apply_with_budgets(&live, &charges, live_charges, (now, epoch), &mut decisions)
-                .await
         } else {
-            self.explain_with_budgets(&live, &charges, live_charges, (now, epoch), &mut decisions)
+            let at = (now, epoch);
+            self.decide_with_budgets(&live, &charges, live_charges, at, commit, &mut decisions)
                 .await
         };
         let postures = match answer {
