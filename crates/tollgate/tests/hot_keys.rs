@@ -90,6 +90,18 @@ fn wall_clock() -> Arc<ManualClock> {
     Arc::new(ManualClock::new(SystemClock::new().now()))
 }
 
+/// One Redis and a limiter on it (prefilter on, manual clock) whose rule on key `k` of domain
+/// `a` admits 10 an hour from local budgets of 10 that live `ttl`.
+async fn leased_ten(ttl: &str) -> (RedisServer, Arc<ManualClock>, Limiter) {
+    let redis = RedisServer::start();
+    let clock = wall_clock();
+    let yaml = format!(
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {{period: 1h, requests_per_unit: 10, local_budget: 10, local_budget_ttl: {ttl}}}\n"
+    );
+    let limiter = limiter(&redis.url(), &clock, &yaml, true).await;
+    (redis, clock, limiter)
+}
+
 /// xorshift64: a fixed sequence, the same on every run.
 struct Rng(u64);
 
@@ -263,10 +275,7 @@ async fn store_latency_times_only_calls_to_the_store() {
 /// charged, so its peek alone reads the key as exhausted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_sees_the_units_a_lease_holds() {
-    let redis = RedisServer::start();
-    let clock = wall_clock();
-    let yaml = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 1h, requests_per_unit: 10, local_budget: 10, local_budget_ttl: 60s}\n";
-    let limiter = limiter(&redis.url(), &clock, yaml, true).await;
+    let (_redis, _clock, limiter) = leased_ten("60s").await;
     assert!(admits(&limiter, "v").await);
     let explained = limiter.explain(&request("a", "k", "v", 1)).await.unwrap();
     assert!(explained.allowed(), "the lease still holds 9");
@@ -282,10 +291,7 @@ async fn explain_sees_the_units_a_lease_holds() {
 /// it leaves as it was, and denied once the lease and the store have no unit left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_takes_nothing_from_a_lease() {
-    let redis = RedisServer::start();
-    let clock = wall_clock();
-    let yaml = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 1h, requests_per_unit: 10, local_budget: 10, local_budget_ttl: 60s}\n";
-    let limiter = limiter(&redis.url(), &clock, yaml, true).await;
+    let (_redis, _clock, limiter) = leased_ten("60s").await;
     let check = request("a", "k", "v", 0);
     // No lease yet: the store answers, and no lease is reserved for a check.
     let answer = limiter.check(&check).await.unwrap();
@@ -308,10 +314,7 @@ async fn a_check_takes_nothing_from_a_lease() {
 /// units back first, so the check sees them, as a request of 1 (which renews the lease) would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_sees_the_units_a_lapsed_lease_held() {
-    let redis = RedisServer::start();
-    let clock = wall_clock();
-    let yaml = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 1h, requests_per_unit: 10, local_budget: 10, local_budget_ttl: 1s}\n";
-    let limiter = limiter(&redis.url(), &clock, yaml, true).await;
+    let (_redis, clock, limiter) = leased_ten("1s").await;
     assert!(admits(&limiter, "v").await, "a lease of all 10, one used");
     clock.advance(Duration::from_secs(2));
     let answer = limiter.check(&request("a", "k", "v", 0)).await.unwrap();
