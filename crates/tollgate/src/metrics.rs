@@ -5,6 +5,10 @@
 //! file, never a client-supplied value, except for the rules that ask for it with
 //! `detailed_metric: true` (as in envoyproxy/ratelimit): those are also counted per descriptor
 //! value, under a lock of their own, for at most [`MAX_DETAILED_VALUES`] values per rule.
+//!
+//! A descriptor sent with `hits_addend: 0` is a check, not a decision: it charges nothing, and
+//! is counted apart, in `tollgate_checks_total`, so that Envoy's check before a request and
+//! charge after it count one decision, not two.
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -78,6 +82,8 @@ type Slot = Arc<RuleSlot>;
 #[derive(Debug, Default)]
 struct RuleSlot {
     counts: [AtomicU64; SLOTS],
+    /// Checks (`hits_addend: 0`), by outcome.
+    checks: [AtomicU64; Outcome::ALL.len()],
     /// Per descriptor value (`detailed_metric` rules only): a count per outcome.
     values: parking_lot::Mutex<HashMap<Box<str>, [u64; Outcome::ALL.len()]>>,
 }
@@ -131,6 +137,13 @@ impl RuleCounters {
         }
     }
 
+    /// Counts one check's outcome for the rule at `index`.
+    pub fn record_check(&self, index: usize, outcome: Outcome) {
+        if let Some(slot) = self.counts.get(index) {
+            slot.checks[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Counts one outcome for the rule at `index` under the descriptor shown as `value` (for a
     /// rule with `detailed_metric`; see [`MAX_DETAILED_VALUES`]).
     pub fn record_value(&self, index: usize, value: &str, outcome: Outcome) {
@@ -174,22 +187,40 @@ impl RuleCounters {
         })
     }
 
-    /// Appends `tollgate_decisions_total` in Prometheus text format.
+    /// The count of checks with `outcome` for the rule at `index`.
+    pub fn checks(&self, index: usize, outcome: Outcome) -> u64 {
+        self.counts.get(index).map_or(0, |slot| {
+            slot.checks[outcome as usize].load(Ordering::Relaxed)
+        })
+    }
+
+    /// Appends `tollgate_decisions_total` and `tollgate_checks_total` in Prometheus text format.
     pub fn render(&self, policy: &Policy, out: &mut String) {
-        out.push_str(
-            "# HELP tollgate_decisions_total Descriptors checked against a rule, by outcome.\n",
-        );
-        out.push_str("# TYPE tollgate_decisions_total counter\n");
-        for rule in policy.rules() {
-            for outcome in Outcome::ALL {
-                let _ = writeln!(
-                    out,
-                    "tollgate_decisions_total{{domain=\"{}\",rule=\"{}\",outcome=\"{}\"}} {}",
-                    escape_label(&rule.domain),
-                    escape_label(&rule.name),
-                    outcome.label(),
-                    self.get(rule.index, outcome)
-                );
+        let tables: [(&str, &str, CountOf); 2] = [
+            (
+                "tollgate_decisions_total",
+                "Descriptors charged against a rule, by outcome.",
+                Self::get,
+            ),
+            (
+                "tollgate_checks_total",
+                "Descriptors checked against a rule with hits_addend 0 (nothing charged), by outcome.",
+                Self::checks,
+            ),
+        ];
+        for (name, help, count) in tables {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for rule in policy.rules() {
+                for outcome in Outcome::ALL {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{domain=\"{}\",rule=\"{}\",outcome=\"{}\"}} {}",
+                        escape_label(&rule.domain),
+                        escape_label(&rule.name),
+                        outcome.label(),
+                        count(self, rule.index, outcome)
+                    );
+                }
             }
         }
         self.render_values(policy, out);
@@ -242,6 +273,9 @@ impl RuleCounters {
         }
     }
 }
+
+/// Reads one rule's count of one outcome ([`RuleCounters::get`] or [`RuleCounters::checks`]).
+type CountOf = fn(&RuleCounters, usize, Outcome) -> u64;
 
 /// Escapes a Prometheus label value.
 pub fn escape_label(value: &str) -> String {

@@ -535,4 +535,47 @@ async fn detailed_metric_rules_are_counted_per_descriptor_value() {
         .unwrap();
     let text = limiter.render_metrics().await;
     assert_eq!(count(&text, &series("user=alice", "denied")), Some(2));
+
+    // A check is no decision: not counted per value either.
+    let entries = vec![("user".to_string(), "alice".to_string())];
+    let check = RequestDescriptor::new(entries, 0, None).unwrap();
+    let check = CheckRequest::new("api".into(), vec![check]).unwrap();
+    assert!(!limiter.check(&check).await.unwrap().allowed());
+    let text = limiter.render_metrics().await;
+    assert_eq!(count(&text, &series("user=alice", "denied")), Some(2));
+}
+
+/// A check (`hits_addend: 0`) is counted in `tollgate_checks_total`, not as a decision: Envoy's
+/// check before a request and charge after it count one decision. A denied check still throttles
+/// its caller, so it is among the top keys.
+#[tokio::test]
+async fn checks_are_counted_apart_from_decisions() {
+    let (_clock, limiter) = limiter();
+    let user = |cost: u64| {
+        let entries = vec![("user".to_string(), "carol".to_string())];
+        let descriptor = RequestDescriptor::new(entries, cost, None).unwrap();
+        CheckRequest::new("api".into(), vec![descriptor]).unwrap()
+    };
+    assert!(limiter.check(&user(0)).await.unwrap().allowed());
+    assert!(limiter.check(&user(2)).await.unwrap().allowed());
+    assert!(!limiter.check(&user(0)).await.unwrap().allowed());
+    let series = |name: &str, outcome: &str| {
+        format!("{name}{{domain=\"api\",rule=\"per_user\",outcome=\"{outcome}\"}} ")
+    };
+    let text = limiter.render_metrics().await;
+    let count = |line: String| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .map(|n| n.parse::<u64>().unwrap())
+    };
+    assert_eq!(
+        count(series("tollgate_decisions_total", "allowed")),
+        Some(1)
+    );
+    assert_eq!(count(series("tollgate_decisions_total", "denied")), Some(0));
+    assert_eq!(count(series("tollgate_checks_total", "allowed")), Some(1));
+    assert_eq!(count(series("tollgate_checks_total", "denied")), Some(1));
+    let top = limiter.top_keys("api", "per_user", 10).unwrap();
+    let counts: Vec<(&str, u64)> = top.iter().map(|e| (e.key.as_str(), e.count)).collect();
+    assert_eq!(counts, [("user=carol", 1)]);
 }

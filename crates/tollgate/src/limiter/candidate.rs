@@ -107,8 +107,12 @@ impl Candidate {
             .collect()
     }
 
-    /// Counts one decision `rule` of this candidate made for `descriptor`.
+    /// Counts one decision `rule` of this candidate made for `descriptor`; a check
+    /// (`hits_addend: 0`) is not counted, as the live policy's decisions do not count it.
     pub(super) fn record(&self, rule: &Rule, descriptor: &RequestDescriptor, denied: bool) {
+        if descriptor.cost() == 0 {
+            return;
+        }
         self.counters
             .record(rule.index, Outcome::of(denied, rule.mode));
         if denied && let Some(top) = self.top.get(rule.index) {

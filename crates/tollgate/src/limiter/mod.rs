@@ -775,25 +775,33 @@ fn top_keys_per_rule(policy: &Policy) -> Box<[TopKeys]> {
         .collect()
 }
 
-/// Counts `outcome` of `rule` for `descriptor`: in the rule's counters, per descriptor when the
-/// rule has `detailed_metric`, and among its top keys when it is not an admission.
+/// Counts `outcome` of `rule` for `descriptor`: in the rule's counters (its checks' for a
+/// check), per descriptor when the rule has `detailed_metric` and this is not a check, and
+/// among its top keys when it is not an admission (a denied check throttles as much as a
+/// denied charge).
 fn record_outcome(
     snapshot: &Snapshot,
     rule: &Rule,
     descriptor: &RequestDescriptor,
     outcome: Outcome,
 ) {
-    snapshot.counters.record(rule.index, outcome);
+    let check = descriptor.cost() == 0;
+    if check {
+        snapshot.counters.record_check(rule.index, outcome);
+    } else {
+        snapshot.counters.record(rule.index, outcome);
+    }
+    let detailed = rule.detailed_metric && !check;
     let top = snapshot
         .top
         .get(rule.index)
         .filter(|_| outcome != Outcome::Allowed);
-    if !rule.detailed_metric && top.is_none() {
+    if !detailed && top.is_none() {
         return;
     }
     let mut text = TopKeyText::default();
     describe_entries(descriptor, &mut text);
-    if rule.detailed_metric {
+    if detailed {
         snapshot
             .counters
             .record_value(rule.index, text.as_str(), outcome);
