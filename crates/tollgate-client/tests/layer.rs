@@ -12,7 +12,9 @@ use http_body_util::BodyExt;
 use tollgate::limiter::{CheckRequest, RequestDescriptor};
 use tollgate::policy::Policy;
 use tollgate::store::StoreUrl;
-use tollgate_client::{Cost, Descriptors, Embedded, Options, RateLimitLayer};
+use tollgate_client::{
+    Backend, BackendError, Cost, Descriptors, Embedded, Options, RateLimitLayer, Verdict,
+};
 use tower::ServiceExt;
 
 const POLICY: &str = "
@@ -333,4 +335,74 @@ async fn costs_reported_by_the_response_are_charged_after_it() {
         4,
         "a refused request is not served"
     );
+}
+
+/// A backend that holds every charge (a request of a cost above 0) until `go` is notified,
+/// after telling `charging` it has one.
+struct HeldCharges {
+    inner: Embedded,
+    charging: Arc<tokio::sync::Notify>,
+    go: Arc<tokio::sync::Notify>,
+}
+
+impl Backend for HeldCharges {
+    async fn check(&self, request: &CheckRequest) -> Result<Verdict, BackendError> {
+        if request.descriptors().iter().any(|d| d.cost() > 0) {
+            self.charging.notify_one();
+            self.go.notified().await;
+        }
+        self.inner.check(request).await
+    }
+}
+
+/// The cost a response reports is charged even when the caller goes away (a client reset, an
+/// outer timeout) while the charge is on its way: the response was made, so it was served.
+#[tokio::test]
+async fn a_cost_is_charged_even_when_the_caller_leaves_during_the_charge() {
+    let limiter = embedded().await;
+    let charging = Arc::new(tokio::sync::Notify::new());
+    let go = Arc::new(tokio::sync::Notify::new());
+    let backend = HeldCharges {
+        inner: limiter.clone(),
+        charging: charging.clone(),
+        go: go.clone(),
+    };
+    let app = Router::new()
+        .route(
+            "/",
+            get(|| async {
+                let mut response = axum::response::Response::new(Body::from("answer"));
+                response.extensions_mut().insert(Cost(2));
+                response
+            }),
+        )
+        .layer(
+            RateLimitLayer::new(
+                backend,
+                Descriptors::new("api").header("x-api-key", "api_key"),
+            )
+            .charge_after_response(),
+        );
+    let caller = tokio::spawn(app.oneshot(get_with("x-api-key", "leaving")));
+    charging.notified().await;
+    caller.abort();
+    assert!(caller.await.unwrap_err().is_cancelled());
+    go.notify_one();
+
+    let key = vec![("api_key".to_string(), "leaving".to_string())];
+    let check = CheckRequest::new(
+        "api".into(),
+        vec![RequestDescriptor::new(key, 0, None).unwrap()],
+    )
+    .unwrap();
+    let mut remaining = None;
+    for _ in 0..200 {
+        let verdict = limiter.check(&check).await.unwrap();
+        remaining = verdict.header("x-ratelimit-remaining").map(str::to_owned);
+        if remaining.as_deref() == Some("1") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(remaining.as_deref(), Some("1"), "2 of the 3 charged");
 }
