@@ -337,6 +337,36 @@ async fn invalid_requests_are_invalid_argument() {
     );
 }
 
+/// Envoy sends a descriptor without entries when a `request_headers` action with
+/// `skip_if_absent` finds no header. It matches nothing and is answered `OK` (as by
+/// envoyproxy/ratelimit); an error would make Envoy pass the request unlimited on every other
+/// descriptor too.
+#[tokio::test]
+async fn a_descriptor_without_entries_matches_nothing_and_the_others_still_count() {
+    let server = Server::start(POLICY);
+    let mut client = server.grpc_client().await;
+    let mut ask = async || {
+        client
+            .should_rate_limit(request(vec![(&[], None), (&[("user", "e")], Some(3))], 1))
+            .await
+            .unwrap()
+            .into_inner()
+    };
+    let r = ask().await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses.len(), 2);
+    assert_eq!(r.statuses[0].code, Code::Ok as i32);
+    assert!(r.statuses[0].current_limit.is_none(), "no rule matched");
+    assert_eq!(r.statuses[1].limit_remaining, 2);
+    let r = ask().await;
+    assert_eq!(
+        r.overall_code,
+        Code::OverLimit as i32,
+        "the user's limit holds"
+    );
+    assert_eq!(r.statuses[0].code, Code::Ok as i32);
+}
+
 /// 64 concurrent callers on one key with a limit of 100 get exactly 100 allowed, for every
 /// algorithm, through the real server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -78,6 +78,11 @@ impl TryFrom<WireRequest> for CheckRequest {
                     })
                     .transpose()
                     .map_err(at)?;
+                // Envoy's protocols allow a descriptor without entries (it matches nothing);
+                // in tollgate's own API it can only be a caller's mistake.
+                if d.entries.is_empty() {
+                    return Err(at(InvalidRequest("descriptor has no entries".into())));
+                }
                 let entries = d
                     .entries
                     .into_iter()

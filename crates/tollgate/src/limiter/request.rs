@@ -60,15 +60,14 @@ impl RequestDescriptor {
     /// [`tollgate_core::check`]). Values of any length are
     /// accepted, and matched against the policy as they are: they come from clients (a path,
     /// a token), and refusing the request would let Envoy, which fails open on an error, pass
-    /// it unlimited on every descriptor.
+    /// it unlimited on every descriptor. For the same reason a descriptor without entries is
+    /// accepted and matches no rule (Envoy sends one when a `request_headers` action with
+    /// `skip_if_absent` finds no header; envoyproxy/ratelimit answers it `OK`).
     pub fn new(
         entries: Vec<(String, String)>,
         cost: u64,
         limit_override: Option<LimitOverride>,
     ) -> Result<Self, InvalidRequest> {
-        if entries.is_empty() {
-            return Err(InvalidRequest("descriptor has no entries".into()));
-        }
         if entries.len() > MAX_ENTRIES {
             return Err(InvalidRequest(format!(
                 "descriptor has {} entries, at most {MAX_ENTRIES} are allowed",
