@@ -17,7 +17,7 @@ use tollgate::limiter::{FailureSettings, Limiter};
 use tollgate::policy::Policy;
 use tollgate::resilience::{BreakerConfig, Posture};
 use tollgate::store::{CoalesceOptions, RedisOptions, StoreBackend, StoreUrl};
-use tollgate_server::grpc::RlsService;
+use tollgate_server::grpc::{HealthService, RlsService};
 use tollgate_server::http::authorize::{AuthorizeMapping, DescriptorMapping};
 use tracing::{info, warn};
 
@@ -332,6 +332,7 @@ async fn serve(
     }
     let grpc_server = tonic::transport::Server::builder()
         .add_service(rls.into_server())
+        .add_service(HealthService::new(stop_rx.clone()).into_server())
         .serve_with_incoming_shutdown(no_delay_grpc(grpc), stopped(stop_rx.clone()));
 
     let http_task = tokio::spawn(async move { http_server.await });

@@ -409,3 +409,40 @@ async fn exactly_the_limit_is_admitted_under_concurrency_for_every_algorithm() {
         );
     }
 }
+
+/// The standard gRPC health service answers on the RLS port, as Envoy's gRPC health checks and
+/// Kubernetes' `grpc` probes expect; on SIGTERM a watcher is told `NOT_SERVING` and its stream
+/// ends, so it does not hold up the shutdown.
+#[tokio::test]
+async fn the_grpc_health_service_serves_until_shutdown() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let server = Server::start(POLICY);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let ask = |service: &str| HealthCheckRequest {
+        service: service.into(),
+    };
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let r = health.check(ask(service)).await.unwrap().into_inner();
+        assert_eq!(r.status(), ServingStatus::Serving, "`{service}`");
+    }
+    let unknown = health.check(ask("no.such.Service")).await.unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+
+    let mut watch = health.watch(ask("")).await.unwrap().into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status(), ServingStatus::Serving);
+    server.signal("TERM");
+    let last = watch.message().await.unwrap().unwrap();
+    assert_eq!(last.status(), ServingStatus::NotServing);
+    assert!(watch.message().await.unwrap().is_none(), "the stream ends");
+    let status = server.stop();
+    assert!(status.success(), "exit status {status:?}");
+}

@@ -2,6 +2,7 @@
 
 mod decode;
 mod encode;
+mod health;
 
 use std::sync::Arc;
 
@@ -17,6 +18,7 @@ use crate::{Decide, ErrorClass};
 
 pub use decode::decode_request;
 pub use encode::encode_response;
+pub use health::HealthService;
 
 /// The RLS service over a shared decider: a [`tollgate::limiter::Limiter`], or
 /// [`crate::AllowAll`] for the no-op ceiling server.

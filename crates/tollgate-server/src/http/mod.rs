@@ -8,6 +8,7 @@
 //! | `ANY /v1/authorize` | forward auth for nginx `auth_request`: `200` allowed, `403` denied (see [`authorize`]) |
 //! | `GET /healthz` | the process is up |
 //! | `GET /readyz` | a policy is loaded (`ready`, or `ready (degraded)` while the store does not answer and the failure postures do) |
+//! | `GET /healthcheck` | the same as `/readyz`, at envoyproxy/ratelimit's path |
 //! | `GET /metrics` | Prometheus text |
 
 pub mod authorize;
@@ -61,6 +62,7 @@ pub fn router_with_authorize(
         .route("/json", post(envoy_json::check))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
+        .route("/healthcheck", get(ops::readyz))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(limiter)
         .merge(metrics)
