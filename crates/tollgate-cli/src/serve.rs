@@ -97,7 +97,7 @@ pub struct ServeArgs {
     /// Enables forward auth for nginx `auth_request` on the HTTP listener (`/v1/authorize`):
     /// every forwarded request is checked in this domain. Without it the endpoint answers 404.
     /// Needs at least one `--authorize-descriptor` (without one it would allow everything).
-    #[arg(long, value_name = "DOMAIN", requires = "authorize_descriptor")]
+    #[arg(long, value_name = "DOMAIN", requires = "authorize_descriptor", value_parser = domain_name)]
     authorize_domain: Option<String>,
     /// One descriptor built from each `/v1/authorize` request (repeatable; all go in ONE check):
     /// comma-separated `descriptor_key=SOURCE` entries, SOURCE being `header:NAME`, `client_ip`
@@ -140,6 +140,14 @@ fn humantime_duration(s: &str) -> Result<Duration, String> {
     Ok(parsed)
 }
 
+/// A domain given on the command line: not empty (every check in it would be refused).
+fn domain_name(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("the domain must not be empty".into());
+    }
+    Ok(s.to_owned())
+}
+
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(&args.log_format);
     let compiled = Policy::read_sources(&args.config)
@@ -165,6 +173,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         rules = policy.rules().len(),
         "Loaded policy"
     );
+    if let Some(domain) = args.authorize_domain.as_deref()
+        && !policy.has_domain(domain)
+    {
+        warn!(
+            domain,
+            "The policy has no rules in the --authorize-domain: /v1/authorize allows everything until a policy that has them is loaded"
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

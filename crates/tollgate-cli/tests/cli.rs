@@ -199,3 +199,54 @@ fn check_prints_the_decision_and_exits_by_verdict() {
     assert_eq!(malformed.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&malformed.stderr).contains("is not key=value"));
 }
+
+/// An empty forward-auth domain would refuse every request: refused before anything starts.
+#[test]
+fn serve_refuses_an_empty_forward_auth_domain() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "ok.yaml", "domain: edge\ndescriptors: []\n");
+    let (code, stderr) = support::serve_refused(&[
+        "--authorize-domain",
+        "",
+        "--authorize-descriptor",
+        "user=header:x-user",
+        "--config",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("must not be empty"), "{stderr}");
+}
+
+/// A forward-auth domain the policy does not have (a typo) limits nothing: the server starts
+/// (a later policy may add it) but says so.
+#[test]
+fn serve_warns_of_a_forward_auth_domain_without_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "ok.yaml", "domain: edge\ndescriptors: []\n");
+    let mut child = Command::new(binary())
+        .args(["serve", "--config"])
+        .arg(&path)
+        .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+        .args(["--admin-addr", "127.0.0.1:0"])
+        .args(["--authorize-domain", "egde"])
+        .args(["--authorize-descriptor", "user=header:x-user"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() > 0
+        && !line.contains("grpc listening")
+    {
+        line.clear();
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(line.contains("grpc listening"), "it starts: {stderr}");
+    assert!(
+        stderr.contains("no rules in the --authorize-domain") && stderr.contains("egde"),
+        "{stderr}"
+    );
+}
