@@ -147,7 +147,12 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
             };
             let (status, body) = client.send_text("GET", &path)?;
             if status != 200 {
-                bail!("server answered {status}: {body}");
+                // An error is JSON (`{"error": ...}`); shown as the other commands show it.
+                let error = serde_json::from_str::<serde_json::Value>(&body).map_or_else(
+                    |_| body.clone(),
+                    |v| v["error"].as_str().unwrap_or(&body).to_owned(),
+                );
+                bail!("server answered {status}: {error}");
             }
             print!("{body}");
             Ok(ExitCode::SUCCESS)

@@ -249,6 +249,13 @@ async fn push_list_diff_and_rollback_from_the_cli() {
     let (code, _, err) = server.policy_cli(&["rollback", "--to", "99"]);
     assert_ne!(code, 0);
     assert!(err.contains("no kept version 99"), "{err}");
+    // The version that is missing is named, and the server's error is not shown as raw JSON.
+    let (code, _, err) = server.policy_cli(&["diff", "1", "999"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("no kept version 999") && !err.contains('{'),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

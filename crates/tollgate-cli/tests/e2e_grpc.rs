@@ -315,16 +315,30 @@ async fn invalid_requests_are_invalid_argument() {
             "domain",
         ),
         (request(vec![], 1), "no descriptors"),
-        (request(vec![(&[("", "a")], None)], 1), "empty key"),
+        (
+            request(vec![(&[("", "a")], None)], 1),
+            "descriptor 0: descriptor entry has an empty key",
+        ),
         (
             request(vec![(&[("user", "a")], Some(5_000_000_000))], 1),
-            "above the maximum",
+            "descriptor 0: hits_addend 5000000000 is above the maximum",
+        ),
+        // The request's own cost is the request's error, not its first descriptor's.
+        (
+            request(vec![(&[("user", "a")], None)], 4_000_000_000),
+            "hits_addend 4000000000 is above the maximum",
         ),
     ];
     for (req, expected) in cases {
         let status = client.should_rate_limit(req).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().contains(expected), "{}", status.message());
+        assert_eq!(
+            status.message().starts_with("descriptor"),
+            expected.starts_with("descriptor"),
+            "{}",
+            status.message()
+        );
     }
     let r = client
         .should_rate_limit(request(vec![(&[("user", "a")], None)], 1))

@@ -122,7 +122,7 @@ async fn require_token(State(state): State<AdminState>, request: Request, next: 
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(bearer_token);
         if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), expected.as_bytes())) {
             return (
                 StatusCode::UNAUTHORIZED,
@@ -133,6 +133,15 @@ async fn require_token(State(state): State<AdminState>, request: Request, next: 
         }
     }
     next.run(request).await
+}
+
+/// The token of an `Authorization: Bearer TOKEN` value; the scheme's name is case-insensitive
+/// (RFC 9110).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
 }
 
 /// Compares without stopping at the first difference, so timing does not reveal the token.
@@ -147,5 +156,14 @@ mod tests {
         assert!(super::constant_time_eq(b"secret", b"secret"));
         assert!(!super::constant_time_eq(b"secret", b"secreT"));
         assert!(!super::constant_time_eq(b"secret", b"secret2"));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        for value in ["Bearer s3cret", "bearer s3cret", "BEARER  s3cret"] {
+            assert_eq!(super::bearer_token(value), Some("s3cret"), "{value}");
+        }
+        assert_eq!(super::bearer_token("Basic s3cret"), None);
+        assert_eq!(super::bearer_token("Bearers3cret"), None);
     }
 }

@@ -100,9 +100,9 @@ pub async fn diff(
     let to = q.to.unwrap_or_else(|| lifecycle.current().seq);
     match (lifecycle.version(q.from), lifecycle.version(to)) {
         (Some(a), Some(b)) => version_diff(&a, &b).into_response(),
-        _ => error_response(
+        (a, _) => error_response(
             StatusCode::NOT_FOUND,
-            format!("no kept version {} or {to}", q.from),
+            format!("no kept version {}", if a.is_none() { q.from } else { to }),
         ),
     }
 }

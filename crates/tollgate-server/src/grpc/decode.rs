@@ -1,15 +1,18 @@
 //! Wire request → [`CheckRequest`].
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use tollgate::limiter::{CheckRequest, InvalidRequest, LimitOverride, RequestDescriptor};
+use tollgate::limiter::{
+    CheckRequest, InvalidRequest, LimitOverride, RequestDescriptor, check_cost,
+};
 
 use crate::units::period_of_unit;
 
 /// Validates an RLS request. It takes the request by value so that the domain and every entry
 /// move into the [`CheckRequest`] instead of being copied.
 pub fn decode_request(request: RateLimitRequest) -> Result<CheckRequest, InvalidRequest> {
-    // proto3 cannot tell 0 from unset: Envoy documents 0 as "1 hit".
-    let request_cost = u64::from(request.hits_addend.max(1));
+    // proto3 cannot tell 0 from unset: Envoy documents 0 as "1 hit". Checked where a descriptor
+    // takes it, and its error is the request's, not that descriptor's.
+    let request_cost = check_cost(u64::from(request.hits_addend.max(1)));
     let mut descriptors = Vec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.into_iter().enumerate() {
         if d.is_negative_hits {
@@ -20,7 +23,10 @@ pub fn decode_request(request: RateLimitRequest) -> Result<CheckRequest, Invalid
         }
         // A per-descriptor hits_addend overrides the request's. Being a wrapper, it can say 0,
         // which means "check without counting" (as in envoyproxy/ratelimit).
-        let cost = d.hits_addend.map_or(request_cost, |v| v.value);
+        let cost = match d.hits_addend {
+            Some(v) => v.value,
+            None => request_cost.clone()?,
+        };
         let limit_override = match d.limit {
             None => None,
             Some(l) => {
