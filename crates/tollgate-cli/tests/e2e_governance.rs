@@ -578,3 +578,38 @@ async fn malformed_admin_paths_and_queries_answer_json_errors() {
     let body: Value = r.json().await.unwrap();
     assert!(body["error"].is_string(), "{body}");
 }
+
+/// A push's source names tell its files apart in errors, listings and diffs: an empty or a
+/// repeated one is refused, and nothing is activated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_with_empty_or_repeated_source_names_is_refused() {
+    let server = Server::start(V1);
+    let admin = reqwest::Client::new();
+    let source = |name: &str, domain: &str| json!({"name": name, "text": format!("domain: {domain}\ndescriptors: []\n")});
+    for (sources, why) in [
+        (
+            json!([source("a.yaml", "q"), source("a.yaml", "r")]),
+            "two sources are named `a.yaml`",
+        ),
+        (json!([source(" ", "q")]), "source 0 has an empty name"),
+    ] {
+        let r = admin
+            .post(server.admin_url("/v1/admin/policy"))
+            .json(&json!({ "sources": sources }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        let text = r.text().await.unwrap();
+        assert!(text.contains(why), "{text}");
+    }
+    let list: Value = admin
+        .get(server.admin_url("/v1/admin/policy"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["versions"].as_array().unwrap().len(), 1, "{list}");
+}

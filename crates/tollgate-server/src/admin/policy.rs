@@ -126,11 +126,21 @@ pub(super) fn pushed_sources(body: &[u8]) -> Result<Vec<(String, String)>, Strin
     if push.sources.is_empty() {
         return Err("a push needs at least one source".into());
     }
-    Ok(push
+    let sources: Vec<(String, String)> = push
         .sources
         .into_iter()
         .map(|Object(s)| (s.name, s.text))
-        .collect())
+        .collect();
+    // Names tell the sources apart in errors, listings and diffs.
+    for (i, (name, _)) in sources.iter().enumerate() {
+        if name.trim().is_empty() {
+            return Err(format!("source {i} has an empty name"));
+        }
+        if sources[..i].iter().any(|(other, _)| other == name) {
+            return Err(format!("two sources are named `{name}`"));
+        }
+    }
+    Ok(sources)
 }
 
 pub async fn push(State(state): State<AdminState>, Body(body): Body) -> Response {
