@@ -446,26 +446,38 @@ impl Lifecycle {
 }
 
 /// A line diff of two versions' sources, file by file (`-` removed, `+` added, ` ` kept).
+/// Files are paired by their names relative to each version's shared directory; two versions
+/// of one file each are compared whatever their names (a push of `new.yaml` over a server
+/// started on `policy.yaml`).
 pub fn diff(from: &PolicyVersion, to: &PolicyVersion) -> String {
     let mut out = format!("--- version {}\n+++ version {}\n", from.label(), to.label());
-    // Files are paired by their names relative to each version's shared directory.
     let (old, new) = (named_texts(from), named_texts(to));
-    let mut names: Vec<&str> = old.iter().chain(&new).map(|(n, _)| *n).collect();
-    names.sort_unstable();
-    names.dedup();
-    for name in names {
-        let text = |files: &[(&str, &str)]| {
-            files
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map_or(String::new(), |(_, t)| (*t).to_owned())
-        };
-        let (a, b) = (text(&old), text(&new));
+    let pairs: Vec<(String, &str, &str)> = match (old.as_slice(), new.as_slice()) {
+        ([(a_name, a)], [(b_name, b)]) if a_name != b_name => {
+            vec![(format!("{a_name} -> {b_name}"), *a, *b)]
+        }
+        _ => {
+            let mut names: Vec<&str> = old.iter().chain(&new).map(|(n, _)| *n).collect();
+            names.sort_unstable();
+            names.dedup();
+            fn text<'a>(files: &[(&str, &'a str)], name: &str) -> &'a str {
+                files
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map_or("", |(_, t)| *t)
+            }
+            names
+                .into_iter()
+                .map(|name| (name.to_owned(), text(&old, name), text(&new, name)))
+                .collect()
+        }
+    };
+    for (label, a, b) in pairs {
         if a == b {
             continue;
         }
-        let _ = writeln!(out, "@@ {name}");
-        for line in around_changes(&line_diff(&a, &b)) {
+        let _ = writeln!(out, "@@ {label}");
+        for line in around_changes(&line_diff(a, b)) {
             out.push_str(line);
             out.push('\n');
         }
@@ -660,6 +672,14 @@ mod tests {
         let d = diff(&version(1, &file), &version(2, &changed));
         assert!(
             d.contains("@@ api.yaml\n domain: d\n-descriptors: []\n+descriptors: [x]"),
+            "{d}"
+        );
+
+        // One file on each side is compared line by line whatever the names.
+        let renamed = named(&[("new.yaml", "domain: d\ndescriptors: [x]\n")]);
+        let d = diff(&version(1, &file), &version(3, &renamed));
+        assert!(
+            d.contains("@@ api.yaml -> new.yaml\n domain: d\n-descriptors: []\n+descriptors: [x]"),
             "{d}"
         );
     }
