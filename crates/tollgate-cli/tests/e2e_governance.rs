@@ -126,8 +126,39 @@ async fn file_changes_reload_under_load_without_failures_and_keep_counters() {
         text.contains("tollgate_policy_reloads_total{result=\"rejected\"} 1"),
         "{text}"
     );
+    assert!(
+        text.contains("tollgate_policy_last_reload_successful 0"),
+        "{text}"
+    );
     // alice used 2 of her quota before the change; the count carried over to the new limit.
     assert_eq!(remaining(&server, "user", "alice").await, 47);
+
+    // A good file again, then none at all (a ConfigMap gone): a rejection in the metrics too,
+    // once, not once per check, and version 3 keeps running.
+    replace_file(&server, V1);
+    wait_for_version(&server, 3).await;
+    assert!(
+        server
+            .metrics()
+            .await
+            .contains("tollgate_policy_last_reload_successful 1")
+    );
+    std::fs::remove_file(&server.config).unwrap();
+    let rejected = "tollgate_policy_reloads_total{result=\"rejected\"} 2";
+    eventually(
+        Duration::from_secs(5),
+        "the missing file was counted as rejected",
+        async || server.metrics().await.contains(rejected),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let text = server.metrics().await;
+    assert!(text.contains(rejected), "counted once: {text}");
+    assert!(
+        text.contains("tollgate_policy_last_reload_successful 0"),
+        "{text}"
+    );
+    assert_eq!(policy_version(&server).await, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

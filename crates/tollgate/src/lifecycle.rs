@@ -11,7 +11,7 @@
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use tollgate_core::Timestamp;
@@ -100,6 +100,22 @@ struct Counts {
     activated: AtomicU64,
     unchanged: AtomicU64,
     rejected: AtomicU64,
+    /// Whether the last attempt was rejected (or its files could not be read).
+    last_rejected: AtomicBool,
+}
+
+impl Counts {
+    /// Counts an attempt that activated or kept a policy in `counter`.
+    fn succeed(&self, counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.last_rejected.store(false, Ordering::Relaxed);
+    }
+
+    /// Counts a rejected attempt.
+    fn reject(&self) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        self.last_rejected.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Owns the running policy's history; every change goes through here.
@@ -269,7 +285,7 @@ impl Lifecycle {
         let result = self.try_activate(sources, origin, expected);
         match &result {
             Ok(Activation::Activated(v)) => {
-                self.counts.activated.fetch_add(1, Ordering::Relaxed);
+                self.counts.succeed(&self.counts.activated);
                 info!(version = %v.label(), origin = origin.name(), rules = v.rules, "Policy activated");
                 if origin != Origin::Shared
                     && let Some(tx) = self.published.lock().as_ref()
@@ -278,10 +294,10 @@ impl Lifecycle {
                 }
             }
             Ok(Activation::Unchanged(_) | Activation::Superseded(_)) => {
-                self.counts.unchanged.fetch_add(1, Ordering::Relaxed);
+                self.counts.succeed(&self.counts.unchanged);
             }
             Err(errors) => {
-                self.counts.rejected.fetch_add(1, Ordering::Relaxed);
+                self.counts.reject();
                 for e in errors.iter() {
                     warn!(problem = %e, origin = origin.name(), "Policy candidate rejected; the running policy stays");
                 }
@@ -344,7 +360,7 @@ impl Lifecycle {
                 self.activate(sources, Origin::File)
             }
             Err(errors) => {
-                self.counts.rejected.fetch_add(1, Ordering::Relaxed);
+                self.counts.reject();
                 for e in errors.iter() {
                     warn!(problem = %e, "Cannot read the policy files; the running policy stays");
                 }
@@ -376,8 +392,10 @@ impl Lifecycle {
                 return None;
             }
             Err(errors) => {
-                // Once is a swap in progress; twice in a row is a problem worth a line.
+                // Once is a swap in progress; twice in a row is a problem worth a line, and a
+                // rejection in the metrics (once per run of failed reads).
                 if self.unreadable_checks.fetch_add(1, Ordering::Relaxed) == 1 {
+                    self.counts.reject();
                     for e in errors.iter() {
                         warn!(problem = %e, "Cannot read the policy files; the running policy stays");
                     }
@@ -442,6 +460,12 @@ impl Lifecycle {
                 count.load(Ordering::Relaxed)
             );
         }
+        let ok = !self.counts.last_rejected.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_policy_last_reload_successful 1 unless the last reload, push, rollback or adoption was rejected or its files could not be read (the running policy stays).\n# TYPE tollgate_policy_last_reload_successful gauge\ntollgate_policy_last_reload_successful {}",
+            u8::from(ok)
+        );
     }
 }
 
