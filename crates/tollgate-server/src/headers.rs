@@ -10,6 +10,7 @@ use std::fmt::{self, Write};
 use std::time::Duration;
 
 use tollgate::limiter::CheckResponse;
+use tollgate_core::Params;
 
 /// Header names, as written on the wire.
 pub const LIMIT: &str = "x-ratelimit-limit";
@@ -93,18 +94,13 @@ pub fn each_rate_limit_header(response: &CheckResponse, mut emit: impl FnMut(&'s
     };
     let reset = ceil_secs(decision.reset_after);
     let name = SfString(limit.name());
-    put(LIMIT, format_args!("{}", decision.limit));
+    let (quota, window) = quota_and_window(decision.limit, params);
+    put(LIMIT, format_args!("{quota}"));
     put(REMAINING, format_args!("{}", decision.remaining));
     put(RESET, format_args!("{reset}"));
     put(
         POLICY,
-        format_args!(
-            "{name};q={};w={}",
-            // The decision's limit, like X-RateLimit-Limit: under the `local` posture it is
-            // this replica's share, not the configured limit.
-            decision.limit,
-            ceil_secs(params.period())
-        ),
+        format_args!("{name};q={quota};w={}", ceil_secs(window)),
     );
     put(
         RATELIMIT,
@@ -113,6 +109,21 @@ pub fn each_rate_limit_header(response: &CheckResponse, mut emit: impl FnMut(&'s
     if let Some(retry) = response.retry_after() {
         put(RETRY_AFTER, format_args!("{}", ceil_secs(retry).max(1)));
     }
+}
+
+/// The quota the headers announce and the window it is for: the decision's limit per period
+/// (under the `local` posture, this replica's share), or for a bucket whose burst differs from
+/// its limit, its capacity and the time it takes to refill it, so that the remaining quota is
+/// never above the announced one (a token bucket of 5 a second and a burst of 20: 20 per 4 s).
+fn quota_and_window(decision_limit: u64, params: &Params) -> (u64, Duration) {
+    let (limit, capacity) = (params.limit(), params.capacity());
+    if capacity == limit {
+        return (decision_limit, params.period());
+    }
+    let scaled = |n: u64| u128::from(n) * u128::from(capacity) / u128::from(limit);
+    let quota = u64::try_from(scaled(decision_limit)).unwrap_or(u64::MAX);
+    let window = u64::try_from(scaled(params.period_micros())).unwrap_or(u64::MAX);
+    (quota, Duration::from_micros(window))
 }
 
 /// A structured-field string (RFC 8941) when displayed: quoted, with `\` and `"` escaped;
@@ -146,6 +157,22 @@ mod tests {
         assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
         assert_eq!(ceil_secs(Duration::from_millis(2001)), 3);
         assert_eq!(ceil_secs(Duration::ZERO), 0);
+    }
+
+    /// A bucket whose burst is not its limit announces its capacity, and the time to refill it,
+    /// so that what remains is never more than the quota announced.
+    #[test]
+    fn a_bucket_announces_its_capacity_over_its_refill_time() {
+        use tollgate_core::Algorithm;
+        let second = Duration::from_secs(1);
+        let bucket = Params::new(Algorithm::TokenBucket, 5, second, Some(20)).unwrap();
+        assert_eq!(quota_and_window(5, &bucket), (20, Duration::from_secs(4)));
+        // A local share of 2 of the 5: its share of the capacity.
+        assert_eq!(quota_and_window(2, &bucket), (8, Duration::from_secs(4)));
+        let small = Params::new(Algorithm::Gcra, 100, Duration::from_secs(60), Some(10)).unwrap();
+        assert_eq!(quota_and_window(100, &small), (10, Duration::from_secs(6)));
+        let window = Params::new(Algorithm::FixedWindow, 5, second, None).unwrap();
+        assert_eq!(quota_and_window(5, &window), (5, second));
     }
 
     #[test]
