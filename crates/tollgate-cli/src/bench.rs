@@ -179,10 +179,7 @@ fn is_loopback(authority: &str) -> anyhow::Result<bool> {
 fn parse_descriptor(text: &str) -> anyhow::Result<Vec<EntryTemplate>> {
     Ok(crate::check::descriptor_entries(text)?
         .into_iter()
-        .map(|(key, value)| EntryTemplate {
-            key: key.to_string(),
-            value: value.to_string(),
-        })
+        .map(|(key, value)| EntryTemplate { key, value })
         .collect())
 }
 

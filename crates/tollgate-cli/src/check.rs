@@ -12,7 +12,8 @@ pub struct CheckArgs {
     /// Domain of the request.
     #[arg(long)]
     domain: String,
-    /// A descriptor as `key=value[,key=value...]`; repeat for several descriptors.
+    /// A descriptor as `key=value[,key=value...]`; repeat for several descriptors. Write a `,`,
+    /// `=` or `\` inside a key or value as `\,`, `\=` or `\\`.
     #[arg(long = "descriptor", required = true, value_name = "KEY=VALUE[,...]")]
     descriptors: Vec<String>,
     /// Cost of the request (hits_addend); 0 checks every descriptor without counting.
@@ -27,19 +28,38 @@ pub struct CheckArgs {
 }
 
 /// The `(key, value)` entries of a `--descriptor key=value[,key=value...]` argument (also
-/// `tollgate bench`'s, whose values are templates).
-pub(crate) fn descriptor_entries(text: &str) -> anyhow::Result<Vec<(&str, &str)>> {
-    text.split(',')
-        .map(|pair| {
-            let (key, value) = pair
-                .split_once('=')
-                .with_context(|| format!("descriptor entry `{pair}` is not key=value"))?;
-            if key.is_empty() {
-                bail!("descriptor entry `{pair}` has an empty key");
+/// `tollgate bench`'s, whose values are templates). A `,`, `=` or `\` inside a key or value is
+/// written `\,`, `\=` or `\\`, as `tollgate top` prints them.
+pub(crate) fn descriptor_entries(text: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let mut entries = Vec::new();
+    let (mut key, mut field, mut in_value) = (String::new(), String::new(), false);
+    let mut chars = text.chars();
+    let mut finish = |key: &mut String, field: &mut String, in_value: &mut bool| {
+        if !std::mem::take(in_value) {
+            bail!("descriptor entry `{field}` is not key=value");
+        }
+        if key.is_empty() {
+            bail!("descriptor entry `={field}` has an empty key");
+        }
+        entries.push((std::mem::take(key), std::mem::take(field)));
+        Ok(())
+    };
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(escaped @ ('\\' | ',' | '=')) => field.push(escaped),
+                _ => bail!("`\\` in `{text}` must come before `,`, `=` or `\\`"),
+            },
+            '=' if !in_value => {
+                key = std::mem::take(&mut field);
+                in_value = true;
             }
-            Ok((key, value))
-        })
-        .collect()
+            ',' => finish(&mut key, &mut field, &mut in_value)?,
+            c => field.push(c),
+        }
+    }
+    finish(&mut key, &mut field, &mut in_value)?;
+    Ok(entries)
 }
 
 fn parse_descriptor(text: &str, hits: u64) -> anyhow::Result<Value> {
@@ -127,11 +147,19 @@ fn render(descriptors: &[String], status: u16, answer: &Value) -> String {
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
+    // The `open` and `closed` postures decided nothing about the quota: no numbers to show.
+    let quota_unknown = matches!(
+        answer.get("degraded").and_then(Value::as_str),
+        Some("open" | "closed")
+    );
     for (descriptor, s) in descriptors.iter().zip(statuses) {
         let code = s.get("code").and_then(Value::as_str).unwrap_or("?");
         out.push_str(&format!("  {descriptor}: {code}"));
         match s.get("limit_name").and_then(Value::as_str) {
             None => out.push_str(", no limit applies"),
+            Some(name) if quota_unknown => {
+                out.push_str(&format!(", limit `{name}`, quota unknown"));
+            }
             Some(name) => {
                 let num = |f: &str| s.get(f).and_then(Value::as_u64).unwrap_or(0);
                 out.push_str(&format!(
@@ -158,4 +186,42 @@ fn render(descriptors: &[String], status: u16, answer: &Value) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::descriptor_entries;
+
+    fn entries(text: &str) -> Vec<(String, String)> {
+        descriptor_entries(text).unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn entries_split_on_unescaped_commas_and_the_first_equals() {
+        assert_eq!(
+            entries("user=alice,path=/a=b"),
+            pairs(&[("user", "alice"), ("path", "/a=b")])
+        );
+        assert_eq!(entries("user="), pairs(&[("user", "")]));
+        // As `tollgate top` prints them.
+        assert_eq!(
+            entries(r"user=a\,b,k\=ey=c\\d"),
+            pairs(&[("user", "a,b"), ("k=ey", r"c\d")])
+        );
+    }
+
+    #[test]
+    fn malformed_entries_say_what_is_wrong() {
+        let error = |text: &str| descriptor_entries(text).unwrap_err().to_string();
+        assert!(error("novalue").contains("`novalue` is not key=value"));
+        assert!(error("user=a,").contains("is not key=value"));
+        assert!(error("=alice").contains("empty key"));
+        assert!(error(r"user=a\b").contains("must come before"));
+    }
 }

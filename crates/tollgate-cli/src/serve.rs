@@ -26,7 +26,8 @@ pub struct ServeArgs {
     /// Policy file, or a directory of `*.yaml` / `*.yml` files.
     #[arg(long, value_name = "PATH")]
     config: PathBuf,
-    /// Address of the HTTP/JSON API (`/v1/check`, `/json`, `/healthz`, `/readyz`, `/metrics`).
+    /// Address of the HTTP/JSON API (`/v1/check`, `/v1/explain`, `/json`, `/v1/authorize`,
+    /// `/healthz`, `/readyz`, `/healthcheck`, `/metrics`).
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
     http_addr: SocketAddr,
     /// Address of the Envoy RLS v3 gRPC service.

@@ -285,6 +285,10 @@ async fn started_with_redis_down_the_postures_answer_over_http() {
         stdout.contains("answered by the `closed` posture"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("quota unknown") && !stdout.contains("remaining"),
+        "no made-up quota: {stdout}"
+    );
 
     let r = check("soft").await.unwrap();
     assert_eq!(r.status(), 200, "this rule's own posture is open");
