@@ -711,3 +711,61 @@ async fn a_charge_up_to_the_limit_is_refunded_what_it_took() {
     let left = limiter.explain(&request("tokens", &tokens)).await.unwrap();
     assert_eq!(left.statuses[0].decision.unwrap().remaining, 8);
 }
+
+/// A slow primary that answers a cross-slot request's first step but not, within the deadline,
+/// its charge: the other primary's charge is still refunded, on a deadline of its own. (The
+/// whole request under one deadline dropped the refund with the slow call, and the other
+/// primary's charge stood.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_primary_does_not_leave_the_other_slots_charged() {
+    let _serial = SERIAL.lock().await;
+    let cluster = RedisCluster::start(3, 0);
+    // One-way latency 100 ms on the slow primary: its first step answers at about 200 ms,
+    // inside the 300 ms deadline, its charge at about 400 ms, past it.
+    let limiter = limiter_with_deadline(&cluster.store_url(), Duration::from_millis(300)).await;
+    let placed = users_on_distinct_primaries(&cluster, &limiter).await;
+    let [(fast_user, _), (slow_user, slow_port), ..] = placed.as_slice() else {
+        unreachable!("two at least");
+    };
+    // The slow primary is reached through a proxy: it announces the proxy's port, and the
+    // limiter's next look at the slot map routes to it.
+    let proxy = FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], *slow_port)));
+    let announced = proxy.port().to_string();
+    cluster.cli(
+        *slow_port,
+        &["CONFIG", "SET", "cluster-announce-port", &announced],
+    );
+    let through_proxy = Instant::now() + Duration::from_secs(10);
+    while proxy.bytes_forwarded() == 0 {
+        assert!(
+            Instant::now() < through_proxy,
+            "the limiter never used the proxy"
+        );
+        limiter.check(&request("open", slow_user)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let remaining = async |user: &str| {
+        let answer = limiter.explain(&request("open", user)).await.unwrap();
+        assert!(answer.degraded().is_none());
+        answer.statuses[0].decision.unwrap().remaining
+    };
+    let before = remaining(fast_user).await;
+
+    proxy.set_mode(Mode::Latency(Duration::from_millis(100)));
+    let d = |value: &str| RequestDescriptor::new(vec![("open".into(), value.into())], 1, None);
+    let both = CheckRequest::new(
+        "f".into(),
+        vec![d(fast_user).unwrap(), d(slow_user).unwrap()],
+    );
+    let answer = limiter.check(&both.unwrap()).await.unwrap();
+    assert!(
+        answer.allowed() && answer.degraded() == Some(Posture::Open),
+        "the slow charge failed and the open posture answered: {answer:?}"
+    );
+    proxy.set_mode(Mode::Pass);
+    assert_eq!(
+        remaining(fast_user).await,
+        before,
+        "the fast primary's charge was refunded"
+    );
+}

@@ -6,7 +6,9 @@
 //! - The script ([`script`]) reads `TIME` on the server, so replicas with skewed clocks agree.
 //!   It is run with `EVALSHA`; `NOSCRIPT` (restart, `SCRIPT FLUSH`, failover) reloads it and
 //!   retries transparently.
-//! - Every decision has one deadline for all its store calls; connections are multiplexed
+//! - Every decision has one deadline for all its store calls (the refunds of a cross-slot
+//!   request that failed get one more each, so a slow node cannot leave the other slots'
+//!   charges standing by using the first up); connections are multiplexed
 //!   and reconnect with backoff; calls in flight are capped and the excess is shed at once.
 //! - A circuit breaker per node ([`topology`]) stops calling a sick node; the limiter's
 //!   failure posture answers instead. On a cluster, tollgate routes to each node over its own
@@ -40,6 +42,7 @@ use redis::aio::ConnectionManager;
 use smallvec::SmallVec;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tollgate_core::{Decision, Params, Verdict};
 use tracing::{info, warn};
 
@@ -461,15 +464,17 @@ impl RedisStore {
         spans: &[Range<usize>],
         groups: &[Group],
         commit: bool,
+        deadline: Instant,
     ) -> Result<Vec<Decision>, StoreError> {
         let gather = |replies: &[Reply]| gather(charges.len(), groups, replies);
-        let all = |commit: bool| {
-            join_all(
-                groups
-                    .iter()
-                    .map(move |g| self.run_decide(charges, keys, spans, g, commit)),
-            )
-        };
+        // Each call has the decision's deadline: one slow node fails its own call, and the
+        // others' answers (charges to refund) are still known.
+        let all =
+            |commit: bool| {
+                join_all(groups.iter().map(move |g| {
+                    within(deadline, self.run_decide(charges, keys, spans, g, commit))
+                }))
+            };
         let peeks = all(false)
             .await
             .into_iter()
@@ -482,10 +487,14 @@ impl RedisStore {
             let commits: Vec<Reply> = commits.into_iter().flatten().collect();
             return Ok(gather(&commits));
         }
+        // Past the decision's deadline when a slow node used it up: each refund gets a deadline
+        // of its own, or the charges it gives back would stand.
         let refunds = groups.iter().zip(&commits).filter_map(|(group, reply)| {
             let reply = reply.as_ref().ok().filter(|r| r.admitted)?;
             Some(async move {
-                if let Err(e) = self.run_refund(charges, keys, spans, group, reply).await {
+                let refund = self.run_refund(charges, keys, spans, group, reply);
+                let deadline = Instant::now() + self.options.command_timeout;
+                if let Err(e) = within(deadline, refund).await {
                     warn!(error = %e, "Refund of a cross-slot charge failed; the charge stays");
                 }
             })
@@ -495,13 +504,16 @@ impl RedisStore {
         Ok(gather(&commits))
     }
 
-    async fn apply_within_deadline(
+    /// Decides `charges` with one script call per slot they live in, each within `deadline`
+    /// (see [`RedisStore::apply_across_slots`] for several).
+    async fn apply_by_slot(
         &self,
         charges: &[Charge<'_>],
         keys: &[u8],
         spans: &[Range<usize>],
         slots: &[u16],
         commit: bool,
+        deadline: Instant,
     ) -> Result<Vec<Decision>, StoreError> {
         let mut groups: Vec<Group> = Vec::new();
         // One server holds every slot (all 0 here): one call covers the whole request.
@@ -515,11 +527,22 @@ impl RedisStore {
             }
         }
         if let [only] = groups.as_slice() {
-            let reply = self.run_decide(charges, keys, spans, only, commit).await?;
-            return Ok(reply.decisions);
+            let decide = self.run_decide(charges, keys, spans, only, commit);
+            return Ok(within(deadline, decide).await?.decisions);
         }
-        self.apply_across_slots(charges, keys, spans, &groups, commit)
+        self.apply_across_slots(charges, keys, spans, &groups, commit, deadline)
             .await
+    }
+}
+
+/// `work`'s answer, or a failure once `deadline` has passed.
+async fn within<T>(
+    deadline: Instant,
+    work: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout_at(deadline, work).await {
+        Ok(result) => result,
+        Err(_) => Err(unavailable("redis", "deadline exceeded")),
     }
 }
 
@@ -586,17 +609,19 @@ impl RedisStore {
         &self,
         work: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        // No queue: when the cap is reached, excess decisions go to the posture at once.
-        let _in_flight = self.in_flight.try_acquire().map_err(|_| {
+        let _in_flight = self.in_flight_permit()?;
+        within(Instant::now() + self.options.command_timeout, work).await
+    }
+
+    /// A place under the in-flight cap. No queue: when the cap is reached, excess decisions go
+    /// to the posture at once.
+    fn in_flight_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, StoreError> {
+        self.in_flight.try_acquire().map_err(|_| {
             StoreError::NotCalled(format!(
                 "{} store calls already in flight; shedding",
                 self.options.max_in_flight
             ))
-        })?;
-        match tokio::time::timeout(self.options.command_timeout, work).await {
-            Ok(result) => result,
-            Err(_) => Err(unavailable("redis", "deadline exceeded")),
-        }
+        })
     }
 
     async fn decide_all(
@@ -620,7 +645,9 @@ impl RedisStore {
             slots.push(self.key_and_slot(&mut keys, c.key));
             spans.push(start..keys.len());
         }
-        self.bounded(self.apply_within_deadline(charges, &keys, &spans, &slots, commit))
+        let _in_flight = self.in_flight_permit()?;
+        let deadline = Instant::now() + self.options.command_timeout;
+        self.apply_by_slot(charges, &keys, &spans, &slots, commit, deadline)
             .await
     }
 
