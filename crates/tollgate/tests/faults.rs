@@ -712,6 +712,57 @@ async fn a_charge_up_to_the_limit_is_refunded_what_it_took() {
     assert_eq!(left.statuses[0].decision.unwrap().remaining, 8);
 }
 
+/// Puts a fault proxy in front of the cluster's primary on `port`: the primary announces the
+/// proxy's port, and this returns once `limiter` (at its next look at the slot map) has called
+/// the primary through it.
+async fn behind_proxy(cluster: &RedisCluster, limiter: &Limiter, port: u16) -> FaultProxy {
+    let proxy = FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    let announced = proxy.port().to_string();
+    cluster.cli(
+        port,
+        &["CONFIG", "SET", "cluster-announce-port", &announced],
+    );
+    let until = Instant::now() + Duration::from_secs(10);
+    while proxy.bytes_forwarded() == 0 {
+        assert!(
+            Instant::now() < until,
+            "the limiter never called {port} through the proxy"
+        );
+        // `DBSIZE` on every primary.
+        let _ = limiter.store().key_count().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    proxy
+}
+
+/// Readiness asks every primary for its key count at once, under one deadline: however many
+/// primaries hang, the answer comes within that deadline (500 ms at most), not one deadline
+/// per hung primary after another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_waits_one_deadline_however_many_primaries_hang() {
+    let _serial = SERIAL.lock().await;
+    let cluster = RedisCluster::start(3, 0);
+    let limiter = limiter_with_deadline(&cluster.store_url(), Duration::from_millis(500)).await;
+    let primaries = cluster.primary_ports();
+    let mut proxies = Vec::new();
+    for &port in &primaries[..2] {
+        proxies.push(behind_proxy(&cluster, &limiter, port).await);
+    }
+    for proxy in &proxies {
+        proxy.set_mode(Mode::Blackhole);
+    }
+    let started = Instant::now();
+    assert!(limiter.store().key_count().await.is_err());
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_millis(900),
+        "two hung primaries, one deadline of 500 ms: took {took:?}"
+    );
+    for proxy in &proxies {
+        proxy.set_mode(Mode::Pass);
+    }
+}
+
 /// A slow primary that answers a cross-slot request's first step but not, within the deadline,
 /// its charge: the other primary's charge is still refunded, on a deadline of its own. (The
 /// whole request under one deadline dropped the refund with the slow call, and the other
@@ -727,23 +778,7 @@ async fn a_slow_primary_does_not_leave_the_other_slots_charged() {
     let [(fast_user, _), (slow_user, slow_port), ..] = placed.as_slice() else {
         unreachable!("two at least");
     };
-    // The slow primary is reached through a proxy: it announces the proxy's port, and the
-    // limiter's next look at the slot map routes to it.
-    let proxy = FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], *slow_port)));
-    let announced = proxy.port().to_string();
-    cluster.cli(
-        *slow_port,
-        &["CONFIG", "SET", "cluster-announce-port", &announced],
-    );
-    let through_proxy = Instant::now() + Duration::from_secs(10);
-    while proxy.bytes_forwarded() == 0 {
-        assert!(
-            Instant::now() < through_proxy,
-            "the limiter never used the proxy"
-        );
-        limiter.check(&request("open", slow_user)).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let proxy = behind_proxy(&cluster, &limiter, *slow_port).await;
     let remaining = async |user: &str| {
         let answer = limiter.explain(&request("open", user)).await.unwrap();
         assert!(answer.degraded().is_none());
