@@ -531,3 +531,31 @@ impl Leases {
         credited
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tollgate_core::{Algorithm, Params};
+
+    use super::Unreturned;
+
+    /// Refused give-backs are kept up to the capacity (docs/local-budgets.md says 4096); past
+    /// it they are dropped (their units stay charged), and a sweep takes them all.
+    #[test]
+    fn refused_give_backs_are_kept_up_to_4096() {
+        let params = Params::new(Algorithm::FixedWindow, 10, Duration::from_secs(1), None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let kept = Unreturned::default();
+        let accepted = (0..5000u32)
+            .filter(|n| kept.keep(&n.to_be_bytes(), (params, 1, 0)))
+            .count();
+        assert_eq!(accepted, 4096);
+        assert_eq!(kept.take().len(), 4096);
+        assert!(kept.take().is_empty(), "taken once");
+        assert!(
+            kept.keep(b"again", (params, 1, 0)),
+            "room again after a sweep"
+        );
+    }
+}
