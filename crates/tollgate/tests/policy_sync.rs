@@ -315,3 +315,48 @@ async fn a_replica_with_nothing_to_add_adopts_a_remade_list() {
     b.set("globex", 200);
     converge(&[&a, &b], &[("globex", 200)]).await;
 }
+
+/// The README's cost of sharing: per replica and interval, one `HMGET` of the policy and one
+/// `HGETALL` of the overrides, each pipelined with the `PEXPIRE` that renews its key, and
+/// nothing else while nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_replica_costs_two_reads_and_two_renewals_an_interval() {
+    let redis = RedisServer::start();
+    let replica = Replica::start(&redis.url()).await;
+    replica.set("acme", 100);
+    converge(&[&replica], &[("acme", 100)]).await;
+    // Past the first checks (the one-time look for an earlier version's overrides).
+    tokio::time::sleep(EVERY * 3).await;
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    let window = Duration::from_secs(2);
+    tokio::time::sleep(window).await;
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let calls = |command: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    };
+    let intervals = (window.as_millis() / EVERY.as_millis()) as u64;
+    let (hmget, hgetall) = (calls("hmget"), calls("hgetall"));
+    assert!(
+        (intervals - 3..=intervals + 1).contains(&hmget),
+        "one HMGET an interval over {intervals}: {stats}"
+    );
+    assert_eq!(hgetall, hmget, "one HGETALL with each: {stats}");
+    assert_eq!(
+        calls("pexpire"),
+        2 * hmget,
+        "a renewal with each read: {stats}"
+    );
+    let others: Vec<&str> = stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_"))
+        .filter(|l| {
+            !["hmget", "hgetall", "pexpire", "info", "config|resetstat"]
+                .iter()
+                .any(|c| l.starts_with(&format!("cmdstat_{c}:")))
+        })
+        .collect();
+    assert!(others.is_empty(), "nothing else: {others:?}");
+}
