@@ -365,17 +365,7 @@ async fn overrides_change_one_value_expire_and_survive_reloads() {
     let server = Server::start(V1);
     let admin = reqwest::Client::new();
     // The overrides in force, as the admin API lists them.
-    let overrides = || async {
-        let list: Value = admin
-            .get(server.admin_url("/v1/admin/overrides"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        list
-    };
+    let overrides = || server.admin_json("/v1/admin/overrides");
     let set = json!({"domain": "api", "rule": "per_tenant", "entries": [{"key": "tenant", "value": "acme"}],
                      "requests_per_unit": 30, "expires_in": "6s", "reason": "launch"});
     // Six seconds: the reload below must happen well before it expires, even on a busy machine.
@@ -634,13 +624,6 @@ async fn a_push_with_empty_or_repeated_source_names_is_refused() {
         let text = r.text().await.unwrap();
         assert!(text.contains(why), "{text}");
     }
-    let list: Value = admin
-        .get(server.admin_url("/v1/admin/policy"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = server.admin_json("/v1/admin/policy").await;
     assert_eq!(list["versions"].as_array().unwrap().len(), 1, "{list}");
 }

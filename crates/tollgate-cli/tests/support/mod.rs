@@ -125,6 +125,16 @@ impl Server {
         format!("http://{}{}", self.admin, path)
     }
 
+    /// `GET` on the admin API (no token), its JSON answer.
+    pub async fn admin_json(&self, path: &str) -> serde_json::Value {
+        reqwest::get(self.admin_url(path))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     /// Runs `tollgate policy ARGS` against this server's admin API; returns (exit code,
     /// stdout, stderr).
     pub fn policy_cli(&self, args: &[&str]) -> (i32, String, String) {
