@@ -469,12 +469,15 @@ impl RedisStore {
         let gather = |replies: &[Reply]| gather(charges.len(), groups, replies);
         // Each call has the decision's deadline: one slow node fails its own call, and the
         // others' answers (charges to refund) are still known.
-        let all =
-            |commit: bool| {
-                join_all(groups.iter().map(move |g| {
-                    within(deadline, self.run_decide(charges, keys, spans, g, commit))
-                }))
-            };
+        let all = |commit: bool| {
+            join_all(groups.iter().map(move |g| {
+                within(
+                    deadline,
+                    "redis",
+                    self.run_decide(charges, keys, spans, g, commit),
+                )
+            }))
+        };
         let peeks = all(false)
             .await
             .into_iter()
@@ -494,7 +497,7 @@ impl RedisStore {
             Some(async move {
                 let refund = self.run_refund(charges, keys, spans, group, reply);
                 let deadline = Instant::now() + self.options.command_timeout;
-                if let Err(e) = within(deadline, refund).await {
+                if let Err(e) = within(deadline, "redis", refund).await {
                     warn!(error = %e, "Refund of a cross-slot charge failed; the charge stays");
                 }
             })
@@ -528,21 +531,23 @@ impl RedisStore {
         }
         if let [only] = groups.as_slice() {
             let decide = self.run_decide(charges, keys, spans, only, commit);
-            return Ok(within(deadline, decide).await?.decisions);
+            return Ok(within(deadline, "redis", decide).await?.decisions);
         }
         self.apply_across_slots(charges, keys, spans, &groups, commit, deadline)
             .await
     }
 }
 
-/// `work`'s answer, or a failure once `deadline` has passed.
+/// `work`'s answer, or once `deadline` has passed, the failure of `what` (a node, a kind of
+/// call) to answer in time.
 async fn within<T>(
     deadline: Instant,
+    what: &str,
     work: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
     match tokio::time::timeout_at(deadline, work).await {
         Ok(result) => result,
-        Err(_) => Err(unavailable("redis", "deadline exceeded")),
+        Err(_) => Err(unavailable(what, "deadline exceeded")),
     }
 }
 
@@ -610,7 +615,7 @@ impl RedisStore {
         work: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let _in_flight = self.in_flight_permit()?;
-        within(Instant::now() + self.options.command_timeout, work).await
+        within(Instant::now() + self.options.command_timeout, "redis", work).await
     }
 
     /// A place under the in-flight cap. No queue: when the cap is reached, excess decisions go
@@ -728,9 +733,8 @@ impl Store for RedisStore {
                 .await
                 .map_err(store_error)
         });
-        match tokio::time::timeout(deadline, futures_util::future::try_join_all(counts)).await {
-            Ok(counts) => Ok(counts?.into_iter().sum()),
-            Err(_) => Err(unavailable("redis DBSIZE", "deadline exceeded")),
-        }
+        let counts = futures_util::future::try_join_all(counts);
+        let counts = within(Instant::now() + deadline, "redis DBSIZE", counts).await?;
+        Ok(counts.into_iter().sum())
     }
 }

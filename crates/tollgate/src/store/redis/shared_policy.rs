@@ -21,8 +21,9 @@
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
+use tokio::time::Instant;
 
-use super::{RedisStore, slot, store_error, unavailable};
+use super::{RedisStore, slot, store_error, within};
 use crate::store::StoreError;
 
 /// The running policy.
@@ -186,11 +187,11 @@ impl RedisStore {
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
         // Not on the request path: more patience than a decision gets.
-        let deadline = self.options.command_timeout.max(Duration::from_secs(1));
-        match tokio::time::timeout(deadline, call).await {
-            Ok(result) => result.map_err(store_error),
-            Err(_) => Err(unavailable("redis policy", "deadline exceeded")),
-        }
+        let deadline = Instant::now() + self.options.command_timeout.max(Duration::from_secs(1));
+        within(deadline, "redis policy", async {
+            call.await.map_err(store_error)
+        })
+        .await
     }
 
     /// Reads `key` with `read`, renewing its TTL in the same round trip when `renew`.
