@@ -37,6 +37,14 @@ if [ ! -x /usr/sbin/nginx ]; then
 fi
 /usr/sbin/nginx -v
 
+step "openssl (the HTTPS test makes a CA and a certificate for nginx to terminate TLS with)"
+if ! command -v openssl >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openssl >/dev/null
+fi
+openssl version
+
 step "Python interop client (grpcio + envoy-data-plane) in /var/tmp/tollgate-venv"
 venv=/var/tmp/tollgate-venv
 if [ ! -x "$venv/bin/python" ]; then

@@ -19,7 +19,8 @@ pub struct CheckArgs {
     /// Cost of the request (hits_addend); 0 checks every descriptor without counting.
     #[arg(long, default_value_t = 1)]
     hits: u64,
-    /// Base URL of the server's HTTP API.
+    /// Base URL of the server's HTTP API; `https://` is verified against the system's roots
+    /// (or the PEM file `SSL_CERT_FILE` names).
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     addr: String,
     /// Print the server's JSON answer instead of the readable summary.

@@ -67,23 +67,30 @@ struct Nginx {
 }
 
 impl Nginx {
+    /// nginx on the example forward-auth config, asking `tollgate` before `upstream`.
     fn start(tollgate: SocketAddr, upstream: SocketAddr) -> Nginx {
+        let template = std::fs::read_to_string(example_config()).unwrap();
+        Nginx::start_with(|addr| {
+            template
+                .replace("@LISTEN@", &addr.to_string())
+                .replace("@TOLLGATE@", &tollgate.to_string())
+                .replace("@UPSTREAM@", &upstream.to_string())
+        })
+    }
+
+    /// nginx on the config `config` renders for the address it is to listen on.
+    fn start_with(config: impl Fn(SocketAddr) -> String) -> Nginx {
         assert!(
             Path::new(NGINX).exists(),
             "{NGINX} is missing: install Debian's nginx (`apt-get install -y nginx`, as \
-             scripts/test.sh does) to run the forward-auth end-to-end test"
+             scripts/test.sh does) to run the nginx end-to-end tests"
         );
-        let template = std::fs::read_to_string(example_config()).unwrap();
         // Another process can take the port between probing and nginx binding it: retry.
         let mut last_error = String::new();
         for _ in 0..5 {
             let addr = free_port();
             let prefix = tempfile::tempdir().unwrap();
-            let config = template
-                .replace("@LISTEN@", &addr.to_string())
-                .replace("@TOLLGATE@", &tollgate.to_string())
-                .replace("@UPSTREAM@", &upstream.to_string());
-            std::fs::write(prefix.path().join("nginx.conf"), config).unwrap();
+            std::fs::write(prefix.path().join("nginx.conf"), config(addr)).unwrap();
             let child = Command::new(NGINX)
                 .arg("-p")
                 .arg(prefix.path())
@@ -252,4 +259,81 @@ async fn an_unavailable_store_with_the_closed_posture_is_a_503_not_a_429() {
     assert!(header(&r, "retry-after").is_some());
     assert!(header(&r, "x-ratelimit-limit").is_none());
     assert_eq!(upstream.served.load(Ordering::SeqCst), 0);
+}
+
+/// A CA, and a certificate it signed for 127.0.0.1 (PEM files in `dir`, made by `openssl`):
+/// `(ca.pem, cert.pem, key.pem)`.
+fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let openssl = |args: &str| {
+        let out = Command::new("openssl")
+            .args(args.split_whitespace())
+            .current_dir(dir)
+            .output()
+            .expect("openssl (Debian's openssl package, as scripts/test.sh installs)");
+        assert!(out.status.success(), "openssl {args}: {out:?}");
+    };
+    let new_key = "-newkey rsa:2048 -nodes -days 1";
+    openssl(&format!(
+        "req -x509 {new_key} -keyout ca.key -out ca.pem -subj /CN=tollgate-test-CA"
+    ));
+    openssl(&format!(
+        "req {new_key} -keyout key.pem -out cert.csr -subj /CN=127.0.0.1"
+    ));
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(
+        "x509 -req -in cert.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out cert.pem -days 1 \
+         -extfile ext.cnf",
+    );
+    (
+        dir.join("ca.pem"),
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+    )
+}
+
+/// tollgate behind a TLS-terminating proxy (an ingress): `tollgate check --addr https://...`
+/// verifies the certificate against the system's roots, or the file `SSL_CERT_FILE` names, and
+/// asks through it; a certificate it cannot verify is an error, never a silent fallback.
+#[test]
+fn check_asks_over_https_and_verifies_the_certificate() {
+    let tollgate = Server::start(POLICY);
+    let certs = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = certificates(certs.path());
+    let nginx = Nginx::start_with(|addr| {
+        format!(
+            "worker_processes 1;\npid nginx.pid;\nerror_log error.log;\nevents {{}}\nhttp {{\n  access_log off;\n  server {{\n    listen {addr} ssl;\n    ssl_certificate {};\n    ssl_certificate_key {};\n    location / {{ proxy_pass http://{}; }}\n  }}\n}}\n",
+            cert.display(),
+            key.display(),
+            tollgate.http
+        )
+    });
+    let check = |addr: String, ca: Option<&Path>| {
+        let mut command = Command::new(support::binary());
+        command.args(["check", "--domain", "edge", "--descriptor", "api_key=tls"]);
+        command.args(["--addr", &addr]);
+        command
+            .env_remove("SSL_CERT_FILE")
+            .env_remove("SSL_CERT_DIR");
+        if let Some(ca) = ca {
+            command.env("SSL_CERT_FILE", ca);
+        }
+        command.output().unwrap()
+    };
+    let https = format!("https://{}", nginx.addr);
+    let trusted = check(https.clone(), Some(&ca));
+    assert_eq!(trusted.status.code(), Some(0), "{trusted:?}");
+    let stdout = String::from_utf8_lossy(&trusted.stdout);
+    assert!(stdout.contains("2 remaining"), "{stdout}");
+    let untrusted = check(https, None);
+    assert_eq!(untrusted.status.code(), Some(2), "{untrusted:?}");
+    let direct = check(format!("http://{}", tollgate.http), None);
+    let stdout = String::from_utf8_lossy(&direct.stdout);
+    assert!(
+        stdout.contains("1 remaining"),
+        "only the trusted check counted: {stdout}"
+    );
 }

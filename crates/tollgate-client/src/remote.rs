@@ -44,9 +44,10 @@ pub struct Remote {
 }
 
 impl Remote {
-    /// A client of the service at `base_url` (e.g. `http://127.0.0.1:8080`). Each decision
-    /// waits at most `timeout` (connecting included); past it, or when the service cannot be
-    /// reached, `posture` answers.
+    /// A client of the service at `base_url` (e.g. `http://127.0.0.1:8080`, or an `https://`
+    /// proxy in front of it, verified against the system's roots or the PEM file
+    /// `SSL_CERT_FILE` names). Each decision waits at most `timeout` (connecting included);
+    /// past it, or when the service cannot be reached, `posture` answers.
     pub fn http(
         base_url: &str,
         timeout: Duration,
