@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::clock::{Clock, ManualClock};
-use tollgate::limiter::{CheckRequest, Code, LimitOverride, Limiter, Override, RequestDescriptor};
+use tollgate::limiter::{
+    CheckRequest, Code, FailureSettings, LimitOverride, Limiter, Override, RequestDescriptor,
+};
 use tollgate::metrics::Outcome;
 use tollgate::policy::Policy;
 use tollgate::store::{MemoryStore, StoreBackend};
@@ -37,7 +39,9 @@ fn limiter_with(policy: Policy) -> (Arc<ManualClock>, Limiter) {
         1_700_000_040_000_000,
     )));
     let store = StoreBackend::Memory(MemoryStore::new(clock.clone()));
-    (clock, Limiter::new(policy, store))
+    let settings = FailureSettings::default();
+    let limiter = Limiter::with_failure_settings(policy, store, settings, clock.clone());
+    (clock, limiter)
 }
 
 fn request(descriptors: &[&[(&str, &str)]]) -> CheckRequest {
@@ -196,7 +200,7 @@ async fn an_override_keeps_its_count_when_its_limit_changes() {
 /// request's other limits are charged nothing.
 #[tokio::test]
 async fn an_override_of_zero_blocks() {
-    let (_clock, limiter) = limiter();
+    let (clock, limiter) = limiter();
     let blocked = {
         let o = LimitOverride::new(0, Duration::from_secs(60)).unwrap();
         RequestDescriptor::new(vec![("user".into(), "hal".into())], 1, Some(o)).unwrap()
@@ -210,6 +214,12 @@ async fn an_override_of_zero_blocks() {
         let d = r.statuses[0].decision.unwrap();
         assert_eq!((d.limit, d.remaining, d.retry_after), (0, 0, None));
     }
+    // As envoyproxy/ratelimit reports it: reset at the end of the minute (the clock starts
+    // on one).
+    clock.advance(Duration::from_secs(15));
+    let r = limiter.check(&both).await.unwrap();
+    let reset = r.statuses[0].decision.unwrap().reset_after;
+    assert_eq!(reset, Duration::from_secs(45));
     // per_ip allows 1 a minute: still there, the blocked requests took nothing.
     let alone = limiter
         .check(&request(&[&[("ip", "10.9.9.9")]]))

@@ -418,11 +418,12 @@ impl Limiter {
         }
         // A caller's limit of 0: over it, with no counter and no store asked.
         for (status, limit) in statuses.iter_mut().zip(live.limits.iter_mut()) {
-            if matches!(limit, Some(AppliedLimit::Blocked(_))) {
+            if let Some(AppliedLimit::Blocked(params)) = limit {
+                let decision = AppliedLimit::blocked_decision(params, now);
                 *status = DescriptorStatus {
                     code: Code::OverLimit,
                     limit: limit.take(),
-                    decision: Some(AppliedLimit::blocked_decision()),
+                    decision: Some(decision),
                     ..DescriptorStatus::unlimited()
                 };
                 response.overall = Code::OverLimit;

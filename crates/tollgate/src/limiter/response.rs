@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
-use tollgate_core::{Decision, Params, Verdict};
+use tollgate_core::{Decision, Params, Timestamp, Verdict};
 
 use crate::policy::{Rule, RuleMode};
 use crate::resilience::Posture;
@@ -59,13 +59,16 @@ impl AppliedLimit {
         }
     }
 
-    /// The answer for a descriptor a limit of 0 blocks: never admissible, so no retry-after.
-    pub(crate) fn blocked_decision() -> Decision {
+    /// The answer at `now` for a descriptor a limit of 0 per `params`' period blocks: never
+    /// admissible, so no retry-after; it resets, as envoyproxy/ratelimit reports it, at the
+    /// end of the current (epoch-aligned) window.
+    pub(crate) fn blocked_decision(params: &Params, now: Timestamp) -> Decision {
+        let period = params.period_micros();
         Decision {
             verdict: Verdict::CostExceedsCapacity,
             limit: 0,
             remaining: 0,
-            reset_after: Duration::ZERO,
+            reset_after: Duration::from_micros(period - now.as_micros() % period),
             retry_after: None,
             delay: Duration::ZERO,
         }
