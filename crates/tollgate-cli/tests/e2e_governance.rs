@@ -137,12 +137,13 @@ async fn file_changes_reload_under_load_without_failures_and_keep_counters() {
     // once, not once per check, and version 3 keeps running.
     replace_file(&server, V1);
     wait_for_version(&server, 3).await;
-    assert!(
-        server
-            .metrics()
-            .await
-            .contains("tollgate_policy_last_reload_successful 1")
-    );
+    let successful = "tollgate_policy_last_reload_successful 1";
+    eventually(
+        Duration::from_secs(5),
+        "the good file was counted as a success",
+        async || server.metrics().await.contains(successful),
+    )
+    .await;
     std::fs::remove_file(&server.config).unwrap();
     let rejected = "tollgate_policy_reloads_total{result=\"rejected\"} 2";
     eventually(
@@ -158,6 +159,16 @@ async fn file_changes_reload_under_load_without_failures_and_keep_counters() {
         text.contains("tollgate_policy_last_reload_successful 0"),
         "{text}"
     );
+    assert_eq!(policy_version(&server).await, 3);
+
+    // The same file back: nothing to activate, and the gauge says what it said of it before.
+    replace_file(&server, V1);
+    eventually(
+        Duration::from_secs(5),
+        "the file back was counted as readable again",
+        async || server.metrics().await.contains(successful),
+    )
+    .await;
     assert_eq!(policy_version(&server).await, 3);
 }
 

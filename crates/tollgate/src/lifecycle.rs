@@ -102,6 +102,8 @@ struct Counts {
     rejected: AtomicU64,
     /// Whether the last attempt was rejected (or its files could not be read).
     last_rejected: AtomicBool,
+    /// `last_rejected` when the files became unreadable, for when they can be read again.
+    rejected_before_unreadable: AtomicBool,
 }
 
 impl Counts {
@@ -115,6 +117,21 @@ impl Counts {
     fn reject(&self) {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         self.last_rejected.store(true, Ordering::Relaxed);
+    }
+
+    /// Counts the config files becoming unreadable as a rejected attempt.
+    fn unreadable(&self) {
+        let before = self.last_rejected.load(Ordering::Relaxed);
+        self.rejected_before_unreadable
+            .store(before, Ordering::Relaxed);
+        self.reject();
+    }
+
+    /// The files can be read again: if they are unchanged, nothing else will be attempted, so
+    /// the last attempt's result is again the one for them.
+    fn readable_again(&self) {
+        let before = self.rejected_before_unreadable.load(Ordering::Relaxed);
+        self.last_rejected.store(before, Ordering::Relaxed);
     }
 }
 
@@ -383,19 +400,17 @@ impl Lifecycle {
             settled(path, first).map(Some)
         });
         let sources = match read {
-            Ok(Some(sources)) => {
-                self.unreadable_checks.store(0, Ordering::Relaxed);
-                sources
-            }
-            Ok(None) => {
-                self.unreadable_checks.store(0, Ordering::Relaxed);
-                return None;
+            Ok(read) => {
+                if self.unreadable_checks.swap(0, Ordering::Relaxed) >= 2 {
+                    self.counts.readable_again();
+                }
+                read?
             }
             Err(errors) => {
                 // Once is a swap in progress; twice in a row is a problem worth a line, and a
                 // rejection in the metrics (once per run of failed reads).
                 if self.unreadable_checks.fetch_add(1, Ordering::Relaxed) == 1 {
-                    self.counts.reject();
+                    self.counts.unreadable();
                     for e in errors.iter() {
                         warn!(problem = %e, "Cannot read the policy files; the running policy stays");
                     }

@@ -121,32 +121,29 @@ impl Fallback {
     }
 }
 
-/// An allowed decision whose counters are unknown.
+/// An allowed decision whose counters are unknown: reported as full (a bucket's capacity).
 fn unknown(params: &Params) -> Decision {
     Decision {
         verdict: Verdict::Allowed,
         limit: params.limit(),
-        remaining: params.limit(),
+        remaining: params.capacity(),
         reset_after: Duration::ZERO,
         retry_after: None,
         delay: Duration::ZERO,
     }
 }
 
-/// `params` with `share` of the limit and burst, at least 1 of each.
+/// `params` with `share` of the limit, at least 1, and the burst in the same proportion to it
+/// as before (at least 1): the share's capacity is then what the rate-limit headers announce
+/// for its limit, the configured capacity scaled by the same factor.
 fn scaled(params: &Params, share: f64) -> Params {
-    let part = |n: u64| ((n as f64 * share).floor() as u64).max(1);
-    let burst = params
-        .algorithm()
-        .uses_burst()
-        .then(|| part(params.burst()));
-    Params::new(
-        params.algorithm(),
-        part(params.limit()),
-        params.period(),
-        burst,
-    )
-    .map_or(*params, |p| {
+    let limit = ((params.limit() as f64 * share).floor() as u64).max(1);
+    let burst = params.algorithm().uses_burst().then(|| {
+        let same_ratio =
+            u128::from(limit) * u128::from(params.burst()) / u128::from(params.limit());
+        u64::try_from(same_ratio).unwrap_or(u64::MAX).max(1)
+    });
+    Params::new(params.algorithm(), limit, params.period(), burst).map_or(*params, |p| {
         p.charging_up_to_limit(params.charges_up_to_limit())
     })
 }
@@ -172,6 +169,11 @@ mod tests {
             (s.limit(), s.burst(), s.period()),
             (25, 10, Duration::from_secs(1))
         );
+        // The burst keeps its ratio to the limit once that is rounded down: 3 a second of 7,
+        // so 8 of 20 (not 10), which is what the headers announce for a limit of 3.
+        let odd = Params::new(Algorithm::TokenBucket, 7, Duration::from_secs(1), Some(20)).unwrap();
+        let s = scaled(&odd, 0.5);
+        assert_eq!((s.limit(), s.burst()), (3, 8));
         let tiny = Params::new(Algorithm::FixedWindow, 3, Duration::from_secs(1), None).unwrap();
         assert_eq!(scaled(&tiny, 0.1).limit(), 1);
         for up_to_limit in [false, true] {
