@@ -148,14 +148,14 @@ fn render(descriptors: &[String], status: u16, answer: &Value) -> String {
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    // The `open` and `closed` postures decided nothing about the quota: no numbers to show.
-    let quota_unknown = matches!(
-        answer.get("degraded").and_then(Value::as_str),
-        Some("open" | "closed")
-    );
     for (descriptor, s) in descriptors.iter().zip(statuses) {
         let code = s.get("code").and_then(Value::as_str).unwrap_or("?");
         out.push_str(&format!("  {descriptor}: {code}"));
+        // The `open` and `closed` postures decided nothing about the quota: no numbers to show.
+        let quota_unknown = matches!(
+            s.get("degraded").and_then(Value::as_str),
+            Some("open" | "closed")
+        );
         match s.get("limit_name").and_then(Value::as_str) {
             None => out.push_str(", no limit applies"),
             Some(name) if quota_unknown => {

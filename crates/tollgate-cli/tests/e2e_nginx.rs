@@ -330,6 +330,8 @@ fn check_asks_over_https_and_verifies_the_certificate() {
     assert!(stdout.contains("2 remaining"), "{stdout}");
     let untrusted = check(https, None);
     assert_eq!(untrusted.status.code(), Some(2), "{untrusted:?}");
+    let stderr = String::from_utf8_lossy(&untrusted.stderr);
+    assert!(stderr.contains("certificate"), "{stderr}");
     let direct = check(format!("http://{}", tollgate.http), None);
     let stdout = String::from_utf8_lossy(&direct.stdout);
     assert!(

@@ -117,12 +117,15 @@ pub(crate) fn refuse_limit_overrides(request: &CheckRequest) -> Result<(), Backe
     Ok(())
 }
 
-/// The `/v1/check` body for `request`.
-fn wire_body(request: &CheckRequest) -> Result<serde_json::Value, BackendError> {
+/// The `/v1/check` body for `request`; `None` when it has nothing to ask. A descriptor without
+/// entries matches no rule (as over gRPC), but `/v1/check` refuses one as a mistake: it is
+/// left out.
+fn wire_body(request: &CheckRequest) -> Result<Option<serde_json::Value>, BackendError> {
     refuse_limit_overrides(request)?;
     let descriptors = request
         .descriptors()
         .iter()
+        .filter(|d| !d.entries().is_empty())
         .map(|d| {
             let entries: Vec<serde_json::Value> = d
                 .entries()
@@ -132,7 +135,8 @@ fn wire_body(request: &CheckRequest) -> Result<serde_json::Value, BackendError> 
             serde_json::json!({"entries": entries, "hits_addend": d.cost()})
         })
         .collect::<Vec<_>>();
-    Ok(serde_json::json!({"domain": request.domain(), "descriptors": descriptors}))
+    Ok((!descriptors.is_empty())
+        .then(|| serde_json::json!({"domain": request.domain(), "descriptors": descriptors})))
 }
 
 impl Backend for Remote {
@@ -140,8 +144,14 @@ impl Backend for Remote {
         // Refused here rather than by the service, which would cut the upload short: a broken
         // connection looks like an outage, and the posture would answer a request the
         // service can never take.
-        let body = serde_json::to_vec(&wire_body(request)?)
-            .map_err(|e| BackendError::Invalid(e.to_string()))?;
+        let Some(body) = wire_body(request)? else {
+            return Ok(Verdict {
+                outcome: Outcome::Allowed,
+                headers: Vec::new(),
+                limit_name: None,
+            });
+        };
+        let body = serde_json::to_vec(&body).map_err(|e| BackendError::Invalid(e.to_string()))?;
         if body.len() > MAX_BODY {
             return Err(BackendError::Invalid(format!(
                 "the request is {} bytes of JSON, larger than the service accepts ({MAX_BODY})",
@@ -228,5 +238,35 @@ mod tests {
         assert_eq!(name("unquoted;q=1;w=1"), None);
         assert_eq!(name(r#""cut"#), None);
         assert_eq!(binding_name(&[(headers::LIMIT, "10".to_owned())]), None);
+    }
+
+    /// A descriptor without entries is left out of the body (`/v1/check` refuses one); with
+    /// nothing left there is nothing to ask.
+    #[test]
+    fn descriptors_without_entries_are_not_sent() {
+        use tollgate::limiter::RequestDescriptor;
+        let descriptor = |entries: &[(&str, &str)]| {
+            let entries = entries
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            RequestDescriptor::new(entries, 1, None).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let request = |descriptors| {
+            CheckRequest::new("api".into(), descriptors).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let body = wire_body(&request(vec![
+            descriptor(&[]),
+            descriptor(&[("user", "a")]),
+        ]));
+        let body = body.ok().flatten().unwrap_or_default();
+        assert_eq!(
+            body["descriptors"],
+            serde_json::json!([{"entries": [{"key": "user", "value": "a"}], "hits_addend": 1}])
+        );
+        assert!(matches!(
+            wire_body(&request(vec![descriptor(&[])])),
+            Ok(None)
+        ));
     }
 }

@@ -785,6 +785,7 @@ async fn a_slow_primary_does_not_leave_the_other_slots_charged() {
         answer.statuses[0].decision.unwrap().remaining
     };
     let before = remaining(fast_user).await;
+    let slow_before = remaining(slow_user).await;
 
     proxy.set_mode(Mode::Latency(Duration::from_millis(100)));
     let d = |value: &str| RequestDescriptor::new(vec![("open".into(), value.into())], 1, None);
@@ -803,4 +804,14 @@ async fn a_slow_primary_does_not_leave_the_other_slots_charged() {
         before,
         "the fast primary's charge was refunded"
     );
+    // The slow primary's charge was sent (so the first step had admitted the request, and the
+    // fast primary had charged too); it lands late and stands, unknown to the request.
+    let until = Instant::now() + Duration::from_secs(2);
+    while remaining(slow_user).await != slow_before - 1 {
+        assert!(
+            Instant::now() < until,
+            "the slow primary's charge never landed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -343,10 +343,13 @@ async fn an_idle_replica_costs_two_reads_and_two_renewals_an_interval() {
         (intervals - 3..=intervals + 1).contains(&hmget),
         "one HMGET an interval over {intervals}: {stats}"
     );
-    assert_eq!(hgetall, hmget, "one HGETALL with each: {stats}");
-    assert_eq!(
-        calls("pexpire"),
-        2 * hmget,
+    // Off by one at most: the statistics can be reset or read between a check's two reads.
+    assert!(
+        hgetall.abs_diff(hmget) <= 1,
+        "one HGETALL with each: {stats}"
+    );
+    assert!(
+        calls("pexpire").abs_diff(hmget + hgetall) <= 1,
         "a renewal with each read: {stats}"
     );
     let others: Vec<&str> = stats

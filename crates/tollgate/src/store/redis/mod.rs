@@ -454,9 +454,13 @@ impl RedisStore {
     /// charge everywhere, refunding the slots that charged if another lost a race or failed
     /// (see the module docs).
     ///
-    /// Every slot's call runs to its end even when another fails: dropped, a call still in
-    /// flight would count as a failure against its own node's breaker (a healthy node blamed
-    /// for a dead one), and a charge it made would go unrefunded.
+    /// Every slot's call runs until it answers or the decision's deadline passes, even when
+    /// another fails: cut short by another's failure, a call would count as a failure against
+    /// its own node's breaker (a healthy node blamed for a dead one), and a charge it made would
+    /// go unrefunded. A call the deadline cuts is that node's failure; a charge it made anyway
+    /// stands. The refunds are sent at once when the charges are known, each with a deadline
+    /// of its own; a caller that leaves before then (its own timeout shorter than the store's)
+    /// leaves the charges standing.
     async fn apply_across_slots(
         &self,
         charges: &[Charge<'_>],
