@@ -39,6 +39,15 @@ fn replace_file(server: &Server, text: &str) {
     std::fs::rename(&tmp, &server.config).unwrap();
 }
 
+/// Waits (5 s at most) until the server's metrics have `line`; panics saying `what` did not
+/// happen if they never do.
+async fn metrics_show(server: &Server, line: &str, what: &str) {
+    eventually(Duration::from_secs(5), what, async || {
+        server.metrics().await.contains(line)
+    })
+    .await;
+}
+
 async fn policy_version(server: &Server) -> u64 {
     let text = server.metrics().await;
     let line = text
@@ -99,12 +108,7 @@ async fn file_changes_reload_under_load_without_failures_and_keep_counters() {
         "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
     );
     let rejected = "tollgate_policy_reloads_total{result=\"rejected\"} 1";
-    eventually(
-        Duration::from_secs(5),
-        "the broken file was rejected",
-        async || server.metrics().await.contains(rejected),
-    )
-    .await;
+    metrics_show(&server, rejected, "the broken file was rejected").await;
     stop.store(true, Ordering::SeqCst);
     for c in callers {
         c.await.unwrap();
@@ -138,18 +142,18 @@ async fn file_changes_reload_under_load_without_failures_and_keep_counters() {
     replace_file(&server, V1);
     wait_for_version(&server, 3).await;
     let successful = "tollgate_policy_last_reload_successful 1";
-    eventually(
-        Duration::from_secs(5),
+    metrics_show(
+        &server,
+        successful,
         "the good file was counted as a success",
-        async || server.metrics().await.contains(successful),
     )
     .await;
     std::fs::remove_file(&server.config).unwrap();
     let rejected = "tollgate_policy_reloads_total{result=\"rejected\"} 2";
-    eventually(
-        Duration::from_secs(5),
+    metrics_show(
+        &server,
+        rejected,
         "the missing file was counted as rejected",
-        async || server.metrics().await.contains(rejected),
     )
     .await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -163,10 +167,10 @@ async fn file_changes_reload_under_load_without_failures_and_keep_counters() {
 
     // The same file back: nothing to activate, and the gauge says what it said of it before.
     replace_file(&server, V1);
-    eventually(
-        Duration::from_secs(5),
+    metrics_show(
+        &server,
+        successful,
         "the file back was counted as readable again",
-        async || server.metrics().await.contains(successful),
     )
     .await;
     assert_eq!(policy_version(&server).await, 3);
