@@ -48,6 +48,14 @@ async fn metrics_show(server: &Server, line: &str, what: &str) {
     .await;
 }
 
+/// Sends `request` and checks it is refused with a `400` that says `why`.
+async fn refused(request: reqwest::RequestBuilder, why: &str) {
+    let r = request.send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let text = r.text().await.unwrap();
+    assert!(text.contains(why), "{text}");
+}
+
 async fn policy_version(server: &Server) -> u64 {
     let text = server.metrics().await;
     let line = text
@@ -423,15 +431,8 @@ async fn overrides_change_one_value_expire_and_survive_reloads() {
         ),
         (expired, "`expires_in` must be longer than zero"),
     ] {
-        let r = admin
-            .put(server.admin_url("/v1/admin/overrides"))
-            .json(&bad)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 400);
-        let text = r.text().await.unwrap();
-        assert!(text.contains(why), "{text}");
+        let put = admin.put(server.admin_url("/v1/admin/overrides"));
+        refused(put.json(&bad), why).await;
     }
     let list = overrides().await;
     assert_eq!(list["overrides"].as_array().unwrap().len(), 1, "{list}");
@@ -629,15 +630,8 @@ async fn a_push_with_empty_or_repeated_source_names_is_refused() {
         ),
         (json!([source(" ", "q")]), "source 0 has an empty name"),
     ] {
-        let r = admin
-            .post(server.admin_url("/v1/admin/policy"))
-            .json(&json!({ "sources": sources }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 400);
-        let text = r.text().await.unwrap();
-        assert!(text.contains(why), "{text}");
+        let push = admin.post(server.admin_url("/v1/admin/policy"));
+        refused(push.json(&json!({ "sources": sources })), why).await;
     }
     let list = server.admin_json("/v1/admin/policy").await;
     assert_eq!(list["versions"].as_array().unwrap().len(), 1, "{list}");
