@@ -182,4 +182,42 @@ impl Params {
             self.limit.get()
         }
     }
+
+    /// These params with `limit` per `period` instead: the same algorithm and way of charging,
+    /// and for an algorithm with a burst, one in the same proportion to the new limit (at least
+    /// 1), so the capacity scales with the limit. For a runtime override's limit, or a
+    /// replica's share of one.
+    pub fn rescaled(&self, limit: u64, period: Duration) -> Result<Params, ParamsError> {
+        let burst = self.algorithm.uses_burst().then(|| {
+            let burst = u128::from(self.burst) * u128::from(limit) / u128::from(self.limit.get());
+            u64::try_from(burst).unwrap_or(u64::MAX).max(1)
+        });
+        Params::new(self.algorithm, limit, period, burst)
+            .map(|params| params.charging_up_to_limit(self.up_to_limit))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rescaling_keeps_the_burst_in_proportion_and_the_way_of_charging() {
+        let second = Duration::from_secs(1);
+        let bucket = Params::new(Algorithm::TokenBucket, 7, second, Some(20))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .charging_up_to_limit(true);
+        let half = bucket.rescaled(3, second).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((half.limit(), half.burst()), (3, 8));
+        assert!(half.charges_up_to_limit());
+        let tiny = bucket.rescaled(1, second).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(tiny.burst(), 2);
+        let window =
+            Params::new(Algorithm::FixedWindow, 10, second, None).unwrap_or_else(|e| panic!("{e}"));
+        let longer = window
+            .rescaled(4, second * 60)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((longer.limit(), longer.period()), (4, second * 60));
+        assert!(bucket.rescaled(0, second).is_err());
+    }
 }

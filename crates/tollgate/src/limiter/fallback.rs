@@ -134,18 +134,11 @@ fn unknown(params: &Params) -> Decision {
 }
 
 /// `params` with `share` of the limit, at least 1, and the burst in the same proportion to it
-/// as before (at least 1): the share's capacity is then what the rate-limit headers announce
+/// ([`Params::rescaled`]): the share's capacity is then what the rate-limit headers announce
 /// for its limit, the configured capacity scaled by the same factor.
 fn scaled(params: &Params, share: f64) -> Params {
     let limit = ((params.limit() as f64 * share).floor() as u64).max(1);
-    let burst = params.algorithm().uses_burst().then(|| {
-        let same_ratio =
-            u128::from(limit) * u128::from(params.burst()) / u128::from(params.limit());
-        u64::try_from(same_ratio).unwrap_or(u64::MAX).max(1)
-    });
-    Params::new(params.algorithm(), limit, params.period(), burst).map_or(*params, |p| {
-        p.charging_up_to_limit(params.charges_up_to_limit())
-    })
+    params.rescaled(limit, params.period()).unwrap_or(*params)
 }
 
 #[cfg(test)]

@@ -46,19 +46,8 @@ impl Override {
         let base = rule
             .limit
             .ok_or_else(|| format!("rule `{}` is unlimited", rule.name))?;
-        let burst = base.algorithm().uses_burst().then(|| {
-            let scaled = u128::from(base.burst()) * u128::from(self.requests_per_unit)
-                / u128::from(base.limit());
-            u64::try_from(scaled).unwrap_or(u64::MAX).max(1)
-        });
-        Params::new(
-            base.algorithm(),
-            self.requests_per_unit,
-            self.period.unwrap_or(base.period()),
-            burst,
-        )
-        .map(|params| params.charging_up_to_limit(base.charges_up_to_limit()))
-        .map_err(|e| e.to_string())
+        base.rescaled(self.requests_per_unit, self.period.unwrap_or(base.period()))
+            .map_err(|e| e.to_string())
     }
 
     /// Whether `other` is for the same domain, rule and entries (and so replaced by this one).
