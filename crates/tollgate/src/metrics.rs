@@ -15,7 +15,7 @@ use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::policy::{Policy, RuleMode};
+use crate::policy::{Policy, Rule, RuleMode};
 use crate::resilience::Posture;
 
 /// What happened to one descriptor checked against a rule.
@@ -196,33 +196,24 @@ impl RuleCounters {
 
     /// Appends `tollgate_decisions_total` and `tollgate_checks_total` in Prometheus text format.
     pub fn render(&self, policy: &Policy, out: &mut String) {
-        let tables: [(&str, &str, CountOf); 2] = [
+        render_outcomes(
+            out,
             (
                 "tollgate_decisions_total",
                 "Descriptors charged against a rule, by outcome.",
-                Self::get,
             ),
+            policy.rules(),
+            |index, outcome| self.get(index, outcome),
+        );
+        render_outcomes(
+            out,
             (
                 "tollgate_checks_total",
                 "Descriptors checked against a rule with hits_addend 0 (nothing charged), by outcome.",
-                Self::checks,
             ),
-        ];
-        for (name, help, count) in tables {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            for rule in policy.rules() {
-                for outcome in Outcome::ALL {
-                    let _ = writeln!(
-                        out,
-                        "{name}{{domain=\"{}\",rule=\"{}\",outcome=\"{}\"}} {}",
-                        escape_label(&rule.domain),
-                        escape_label(&rule.name),
-                        outcome.label(),
-                        count(self, rule.index, outcome)
-                    );
-                }
-            }
-        }
+            policy.rules(),
+            |index, outcome| self.checks(index, outcome),
+        );
         self.render_values(policy, out);
         out.push_str("# HELP tollgate_degraded_decisions_total Decisions made by a rule's failure posture because the store could not decide.\n");
         out.push_str("# TYPE tollgate_degraded_decisions_total counter\n");
@@ -239,9 +230,7 @@ impl RuleCounters {
             }
         }
     }
-}
 
-impl RuleCounters {
     /// Appends `tollgate_detailed_decisions_total`: the outcomes counted per descriptor value
     /// of every `detailed_metric` rule, in the order of the values' texts.
     fn render_values(&self, policy: &Policy, out: &mut String) {
@@ -274,8 +263,28 @@ impl RuleCounters {
     }
 }
 
-/// Reads one rule's count of one outcome ([`RuleCounters::get`] or [`RuleCounters::checks`]).
-type CountOf = fn(&RuleCounters, usize, Outcome) -> u64;
+/// Appends the counter `name` (described by `help`) in Prometheus text format: a series per
+/// rule of `rules` and outcome, counting `count(rule index, outcome)`.
+pub(crate) fn render_outcomes<'a>(
+    out: &mut String,
+    (name, help): (&str, &str),
+    rules: impl IntoIterator<Item = &'a Arc<Rule>>,
+    count: impl Fn(usize, Outcome) -> u64,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+    for rule in rules {
+        for outcome in Outcome::ALL {
+            let _ = writeln!(
+                out,
+                "{name}{{domain=\"{}\",rule=\"{}\",outcome=\"{}\"}} {}",
+                escape_label(&rule.domain),
+                escape_label(&rule.name),
+                outcome.label(),
+                count(rule.index, outcome)
+            );
+        }
+    }
+}
 
 /// Escapes a Prometheus label value.
 pub fn escape_label(value: &str) -> String {

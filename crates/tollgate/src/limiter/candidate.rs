@@ -6,7 +6,6 @@
 //! the same store call as the live ones, all with `enforce: false`. Replicas sharing a store and
 //! shadowing the same candidate (same hash) count against the same counters.
 
-use std::fmt::Write;
 use std::sync::Arc;
 
 use tollgate_core::Timestamp;
@@ -14,7 +13,7 @@ use tollgate_core::Timestamp;
 use super::request::RequestDescriptor;
 use super::{record_top_key, top_keys_per_rule};
 use crate::lifecycle::sources_hash;
-use crate::metrics::{Outcome, RuleCounters, escape_label};
+use crate::metrics::{Outcome, RuleCounters, render_outcomes};
 use crate::observe::{TopEntry, TopKeys};
 use crate::policy::{Policy, Rule, RuleMode};
 
@@ -122,22 +121,15 @@ impl Candidate {
 
     /// Appends [`CANDIDATE_DECISIONS`] in Prometheus text format.
     pub(super) fn render_metrics(&self, out: &mut String) {
-        let _ = writeln!(
+        render_outcomes(
             out,
-            "# HELP {CANDIDATE_DECISIONS} Descriptors checked against a rule of the shadow candidate policy, by outcome (never enforced).\n# TYPE {CANDIDATE_DECISIONS} counter"
+            (
+                CANDIDATE_DECISIONS,
+                "Descriptors checked against a rule of the shadow candidate policy, by outcome (never enforced).",
+            ),
+            self.policy.rules().iter().filter(|r| r.limit.is_some()),
+            |index, outcome| self.counters.get(index, outcome),
         );
-        for rule in self.policy.rules().iter().filter(|r| r.limit.is_some()) {
-            for outcome in Outcome::ALL {
-                let _ = writeln!(
-                    out,
-                    "{CANDIDATE_DECISIONS}{{domain=\"{}\",rule=\"{}\",outcome=\"{}\"}} {}",
-                    escape_label(&rule.domain),
-                    escape_label(&rule.name),
-                    outcome.label(),
-                    self.counters.get(rule.index, outcome)
-                );
-            }
-        }
     }
 }
 

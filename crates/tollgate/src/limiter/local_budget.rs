@@ -438,32 +438,28 @@ impl Leases {
         epoch: u64,
     ) -> Option<Taken> {
         let slot = self.slots.get(key, Arc::clone)?;
-        let served = |lease: &Lease| {
-            let decision = lease.served(now)?;
-            lease
-                .can_serve(params, 0, now, epoch)
-                .then_some((decision, lease.serial, true))
+        // What the lease settles without giving anything back: the answer it serves, or `None`
+        // when it has nothing to give back (used up, or swept) and the store decides.
+        let settled = |lease: &Lease| {
+            let served = lease
+                .served(now)
+                .filter(|_| lease.can_serve(params, 0, now, epoch));
+            match served {
+                Some(decision) => Some(Some((decision, lease.serial, true))),
+                None => (lease.retired || lease.tokens == 0).then_some(None),
+            }
         };
-        {
-            let lease = slot.lease.lock();
-            if let Some(answer) = served(&lease) {
-                drop(lease);
-                return taken(answer, slot);
-            }
-            if lease.retired || lease.tokens == 0 {
-                return None;
-            }
+        let answer = settled(&slot.lease.lock());
+        if let Some(answer) = answer {
+            return answer.and_then(|answer| taken(answer, slot));
         }
         let renewing = slot.renewal.clone().lock_owned().await;
         let unused = {
             let mut lease = slot.lease.lock();
-            if let Some(answer) = served(&lease) {
+            // Looked at again: it may have been renewed or swept meanwhile.
+            if let Some(answer) = settled(&lease) {
                 drop(lease);
-                return taken(answer, slot);
-            }
-            // Renewed meanwhile and used up, or swept: nothing to give back.
-            if lease.retired || lease.tokens == 0 {
-                return None;
+                return answer.and_then(|answer| taken(answer, slot));
             }
             lease.empty()?
         };

@@ -800,8 +800,7 @@ fn record_outcome(
     if !detailed && top.is_none() {
         return;
     }
-    let mut text = TopKeyText::default();
-    describe_entries(descriptor, &mut text);
+    let text = descriptor_text(descriptor);
     if detailed {
         snapshot
             .counters
@@ -813,12 +812,17 @@ fn record_outcome(
     }
 }
 
-/// Counts a denial of `descriptor` in `top`, shown as `key=value,key=value`.
+/// Counts a denial of `descriptor` in `top`: one per denial, whatever its cost, since the
+/// listing ranks who was denied most often.
 fn record_top_key(top: &TopKeys, descriptor: &RequestDescriptor) {
+    top.record(descriptor_text(descriptor).as_str(), 1);
+}
+
+/// `descriptor` as top keys and per-value counters show it (see [`describe_entries`]).
+fn descriptor_text(descriptor: &RequestDescriptor) -> TopKeyText {
     let mut text = TopKeyText::default();
     describe_entries(descriptor, &mut text);
-    // One per denial, whatever its cost: the listing ranks who was denied most often.
-    top.record(text.as_str(), 1);
+    text
 }
 
 /// `key=value,key=value`: how a descriptor is shown in top-key listings. In keys and values,

@@ -198,12 +198,12 @@ impl RedisStore {
     async fn read<T: redis::FromRedisValue>(
         &self,
         key: &str,
-        read: &redis::Cmd,
+        read: redis::Cmd,
         renew: bool,
     ) -> Result<T, StoreError> {
         let mut connection = self.policy_connection()?;
         let mut pipe = redis::pipe();
-        pipe.add_command(read.clone());
+        pipe.add_command(read);
         if renew {
             pipe.cmd("PEXPIRE")
                 .arg(key)
@@ -229,7 +229,7 @@ impl RedisStore {
         let mut cmd = redis::cmd("HMGET");
         cmd.arg(key).arg("seq").arg("hash").arg("doc").arg("epoch");
         let (seq, hash, doc, epoch): (Option<u64>, Option<String>, Option<String>, Option<String>) =
-            self.read(key, &cmd, renew).await?;
+            self.read(key, cmd, renew).await?;
         let (Some(seq), Some(hash), Some(doc)) = (seq, hash, doc) else {
             return Ok(None);
         };
@@ -269,7 +269,7 @@ impl RedisStore {
     pub async fn shared_overrides(&self) -> Result<Option<SharedOverrides>, StoreError> {
         let mut cmd = redis::cmd("HGETALL");
         cmd.arg(OVERRIDES_KEY);
-        let fields: Vec<(String, String)> = self.read(OVERRIDES_KEY, &cmd, true).await?;
+        let fields: Vec<(String, String)> = self.read(OVERRIDES_KEY, cmd, true).await?;
         Ok(SharedOverrides::from_fields(fields))
     }
 
