@@ -75,8 +75,31 @@ async fn limiter_with_deadline(url: &str, deadline: Duration) -> Arc<Limiter> {
 }
 
 fn request(key: &str, value: &str) -> CheckRequest {
-    let d = RequestDescriptor::new(vec![(key.into(), value.into())], 1, None).unwrap();
-    CheckRequest::new("f".into(), vec![d]).unwrap()
+    request_of(&[(key, value, 1)])
+}
+
+/// A request in domain `f` with one descriptor `key=value` of `cost` per item.
+fn request_of(descriptors: &[(&str, &str, u64)]) -> CheckRequest {
+    let descriptors = descriptors
+        .iter()
+        .map(|(key, value, cost)| {
+            let entries = vec![((*key).into(), (*value).into())];
+            RequestDescriptor::new(entries, *cost, None).unwrap()
+        })
+        .collect();
+    CheckRequest::new("f".into(), descriptors).unwrap()
+}
+
+/// A cluster of three primaries, a limiter on it with store deadline `deadline`, and users of
+/// the `open` rule whose counters live on distinct primaries (see
+/// [`users_on_distinct_primaries`]).
+async fn cluster_with_placed_users(
+    deadline: Duration,
+) -> (RedisCluster, Arc<Limiter>, Vec<(String, u16)>) {
+    let cluster = RedisCluster::start(3, 0);
+    let limiter = limiter_with_deadline(&cluster.store_url(), deadline).await;
+    let placed = users_on_distinct_primaries(&cluster, &limiter).await;
+    (cluster, limiter, placed)
 }
 
 /// Sends `count` requests at once; returns each answer with how long it took.
@@ -635,9 +658,7 @@ async fn counting_keys_on_a_hung_server_gives_up_in_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_charge_that_fails_on_one_primary_is_refunded_on_the_others() {
     let _serial = SERIAL.lock().await;
-    let cluster = RedisCluster::start(3, 0);
-    let limiter = limiter(&cluster.store_url()).await;
-    let placed = users_on_distinct_primaries(&cluster, &limiter).await;
+    let (cluster, limiter, placed) = cluster_with_placed_users(DEADLINE).await;
     let [(doomed, failing), (healthy, _), ..] = placed.as_slice() else {
         unreachable!("two at least");
     };
@@ -647,17 +668,14 @@ async fn a_charge_that_fails_on_one_primary_is_refunded_on_the_others() {
     );
     cluster.cli(*failing, &["CONFIG", "SET", "maxmemory", "1"]);
 
-    let both = {
-        let d = |value: &str| RequestDescriptor::new(vec![("open".into(), value.into())], 1, None);
-        CheckRequest::new("f".into(), vec![d(doomed).unwrap(), d(healthy).unwrap()]).unwrap()
-    };
+    let both = request_of(&[("open", doomed, 1), ("open", healthy, 1)]);
     for _ in 0..30 {
         let answer = limiter.check(&both).await.unwrap();
         assert!(answer.allowed() && answer.degraded().is_some());
     }
-    // One charge from the placement loop; explain answers as if for one more. A refund runs
-    // within the request's 20 ms deadline: one cut short on a busy machine leaves its unit
-    // charged (under-admission), so allow a few. Without refunds all 30 would stay (968).
+    // One charge from the placement loop; explain answers as if for one more. A refund has a
+    // deadline of its own (20 ms): one cut short on a busy machine leaves its unit charged
+    // (under-admission), so allow a few. Without refunds all 30 would stay (968).
     let left = limiter.explain(&request("open", healthy)).await.unwrap();
     assert!(left.degraded().is_none(), "the healthy primary decides");
     let remaining = left.statuses[0].decision.unwrap().remaining;
@@ -670,10 +688,8 @@ async fn a_charge_that_fails_on_one_primary_is_refunded_on_the_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_charge_up_to_the_limit_is_refunded_what_it_took() {
     let _serial = SERIAL.lock().await;
-    let cluster = RedisCluster::start(3, 0);
     // A deadline a busy machine does not cut short: this test is about the amount refunded.
-    let limiter = limiter_with_deadline(&cluster.store_url(), Duration::from_secs(2)).await;
-    let placed = users_on_distinct_primaries(&cluster, &limiter).await;
+    let (cluster, limiter, placed) = cluster_with_placed_users(Duration::from_secs(2)).await;
     let [(doomed, failing), ..] = placed.as_slice() else {
         unreachable!("two at least");
     };
@@ -698,14 +714,8 @@ async fn a_charge_up_to_the_limit_is_refunded_what_it_took() {
     );
     cluster.cli(*failing, &["CONFIG", "SET", "maxmemory", "1"]);
 
-    let d = |key: &str, value: &str, cost| {
-        RequestDescriptor::new(vec![(key.into(), value.into())], cost, None).unwrap()
-    };
-    let both = CheckRequest::new(
-        "f".into(),
-        vec![d("open", doomed, 1), d("tokens", &tokens, 50)],
-    );
-    let answer = limiter.check(&both.unwrap()).await.unwrap();
+    let both = request_of(&[("open", doomed, 1), ("tokens", &tokens, 50)]);
+    let answer = limiter.check(&both).await.unwrap();
     assert!(answer.allowed() && answer.degraded().is_some());
     // The 9 it took came back; explain answers as if for one more.
     let left = limiter.explain(&request("tokens", &tokens)).await.unwrap();
@@ -770,11 +780,9 @@ async fn readiness_waits_one_deadline_however_many_primaries_hang() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_primary_does_not_leave_the_other_slots_charged() {
     let _serial = SERIAL.lock().await;
-    let cluster = RedisCluster::start(3, 0);
     // One-way latency 100 ms on the slow primary: its first step answers at about 200 ms,
     // inside the 300 ms deadline, its charge at about 400 ms, past it.
-    let limiter = limiter_with_deadline(&cluster.store_url(), Duration::from_millis(300)).await;
-    let placed = users_on_distinct_primaries(&cluster, &limiter).await;
+    let (cluster, limiter, placed) = cluster_with_placed_users(Duration::from_millis(300)).await;
     let [(fast_user, _), (slow_user, slow_port), ..] = placed.as_slice() else {
         unreachable!("two at least");
     };
@@ -788,15 +796,18 @@ async fn a_slow_primary_does_not_leave_the_other_slots_charged() {
     let slow_before = remaining(slow_user).await;
 
     proxy.set_mode(Mode::Latency(Duration::from_millis(100)));
-    let d = |value: &str| RequestDescriptor::new(vec![("open".into(), value.into())], 1, None);
-    let both = CheckRequest::new(
-        "f".into(),
-        vec![d(fast_user).unwrap(), d(slow_user).unwrap()],
-    );
-    let answer = limiter.check(&both.unwrap()).await.unwrap();
+    let both = request_of(&[("open", fast_user, 1), ("open", slow_user, 1)]);
+    let started = Instant::now();
+    let answer = limiter.check(&both).await.unwrap();
+    let took = started.elapsed();
     assert!(
         answer.allowed() && answer.degraded() == Some(Posture::Open),
         "the slow charge failed and the open posture answered: {answer:?}"
+    );
+    // The decision's deadline, then the refunds' own (README: at most twice as long).
+    assert!(
+        took < Duration::from_millis(2 * 300) + MARGIN,
+        "took {took:?}"
     );
     proxy.set_mode(Mode::Pass);
     assert_eq!(
