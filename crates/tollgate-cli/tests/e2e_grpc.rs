@@ -427,7 +427,9 @@ async fn exactly_the_limit_is_admitted_under_concurrency_for_every_algorithm() {
 /// The standard gRPC health service answers on the RLS port, as Envoy's gRPC health checks and
 /// Kubernetes' `grpc` probes expect; on SIGTERM a watcher is told `NOT_SERVING` and its stream
 /// ends, so it does not hold up the shutdown.
-#[tokio::test]
+// Several threads: the client's connection must answer the server's goodbye while this test's
+// thread waits for the exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_grpc_health_service_serves_until_shutdown() {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_check_response::ServingStatus;
