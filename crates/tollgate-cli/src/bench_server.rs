@@ -14,6 +14,9 @@ use tollgate_server::AllowAll;
 use tollgate_server::grpc::RlsService;
 use tracing::{info, warn};
 
+/// How long a stopping bench server waits for its connections (`serve`'s default).
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[derive(Debug, Args)]
 pub struct BenchServerArgs {
     /// Address of the HTTP API (`POST /v1/check`, `GET /healthz`).
@@ -36,7 +39,8 @@ pub fn run(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
-    let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let http = crate::serve::listen(args.http_addr, "HTTP").await?;
     let grpc = crate::serve::listen(args.grpc_addr, "gRPC").await?;
     // The same lines as `serve`, so scripts and tests find ports chosen with `:0`.
@@ -59,10 +63,13 @@ async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
     let http_task = tokio::spawn(async move { http_server.await });
     let grpc_task = tokio::spawn(grpc_server);
 
-    crate::serve::shutdown_signal(terminate).await;
+    crate::serve::shutdown_signal(&mut terminate).await;
     info!("Shutting down");
     let _ = stop_tx.send(true);
-    crate::serve::join_server(http_task, "HTTP").await?;
-    crate::serve::join_server(grpc_task, "gRPC").await?;
+    let servers = async {
+        crate::serve::join_server(http_task, "HTTP").await?;
+        crate::serve::join_server(grpc_task, "gRPC").await
+    };
+    crate::serve::drain(servers, DRAIN_LIMIT, &mut terminate).await?;
     Ok(ExitCode::SUCCESS)
 }

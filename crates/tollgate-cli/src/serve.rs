@@ -119,6 +119,11 @@ pub struct ServeArgs {
     /// How often expired counters are dropped from the in-memory store.
     #[arg(long, default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
     sweep_interval: Duration,
+    /// On SIGTERM or Ctrl-C, how long requests in flight may take to finish before the
+    /// connections still open are closed (a client that never answers the server's goodbye
+    /// would otherwise hold the shutdown forever). A second signal stops at once.
+    #[arg(long, default_value = "10s", value_parser = any_duration, value_name = "DURATION")]
+    shutdown_timeout: Duration,
 }
 
 fn share(s: &str) -> Result<f64, String> {
@@ -223,7 +228,8 @@ async fn serve(
     let token = admin_token(&args)?;
     // Before anything is announced: a SIGHUP must never find the default action (exit).
     let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let clock = Arc::new(SystemClock::new());
     let options = RedisOptions {
         connect_timeout: args.store_connect_timeout,
@@ -356,12 +362,18 @@ async fn serve(
     let admin_task = tokio::spawn(async move { admin_server.await });
     let grpc_task = tokio::spawn(grpc_server);
 
-    shutdown_signal(terminate).await;
-    info!("Shutting down: finishing requests in flight");
+    shutdown_signal(&mut terminate).await;
+    info!(
+        "Shutting down: finishing requests in flight (at most {}; a second signal stops at once)",
+        humantime::format_duration(args.shutdown_timeout)
+    );
     let _ = stop_tx.send(true);
-    join_server(http_task, "HTTP").await?;
-    join_server(grpc_task, "gRPC").await?;
-    join_server(admin_task, "Admin").await?;
+    let servers = async {
+        join_server(http_task, "HTTP").await?;
+        join_server(grpc_task, "gRPC").await?;
+        join_server(admin_task, "Admin").await
+    };
+    drain(servers, args.shutdown_timeout, &mut terminate).await?;
     let _ = sweeper.await;
     let _ = reloader.await;
     let _ = sync.await;
@@ -381,6 +393,26 @@ pub(crate) async fn join_server<E: std::fmt::Display>(
 ) -> anyhow::Result<()> {
     if let Err(e) = task.await? {
         warn!(error = %e, "{what} server stopped with an error");
+    }
+    Ok(())
+}
+
+/// Waits for `servers` to finish their requests in flight and close their connections, for at
+/// most `limit` or until a second SIGTERM or Ctrl-C. What is still open then is closed when the
+/// process exits: a caller that never answers HTTP/2's goodbye (or never finishes sending a
+/// request) must not keep a replica from stopping.
+pub(crate) async fn drain(
+    servers: impl Future<Output = anyhow::Result<()>>,
+    limit: Duration,
+    terminate: &mut Option<tokio::signal::unix::Signal>,
+) -> anyhow::Result<()> {
+    tokio::select! {
+        done = servers => return done,
+        _ = tokio::time::sleep(limit) => warn!(
+            "Connections still open {} after the shutdown began; closing them",
+            humantime::format_duration(limit)
+        ),
+        _ = shutdown_signal(terminate) => warn!("Second stop signal: closing the connections still open"),
     }
     Ok(())
 }
@@ -450,13 +482,13 @@ async fn watch_policy(
 
 /// Waits for Ctrl-C or SIGTERM. `term` is registered at startup, before the listening lines are
 /// printed, so an early SIGTERM is a clean shutdown rather than the default action.
-pub(crate) async fn shutdown_signal(term: Option<tokio::signal::unix::Signal>) {
+pub(crate) async fn shutdown_signal(term: &mut Option<tokio::signal::unix::Signal>) {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
     let term = async {
         match term {
-            Some(mut s) => {
+            Some(s) => {
                 s.recv().await;
             }
             None => std::future::pending::<()>().await,

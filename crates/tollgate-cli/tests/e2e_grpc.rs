@@ -5,6 +5,7 @@ mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -459,6 +460,55 @@ async fn the_grpc_health_service_serves_until_shutdown() {
     let last = watch.message().await.unwrap().unwrap();
     assert_eq!(last.status(), ServingStatus::NotServing);
     assert!(watch.message().await.unwrap().is_none(), "the stream ends");
+    let status = server.stop();
+    assert!(status.success(), "exit status {status:?}");
+}
+
+/// Opens a connection to `addr` and sends `bytes`, then goes silent: never reads, never answers.
+fn silent_client(addr: std::net::SocketAddr, bytes: &[u8]) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.write_all(bytes).unwrap();
+    stream
+}
+
+/// The HTTP/2 connection preface and an empty SETTINGS frame: a gRPC caller's first bytes.
+const HTTP2_HELLO: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// Half a request's headers.
+const HTTP1_HALF: &[u8] = b"POST /v1/check HTTP/1.1\r\nHost: tollgate\r\n";
+
+/// A caller that opens an HTTP/2 connection and goes silent never acknowledges the server's
+/// goodbye, and one that sends half a request never finishes it: on SIGTERM the server waits
+/// for them `--shutdown-timeout`, then closes them and exits, instead of waiting forever.
+#[tokio::test]
+async fn silent_connections_hold_the_shutdown_for_its_timeout_only() {
+    let server = Server::start_with_args(POLICY, &["--shutdown-timeout", "1500ms"]);
+    let _h2 = silent_client(server.grpc, HTTP2_HELLO);
+    let _h1 = silent_client(server.http, HTTP1_HALF);
+    let began = tokio::time::Instant::now();
+    let status = server.stop();
+    let took = began.elapsed();
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        took >= Duration::from_millis(1500),
+        "the drain waited for the silent callers: {took:?}"
+    );
+}
+
+/// A second SIGTERM ends the drain at once, whatever the timeout.
+#[tokio::test]
+async fn a_second_signal_stops_without_waiting_for_the_drain() {
+    let server = Server::start_with_args(POLICY, &["--shutdown-timeout", "1h"]);
+    let _h2 = silent_client(server.grpc, HTTP2_HELLO);
+    server.signal("TERM");
+    // The shutdown has begun once the HTTP listener is closed.
+    support::eventually(
+        Duration::from_secs(5),
+        "the HTTP listener closes",
+        async || std::net::TcpStream::connect(server.http).is_err(),
+    )
+    .await;
     let status = server.stop();
     assert!(status.success(), "exit status {status:?}");
 }
