@@ -2,7 +2,8 @@
 
 grpcio carries the calls; the message classes come from the `envoy-data-plane` package
 (generated from Envoy's own protos), so the bytes on the wire are exactly what any other RLS
-client would send. Usage: envoy_rls_client.py HOST:PORT. The policy the server runs is in
+client would send. Usage: envoy_rls_client.py HOST:PORT [CA.pem]; with a CA file the channel
+is TLS, verified against that CA (the server runs with --grpc-tls-cert). The policy the server runs is in
 crates/tollgate-cli/tests/e2e_python_grpcio.rs. Exits non-zero with a message on any mismatch.
 """
 
@@ -43,7 +44,13 @@ def expect(condition, message):
 
 def main():
     target = sys.argv[1]
-    with grpc.insecure_channel(target) as channel:
+    if len(sys.argv) > 2:
+        with open(sys.argv[2], "rb") as ca:
+            credentials = grpc.ssl_channel_credentials(root_certificates=ca.read())
+        channel = grpc.secure_channel(target, credentials)
+    else:
+        channel = grpc.insecure_channel(target)
+    with channel:
         grpc.channel_ready_future(channel).result(timeout=10)
         stub = RateLimitServiceSyncStub(channel)
 

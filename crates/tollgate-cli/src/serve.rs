@@ -21,6 +21,8 @@ use tollgate_server::grpc::{HealthService, RlsService};
 use tollgate_server::http::authorize::{AuthorizeMapping, DescriptorMapping};
 use tracing::{info, warn};
 
+use crate::grpc_tls::GrpcTlsArgs;
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Policy file, or a directory of `*.yaml` / `*.yml` files.
@@ -124,6 +126,8 @@ pub struct ServeArgs {
     /// would otherwise hold the shutdown forever). A second signal stops at once.
     #[arg(long, default_value = "10s", value_parser = any_duration, value_name = "DURATION")]
     shutdown_timeout: Duration,
+    #[command(flatten)]
+    grpc_tls: GrpcTlsArgs,
 }
 
 fn share(s: &str) -> Result<f64, String> {
@@ -226,6 +230,16 @@ async fn serve(
     policy: Policy,
 ) -> anyhow::Result<ExitCode> {
     let token = admin_token(&args)?;
+    let mut grpc_builder = tonic::transport::Server::builder();
+    if let Some(tls) = args.grpc_tls.server_config()? {
+        grpc_builder = grpc_builder
+            .tls_config(tls)
+            .context("--grpc-tls-cert and --grpc-tls-key do not make a TLS identity")?;
+        info!(
+            client_certificates = args.grpc_tls.mutual(),
+            "gRPC over TLS"
+        );
+    }
     // Before anything is announced: a SIGHUP must never find the default action (exit).
     let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     let mut terminate =
@@ -353,7 +367,7 @@ async fn serve(
     if args.no_rls_x_ratelimit_headers {
         rls = rls.without_x_ratelimit_headers();
     }
-    let grpc_server = tonic::transport::Server::builder()
+    let grpc_server = grpc_builder
         .add_service(rls.into_server())
         .add_service(HealthService::new(stop_rx.clone()).into_server())
         .serve_with_incoming_shutdown(no_delay_grpc(grpc), stopped(stop_rx.clone()));

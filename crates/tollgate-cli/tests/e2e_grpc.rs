@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use support::{Server, descriptor};
 use tollgate_core::Algorithm;
@@ -511,4 +512,87 @@ async fn a_second_signal_stops_without_waiting_for_the_drain() {
     .await;
     let status = server.stop();
     assert!(status.success(), "exit status {status:?}");
+}
+
+/// `--grpc-tls-cert`/`--grpc-tls-key` serve gRPC over TLS, and `--grpc-tls-client-ca` asks every
+/// client for a certificate that CA signed: a client that trusts the server's CA and presents
+/// one is answered; one without a certificate, or speaking plaintext, is refused and counts
+/// nothing.
+#[tokio::test]
+async fn grpc_over_mutual_tls_answers_only_clients_with_a_certificate() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let dir = tempfile::tempdir().unwrap();
+    let certs = support::certificates(dir.path());
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let server = Server::start_with_args(
+        POLICY,
+        &[
+            "--grpc-tls-cert",
+            &path(&certs.cert),
+            "--grpc-tls-key",
+            &path(&certs.key),
+            "--grpc-tls-client-ca",
+            &path(&certs.ca),
+        ],
+    );
+    let pem = |p: &std::path::Path| std::fs::read(p).unwrap();
+    let trusting = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem(&certs.ca)));
+    let with_certificate = trusting.clone().identity(Identity::from_pem(
+        pem(&certs.client_cert),
+        pem(&certs.client_key),
+    ));
+    let ask = async |scheme: &str, tls: Option<ClientTlsConfig>| {
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", server.grpc)).unwrap();
+        if let Some(tls) = tls {
+            endpoint = endpoint.tls_config(tls).unwrap();
+        }
+        let channel = endpoint.connect_lazy();
+        RateLimitServiceClient::new(channel)
+            .should_rate_limit(request(vec![(&[("user", "tls")], None)], 1))
+            .await
+    };
+    let remaining =
+        |r: tonic::Response<RateLimitResponse>| r.into_inner().statuses[0].limit_remaining;
+
+    let first = ask("https", Some(with_certificate.clone())).await.unwrap();
+    assert_eq!(remaining(first), 4);
+    // Refused in the handshake (or, over TLS 1.3, right after it): a transport error.
+    let no_certificate = ask("https", Some(trusting)).await;
+    assert!(no_certificate.is_err(), "{no_certificate:?}");
+    let plaintext = ask("http", None).await;
+    assert!(plaintext.is_err(), "{plaintext:?}");
+    let again = ask("https", Some(with_certificate)).await.unwrap();
+    assert_eq!(remaining(again), 3, "the refused calls counted nothing");
+}
+
+/// A TLS file that is missing, holds no PEM block of the right kind, or a key that is not the
+/// certificate's stops `serve` before it listens, naming the flag.
+#[test]
+fn unusable_grpc_tls_files_stop_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = support::certificates(dir.path());
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, POLICY).unwrap();
+    let other_key = dir.path().join("client.key");
+    let missing = dir.path().join("missing.pem");
+    let cases = [
+        (&missing, &certs.key, "--grpc-tls-cert: cannot read"),
+        (&certs.cert, &certs.ca, "--grpc-tls-key: "),
+        (&certs.cert, &other_key, "do not make a TLS identity"),
+    ];
+    for (cert, key, expected) in cases {
+        let (code, stderr) = support::serve_refused(&[
+            "--config",
+            policy.to_str().unwrap(),
+            "--grpc-tls-cert",
+            cert.to_str().unwrap(),
+            "--grpc-tls-key",
+            key.to_str().unwrap(),
+        ]);
+        assert_ne!(code, Some(0), "{stderr}");
+        assert!(
+            stderr.contains(expected),
+            "expected `{expected}` in: {stderr}"
+        );
+    }
 }

@@ -261,40 +261,6 @@ async fn an_unavailable_store_with_the_closed_posture_is_a_503_not_a_429() {
     assert_eq!(upstream.served.load(Ordering::SeqCst), 0);
 }
 
-/// A CA, and a certificate it signed for 127.0.0.1 (PEM files in `dir`, made by `openssl`):
-/// `(ca.pem, cert.pem, key.pem)`.
-fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let openssl = |args: &str| {
-        let out = Command::new("openssl")
-            .args(args.split_whitespace())
-            .current_dir(dir)
-            .output()
-            .expect("openssl (Debian's openssl package, as scripts/test.sh installs)");
-        assert!(out.status.success(), "openssl {args}: {out:?}");
-    };
-    let new_key = "-newkey rsa:2048 -nodes -days 1";
-    openssl(&format!(
-        "req -x509 {new_key} -keyout ca.key -out ca.pem -subj /CN=tollgate-test-CA"
-    ));
-    openssl(&format!(
-        "req {new_key} -keyout key.pem -out cert.csr -subj /CN=127.0.0.1"
-    ));
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    openssl(
-        "x509 -req -in cert.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out cert.pem -days 1 \
-         -extfile ext.cnf",
-    );
-    (
-        dir.join("ca.pem"),
-        dir.join("cert.pem"),
-        dir.join("key.pem"),
-    )
-}
-
 /// tollgate behind a TLS-terminating proxy (an ingress): `tollgate check --addr https://...`
 /// verifies the certificate against the system's roots, or the file `SSL_CERT_FILE` names, and
 /// asks through it; a certificate it cannot verify is an error, never a silent fallback.
@@ -302,7 +268,7 @@ fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
 fn check_asks_over_https_and_verifies_the_certificate() {
     let tollgate = Server::start(POLICY);
     let certs = tempfile::tempdir().unwrap();
-    let (ca, cert, key) = certificates(certs.path());
+    let support::Certificates { ca, cert, key, .. } = support::certificates(certs.path());
     let nginx = Nginx::start_with(|addr| {
         format!(
             "worker_processes 1;\npid nginx.pid;\nerror_log error.log;\nevents {{}}\nhttp {{\n  access_log off;\n  server {{\n    listen {addr} ssl;\n    ssl_certificate {};\n    ssl_certificate_key {};\n    location / {{ proxy_pass http://{}; }}\n  }}\n}}\n",

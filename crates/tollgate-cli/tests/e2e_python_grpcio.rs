@@ -22,12 +22,37 @@ descriptors:
 #[test]
 fn python_grpcio_client_gets_envoy_semantics() {
     let server = Server::start(POLICY);
+    run_interop_client(&server, &[]);
+}
+
+/// The same client over TLS (`--grpc-tls-cert`), trusting the test CA as Envoy's
+/// `transport_socket` would.
+#[test]
+fn python_grpcio_client_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = support::certificates(dir.path());
+    let server = Server::start_with_args(
+        POLICY,
+        &[
+            "--grpc-tls-cert",
+            certs.cert.to_str().unwrap(),
+            "--grpc-tls-key",
+            certs.key.to_str().unwrap(),
+        ],
+    );
+    run_interop_client(&server, &[certs.ca.to_str().unwrap()]);
+}
+
+/// Runs `tests/interop/envoy_rls_client.py` against `server`'s gRPC port with `extra`
+/// arguments; fails the test with the script's output unless it says `interop ok`.
+fn run_interop_client(server: &Server, extra: &[&str]) {
     let python = std::env::var("TOLLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
     let script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/envoy_rls_client.py");
     let output = Command::new(&python)
         .arg(&script)
         .arg(server.grpc.to_string())
+        .args(extra)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -109,6 +109,73 @@ async fn grpc_remote_client_takes_its_posture_when_nobody_answers() {
     }
 }
 
+/// Over `https://` the gRPC client verifies the service's certificate: `with_tls` against a
+/// given CA, presenting the client certificate a service started with `--grpc-tls-client-ca`
+/// asks for; without one the service refuses the call, and the posture answers.
+#[tokio::test]
+async fn grpc_remote_client_over_mutual_tls() {
+    use tollgate_client::tls::{Certificate, ClientTlsConfig, Identity};
+    let dir = tempfile::tempdir().unwrap();
+    let certs = support::certificates(dir.path());
+    let server = Server::start_with_args(POLICY, &tls_args(&certs, true));
+    let url = format!("https://{}", server.grpc);
+    let pem = |p: &std::path::Path| std::fs::read(p).unwrap();
+    let trusting = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem(&certs.ca)));
+    let identified = trusting.clone().identity(Identity::from_pem(
+        pem(&certs.client_cert),
+        pem(&certs.client_key),
+    ));
+    let timeout = Duration::from_secs(2);
+    let with = |tls| RemoteGrpc::with_tls(&url, tls, timeout, Posture::Closed).unwrap();
+
+    let first = with(identified.clone())
+        .check(&request("fay"))
+        .await
+        .unwrap();
+    assert_eq!(first.outcome, Outcome::Allowed);
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("1"));
+    let refused = with(trusting).check(&request("fay")).await.unwrap();
+    assert_eq!(refused.outcome, Outcome::Unavailable);
+    let last = with(identified).check(&request("fay")).await.unwrap();
+    assert_eq!(last.outcome, Outcome::Allowed);
+    assert_eq!(
+        last.header("x-ratelimit-remaining"),
+        Some("0"),
+        "the refused call counted nothing"
+    );
+}
+
+/// `RemoteGrpc::new` with an `https://` URL trusts the system's roots, which do not hold the
+/// test CA: it refuses the service's certificate and its posture answers.
+#[tokio::test]
+async fn grpc_remote_client_refuses_a_certificate_it_cannot_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = support::certificates(dir.path());
+    let server = Server::start_with_args(POLICY, &tls_args(&certs, false));
+    let url = format!("https://{}", server.grpc);
+    let remote = RemoteGrpc::new(&url, Duration::from_secs(2), Posture::Closed).unwrap();
+    let verdict = remote.check(&request("gus")).await.unwrap();
+    assert_eq!(verdict.outcome, Outcome::Unavailable);
+}
+
+/// `serve`'s arguments for gRPC over TLS with `certs`, asking for client certificates when
+/// `mutual`.
+fn tls_args(certs: &support::Certificates, mutual: bool) -> Vec<&str> {
+    fn path(p: &std::path::Path) -> &str {
+        p.to_str().unwrap()
+    }
+    let mut args = vec![
+        "--grpc-tls-cert",
+        path(&certs.cert),
+        "--grpc-tls-key",
+        path(&certs.key),
+    ];
+    if mutual {
+        args.extend(["--grpc-tls-client-ca", path(&certs.ca)]);
+    }
+    args
+}
+
 /// A request larger than the service takes (its body limit) is refused as invalid, not
 /// answered by the caller's posture: the service is there, and `Open` would let it through.
 #[tokio::test]

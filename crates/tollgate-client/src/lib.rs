@@ -46,3 +46,9 @@ pub use embedded::{Embedded, OpenError, Options, verdict};
 pub use layer::{Cost, RateLimit, RateLimitLayer};
 pub use remote::{Posture, Remote};
 pub use remote_grpc::RemoteGrpc;
+
+/// TLS settings of [`RemoteGrpc::with_tls`] (tonic's, re-exported so that callers need not
+/// depend on the same tonic version).
+pub mod tls {
+    pub use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+}

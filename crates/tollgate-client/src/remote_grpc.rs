@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::google::protobuf::UInt64Value;
 use tollgate::limiter::CheckRequest;
 use tollgate_server::headers;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::backend::{Backend, BackendError, Outcome, Verdict};
 use crate::remote::{FORWARDED, Posture, binding_name, fallback, refuse_limit_overrides};
@@ -25,13 +25,45 @@ pub struct RemoteGrpc {
 }
 
 impl RemoteGrpc {
-    /// A client of the service at `url` (e.g. `http://127.0.0.1:8081`), connected lazily. Each
-    /// decision waits at most `timeout`; past it, or when the service cannot be reached,
-    /// `posture` answers. Call it inside a Tokio runtime: the channel starts its connection
-    /// task there.
+    /// A client of the service at `url` (e.g. `http://127.0.0.1:8081`), connected lazily. An
+    /// `https://` URL (a service started with `--grpc-tls-cert`, or a proxy in front of it) is
+    /// verified against the system's roots or the PEM file `SSL_CERT_FILE` names; see
+    /// [`RemoteGrpc::with_tls`] for a private CA or a client certificate. Each decision waits at
+    /// most `timeout`; past it, or when the service cannot be reached, `posture` answers. Call
+    /// it inside a Tokio runtime: the channel starts its connection task there.
     pub fn new(url: &str, timeout: Duration, posture: Posture) -> Result<Self, BackendError> {
-        let channel = Endpoint::from_shared(url.to_owned())
-            .map_err(|e| BackendError::Invalid(format!("invalid service URL `{url}`: {e}")))?
+        let tls = url
+            .starts_with("https://")
+            .then(|| ClientTlsConfig::new().with_native_roots());
+        Self::connect(url, tls, timeout, posture)
+    }
+
+    /// A client over TLS configured by `tls`: e.g. `ClientTlsConfig::new()` with
+    /// `.ca_certificate(..)` for a private CA, and `.identity(..)` for a service that asks for
+    /// client certificates (`--grpc-tls-client-ca`).
+    pub fn with_tls(
+        url: &str,
+        tls: ClientTlsConfig,
+        timeout: Duration,
+        posture: Posture,
+    ) -> Result<Self, BackendError> {
+        Self::connect(url, Some(tls), timeout, posture)
+    }
+
+    fn connect(
+        url: &str,
+        tls: Option<ClientTlsConfig>,
+        timeout: Duration,
+        posture: Posture,
+    ) -> Result<Self, BackendError> {
+        let invalid = |e: tonic::transport::Error| {
+            BackendError::Invalid(format!("invalid service URL `{url}`: {e}"))
+        };
+        let mut endpoint = Endpoint::from_shared(url.to_owned()).map_err(invalid)?;
+        if let Some(tls) = tls {
+            endpoint = endpoint.tls_config(tls).map_err(invalid)?;
+        }
+        let channel = endpoint
             .connect_timeout(timeout)
             .timeout(timeout)
             .connect_lazy();

@@ -276,3 +276,58 @@ pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
         ..Default::default()
     }
 }
+
+/// PEM files made by `openssl` for TLS tests: a CA, a server certificate it signed for
+/// 127.0.0.1 and a client certificate it signed.
+pub struct Certificates {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+/// Makes [`Certificates`] in `dir`.
+pub fn certificates(dir: &Path) -> Certificates {
+    let openssl = |args: &str| {
+        let out = Command::new("openssl")
+            .args(args.split_whitespace())
+            .current_dir(dir)
+            .output()
+            .expect("openssl (Debian's openssl package, as scripts/test.sh installs)");
+        assert!(out.status.success(), "openssl {args}: {out:?}");
+    };
+    let new_key = "-newkey rsa:2048 -nodes -days 1";
+    openssl(&format!(
+        "req -x509 {new_key} -keyout ca.key -out ca.pem -subj /CN=tollgate-test-CA"
+    ));
+    for (name, subject, extensions) in [
+        (
+            "server",
+            "/CN=127.0.0.1",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth",
+        ),
+        (
+            "client",
+            "/CN=tollgate-test-client",
+            "extendedKeyUsage=clientAuth",
+        ),
+    ] {
+        openssl(&format!(
+            "req {new_key} -keyout {name}.key -out {name}.csr -subj {subject}"
+        ));
+        let extensions = format!("{extensions}\nbasicConstraints=CA:FALSE\n");
+        std::fs::write(dir.join(format!("{name}.cnf")), extensions).unwrap();
+        openssl(&format!(
+            "x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out {name}.pem \
+             -days 1 -extfile {name}.cnf"
+        ));
+    }
+    Certificates {
+        ca: dir.join("ca.pem"),
+        cert: dir.join("server.pem"),
+        key: dir.join("server.key"),
+        client_cert: dir.join("client.pem"),
+        client_key: dir.join("client.key"),
+    }
+}
