@@ -51,7 +51,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
     store_connect_timeout: Duration,
     /// Decisions allowed to wait on Redis at once; more are answered by the failure posture.
-    #[arg(long, default_value_t = 1024, value_name = "N")]
+    #[arg(long, default_value_t = 1024, value_parser = positive::<usize>, value_name = "N")]
     store_max_in_flight: usize,
     /// Single Redis server: most concurrent decisions sent in one script call (coalescing);
     /// 0 sends one call per decision.
@@ -62,7 +62,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "0s", value_parser = any_duration, value_name = "DURATION")]
     store_batch_window: Duration,
     /// Batched script calls outstanding at once per Redis server.
-    #[arg(long, default_value_t = CoalesceOptions::default().in_flight, value_name = "N")]
+    #[arg(long, default_value_t = CoalesceOptions::default().in_flight, value_parser = positive::<usize>, value_name = "N")]
     store_batches_in_flight: usize,
     /// Failure posture of limits without `on_store_error`: open (allow, marked degraded),
     /// closed (deny as unavailable, HTTP 503) or local (in-process with `--local-share`).
@@ -73,7 +73,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 1.0, value_parser = share, value_name = "FRACTION")]
     local_share: f64,
     /// Consecutive store failures that open a node's circuit breaker.
-    #[arg(long, default_value_t = 5, value_name = "N")]
+    #[arg(long, default_value_t = 5, value_parser = positive::<u32>, value_name = "N")]
     breaker_failures: u32,
     /// How long an open breaker refuses calls before it lets a probe through.
     #[arg(long, default_value = "500ms", value_parser = humantime_duration, value_name = "DURATION")]
@@ -148,6 +148,14 @@ fn humantime_duration(s: &str) -> Result<Duration, String> {
         return Err("the interval must be greater than zero".into());
     }
     Ok(parsed)
+}
+
+/// A count that must be at least 1.
+fn positive<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, String> {
+    match s.parse::<T>() {
+        Ok(n) if n >= T::from(1) => Ok(n),
+        _ => Err(format!("`{s}` is not a whole number of at least 1")),
+    }
 }
 
 /// A domain given on the command line: not empty (every check in it would be refused).
@@ -260,6 +268,13 @@ async fn serve(
             in_flight: args.store_batches_in_flight,
         },
     };
+    if options.coalesce.window >= options.command_timeout {
+        anyhow::bail!(
+            "--store-batch-window {} is not shorter than --store-timeout {}: every decision would miss its deadline waiting for its batch",
+            humantime::format_duration(options.coalesce.window),
+            humantime::format_duration(options.command_timeout)
+        );
+    }
     let store = StoreBackend::open(&args.store, options, clock.clone())
         .await
         .with_context(|| format!("cannot open the store {}", args.store))?;

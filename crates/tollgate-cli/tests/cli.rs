@@ -217,6 +217,40 @@ fn serve_refuses_an_empty_forward_auth_domain() {
     assert!(stderr.contains("must not be empty"), "{stderr}");
 }
 
+/// Store settings under which a healthy Redis would never decide (nothing may be in flight, a
+/// breaker that opens without a failure, no batch may be sent, a batch window as long as the
+/// deadline) would fail every request open: refused before anything starts, naming the flag.
+#[test]
+fn serve_refuses_store_settings_that_would_never_decide() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "ok.yaml", "domain: edge\ndescriptors: []\n");
+    let cases: [(&[&str], &str); 4] = [
+        (&["--store-max-in-flight", "0"], "--store-max-in-flight"),
+        (&["--breaker-failures", "0"], "--breaker-failures"),
+        (
+            &["--store-batches-in-flight", "0"],
+            "--store-batches-in-flight",
+        ),
+        (
+            &["--store-batch-window", "10ms", "--store-timeout", "10ms"],
+            "--store-batch-window 10ms is not shorter than --store-timeout 10ms",
+        ),
+    ];
+    for (flags, expected) in cases {
+        let mut args = vec!["--config", path.to_str().unwrap()];
+        args.extend([
+            "--store",
+            "redis://127.0.0.1:1",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ]);
+        args.extend(flags);
+        let (code, stderr) = support::serve_refused(&args);
+        assert_eq!(code, Some(2), "{flags:?}: {stderr}");
+        assert!(stderr.contains(expected), "{flags:?}: {stderr}");
+    }
+}
+
 /// A forward-auth domain the policy does not have (a typo) limits nothing: the server starts
 /// (a later policy may add it) but says so.
 #[test]

@@ -50,6 +50,9 @@ pub enum StoreError {
     /// The backend answered something we cannot use (for example a foreign value at our key).
     #[error("store returned invalid data: {0}")]
     InvalidData(String),
+    /// The store's settings cannot work (see [`RedisOptions::check`]).
+    #[error("invalid store settings: {0}")]
+    InvalidOptions(String),
 }
 
 impl StoreError {

@@ -88,6 +88,48 @@ impl Default for RedisOptions {
     }
 }
 
+impl RedisOptions {
+    /// Refuses settings under which every decision would go to the failure posture with a
+    /// healthy Redis (nothing may be in flight, a breaker that opens on no failure, a batch
+    /// window as long as the deadline): each problem, named by its field.
+    pub fn check(&self) -> Result<(), String> {
+        let mut problems = Vec::new();
+        if self.command_timeout.is_zero() {
+            problems.push("command_timeout is 0: every call would miss its deadline".to_owned());
+        }
+        if self.max_in_flight == 0 {
+            problems.push("max_in_flight is 0: every decision would be shed".to_owned());
+        }
+        if self.breaker.consecutive_failures == 0 {
+            problems.push(
+                "breaker.consecutive_failures is 0: the breaker would open without a failure"
+                    .to_owned(),
+            );
+        }
+        if !(self.breaker.failure_ratio > 0.0 && self.breaker.failure_ratio <= 1.0) {
+            problems.push(format!(
+                "breaker.failure_ratio {} is not above 0 and at most 1",
+                self.breaker.failure_ratio
+            ));
+        }
+        if self.coalesce.in_flight == 0 {
+            problems.push("coalesce.in_flight is 0: no batch could be sent".to_owned());
+        }
+        if self.coalesce.window >= self.command_timeout {
+            problems.push(format!(
+                "coalesce.window ({:?}) is not shorter than command_timeout ({:?}): every \
+                 decision would miss its deadline waiting for its batch",
+                self.coalesce.window, self.command_timeout
+            ));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+}
+
 enum Connection {
     Single(ConnectionManager),
     Cluster(Arc<ClusterRouter>),
@@ -230,6 +272,7 @@ impl RedisStore {
         options: RedisOptions,
         clock: SharedClock,
     ) -> Result<Self, StoreError> {
+        options.check().map_err(StoreError::InvalidOptions)?;
         let (connection, topology, background) = match url {
             StoreUrl::Memory => {
                 return Err(StoreError::Unavailable("memory is not a Redis URL".into()));
@@ -740,5 +783,36 @@ impl Store for RedisStore {
         let counts = futures_util::future::try_join_all(counts);
         let counts = within(Instant::now() + deadline, "redis DBSIZE", counts).await?;
         Ok(counts.into_iter().sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_that_would_never_decide_are_refused_by_name() {
+        assert_eq!(RedisOptions::default().check(), Ok(()));
+        let mut with = |change: &dyn Fn(&mut RedisOptions), field: &str| {
+            let mut options = RedisOptions::default();
+            change(&mut options);
+            let why = options.check().unwrap_err();
+            assert!(why.starts_with(field), "{field}: {why}");
+        };
+        with(&|o| o.command_timeout = Duration::ZERO, "command_timeout");
+        with(&|o| o.max_in_flight = 0, "max_in_flight");
+        with(
+            &|o| o.breaker.consecutive_failures = 0,
+            "breaker.consecutive_failures",
+        );
+        with(
+            &|o| o.breaker.failure_ratio = f64::NAN,
+            "breaker.failure_ratio",
+        );
+        with(&|o| o.coalesce.in_flight = 0, "coalesce.in_flight");
+        with(
+            &|o| o.coalesce.window = o.command_timeout,
+            "coalesce.window",
+        );
     }
 }
