@@ -66,10 +66,10 @@ async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
     crate::serve::shutdown_signal(&mut terminate).await;
     info!("Shutting down");
     let _ = stop_tx.send(true);
-    let servers = async {
+    let work = async {
         crate::serve::join_server(http_task, "HTTP").await?;
         crate::serve::join_server(grpc_task, "gRPC").await
     };
-    crate::serve::drain(servers, DRAIN_LIMIT, &mut terminate).await?;
+    crate::serve::drain(work, DRAIN_LIMIT, &mut terminate).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -202,7 +202,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(serve(args, sources, policy))
+    let stopped = runtime.block_on(serve(args, sources, policy));
+    // Whatever the drain left (a connection, a call to a hung store) is dropped, not awaited.
+    runtime.shutdown_background();
+    stopped
 }
 
 pub(crate) fn init_logging(format: &str) {
@@ -397,15 +400,18 @@ async fn serve(
         humantime::format_duration(args.shutdown_timeout)
     );
     let _ = stop_tx.send(true);
-    let servers = async {
+    // The background tasks finish within the same deadline: on a hung Redis, giving local
+    // budgets back or a policy sync call can wait as long as the store does.
+    let finish = async {
         join_server(http_task, "HTTP").await?;
         join_server(grpc_task, "gRPC").await?;
-        join_server(admin_task, "Admin").await
+        join_server(admin_task, "Admin").await?;
+        let _ = sweeper.await;
+        let _ = reloader.await;
+        let _ = sync.await;
+        Ok(())
     };
-    drain(servers, args.shutdown_timeout, &mut terminate).await?;
-    let _ = sweeper.await;
-    let _ = reloader.await;
-    let _ = sync.await;
+    drain(finish, args.shutdown_timeout, &mut terminate).await?;
     info!("Stopped");
     Ok(ExitCode::SUCCESS)
 }
@@ -426,22 +432,23 @@ pub(crate) async fn join_server<E: std::fmt::Display>(
     Ok(())
 }
 
-/// Waits for `servers` to finish their requests in flight and close their connections, for at
-/// most `limit` or until a second SIGTERM or Ctrl-C. What is still open then is closed when the
-/// process exits: a caller that never answers HTTP/2's goodbye (or never finishes sending a
-/// request) must not keep a replica from stopping.
+/// Waits for `work` (the servers finishing their requests in flight and closing their
+/// connections, then the background tasks) for at most `limit` or until a second SIGTERM or
+/// Ctrl-C. What is still open then is dropped when the process exits: a caller that never
+/// answers HTTP/2's goodbye (or never finishes sending a request), or a hung store, must not
+/// keep a replica from stopping.
 pub(crate) async fn drain(
-    servers: impl Future<Output = anyhow::Result<()>>,
+    work: impl Future<Output = anyhow::Result<()>>,
     limit: Duration,
     terminate: &mut Option<tokio::signal::unix::Signal>,
 ) -> anyhow::Result<()> {
     tokio::select! {
-        done = servers => return done,
+        done = work => return done,
         _ = tokio::time::sleep(limit) => warn!(
-            "Connections still open {} after the shutdown began; closing them",
+            "Still finishing {} after the shutdown began (connections open, or the store not answering); stopping now",
             humantime::format_duration(limit)
         ),
-        _ = shutdown_signal(terminate) => warn!("Second stop signal: closing the connections still open"),
+        _ = shutdown_signal(terminate) => warn!("Second stop signal: stopping now"),
     }
     Ok(())
 }

@@ -5,6 +5,7 @@ mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -174,7 +175,7 @@ async fn a_restarted_redis_is_reconnected_and_its_scripts_reloaded() {
         }
         attempts += 1;
         assert!(attempts < 50, "Redis not deciding again within 5 s");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for _ in 0..20 {
         let r = client.should_rate_limit(req()).await.expect("decided");
@@ -401,7 +402,7 @@ async fn a_push_and_a_rollback_reach_every_replica_sharing_redis() {
                 if limits.iter().all(|l| *l == want) {
                     return;
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
             panic!("not every replica runs a limit of {want} within 2 s");
         }
@@ -444,7 +445,7 @@ async fn a_push_and_a_rollback_reach_every_replica_sharing_redis() {
     // with sequence numbers below the ones the replicas saw, and a push still reaches them all.
     redis.cli(&["DEL", tollgate::store::redis::POLICY_KEY]);
     support::eventually(
-        std::time::Duration::from_secs(2),
+        Duration::from_secs(2),
         "a replica shared its policy again",
         async || {
             redis
@@ -486,7 +487,7 @@ async fn overrides_reach_every_replica_sharing_redis() {
         .as_u64()
         .unwrap();
     support::eventually(
-        std::time::Duration::from_secs(2),
+        Duration::from_secs(2),
         "the override reached the other replica",
         async || limit_on(&servers[1]).await == 500,
     )
@@ -499,7 +500,7 @@ async fn overrides_reach_every_replica_sharing_redis() {
         .unwrap();
     assert_eq!(r.status(), 204);
     support::eventually(
-        std::time::Duration::from_secs(2),
+        Duration::from_secs(2),
         "the deletion reached the first replica",
         async || limit_on(&servers[0]).await == 5,
     )
@@ -599,4 +600,39 @@ descriptors:
         more += usize::from(r.overall_code == Code::Ok as i32);
     }
     assert_eq!(more, 150);
+}
+
+/// A Redis that stops answering while the replica stops (its policy-sync calls waiting on it)
+/// holds the shutdown for `--shutdown-timeout` at most; a second SIGTERM ends it at once.
+#[tokio::test]
+async fn a_hung_redis_holds_the_shutdown_no_longer_than_its_timeout() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let policy = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 5}\n";
+    let start = |shutdown_timeout: &str| {
+        let store = proxy.url();
+        let args = [
+            "--store",
+            store.as_str(),
+            "--store-timeout",
+            "5s",
+            "--policy-sync-interval",
+            "20ms",
+            "--shutdown-timeout",
+            shutdown_timeout,
+        ];
+        Server::start_with_args(policy, &args)
+    };
+    let bounded = start("1s");
+    let patient = start("1h");
+    proxy.set_mode(Mode::Blackhole);
+    // Both replicas' sync calls are now waiting on the partition.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = bounded.stop();
+    assert!(status.success(), "exit status {status:?}");
+
+    patient.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = patient.stop();
+    assert!(status.success(), "exit status {status:?}");
 }
