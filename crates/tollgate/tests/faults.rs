@@ -16,7 +16,7 @@ use tollgate::limiter::{
 };
 use tollgate::policy::Policy;
 use tollgate::resilience::{BreakerConfig, BreakerState, Posture};
-use tollgate::store::{RedisOptions, Store, StoreBackend, StoreUrl};
+use tollgate::store::{CoalesceOptions, LATE_SLACK, RedisOptions, Store, StoreBackend, StoreUrl};
 use tollgate_testkit::{FaultProxy, Mode, RedisCluster, RedisServer};
 
 const POLICY: &str = r#"
@@ -46,7 +46,11 @@ async fn limiter(url: &str) -> Arc<Limiter> {
 }
 
 async fn limiter_with_deadline(url: &str, deadline: Duration) -> Arc<Limiter> {
-    let options = RedisOptions {
+    limiter_with_options(url, options_with_deadline(deadline)).await
+}
+
+fn options_with_deadline(deadline: Duration) -> RedisOptions {
+    RedisOptions {
         connect_timeout: Duration::from_millis(500),
         command_timeout: deadline,
         max_in_flight: 1024,
@@ -55,7 +59,10 @@ async fn limiter_with_deadline(url: &str, deadline: Duration) -> Arc<Limiter> {
             ..BreakerConfig::default()
         },
         ..RedisOptions::default()
-    };
+    }
+}
+
+async fn limiter_with_options(url: &str, options: RedisOptions) -> Arc<Limiter> {
     let clock = Arc::new(SystemClock::new());
     let url: StoreUrl = url.parse().unwrap();
     let store = StoreBackend::open(&url, options, clock.clone())
@@ -380,6 +387,39 @@ async fn a_blackholed_redis_costs_at_most_the_deadline_and_leaks_nothing() {
     proxy.set_mode(Mode::Pass);
     wait_for_recovery(&limiter, "open", "probe", Duration::from_secs(3)).await;
     assert_eq!(breaker_state(&limiter), BreakerState::Closed);
+}
+
+/// Calls that a paused Redis runs after their callers had their answer (here the `closed`
+/// posture's refusal) write nothing: past their deadline and `LATE_SLACK`, the script refuses
+/// them. Coalesced, and with one call per decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_that_reach_redis_after_their_deadline_charge_nothing() {
+    let _serial = SERIAL.lock().await;
+    for max_batch in [CoalesceOptions::default().max_batch, 0] {
+        let redis = RedisServer::start();
+        let mut options = options_with_deadline(DEADLINE);
+        options.coalesce.max_batch = max_batch;
+        let limiter = limiter_with_options(&redis.url(), options).await;
+        // A first answer tells the replica the server's clock.
+        let warm = limiter.check(&request("closed", "warm")).await.unwrap();
+        assert!(warm.allowed() && warm.degraded().is_none());
+        // Scripts that may write wait out the pause, then run: long after their deadline.
+        let pause = DEADLINE + LATE_SLACK + Duration::from_millis(300);
+        let millis = pause.as_millis().to_string();
+        assert_eq!(redis.cli(&["CLIENT", "PAUSE", &millis, "WRITE"]), "OK");
+        let refused = burst(&limiter, "closed", "held", 4).await;
+        assert!(
+            refused.iter().all(|(r, _)| r.unavailable()),
+            "batch {max_batch}"
+        );
+        wait_for_recovery(&limiter, "open", "after", Duration::from_secs(3)).await;
+        let keys = redis.cli(&["--scan"]);
+        assert!(keys.contains("warm") && keys.contains("after"), "{keys}");
+        assert!(
+            !keys.contains("held"),
+            "batch {max_batch}: a held call wrote: {keys}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

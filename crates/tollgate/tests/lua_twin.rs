@@ -72,12 +72,26 @@ impl Redis {
         now: Option<u64>,
         commit: bool,
     ) -> redis::RedisResult<Answer> {
+        self.decide_at(
+            charges,
+            now.map_or_else(String::new, |n| n.to_string()),
+            commit,
+        )
+    }
+
+    /// Runs DECIDE with `ARGV[2] = now` as given.
+    fn decide_at(
+        &mut self,
+        charges: &[Charge],
+        now: String,
+        commit: bool,
+    ) -> redis::RedisResult<Answer> {
         let mut call = self.decide.prepare_invoke();
         for c in charges {
             call.key(&c.key);
         }
         call.arg(if commit { "1" } else { "0" });
-        call.arg(now.map_or_else(String::new, |n| n.to_string()));
+        call.arg(now);
         for c in charges {
             call.arg(algorithm_code(c.params.algorithm()))
                 .arg(c.params.limit())
@@ -96,6 +110,15 @@ impl Redis {
         &mut self,
         requests: &[(Vec<Charge>, bool)],
         now: u64,
+    ) -> Vec<Result<Answer, String>> {
+        self.decide_batch_at(requests, now.to_string())
+    }
+
+    /// Runs DECIDE_BATCH with `ARGV[1] = now` as given.
+    fn decide_batch_at(
+        &mut self,
+        requests: &[(Vec<Charge>, bool)],
+        now: String,
     ) -> Vec<Result<Answer, String>> {
         let mut call = self.batch.prepare_invoke();
         call.arg(now).arg(requests.len());
@@ -1136,6 +1159,45 @@ fn unpinned_calls_use_the_server_clock() {
     assert_eq!(answer.decisions, vec![[0, 2, 20_000_000, -1, 0, 1]]);
     let ttl: i64 = redis.cmd(&["PTTL", &key]);
     assert!((19_000..=20_001).contains(&ttl), "PTTL {ttl}");
+}
+
+/// `now = "<D"`: the server's TIME, and a call that runs after server instant `D` (its caller
+/// has given up on it) writes nothing and answers the late error, in DECIDE and for every
+/// request of a DECIDE_BATCH; before `D` it decides as usual.
+#[test]
+fn a_call_run_after_its_last_instant_writes_nothing() {
+    let mut redis = Redis::start();
+    let params = Params::new(Algorithm::FixedWindow, 3, Duration::from_secs(60), None).unwrap();
+    let key = fresh_key("late");
+    let charge = || vec![Charge::new(&key, params, 1)];
+    let (seconds, micros): (u64, u64) = redis::cmd("TIME").query(&mut redis.con).unwrap();
+    let server_now = seconds * 1_000_000 + micros;
+    let past = format!("<{}", server_now - 1);
+    let future = format!("<{}", server_now + 60_000_000);
+
+    let late = redis.decide_at(&charge(), past.clone(), true).unwrap_err();
+    assert!(late.to_string().contains("tollgate: late"), "{late}");
+    let batch = redis.decide_batch_at(&[(charge(), true), (charge(), true)], past);
+    for reply in &batch {
+        let message = reply.as_ref().unwrap_err();
+        assert!(message.contains("tollgate: late"), "{message}");
+    }
+    let exists: i64 = redis.cmd(&["EXISTS", &key]);
+    assert_eq!(exists, 0, "late calls wrote nothing");
+
+    let answer = redis.decide_at(&charge(), future.clone(), true).unwrap();
+    assert!(answer.admitted);
+    assert!(answer.now >= server_now, "the server's clock: {answer:?}");
+    let batch = redis.decide_batch_at(&[(charge(), true)], future);
+    assert_eq!(
+        batch[0].as_ref().unwrap().decisions[0][1],
+        1,
+        "3 - 2 charged"
+    );
+    let malformed = redis
+        .decide_at(&charge(), "<soon".into(), true)
+        .unwrap_err();
+    assert!(malformed.to_string().contains("now must be"), "{malformed}");
 }
 
 /// Bad arguments are errors, not decisions.

@@ -22,8 +22,8 @@ use redis::aio::ConnectionManager;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use super::now::{NowArg, NowSource};
 use super::script;
-use crate::clock::SharedClock;
 use crate::store::{Charge, StoreError};
 
 /// How decisions are coalesced on a single Redis server.
@@ -121,17 +121,17 @@ impl Drop for Coalescer {
 }
 
 impl Coalescer {
-    /// Starts the driver for `connection`. `queue` bounds the jobs waiting; `pinned` replaces
-    /// the server's `TIME` (tests).
+    /// Starts the driver for `connection`. `queue` bounds the jobs waiting; `now` gives each
+    /// call's `now` argument.
     pub fn start(
         connection: ConnectionManager,
         options: CoalesceOptions,
         queue: usize,
-        pinned: Option<SharedClock>,
+        now: NowSource,
     ) -> Self {
         let (jobs, queued) = mpsc::channel(queue.max(1));
         let stats = Arc::new(BatchStats::default());
-        let driver = tokio::spawn(drive(queued, connection, options, pinned, stats.clone()));
+        let driver = tokio::spawn(drive(queued, connection, options, now, stats.clone()));
         Coalescer {
             jobs,
             driver,
@@ -176,7 +176,7 @@ async fn drive(
     mut queued: mpsc::Receiver<Job>,
     connection: ConnectionManager,
     options: CoalesceOptions,
-    pinned: Option<SharedClock>,
+    now_source: NowSource,
     stats: Arc<BatchStats>,
 ) {
     let script = Arc::new(redis::Script::new(script::DECIDE_BATCH_SCRIPT));
@@ -214,7 +214,7 @@ async fn drive(
         stats
             .decisions
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let now = pinned.as_ref().map(|clock| clock.now().as_micros());
+        let now = now_source.argument();
         let (script, mut connection) = (script.clone(), connection.clone());
         tokio::spawn(async move {
             let _permit = permit;
@@ -228,7 +228,7 @@ async fn send(
     script: &redis::Script,
     connection: &mut ConnectionManager,
     batch: Vec<Job>,
-    now: Option<u64>,
+    now: NowArg,
 ) {
     // EVALSHA built in one buffer (a ScriptInvocation would copy every argument twice).
     let keys: usize = batch.iter().map(|job| job.request.charges.len()).sum();
@@ -239,11 +239,7 @@ async fn send(
             call.arg(&request.keys[key.clone()]);
         }
     }
-    match now {
-        Some(now) => call.arg(now),
-        None => call.arg(""),
-    };
-    call.arg(batch.len());
+    call.arg(now).arg(batch.len());
     for Job { request, .. } in &batch {
         call.arg(request.charges.len())
             .arg(if request.commit { "1" } else { "0" });

@@ -28,6 +28,7 @@
 
 mod cluster;
 mod coalesce;
+mod now;
 pub mod script;
 mod shared_policy;
 mod slot;
@@ -49,6 +50,8 @@ use tracing::{info, warn};
 use self::cluster::ClusterRouter;
 pub use self::coalesce::CoalesceOptions;
 use self::coalesce::{Coalescer, Request};
+pub use self::now::LATE_SLACK;
+use self::now::{NowSource, ServerClock};
 use self::script::{charge_args, decide_args};
 pub use self::shared_policy::{
     LEGACY_OVERRIDES_KEY, POLICY_KEY, SharedOverride, SharedOverrideChange, SharedOverrides,
@@ -156,8 +159,9 @@ pub struct RedisStore {
     /// Batches a single server's decisions; `None` on a cluster or when disabled.
     coalescer: Option<Coalescer>,
     background: Option<JoinHandle<()>>,
-    /// Tests only: pass this clock's time to the script instead of the server's `TIME`.
-    pinned_clock: Option<SharedClock>,
+    /// The `now` of DECIDE calls: the server's `TIME` with the late-call guard, or (tests) a
+    /// pinned clock's.
+    now: NowSource,
 }
 
 impl Drop for RedisStore {
@@ -300,12 +304,13 @@ impl RedisStore {
                 (Connection::Cluster(router), topology, Some(task))
             }
         };
+        let now = NowSource::Server(Arc::new(ServerClock::new(options.command_timeout)));
         let coalescer = match &connection {
             Connection::Single(manager) if options.coalesce.enabled() => Some(Coalescer::start(
                 manager.clone(),
                 options.coalesce,
                 options.max_in_flight,
-                None,
+                now.clone(),
             )),
             _ => None,
         };
@@ -318,7 +323,7 @@ impl RedisStore {
             options,
             in_flight: Semaphore::new(options.max_in_flight),
             background,
-            pinned_clock: None,
+            now,
         })
     }
 
@@ -341,10 +346,10 @@ impl RedisStore {
                 manager.clone(),
                 options.coalesce,
                 options.max_in_flight,
-                Some(clock.clone()),
+                NowSource::Pinned(clock.clone()),
             ));
         }
-        self.pinned_clock = Some(clock);
+        self.now = NowSource::Pinned(clock);
         self
     }
 
@@ -438,15 +443,12 @@ impl RedisStore {
             invocation.key(&keys[spans[i].clone()]);
         }
         invocation.arg(if commit { "1" } else { "0" });
-        match &self.pinned_clock {
-            Some(clock) => invocation.arg(clock.now().as_micros()),
-            None => invocation.arg(""),
-        };
+        invocation.arg(self.now.argument());
         for &i in &group.indexes {
             invocation.arg(&decide_args(&charges[i])[..]);
         }
-        let raw: Vec<i64> = self.invoke_on_slot(group.slot, &invocation).await?;
-        parse_reply(&raw, group.indexes.iter().map(|&i| &charges[i]))
+        let raw = self.invoke_on_slot(group.slot, &invocation).await;
+        self.replied(raw, group.indexes.iter().map(|&i| &charges[i]))
     }
 
     /// Decides `charges` as one entry of a coalesced batch (one server only).
@@ -462,8 +464,20 @@ impl RedisStore {
         }
         let place = coalescer.place()?;
         let (node, breaker) = self.owner_of(0)?;
-        let raw = through(&node, &breaker, place.decide(request)).await?;
-        parse_reply(&raw, charges)
+        let raw = through(&node, &breaker, place.decide(request)).await;
+        self.replied(raw, charges)
+    }
+
+    /// A DECIDE call's answer, its `now` taken in (or its late refusal: see [`now`]).
+    fn replied<'a>(
+        &self,
+        raw: Result<Vec<i64>, StoreError>,
+        charges: impl ExactSizeIterator<Item = &'a Charge<'a>>,
+    ) -> Result<Reply, StoreError> {
+        let raw = raw.inspect_err(|e| self.now.failed(e))?;
+        let reply = parse_reply(&raw, charges)?;
+        self.now.learn(reply.now_micros);
+        Ok(reply)
     }
 
     async fn run_refund(
@@ -793,7 +807,7 @@ mod tests {
     #[test]
     fn options_that_would_never_decide_are_refused_by_name() {
         assert_eq!(RedisOptions::default().check(), Ok(()));
-        let mut with = |change: &dyn Fn(&mut RedisOptions), field: &str| {
+        let with = |change: &dyn Fn(&mut RedisOptions), field: &str| {
             let mut options = RedisOptions::default();
             change(&mut options);
             let why = options.check().unwrap_err();

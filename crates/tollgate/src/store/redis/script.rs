@@ -14,8 +14,10 @@
 //! - `KEYS[i]`: the counter key of charge `i`. All keys share a hash slot; the same key may
 //!   appear more than once; no undeclared key is touched.
 //! - `ARGV[1]`: `"1"` commits if admitted, `"0"` decides only and never writes.
-//! - `ARGV[2]`: `now` in microseconds since the epoch (tests), or `""` for the server's `TIME`.
-//!   Must be below [`MAX_NOW_MICROS`].
+//! - `ARGV[2]`: `now` in microseconds since the epoch (tests), `""` for the server's `TIME`, or
+//!   `"<D"` for the server's `TIME` when the call may write only until server instant `D`
+//!   (microseconds): run later, it writes nothing and answers the error `tollgate: late` (see
+//!   `now`: a caller that has given up must not be charged). Must be below [`MAX_NOW_MICROS`].
 //! - then 6 per charge, from `ARGV[3 + 6 * (i - 1)]` ([`decide_args`]): [`algorithm_code`],
 //!   limit, period in microseconds, burst, cost (0: a check, which charges nothing), flags (1
 //!   enforced, plus 2 when the limit charges up to the limit: a charge that does not fit whole
@@ -47,7 +49,8 @@
 //!   `KEYS` holds the requests' keys back to back.
 //!
 //! Reply: an array of `m` DECIDE replies, or `[-1, message]` for a request that raised an
-//! error (a foreign value at one of its keys); that request wrote nothing (all its reads come
+//! error (a foreign value at one of its keys, or the whole batch past its `"<D"`); that request
+//! wrote nothing (all its reads come
 //! before its writes), and the requests after it are decided normally.
 //!
 //! # REFUND ([`REFUND_SCRIPT`])

@@ -129,20 +129,29 @@ local function decide_request(first, n, arg, commit, now)
   return out
 end
 
--- `now` from a driver's argument: whole microseconds, or "" for the server's TIME. Nil when the
--- argument is not whole microseconds in [0, 2^52).
+-- `now` from a driver's argument: whole microseconds (tests); "" for the server's TIME; or "<D"
+-- for the server's TIME, with D the last server instant (whole microseconds) at which the
+-- call may still write. Returns nil when the argument is malformed; else now, and whether the
+-- call runs after D (then it must write nothing: its caller has given up on it).
 local function decide_now(v)
-  local now
-  if v == '' then
+  local now, not_after
+  if v == '' or sub(v, 1, 1) == '<' then
     local time = redis.call('TIME')
     now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+    if v ~= '' then
+      not_after = tonumber(sub(v, 2))
+      if not not_after then
+        return nil
+      end
+    end
   else
     now = tonumber(v)
   end
   if not now or now < 0 or now >= TWO52 or fmod(now, 1) ~= 0 then
     return nil
   end
-  return now
+  return now, not_after ~= nil and now > not_after
 end
 
-local BAD_NOW = 'ERR tollgate: now must be whole microseconds in [0, 2^52)'
+local LATE = 'ERR tollgate: late: the call reached Redis after its deadline; nothing was written'
+local BAD_NOW = 'ERR tollgate: now must be "", whole microseconds in [0, 2^52), or "<" and whole microseconds'

@@ -3,13 +3,17 @@
 -- KEYS[i]  the counter key of charge i. All keys of one call share a hash slot; no other key
 --          is touched. The same key may appear more than once.
 -- ARGV[1]  "1": commit if admitted; "0": decide only, never write.
--- ARGV[2]  now in microseconds since the epoch, or "" to read the server's TIME.
+-- ARGV[2]  now in microseconds since the epoch, "" to read the server's TIME, or "<D" to read it
+--          and write nothing when it is past D (see decide_now).
 -- then 6 per charge i, from ARGV[3 + 6 * (i - 1)], as decide_request takes them.
 --
--- Returns decide_request's reply.
+-- Returns decide_request's reply, or the LATE error.
 
-local now = decide_now(ARGV[2])
+local now, late = decide_now(ARGV[2])
 if not now then
   return redis.error_reply(BAD_NOW)
+end
+if late then
+  return redis.error_reply(LATE)
 end
 return decide_request(0, #KEYS, 3, ARGV[1] == '1', now)

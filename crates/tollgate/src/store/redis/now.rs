@@ -1,0 +1,174 @@
+//! The `now` a DECIDE call is made at, and the guard that keeps a late call from writing.
+//!
+//! Decisions use the Redis server's `TIME`, so that replicas agree. A call that Redis runs long
+//! after the caller gave up (the server was paused, a partition healed and delivered what the
+//! socket held) would still charge: the caller was answered by its failure posture, and a
+//! `closed` limit would have refused the request and charged it all the same. So each call
+//! carries the latest instant, in the server's clock, at which it may still write: its
+//! deadline plus [`LATE_SLACK`]. Run later, the script writes nothing and answers an error.
+//!
+//! The server's clock is learnt from the `now` every DECIDE reply carries, against this
+//! process's monotonic clock. The estimate errs early by the reply's trip, which the slack
+//! covers. Until the first reply (and after a call was refused as late while its caller still
+//! waited, which means the estimate went wrong, say the server's clock stepped) calls carry no
+//! guard, and the next reply sets it again.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::clock::SharedClock;
+
+/// How long after its caller's deadline a call may still write. Longer than any reply's trip
+/// over a working network; shorter than the pauses that leave calls stranded (a failover, a
+/// `CLIENT PAUSE`, a stopped process).
+pub const LATE_SLACK: Duration = Duration::from_millis(250);
+
+/// The text of the script's refusal of a late call.
+const LATE_MARK: &str = "tollgate: late";
+
+/// Where a DECIDE call's `now` comes from.
+#[derive(Debug, Clone)]
+pub(super) enum NowSource {
+    /// Tests: this clock's time, passed to the script (no guard: the test owns time).
+    Pinned(SharedClock),
+    /// The server's `TIME`, guarded.
+    Server(std::sync::Arc<ServerClock>),
+}
+
+impl NowSource {
+    /// The argument for a call sent now.
+    pub fn argument(&self) -> NowArg {
+        match self {
+            NowSource::Pinned(clock) => NowArg::Micros(clock.now().as_micros()),
+            NowSource::Server(server) => {
+                server.not_after().map_or(NowArg::Server, NowArg::NotAfter)
+            }
+        }
+    }
+
+    /// Takes in a reply's `now` (server microseconds).
+    pub fn learn(&self, server_now_micros: i64) {
+        if let NowSource::Server(server) = self {
+            server.learn(server_now_micros);
+        }
+    }
+
+    /// Takes in a failed call: a late refusal received while waiting means the estimate of the
+    /// server's clock is wrong, and it is dropped.
+    pub fn failed(&self, error: &super::StoreError) {
+        if let (NowSource::Server(server), super::StoreError::Unavailable(message)) = (self, error)
+            && message.contains(LATE_MARK)
+        {
+            server.forget();
+        }
+    }
+}
+
+/// A DECIDE call's `now` argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NowArg {
+    /// This instant, in microseconds (tests).
+    Micros(u64),
+    /// The server's `TIME`, unguarded: `""`.
+    Server,
+    /// The server's `TIME`, and nothing written after this server instant: `"<micros"`.
+    NotAfter(i64),
+}
+
+impl redis::ToRedisArgs for NowArg {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        match self {
+            NowArg::Micros(micros) => out.write_arg_fmt(micros),
+            NowArg::Server => out.write_arg(b""),
+            NowArg::NotAfter(micros) => out.write_arg_fmt(format_args!("<{micros}")),
+        }
+    }
+}
+
+/// The estimate of one Redis deployment's clock.
+#[derive(Debug)]
+pub(super) struct ServerClock {
+    /// Server microseconds minus local monotonic microseconds; [`UNKNOWN`] until learnt.
+    offset: AtomicI64,
+    /// Local monotonic origin.
+    origin: Instant,
+    /// The caller's deadline plus the slack, in microseconds.
+    allowance: i64,
+}
+
+const UNKNOWN: i64 = i64::MIN;
+
+impl ServerClock {
+    /// A clock for calls whose callers wait `deadline`.
+    pub fn new(deadline: Duration) -> Self {
+        let allowance = (deadline + LATE_SLACK).as_micros();
+        ServerClock {
+            offset: AtomicI64::new(UNKNOWN),
+            origin: Instant::now(),
+            allowance: i64::try_from(allowance).unwrap_or(i64::MAX / 2),
+        }
+    }
+
+    fn local_micros(&self) -> i64 {
+        i64::try_from(self.origin.elapsed().as_micros()).unwrap_or(i64::MAX / 2)
+    }
+
+    /// The server instant after which a call sent now must not write; `None` while unknown.
+    fn not_after(&self) -> Option<i64> {
+        let offset = self.offset.load(Ordering::Relaxed);
+        (offset != UNKNOWN).then(|| {
+            self.local_micros()
+                .saturating_add(offset)
+                .saturating_add(self.allowance)
+        })
+    }
+
+    fn learn(&self, server_now_micros: i64) {
+        let offset = server_now_micros.saturating_sub(self.local_micros());
+        self.offset
+            .store(offset.max(UNKNOWN + 1), Ordering::Relaxed);
+    }
+
+    fn forget(&self) {
+        self.offset.store(UNKNOWN, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_may_write_until_its_deadline_and_the_slack_in_the_servers_clock() {
+        let clock = ServerClock::new(Duration::from_millis(10));
+        assert_eq!(clock.not_after(), None, "unknown until a reply says");
+        let server_now = 1_700_000_000_000_000;
+        clock.learn(server_now);
+        let limit = clock.not_after().unwrap();
+        let allowance =
+            i64::try_from((Duration::from_millis(10) + LATE_SLACK).as_micros()).unwrap();
+        // Between the learning and the reading, a little local time passes.
+        assert!(
+            (server_now + allowance..server_now + allowance + 100_000).contains(&limit),
+            "{limit}"
+        );
+        clock.forget();
+        assert_eq!(clock.not_after(), None);
+    }
+
+    #[test]
+    fn the_argument_says_which_clock_and_guard() {
+        let written = |arg: NowArg| {
+            let args = redis::ToRedisArgs::to_redis_args(&arg);
+            String::from_utf8(args[0].clone()).unwrap()
+        };
+        assert_eq!(written(NowArg::Server), "");
+        assert_eq!(written(NowArg::Micros(42)), "42");
+        assert_eq!(
+            written(NowArg::NotAfter(1_700_000_000_250_000)),
+            "<1700000000250000"
+        );
+    }
+}
