@@ -636,3 +636,67 @@ async fn a_hung_redis_holds_the_shutdown_no_longer_than_its_timeout() {
     let status = patient.stop();
     assert!(status.success(), "exit status {status:?}");
 }
+
+/// Redis flushed under running replicas (as when it restarts empty): each notices its shared
+/// policy gone at its next sync and drops what described the lost counters. A remembered denial
+/// goes, so a key Redis would now admit is admitted again; a local budget reserved before is
+/// dropped, not given back against the counts made since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_forget_hot_key_state_when_redis_loses_its_data() {
+    let redis = RedisServer::start();
+    let policy = "domain: hot
+descriptors:
+  - key: plain
+    rate_limit: {unit: day, requests_per_unit: 2}
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 100, local_budget: 50, local_budget_ttl: 1s}
+";
+    let replicas = syncing_replicas(&redis, policy, 2);
+    let http = reqwest::Client::new();
+    let ask = async |server: &Server, path: &str, key: &str| {
+        let body = serde_json::json!({"domain": "hot", "descriptors": [{"entries": [{"key": key, "value": "v"}]}]});
+        let r = http
+            .post(server.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (
+            r.status().as_u16(),
+            r.json::<serde_json::Value>().await.unwrap(),
+        )
+    };
+    let admitted = async |server: &Server, key: &str| ask(server, "/v1/check", key).await.0 == 200;
+
+    for i in 0..4 {
+        assert_eq!(admitted(&replicas[0], "plain").await, i < 2, "request {i}");
+    }
+    let remembered = tollgate_testkit::metric_sample(
+        &replicas[0].metrics().await,
+        "tollgate_prefilter_denials_total",
+    );
+    assert!(remembered >= 1, "the prefilter answered a denial");
+    for _ in 0..5 {
+        assert!(
+            admitted(&replicas[0], "k").await,
+            "served from a lease of 50"
+        );
+    }
+
+    assert_eq!(redis.cli(&["FLUSHALL"]), "OK");
+    support::eventually(
+        Duration::from_secs(3),
+        "the denial is forgotten",
+        async || admitted(&replicas[0], "plain").await,
+    )
+    .await;
+    for _ in 0..10 {
+        assert!(admitted(&replicas[1], "k").await);
+    }
+    // Both leases lapse (1 s): replica 1 gives back its 40 unused units; replica 0's lease was
+    // reserved from the lost counter and gives back nothing. 10 were admitted since the flush.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (_, explained) = ask(&replicas[1], "/v1/explain", "k").await;
+    // (Explain answers for one more request: 100 - 10 - 1.)
+    assert_eq!(explained["statuses"][0]["remaining"], 89, "{explained}");
+}

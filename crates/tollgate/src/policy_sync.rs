@@ -93,6 +93,17 @@ async fn sync_policy(
     let Ok(shared) = store.shared_policy().await else {
         return; // Redis unreachable: try again at the next tick
     };
+    // Seen before, and now gone or made again: Redis lost its data, counters included.
+    if seen.is_some()
+        && shared
+            .as_ref()
+            .is_none_or(|s| remade(seen.as_ref(), &s.stamp))
+    {
+        warn!(
+            "The shared policy is gone from Redis or was made again: Redis lost its data (restarted without persistence, flushed, or failed over to an empty replica); forgetting remembered denials and local budgets"
+        );
+        lifecycle.limiter().store_data_lost();
+    }
     // Nothing shared yet, or made again since this replica last looked (Redis lost it, and the
     // replica that made it may run an older version): this replica's version goes in, and
     // Redis keeps whichever was accepted later.

@@ -486,6 +486,20 @@ impl Leases {
             .flatten()
     }
 
+    /// Drops every lease and every give-back still owed, returning nothing: the store lost
+    /// the counters they were reserved from, and giving units back now would credit counts
+    /// made since. A lease being renewed right now is left to the next sweep.
+    pub fn forfeit(&self) {
+        self.slots.retain(|_, slot| {
+            let Ok(_renewing) = slot.renewal.try_lock() else {
+                return true;
+            };
+            slot.lease.lock().retired = true;
+            false
+        });
+        drop(self.shared.unreturned.take());
+    }
+
     /// Gives back the unused units of every lease that has lapsed at `now` (or was reserved in
     /// another epoch) and forgets it, after trying again the give-backs that failed while the
     /// store was unavailable. Returns the keys that got units back.

@@ -194,6 +194,15 @@ impl Limiter {
         self.policy_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// The shared store lost its data (Redis restarted empty, was flushed, or failed over to an
+    /// empty replica): the denials remembered and the local budgets reserved were about
+    /// counters that no longer exist. A new epoch forgets the denials; the budgets are dropped
+    /// without being given back, which would credit the counts made since.
+    pub fn store_data_lost(&self) {
+        self.policy_epoch.fetch_add(1, Ordering::AcqRel);
+        self.leases.forfeit();
+    }
+
     /// The store.
     pub fn store(&self) -> &StoreBackend {
         &self.store
