@@ -143,14 +143,11 @@ impl Breaker {
         }
     }
 
-    /// The current state (an open breaker whose wait is over reports half-open).
+    /// The current state. An open breaker whose wait is over still reports open until a call
+    /// comes to be its probe: half-open means a probe is out, so with little traffic a dead
+    /// store does not look half-healed between probes.
     pub fn state(&self) -> BreakerState {
-        let inner = self.inner.lock();
-        if inner.state == BreakerState::Open && self.wait_is_over(&inner) {
-            BreakerState::HalfOpen
-        } else {
-            inner.state
-        }
+        self.inner.lock().state
     }
 
     fn wait_is_over(&self, inner: &Inner) -> bool {
@@ -297,8 +294,13 @@ mod tests {
         clock.advance(Duration::from_millis(499));
         assert!(b.try_call().is_none(), "still open");
         clock.advance(Duration::from_millis(1));
-        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert_eq!(
+            b.state(),
+            BreakerState::Open,
+            "open until a call comes to probe"
+        );
         let probe = b.try_call().expect("one probe");
+        assert_eq!(b.state(), BreakerState::HalfOpen, "while the probe is out");
         assert!(b.try_call().is_none(), "only one probe at a time");
         assert_eq!(probe.succeeded(), Some(BreakerState::Closed));
         assert!(b.try_call().is_some());
