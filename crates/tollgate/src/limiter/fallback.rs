@@ -67,20 +67,12 @@ impl Fallback {
         shares: &[f64],
         commit: bool,
     ) -> Decisions {
+        // An enforced `closed` limit denies the request as unavailable: the local shares are
+        // then only looked at (what they would say, unchanged), as explain does.
         let closed = charges
             .iter()
             .zip(postures)
             .any(|(c, p)| c.enforce && *p == Posture::Closed);
-        if closed {
-            return charges
-                .iter()
-                .zip(postures)
-                .map(|(c, p)| match p {
-                    Posture::Closed => self.unavailable(c.params),
-                    _ => unknown(c.params),
-                })
-                .collect();
-        }
         let local_params: SmallVec<[Option<Params>; INLINE_CHARGES]> = charges
             .iter()
             .zip(postures.iter().zip(shares))
@@ -97,14 +89,16 @@ impl Fallback {
             })
             .collect();
         let mut decided = Decisions::new();
-        self.local.decide(&local_charges, commit, &mut decided);
+        self.local
+            .decide(&local_charges, commit && !closed, &mut decided);
         let mut local = decided.into_iter();
         charges
             .iter()
-            .zip(&local_params)
-            .map(|(c, params)| match params {
-                Some(_) => local.next().unwrap_or_else(|| unknown(c.params)),
-                None => unknown(c.params),
+            .zip(postures.iter().zip(&local_params))
+            .map(|(c, (posture, params))| match (posture, params) {
+                (Posture::Closed, _) if closed => self.unavailable(c.params),
+                (_, Some(_)) => local.next().unwrap_or_else(|| unknown(c.params)),
+                _ => unknown(c.params),
             })
             .collect()
     }
@@ -204,7 +198,7 @@ mod tests {
     #[test]
     fn one_enforced_closed_limit_denies_as_unavailable_and_charges_nothing() {
         let f = fallback();
-        let p = Params::new(Algorithm::FixedWindow, 1, Duration::from_secs(60), None).unwrap();
+        let p = Params::new(Algorithm::FixedWindow, 4, Duration::from_secs(60), None).unwrap();
         let local = Charge {
             key: b"l",
             params: &p,
@@ -220,7 +214,7 @@ mod tests {
         let d = f.decide(
             &[local, closed],
             &[Posture::Local, Posture::Closed],
-            &[1.0, 1.0],
+            &[0.5, 1.0],
             true,
         );
         assert_eq!(d[1].verdict, Verdict::Denied);
@@ -229,5 +223,7 @@ mod tests {
             f.local_store().is_empty(),
             "the local limit was not charged"
         );
+        // The local limit reports its share (half of 4), as it stands.
+        assert_eq!((d[0].limit, d[0].remaining), (2, 1));
     }
 }
