@@ -356,6 +356,49 @@ async fn explain_shows_the_binding_rule_and_charges_nothing() {
     );
 }
 
+/// A rule that matches but limits nothing is shown as matched: an unlimited rule, and one a
+/// matched rule's `replaces` set aside, each with its name and place in the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_shows_unlimited_and_replaced_rules_as_matched() {
+    let server = Server::start(
+        "domain: api
+descriptors:
+  - key: api_key
+    value: internal
+    rate_limit: {unlimited: true}
+  - key: user
+    rate_limit: {name: per_user, unit: minute, requests_per_unit: 5}
+  - key: vip
+    rate_limit: {name: vip, unit: minute, requests_per_unit: 100, replaces: [{name: per_user}]}
+",
+    );
+    let body = json!({"domain": "api", "descriptors": [
+        {"entries": [{"key": "api_key", "value": "internal"}]},
+        {"entries": [{"key": "user", "value": "u"}]},
+        {"entries": [{"key": "vip", "value": "v"}]}
+    ]});
+    let r = reqwest::Client::new()
+        .post(server.url("/v1/explain"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let e: Value = r.json().await.unwrap();
+    let s = &e["statuses"];
+    assert_eq!(s[0]["matched"], true, "{e}");
+    assert_eq!(s[0]["unlimited"], true, "{e}");
+    assert!(
+        s[0]["rule_location"].as_str().unwrap().ends_with(":5:17"),
+        "{e}"
+    );
+    assert_eq!(s[1]["matched"], true, "{e}");
+    assert_eq!(s[1]["replaced"], true, "{e}");
+    assert_eq!(s[1]["limit_name"], "per_user", "{e}");
+    assert!(s[1].get("remaining").is_none(), "no limit applies: {e}");
+    assert_eq!(s[2]["limit_name"], "vip", "{e}");
+    assert_eq!(s[2]["binding"], true, "{e}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_soft_limit_allows_and_marks_the_overage() {
     let server = Server::start(V1);

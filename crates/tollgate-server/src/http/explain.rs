@@ -1,5 +1,6 @@
 //! `POST /v1/explain`: the same body as `/v1/check`; charges nothing and answers which rules
-//! matched, which binds, the current counters and each rule's mode.
+//! matched (an unlimited rule, or one set aside by another's `replaces`, too), which binds, the
+//! current counters and each rule's mode.
 
 use std::sync::Arc;
 
@@ -24,6 +25,7 @@ pub async fn explain(State(limiter): State<Arc<Limiter>>, Body(body): Body) -> R
         Err(e) => return limit_error_response(&e),
     };
     let binding = answer.binding_index();
+    let policy = limiter.policy();
     let statuses: Vec<Value> = answer
         .statuses
         .iter()
@@ -41,6 +43,22 @@ pub async fn explain(State(limiter): State<Arc<Limiter>>, Body(body): Body) -> R
                 "matched": s.limit.is_some(),
                 "binding": binding == Some(i),
             });
+            if s.limit.is_none()
+                && let Some(rule) = policy.find(request.domain(), d.entries())
+            {
+                // A rule matched but applies no limit: it is unlimited, or another matched
+                // rule's `replaces` (or an unlimited one's) set it aside.
+                v["matched"] = json!(true);
+                v["limit_name"] = json!(rule.name);
+                v["rule_location"] = json!(rule.location.to_string());
+                v["mode"] = json!(rule.mode.name());
+                v["source"] = json!("policy");
+                if rule.limit.is_none() {
+                    v["unlimited"] = json!(true);
+                } else {
+                    v["replaced"] = json!(true);
+                }
+            }
             if let (Some(limit), Some(decision)) = (&s.limit, s.decision) {
                 let rule = limit.rule();
                 let params = limit.params();
