@@ -330,6 +330,11 @@ async fn invalid_requests_are_invalid_argument() {
             request(vec![(&[("user", "a")], None)], 4_000_000_000),
             "hits_addend 4000000000 is above the maximum",
         ),
+        // Also when every descriptor has a cost of its own and the request's is not used.
+        (
+            request(vec![(&[("user", "a")], Some(1))], 4_000_000_000),
+            "hits_addend 4000000000 is above the maximum",
+        ),
     ];
     for (req, expected) in cases {
         let status = client.should_rate_limit(req).await.unwrap_err();

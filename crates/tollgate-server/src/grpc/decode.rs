@@ -10,9 +10,9 @@ use crate::units::period_of_unit;
 /// Validates an RLS request. It takes the request by value so that the domain and every entry
 /// move into the [`CheckRequest`] instead of being copied.
 pub fn decode_request(request: RateLimitRequest) -> Result<CheckRequest, InvalidRequest> {
-    // proto3 cannot tell 0 from unset: Envoy documents 0 as "1 hit". Checked where a descriptor
-    // takes it, and its error is the request's, not that descriptor's.
-    let request_cost = check_cost(u64::from(request.hits_addend.max(1)));
+    // proto3 cannot tell 0 from unset: Envoy documents 0 as "1 hit". Checked even when every
+    // descriptor has its own (the limit holds on every API), and its error is the request's.
+    let request_cost = check_cost(u64::from(request.hits_addend.max(1)))?;
     let mut descriptors = Vec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.into_iter().enumerate() {
         if d.is_negative_hits {
@@ -25,7 +25,7 @@ pub fn decode_request(request: RateLimitRequest) -> Result<CheckRequest, Invalid
         // which means "check without counting" (as in envoyproxy/ratelimit).
         let cost = match d.hits_addend {
             Some(v) => v.value,
-            None => request_cost.clone()?,
+            None => request_cost,
         };
         let limit_override = match d.limit {
             None => None,
