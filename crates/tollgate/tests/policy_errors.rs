@@ -166,6 +166,31 @@ descriptors:
     );
 }
 
+/// A domain or key over 1 KiB could never be sent (every API refuses one): a dead rule is an
+/// error, not a silent no-op. Exactly 1 KiB is fine.
+#[test]
+fn domains_and_keys_longer_than_a_request_may_send_are_errors() {
+    let long = "k".repeat(1025);
+    assert_eq!(
+        error(&format!("domain: {long}\ndescriptors: []\n")),
+        "t.yaml:1:9: `domain` is longer than 1024 bytes: no request could name it"
+    );
+    assert_eq!(
+        error(&format!(
+            "domain: a\ndescriptors:\n  - key: {long}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+        )),
+        "t.yaml:3:10: descriptor `key` is longer than 1024 bytes: no request could send it"
+    );
+    let longest = "k".repeat(1024);
+    assert!(
+        Policy::from_yaml(
+            "t.yaml",
+            &format!("domain: {longest}\ndescriptors:\n  - key: {longest}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n")
+        )
+        .is_ok()
+    );
+}
+
 #[test]
 fn requests_per_unit_is_validated_by_params() {
     let yaml = |n: &str, algorithm: &str| {

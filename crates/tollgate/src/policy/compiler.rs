@@ -15,6 +15,7 @@ use super::rule::{LocalBudget, RuleMode};
 use super::snapshot::DomainTable;
 use super::tree::{Level, Node, ValueMatch};
 use super::{Location, Policy, PolicyError, PolicyErrors, Rule, Unit};
+use crate::limiter::MAX_FIELD_LEN;
 use crate::resilience::Posture;
 
 /// Accumulates sources (one domain each) into one policy.
@@ -51,6 +52,15 @@ impl Compiler {
             }
             Some(domain) if domain.value.is_empty() => {
                 source.error(source.location(&domain.referenced), "empty `domain`");
+                None
+            }
+            Some(domain) if domain.value.len() > MAX_FIELD_LEN => {
+                source.error(
+                    source.location(&domain.referenced),
+                    format!(
+                        "`domain` is longer than {MAX_FIELD_LEN} bytes: no request could name it"
+                    ),
+                );
                 None
             }
             Some(domain) => Some((domain.value.as_str(), source.location(&domain.referenced))),
@@ -167,6 +177,15 @@ impl<'f> SourceCompiler<'f> {
                 }
                 Some(key) if key.value.is_empty() => {
                     self.error(self.location(&key.referenced), "empty descriptor `key`");
+                    None
+                }
+                Some(key) if key.value.len() > MAX_FIELD_LEN => {
+                    self.error(
+                        self.location(&key.referenced),
+                        format!(
+                            "descriptor `key` is longer than {MAX_FIELD_LEN} bytes: no request could send it"
+                        ),
+                    );
                     None
                 }
                 Some(key) => Some(key.value.as_str()),
