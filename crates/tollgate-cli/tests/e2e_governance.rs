@@ -659,10 +659,11 @@ async fn malformed_admin_paths_and_queries_answer_json_errors() {
     assert!(body["error"].is_string(), "{body}");
 }
 
-/// A push's source names tell its files apart in errors, listings and diffs: an empty or a
-/// repeated one is refused, and nothing is activated.
+/// A push's source names tell its files apart in errors, listings, diffs and log lines: an
+/// empty or a repeated one, or one with a control character (a newline would forge a log
+/// line), is refused, and nothing is activated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_push_with_empty_or_repeated_source_names_is_refused() {
+async fn a_push_with_unusable_source_names_is_refused() {
     let server = Server::start(V1);
     let admin = reqwest::Client::new();
     let source = |name: &str, domain: &str| json!({"name": name, "text": format!("domain: {domain}\ndescriptors: []\n")});
@@ -672,6 +673,10 @@ async fn a_push_with_empty_or_repeated_source_names_is_refused() {
             "two sources are named `a.yaml`",
         ),
         (json!([source(" ", "q")]), "source 0 has an empty name"),
+        (
+            json!([source("a.yaml", "q"), source("b\nINFO forged: line", "r")]),
+            "holds a control character",
+        ),
     ] {
         let push = admin.post(server.admin_url("/v1/admin/policy"));
         refused(push.json(&json!({ "sources": sources })), why).await;

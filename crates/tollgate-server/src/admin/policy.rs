@@ -136,6 +136,12 @@ pub(super) fn pushed_sources(body: &[u8]) -> Result<Vec<(String, String)>, Strin
         if name.trim().is_empty() {
             return Err(format!("source {i} has an empty name"));
         }
+        // A name goes into log lines and `file:line:column` errors as it is.
+        if name.chars().any(char::is_control) {
+            return Err(format!(
+                "source {i}'s name {name:?} holds a control character"
+            ));
+        }
         if sources[..i].iter().any(|(other, _)| other == name) {
             return Err(format!("two sources are named `{name}`"));
         }
