@@ -117,3 +117,29 @@ fn missing_paths_and_empty_directories_are_errors() {
         format!("no *.yaml or *.yml policy files in {}", empty.display())
     );
 }
+
+/// Extensions match in any case: `a.YAML` is a policy file like `b.yml`.
+#[test]
+fn extensions_match_in_any_case() {
+    let dir = tempfile::tempdir().unwrap();
+    for (file, domain) in [("a.YAML", "upper"), ("b.yml", "lower")] {
+        std::fs::write(
+            dir.path().join(file),
+            format!("domain: {domain}\ndescriptors: []\n"),
+        )
+        .unwrap();
+    }
+    let policy = Policy::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(policy.domains().collect::<Vec<_>>(), ["upper", "lower"]);
+}
+
+/// A path that is no policy file (`/dev/zero`, a huge log) fails after 16 MiB instead of
+/// filling memory.
+#[test]
+fn a_file_larger_than_any_policy_is_refused() {
+    let errors = load_err(Path::new("/dev/zero"));
+    assert_eq!(
+        errors.to_string(),
+        "cannot read /dev/zero: larger than 16 MiB, which no policy file needs"
+    );
+}

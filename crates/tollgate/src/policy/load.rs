@@ -5,8 +5,8 @@ use super::compiler::Compiler;
 use super::{Policy, PolicyError, PolicyErrors};
 
 impl Policy {
-    /// Loads a policy file, or every `*.yaml`/`*.yml` file of a directory (not recursive, files
-    /// whose name starts with `.` skipped) in sorted name order, each file one domain.
+    /// Loads a policy file, or every `*.yaml`/`*.yml` file of a directory (in any case; not
+    /// recursive, files whose name starts with `.` skipped) in sorted name order, each file one domain.
     ///
     /// Every problem of every file is reported, each with its file, line and column. A directory
     /// without policy files is an error.
@@ -35,9 +35,11 @@ impl Policy {
         let mut errors = Vec::new();
         for file in files {
             let name = file.display().to_string();
-            match fs::read_to_string(&file) {
+            match read_capped(&file) {
                 Ok(text) => sources.push((name, text)),
-                Err(e) => errors.push(PolicyError::new(None, format!("cannot read {name}: {e}"))),
+                Err(why) => {
+                    errors.push(PolicyError::new(None, format!("cannot read {name}: {why}")))
+                }
             }
         }
         if errors.is_empty() {
@@ -65,6 +67,26 @@ impl Policy {
     }
 }
 
+/// Largest policy file read, so that a wrong path (`/dev/zero`, a log file) fails at once
+/// instead of filling memory.
+pub const MAX_POLICY_FILE: u64 = 16 * 1024 * 1024;
+
+/// The text of `file`, refused past [`MAX_POLICY_FILE`] bytes.
+fn read_capped(file: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let mut text = String::new();
+    fs::File::open(file)
+        .and_then(|f| f.take(MAX_POLICY_FILE + 1).read_to_string(&mut text))
+        .map_err(|e| e.to_string())?;
+    if text.len() as u64 > MAX_POLICY_FILE {
+        return Err(format!(
+            "larger than {} MiB, which no policy file needs",
+            MAX_POLICY_FILE / (1024 * 1024)
+        ));
+    }
+    Ok(text)
+}
+
 fn one_error(message: String) -> PolicyErrors {
     PolicyErrors(vec![PolicyError::new(None, message)])
 }
@@ -79,8 +101,9 @@ fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, PolicyErrors> {
             continue;
         };
         // Dot files are editor and tooling leftovers (`.#a.yaml`, `.a.yaml.swp`).
+        let lower = name.to_ascii_lowercase();
         let is_policy =
-            !name.starts_with('.') && (name.ends_with(".yaml") || name.ends_with(".yml"));
+            !name.starts_with('.') && (lower.ends_with(".yaml") || lower.ends_with(".yml"));
         // `metadata` follows symlinks, as Kubernetes ConfigMap mounts need.
         if is_policy && fs::metadata(&path).is_ok_and(|m| m.is_file()) {
             files.push(path);
