@@ -240,11 +240,27 @@ impl Plan {
         if args.verify.is_some() && args.keys != 1 {
             bail!("--verify needs a single key (--keys 1)");
         }
+        if args.verify == Some(0) {
+            bail!("--verify LIMIT must be at least 1, as a rule's limit is");
+        }
+        if args.domain.is_empty() {
+            bail!("--domain must not be empty: the server would refuse every request");
+        }
         let descriptors = args
             .descriptors
             .iter()
             .map(|d| parse_descriptor(d))
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let values = || descriptors.iter().flatten().map(|e| e.value.as_str());
+        if let Some(odd) = values().find(|v| v.replace("{key}", "").contains(['{', '}'])) {
+            bail!("descriptor value `{odd}`: the only placeholder is {{key}}");
+        }
+        if args.keys > 1 && !values().any(|v| v.contains("{key}")) {
+            bail!(
+                "--keys {} but no --descriptor value has {{key}}: every request would use one key",
+                args.keys
+            );
+        }
         Ok(Plan {
             protocol,
             authorities,

@@ -358,6 +358,34 @@ fn a_bound_is_required_and_long_runs_are_refused() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("10 minutes"));
 }
 
+/// Arguments that would run a meaningless benchmark are refused before anything is sent: an
+/// empty domain, a limit of 0 to verify, a placeholder other than `{key}`, and a key space no
+/// template uses.
+#[test]
+fn meaningless_runs_are_refused() {
+    let run = |domain: &str, descriptor: &str, extra: &[&str]| {
+        let mut args = vec!["--target", "grpc://127.0.0.1:1", "--requests", "1"];
+        args.extend(["--domain", domain, "--descriptor", descriptor]);
+        args.extend(extra);
+        let out = bench(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run("", "k=v", &[]);
+    assert!(err.contains("--domain must not be empty"), "{err}");
+    let err = run("d", "k=v", &["--verify", "0"]);
+    assert!(err.contains("--verify LIMIT must be at least 1"), "{err}");
+    for template in ["k=v{key", "k=v{nope}"] {
+        let err = run("d", template, &[]);
+        assert!(
+            err.contains("the only placeholder is {key}"),
+            "{template}: {err}"
+        );
+    }
+    let err = run("d", "k=v", &["--keys", "10"]);
+    assert!(err.contains("no --descriptor value has {key}"), "{err}");
+}
+
 #[test]
 fn bench_server_admits_what_serve_denies() {
     let ceiling = BenchServer::start();
