@@ -151,7 +151,7 @@ fn humantime_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// A count that must be at least 1.
-fn positive<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, String> {
+pub(crate) fn positive<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, String> {
     match s.parse::<T>() {
         Ok(n) if n >= T::from(1) => Ok(n),
         _ => Err(format!("`{s}` is not a whole number of at least 1")),

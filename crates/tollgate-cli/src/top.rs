@@ -15,7 +15,7 @@ pub struct TopArgs {
     #[arg(long)]
     rule: String,
     /// How many keys.
-    #[arg(short = 'n', long, default_value_t = 10)]
+    #[arg(short = 'n', long, default_value_t = 10, value_parser = crate::serve::positive::<usize>)]
     count: usize,
     #[command(flatten)]
     admin: AdminArgs,

@@ -284,3 +284,15 @@ fn serve_warns_of_a_forward_auth_domain_without_rules() {
         "{stderr}"
     );
 }
+
+/// `top -n 0` would ask for nothing and then say the rule denied nothing: refused.
+#[test]
+fn top_refuses_a_count_of_zero() {
+    let out = Command::new(binary())
+        .args(["top", "--domain", "d", "--rule", "r", "-n", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("at least 1"), "{stderr}");
+}

@@ -20,6 +20,9 @@ pub struct TopQuery {
 
 pub async fn top(State(state): State<AdminState>, AdminQuery(q): AdminQuery<TopQuery>) -> Response {
     let n = q.n.unwrap_or(10).min(100);
+    if n == 0 {
+        return error_response(StatusCode::BAD_REQUEST, "n must be at least 1".into());
+    }
     match state.lifecycle.limiter().top_keys(&q.domain, &q.rule, n) {
         Some(entries) => {
             let keys: Vec<_> = entries

@@ -835,15 +835,23 @@ fn descriptor_text(descriptor: &RequestDescriptor) -> TopKeyText {
 }
 
 /// `key=value,key=value`: how a descriptor is shown in top-key listings. In keys and values,
-/// `\`, `,` and `=` are escaped with a `\` and control characters as `\u{..}`, so two
-/// descriptors never read the same and a value cannot put escape codes on an operator's
-/// terminal.
+/// `\`, `,` and `=` are escaped with a `\` and control characters (and the bidirectional
+/// formatting ones, which could show a key reversed) as `\u{..}`, so two descriptors never
+/// read the same and a value cannot put escape codes on an operator's terminal.
+/// The Unicode characters that reorder text around them (marks, embeddings, overrides,
+/// isolates).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 fn describe_entries(descriptor: &RequestDescriptor, out: &mut impl Write) {
     fn escaped(text: &str, out: &mut impl Write) -> std::fmt::Result {
         for c in text.chars() {
             match c {
                 '\\' | ',' | '=' => write!(out, "\\{c}")?,
-                c if c.is_control() => write!(out, "{}", c.escape_unicode())?,
+                c if c.is_control() || is_bidi_control(c) => {
+                    write!(out, "{}", c.escape_unicode())?;
+                }
                 c => out.write_char(c)?,
             }
         }
@@ -955,5 +963,8 @@ mod tests {
         assert_eq!(one, "tenant=acme\\,user\\=x,user=y");
         assert_eq!(described(&[("k", "a\\b")]), "k=a\\\\b");
         assert_eq!(described(&[("k", "\u{1b}[31mred")]), "k=\\u{1b}[31mred");
+        // A right-to-left override would show the rest of the line reversed.
+        assert_eq!(described(&[("k", "\u{202e}gpj.exe")]), "k=\\u{202e}gpj.exe");
+        assert_eq!(described(&[("k", "café")]), "k=café", "other text is kept");
     }
 }
