@@ -473,6 +473,11 @@ async fn overrides_change_one_value_expire_and_survive_reloads() {
             "no rule `nope`",
         ),
         (expired, "`expires_in` must be longer than zero"),
+        (
+            json!({"domain": "api", "rule": "per_tenant", "entries": [{"key": "tenant", "value": "acme"}],
+                   "requests_per_unit": 1, "expires_in": "1000000years"}),
+            "`expires_in` may be at most 366 days",
+        ),
     ] {
         let put = admin.put(server.admin_url("/v1/admin/overrides"));
         refused(put.json(&bad), why).await;

@@ -21,6 +21,9 @@ use super::{AdminPath, AdminState};
 use crate::http::{Body, error_response};
 use crate::json_object::{Object, from_body};
 
+/// Longest `expires_in` taken.
+const MAX_EXPIRES_IN: std::time::Duration = std::time::Duration::from_secs(366 * 86_400);
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SetBody {
@@ -93,6 +96,11 @@ pub async fn set(State(state): State<AdminState>, Body(body): Body) -> Response 
             .map(|e| match duration("expires_in", e)? {
                 // Already over when set: an operator's typo, not an intent.
                 d if d.is_zero() => Err("`expires_in` must be longer than zero".to_owned()),
+                // Without `expires_in` an override lasts until deleted; a longer one is a typo.
+                d if d > MAX_EXPIRES_IN => Err(format!(
+                    "`expires_in` may be at most {} days; leave it out for an override that lasts until deleted",
+                    MAX_EXPIRES_IN.as_secs() / 86_400
+                )),
                 d => Ok(now.saturating_add(d)),
             })
             .transpose()?;
