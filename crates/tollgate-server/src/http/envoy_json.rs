@@ -151,7 +151,8 @@ impl TryFrom<JsonRequest> for RateLimitRequest {
         let descriptors = json
             .descriptors
             .into_iter()
-            .map(|Object(d)| {
+            .enumerate()
+            .map(|(i, Object(d))| {
                 let limit = d
                     .limit
                     .map(|Object(l)| -> Result<_, String> {
@@ -160,7 +161,8 @@ impl TryFrom<JsonRequest> for RateLimitRequest {
                             unit: unit_number(l.unit.as_ref())?,
                         })
                     })
-                    .transpose()?;
+                    .transpose()
+                    .map_err(|why| format!("descriptor {i}: {why}"))?;
                 Ok(RateLimitDescriptor {
                     entries: d
                         .entries
@@ -301,5 +303,26 @@ mod tests {
             .unwrap_err();
             assert!(error.contains("not an unsigned integer"), "{bad}: {error}");
         }
+    }
+
+    /// A descriptor's limit that cannot be read names its descriptor, as every other
+    /// descriptor error does.
+    #[test]
+    fn a_bad_limit_names_its_descriptor() {
+        let limited = |limit: &str| {
+            parsed(&format!(
+                r#"{{"domain": "api", "descriptors": [{{"entries": [{{"key": "k", "value": "v"}}]}},
+                    {{"entries": [{{"key": "k", "value": "w"}}], "limit": {limit}}}]}}"#
+            ))
+            .unwrap_err()
+        };
+        assert_eq!(
+            limited(r#"{"requestsPerUnit": 5000000000, "unit": "MINUTE"}"#),
+            "descriptor 1: requestsPerUnit does not fit in uint32"
+        );
+        assert_eq!(
+            limited(r#"{"requestsPerUnit": 5, "unit": "FORTNIGHT"}"#),
+            "descriptor 1: unknown unit `FORTNIGHT`"
+        );
     }
 }
