@@ -135,15 +135,24 @@ async fn bad_input_is_a_400_that_names_the_problem_and_counts_nothing() {
     assert_eq!(header(&r, "x-ratelimit-remaining"), Some("2"));
 }
 
-/// The errors axum answers itself (a body over the limit, an unknown path, a wrong method)
-/// come as JSON too, with their status, like every other error of the API.
+/// The errors axum answers itself (a body over the limit, an unknown path, a wrong method) and
+/// a compressed body come as JSON too, with their status, like every other error of the API.
 #[tokio::test]
 async fn every_error_is_json() {
     let server = Server::start(POLICY);
     let client = reqwest::Client::new();
     let huge = vec![b' '; 70 * 1024];
+    let valid = serde_json::to_vec(&check_body("user", "zip", None)).unwrap();
     let cases = [
         (client.post(server.url("/v1/check")).body(huge), 413),
+        // A valid body, but announced as compressed: refused, not read as something else.
+        (
+            client
+                .post(server.url("/v1/check"))
+                .header("content-encoding", "gzip")
+                .body(valid),
+            415,
+        ),
         (client.get(server.url("/v1/check")), 405),
         (client.get(server.url("/v2/nothing")), 404),
     ];
@@ -156,6 +165,12 @@ async fn every_error_is_json() {
             "{answer}"
         );
     }
+    let r = post(&server, "/v1/check", &check_body("user", "zip", None)).await;
+    assert_eq!(
+        header(&r, "x-ratelimit-remaining"),
+        Some("2"),
+        "the refused request counted nothing"
+    );
 }
 
 #[tokio::test]

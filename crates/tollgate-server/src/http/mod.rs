@@ -82,8 +82,9 @@ pub fn allow_all_router() -> Router {
     json_fallbacks(router)
 }
 
-/// A request body, its rejections (over the size limit, unreadable) answered as JSON errors
-/// with their status, like every other error of the API, instead of axum's plain text.
+/// A request body, its rejections (over the size limit, unreadable, compressed) answered as
+/// JSON errors with their status, like every other error of the API, instead of axum's plain
+/// text.
 #[derive(Debug)]
 pub(crate) struct Body(pub axum::body::Bytes);
 
@@ -91,6 +92,18 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
     type Rejection = Response;
 
     async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, Response> {
+        // A compressed body would be read as JSON and fail there, with a misleading message.
+        if let Some(encoding) = request.headers().get(axum::http::header::CONTENT_ENCODING)
+            && !encoding.as_bytes().eq_ignore_ascii_case(b"identity")
+        {
+            return Err(error_response(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!(
+                    "Content-Encoding `{}` is not supported: send the body uncompressed",
+                    String::from_utf8_lossy(encoding.as_bytes())
+                ),
+            ));
+        }
         match axum::body::Bytes::from_request(request, state).await {
             Ok(bytes) => Ok(Body(bytes)),
             Err(e) => Err(error_response(e.status(), e.body_text())),
