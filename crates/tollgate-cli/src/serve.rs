@@ -303,10 +303,11 @@ async fn serve(
             );
         }
     }
-    if store.wait_ready(args.store_connect_timeout).await {
-        info!(store = %args.store, "Store ready");
-    } else {
-        warn!(store = %args.store, "Store not reachable yet; serving with the failure posture and reconnecting in the background");
+    match store.ready_within(args.store_connect_timeout).await {
+        Ok(()) => info!(store = %args.store, "Store ready"),
+        Err(e) => {
+            warn!(store = %args.store, error = %e, "Store not ready yet; serving with the failure posture and trying again in the background")
+        }
     }
     let settings = FailureSettings {
         posture: args.on_store_error,

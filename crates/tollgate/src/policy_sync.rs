@@ -17,6 +17,21 @@ use crate::limiter::{Override, OverrideChange};
 use crate::store::redis::{SharedOverride, SharedOverrideChange, SharedOverrides, Stamp};
 use crate::store::{RedisStore, SharedPolicy, StoreBackend};
 
+/// While Redis is away every check fails again: one warning per this long, not one per check.
+const RETRY_WARNING_EVERY: Duration = Duration::from_secs(10);
+
+/// Whether a failed publish or share may be logged now (see [`RETRY_WARNING_EVERY`]).
+fn retry_warning_due() -> bool {
+    static LAST: parking_lot::Mutex<Option<tokio::time::Instant>> = parking_lot::const_mutex(None);
+    let now = tokio::time::Instant::now();
+    let mut last = LAST.lock();
+    let due = last.is_none_or(|at| now.duration_since(at) >= RETRY_WARNING_EVERY);
+    if due {
+        *last = Some(now);
+    }
+    due
+}
+
 /// Runs until `stop` turns true. Does nothing for the memory store.
 pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Receiver<bool>) {
     let StoreBackend::Redis(store) = lifecycle.limiter().store() else {
@@ -238,7 +253,9 @@ async fn publish_policy(store: &RedisStore, version: &PolicyVersion) -> Result<O
             Ok(None)
         }
         Err(e) => {
-            warn!(version = %version.label(), error = %e, "Could not publish the policy; trying again at the next check");
+            if retry_warning_due() {
+                warn!(version = %version.label(), error = %e, "Could not publish the policy; trying again at every check");
+            }
             Err(())
         }
     }
@@ -374,7 +391,9 @@ async fn share_overrides(
             Ok(Some(shared.stamp))
         }
         Err(e) => {
-            warn!(error = %e, "Could not share the overrides; trying again at the next check");
+            if retry_warning_due() {
+                warn!(error = %e, "Could not share the overrides; trying again at every check");
+            }
             overrides.keep_pending(pending);
             Err(())
         }

@@ -866,3 +866,23 @@ async fn a_slow_primary_does_not_leave_the_other_slots_charged() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A Redis that wants a password the URL does not carry: readiness fails with Redis's own
+/// reason (`NOAUTH`), which `serve` logs at startup, not a bare "not reachable" that would send
+/// an operator to the network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_password_is_reported_as_such() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    assert_eq!(redis.cli(&["CONFIG", "SET", "requirepass", "secret"]), "OK");
+    let url: StoreUrl = redis.url().parse().unwrap();
+    let clock = Arc::new(SystemClock::new());
+    let store = StoreBackend::open(&url, options_with_deadline(DEADLINE), clock)
+        .await
+        .unwrap();
+    let error = store.ready_within(Duration::from_millis(300)).await;
+    // Back to no password, so that the test kit can stop the server.
+    redis.cli(&["-a", "secret", "CONFIG", "SET", "requirepass", ""]);
+    let error = error.unwrap_err();
+    assert!(error.to_string().contains("NOAUTH"), "{error}");
+}

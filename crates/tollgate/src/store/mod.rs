@@ -114,12 +114,27 @@ impl StoreBackend {
 
     /// Waits until the store answers, at most `within`. Returns whether it does.
     pub async fn wait_ready(&self, within: Duration) -> bool {
+        self.ready_within(within).await.is_ok()
+    }
+
+    /// Waits until the store answers, at most `within`; else the last error it gave (a refused
+    /// password says so, where "not reachable" would send an operator to the network).
+    pub async fn ready_within(&self, within: Duration) -> Result<(), StoreError> {
+        let last = std::sync::Mutex::new(None);
         let attempts = async {
-            while self.key_count().await.is_err() {
+            loop {
+                match self.key_count().await {
+                    Ok(_) => return,
+                    Err(e) => *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(e),
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         };
-        tokio::time::timeout(within, attempts).await.is_ok()
+        if tokio::time::timeout(within, attempts).await.is_ok() {
+            return Ok(());
+        }
+        let last = last.into_inner().unwrap_or_else(|p| p.into_inner());
+        Err(last.unwrap_or_else(|| StoreError::Unavailable(format!("no answer within {within:?}"))))
     }
 
     /// The state of each circuit breaker, by node (none for the memory store).
