@@ -8,8 +8,7 @@
 //! deadline plus [`LATE_SLACK`]. Run later, the script writes nothing and answers an error.
 //!
 //! The server's clock is learnt from the `now` every DECIDE reply carries, against this
-//! process's monotonic clock. The estimate errs early by the reply's trip, which the slack
-//! covers. Until the first reply (and after a call was refused as late while its caller still
+//! process's monotonic clock (see [`ServerClock`]). Until the first reply (and after a call was refused as late while its caller still
 //! waited, which means the estimate went wrong, say the server's clock stepped) calls carry no
 //! guard, and the next reply sets it again.
 
@@ -88,10 +87,20 @@ impl redis::ToRedisArgs for NowArg {
 }
 
 /// The estimate of one Redis deployment's clock.
+///
+/// Each reply gives `server now - local now`, short of the true offset by the reply's trip;
+/// the estimate is the largest of them over the last one to two minutes. So it tracks the
+/// fastest clock among a cluster's nodes (a call to a node whose clock runs ahead is never
+/// refused for it; one to a node behind it gets that much more leeway), and a clock drifting
+/// slower is followed within two minutes.
 #[derive(Debug)]
 pub(super) struct ServerClock {
-    /// Server microseconds minus local monotonic microseconds; [`UNKNOWN`] until learnt.
-    offset: AtomicI64,
+    /// The largest offset (server microseconds minus local monotonic microseconds) seen in the
+    /// previous window and in the current one; [`UNKNOWN`] when none.
+    previous: AtomicI64,
+    current: AtomicI64,
+    /// When the current window began (local microseconds).
+    window_start: AtomicI64,
     /// Local monotonic origin.
     origin: Instant,
     /// The caller's deadline plus the slack, in microseconds.
@@ -100,12 +109,17 @@ pub(super) struct ServerClock {
 
 const UNKNOWN: i64 = i64::MIN;
 
+/// How long one window of offsets lasts, in microseconds.
+const WINDOW_MICROS: i64 = 60_000_000;
+
 impl ServerClock {
     /// A clock for calls whose callers wait `deadline`.
     pub fn new(deadline: Duration) -> Self {
         let allowance = (deadline + LATE_SLACK).as_micros();
         ServerClock {
-            offset: AtomicI64::new(UNKNOWN),
+            previous: AtomicI64::new(UNKNOWN),
+            current: AtomicI64::new(UNKNOWN),
+            window_start: AtomicI64::new(0),
             origin: Instant::now(),
             allowance: i64::try_from(allowance).unwrap_or(i64::MAX / 2),
         }
@@ -117,7 +131,10 @@ impl ServerClock {
 
     /// The server instant after which a call sent now must not write; `None` while unknown.
     fn not_after(&self) -> Option<i64> {
-        let offset = self.offset.load(Ordering::Relaxed);
+        let offset = self
+            .previous
+            .load(Ordering::Relaxed)
+            .max(self.current.load(Ordering::Relaxed));
         (offset != UNKNOWN).then(|| {
             self.local_micros()
                 .saturating_add(offset)
@@ -126,13 +143,25 @@ impl ServerClock {
     }
 
     fn learn(&self, server_now_micros: i64) {
-        let offset = server_now_micros.saturating_sub(self.local_micros());
-        self.offset
-            .store(offset.max(UNKNOWN + 1), Ordering::Relaxed);
+        let local = self.local_micros();
+        let offset = server_now_micros.saturating_sub(local).max(UNKNOWN + 1);
+        let start = self.window_start.load(Ordering::Relaxed);
+        if local.saturating_sub(start) >= WINDOW_MICROS
+            && self
+                .window_start
+                .compare_exchange(start, local, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let ended = self.current.swap(offset, Ordering::Relaxed);
+            self.previous.store(ended, Ordering::Relaxed);
+            return;
+        }
+        self.current.fetch_max(offset, Ordering::Relaxed);
     }
 
     fn forget(&self) {
-        self.offset.store(UNKNOWN, Ordering::Relaxed);
+        self.previous.store(UNKNOWN, Ordering::Relaxed);
+        self.current.store(UNKNOWN, Ordering::Relaxed);
     }
 }
 
@@ -156,6 +185,19 @@ mod tests {
         );
         clock.forget();
         assert_eq!(clock.not_after(), None);
+    }
+
+    /// Replies from nodes whose clocks differ: the estimate follows the one ahead, so a call to
+    /// it is never refused for the difference.
+    #[test]
+    fn the_estimate_follows_the_clock_ahead() {
+        let clock = ServerClock::new(Duration::ZERO);
+        let base = 1_700_000_000_000_000;
+        clock.learn(base + 300_000);
+        clock.learn(base);
+        let limit = clock.not_after().unwrap();
+        let slack = i64::try_from(LATE_SLACK.as_micros()).unwrap();
+        assert!(limit >= base + 300_000 + slack, "{limit}");
     }
 
     #[test]
