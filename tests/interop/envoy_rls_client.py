@@ -94,7 +94,21 @@ def main():
             expect(False, "an empty key must be rejected")
         except grpc.RpcError as error:
             expect(error.code() == grpc.StatusCode.INVALID_ARGUMENT, f"code {error.code()}")
-    print("interop ok: 4 requests, 1 weighted request, 3 checks, 1 invalid request")
+
+        # Bytes that are no protobuf message: INTERNAL with the decoder's reason, as any gRPC
+        # server answers them.
+        raw = channel.unary_unary(
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        try:
+            raw(b"\xff\xff\xff\xff")
+            expect(False, "malformed protobuf must be rejected")
+        except grpc.RpcError as error:
+            expect(error.code() == grpc.StatusCode.INTERNAL, f"code {error.code()}")
+            expect("failed to decode" in error.details(), f"details {error.details()!r}")
+    print("interop ok: 4 requests, 1 weighted request, 3 checks, 2 invalid requests")
 
 
 if __name__ == "__main__":
