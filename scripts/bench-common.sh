@@ -4,7 +4,10 @@
 # Sets ROOT, BIN, TMP, PIDS, REDIS_PORT and REDIS_PID.
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tollgate
+# Where cargo builds (CARGO_TARGET_DIR, or a target-dir set in a cargo config).
+TARGET_DIR=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+BIN=$TARGET_DIR/release/tollgate
 TMP=$(mktemp -d)
 PIDS=()
 
