@@ -14,8 +14,11 @@ use tollgate_server::AllowAll;
 use tollgate_server::grpc::RlsService;
 use tracing::{info, warn};
 
-/// How long a stopping bench server waits for its connections (`serve`'s default).
+/// How long a stopping bench server waits for its connections, and its gRPC keepalive
+/// (`serve`'s defaults).
 const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(60);
+const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 #[derive(Debug, Args)]
 pub struct BenchServerArgs {
@@ -57,7 +60,7 @@ async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
         tollgate_server::http::allow_all_router(),
     )
     .with_graceful_shutdown(stopped(stop_rx.clone()));
-    let grpc_server = tonic::transport::Server::builder()
+    let grpc_server = crate::serve::grpc_server(KEEPALIVE, KEEPALIVE_TIMEOUT)
         .add_service(RlsService::new(Arc::new(AllowAll::default())).into_server())
         .serve_with_incoming_shutdown(crate::serve::no_delay_grpc(grpc), stopped(stop_rx.clone()));
     let http_task = tokio::spawn(async move { http_server.await });

@@ -126,6 +126,14 @@ pub struct ServeArgs {
     /// would otherwise hold the shutdown forever). A second signal stops at once.
     #[arg(long, default_value = "10s", value_parser = any_duration, value_name = "DURATION")]
     shutdown_timeout: Duration,
+    /// gRPC connections idle this long get an HTTP/2 ping, and are closed when it goes
+    /// unanswered for `--grpc-keepalive-timeout`: a client that vanished (a partition, a NAT
+    /// that forgot the connection) does not hold one forever. `0s` disables the pings.
+    #[arg(long, default_value = "60s", value_parser = any_duration, value_name = "DURATION")]
+    grpc_keepalive: Duration,
+    /// How long a gRPC keepalive ping may go unanswered.
+    #[arg(long, default_value = "20s", value_parser = humantime_duration, value_name = "DURATION")]
+    grpc_keepalive_timeout: Duration,
     #[command(flatten)]
     grpc_tls: GrpcTlsArgs,
 }
@@ -241,7 +249,7 @@ async fn serve(
     policy: Policy,
 ) -> anyhow::Result<ExitCode> {
     let token = admin_token(&args)?;
-    let mut grpc_builder = tonic::transport::Server::builder();
+    let mut grpc_builder = grpc_server(args.grpc_keepalive, args.grpc_keepalive_timeout);
     if let Some(tls) = args.grpc_tls.server_config()? {
         grpc_builder = grpc_builder
             .tls_config(tls)
@@ -452,6 +460,15 @@ pub(crate) async fn drain(
         _ = shutdown_signal(terminate) => warn!("Second stop signal: stopping now"),
     }
     Ok(())
+}
+
+/// A gRPC server pinging connections idle for `keepalive` (none when zero) and closing those
+/// that do not answer within `timeout` (shared with `bench-server`, so the ceiling runs the
+/// same stack).
+pub(crate) fn grpc_server(keepalive: Duration, timeout: Duration) -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval((!keepalive.is_zero()).then_some(keepalive))
+        .http2_keepalive_timeout(Some(timeout))
 }
 
 /// Binds `addr` for `what`; the error names both.

@@ -601,3 +601,48 @@ fn unusable_grpc_tls_files_stop_the_start() {
         );
     }
 }
+
+/// Reads what the server sends on `stream` for at most `within`; whether it closed the
+/// connection meanwhile.
+fn closed_within(stream: &mut std::net::TcpStream, within: Duration) -> bool {
+    use std::io::Read;
+    let tick = Duration::from_millis(100);
+    stream.set_read_timeout(Some(tick)).unwrap();
+    let mut buffer = [0u8; 4096];
+    for _ in 0..within.as_millis().div_ceil(tick.as_millis()) {
+        match stream.read(&mut buffer) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            // A reset is a close too.
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// A client that connects and then never answers (it vanished behind a partition, or a NAT
+/// forgot the connection) is pinged after `--grpc-keepalive` and disconnected when the ping
+/// goes unanswered for `--grpc-keepalive-timeout`; with the pings off it is kept.
+#[test]
+fn a_silent_grpc_connection_is_closed_after_an_unanswered_ping() {
+    let pinging = Server::start_with_args(
+        POLICY,
+        &[
+            "--grpc-keepalive",
+            "300ms",
+            "--grpc-keepalive-timeout",
+            "300ms",
+        ],
+    );
+    let mut silent = silent_client(pinging.grpc, HTTP2_HELLO);
+    assert!(closed_within(&mut silent, Duration::from_secs(5)));
+
+    let quiet = Server::start_with_args(POLICY, &["--grpc-keepalive", "0s"]);
+    let mut silent = silent_client(quiet.grpc, HTTP2_HELLO);
+    assert!(!closed_within(&mut silent, Duration::from_millis(1500)));
+}
