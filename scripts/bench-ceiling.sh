@@ -14,7 +14,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 RUNS="${RUNS:-3}"
 DURATION="${DURATION:-5s}"
 KEYS="${KEYS:-10000}"
@@ -32,7 +31,9 @@ for path in sys.argv[2:]:
 }
 
 cargo build --release -j 2 -p tollgate-cli >&2
-bin="$CARGO_TARGET_DIR/release/tollgate"
+# Where cargo builds (CARGO_TARGET_DIR, or a target-dir set in a cargo config).
+bin="$(cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release/tollgate"
 
 work="$(mktemp -d)"
 pids=()
