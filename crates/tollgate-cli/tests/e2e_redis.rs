@@ -603,7 +603,8 @@ descriptors:
 }
 
 /// A Redis that stops answering while the replica stops (its policy-sync calls waiting on it)
-/// holds the shutdown for `--shutdown-timeout` at most; a second SIGTERM ends it at once.
+/// holds the shutdown for `--shutdown-timeout` at most (stopping used to wait for Redis); a
+/// second SIGTERM ends it at once.
 #[tokio::test]
 async fn a_hung_redis_holds_the_shutdown_no_longer_than_its_timeout() {
     let redis = RedisServer::start();
@@ -628,11 +629,23 @@ async fn a_hung_redis_holds_the_shutdown_no_longer_than_its_timeout() {
     proxy.set_mode(Mode::Blackhole);
     // Both replicas' sync calls are now waiting on the partition.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let began = tokio::time::Instant::now();
     let status = bounded.stop();
     assert!(status.success(), "exit status {status:?}");
+    assert!(
+        began.elapsed() < Duration::from_secs(4),
+        "{:?} for a 1 s drain",
+        began.elapsed()
+    );
 
     patient.signal("TERM");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The shutdown has begun once the HTTP listener is closed; then the second signal.
+    support::eventually(
+        Duration::from_secs(5),
+        "the HTTP listener closes",
+        async || std::net::TcpStream::connect(patient.http).is_err(),
+    )
+    .await;
     let status = patient.stop();
     assert!(status.success(), "exit status {status:?}");
 }
@@ -671,11 +684,16 @@ descriptors:
     for i in 0..4 {
         assert_eq!(admitted(&replicas[0], "plain").await, i < 2, "request {i}");
     }
-    let remembered = tollgate_testkit::metric_sample(
-        &replicas[0].metrics().await,
-        "tollgate_prefilter_denials_total",
-    );
-    assert!(remembered >= 1, "the prefilter answered a denial");
+    for _ in 0..2 {
+        assert!(!admitted(&replicas[1], "plain").await);
+    }
+    for replica in &replicas {
+        let remembered = tollgate_testkit::metric_sample(
+            &replica.metrics().await,
+            "tollgate_prefilter_denials_total",
+        );
+        assert!(remembered >= 1, "the prefilter answered a denial");
+    }
     for _ in 0..5 {
         assert!(
             admitted(&replicas[0], "k").await,
@@ -684,12 +702,15 @@ descriptors:
     }
 
     assert_eq!(redis.cli(&["FLUSHALL"]), "OK");
-    support::eventually(
-        Duration::from_secs(3),
-        "the denial is forgotten",
-        async || admitted(&replicas[0], "plain").await,
-    )
-    .await;
+    // Each replica notices at its own next sync (the new counter takes one from each).
+    for replica in &replicas {
+        support::eventually(
+            Duration::from_secs(3),
+            "the denial is forgotten",
+            async || admitted(replica, "plain").await,
+        )
+        .await;
+    }
     for _ in 0..10 {
         assert!(admitted(&replicas[1], "k").await);
     }

@@ -127,6 +127,10 @@ async fn grpc_remote_client_over_mutual_tls() {
     ));
     let timeout = Duration::from_secs(2);
     let with = |tls| RemoteGrpc::with_tls(&url, tls, timeout, Posture::Closed).unwrap();
+    // TLS settings with a plaintext URL would be ignored: refused instead.
+    let plaintext = format!("http://{}", server.grpc);
+    let refused = RemoteGrpc::with_tls(&plaintext, trusting.clone(), timeout, Posture::Closed);
+    assert!(refused.is_err(), "{refused:?}");
 
     let first = with(identified.clone())
         .check(&request("fay"))

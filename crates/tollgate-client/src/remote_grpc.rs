@@ -47,6 +47,12 @@ impl RemoteGrpc {
         timeout: Duration,
         posture: Posture,
     ) -> Result<Self, BackendError> {
+        // Over any other scheme tonic would connect in plaintext and ignore `tls`.
+        if !url.starts_with("https://") {
+            return Err(BackendError::Invalid(format!(
+                "`{url}`: TLS needs an https:// URL"
+            )));
+        }
         Self::connect(url, Some(tls), timeout, posture)
     }
 
@@ -56,12 +62,12 @@ impl RemoteGrpc {
         timeout: Duration,
         posture: Posture,
     ) -> Result<Self, BackendError> {
-        let invalid = |e: tonic::transport::Error| {
-            BackendError::Invalid(format!("invalid service URL `{url}`: {e}"))
-        };
-        let mut endpoint = Endpoint::from_shared(url.to_owned()).map_err(invalid)?;
+        let mut endpoint = Endpoint::from_shared(url.to_owned())
+            .map_err(|e| BackendError::Invalid(format!("invalid service URL `{url}`: {e}")))?;
         if let Some(tls) = tls {
-            endpoint = endpoint.tls_config(tls).map_err(invalid)?;
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| BackendError::Invalid(format!("unusable TLS settings: {e}")))?;
         }
         let channel = endpoint
             .connect_timeout(timeout)

@@ -20,16 +20,28 @@ use crate::store::{RedisStore, SharedPolicy, StoreBackend};
 /// While Redis is away every check fails again: one warning per this long, not one per check.
 const RETRY_WARNING_EVERY: Duration = Duration::from_secs(10);
 
-/// Whether a failed publish or share may be logged now (see [`RETRY_WARNING_EVERY`]).
-fn retry_warning_due() -> bool {
-    static LAST: parking_lot::Mutex<Option<tokio::time::Instant>> = parking_lot::const_mutex(None);
-    let now = tokio::time::Instant::now();
-    let mut last = LAST.lock();
-    let due = last.is_none_or(|at| now.duration_since(at) >= RETRY_WARNING_EVERY);
-    if due {
-        *last = Some(now);
+/// When a failed publish, and a failed share, were last logged.
+static LAST_PUBLISH_WARNING: RetryWarning = RetryWarning::new();
+static LAST_SHARE_WARNING: RetryWarning = RetryWarning::new();
+
+/// When one kind of retry warning was last logged.
+struct RetryWarning(parking_lot::Mutex<Option<tokio::time::Instant>>);
+
+impl RetryWarning {
+    const fn new() -> Self {
+        RetryWarning(parking_lot::const_mutex(None))
     }
-    due
+
+    /// Whether this warning may be logged now (see [`RETRY_WARNING_EVERY`]).
+    fn due(&self) -> bool {
+        let now = tokio::time::Instant::now();
+        let mut last = self.0.lock();
+        let due = last.is_none_or(|at| now.duration_since(at) >= RETRY_WARNING_EVERY);
+        if due {
+            *last = Some(now);
+        }
+        due
+    }
 }
 
 /// Runs until `stop` turns true. Does nothing for the memory store.
@@ -253,7 +265,7 @@ async fn publish_policy(store: &RedisStore, version: &PolicyVersion) -> Result<O
             Ok(None)
         }
         Err(e) => {
-            if retry_warning_due() {
+            if LAST_PUBLISH_WARNING.due() {
                 warn!(version = %version.label(), error = %e, "Could not publish the policy; trying again at every check");
             }
             Err(())
@@ -391,7 +403,7 @@ async fn share_overrides(
             Ok(Some(shared.stamp))
         }
         Err(e) => {
-            if retry_warning_due() {
+            if LAST_SHARE_WARNING.due() {
                 warn!(error = %e, "Could not share the overrides; trying again at every check");
             }
             overrides.keep_pending(pending);

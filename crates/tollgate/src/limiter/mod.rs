@@ -196,11 +196,14 @@ impl Limiter {
 
     /// The shared store lost its data (Redis restarted empty, was flushed, or failed over to an
     /// empty replica): the denials remembered and the local budgets reserved were about
-    /// counters that no longer exist. A new epoch forgets the denials; the budgets are dropped
-    /// without being given back, which would credit the counts made since.
+    /// counters that no longer exist. The budgets are dropped without being given back, which
+    /// would credit the counts made since (those reserved between the loss and this call go
+    /// too: under the limit, never over; a renewal under way may still give back once); then a
+    /// new epoch forgets the denials. In that order: a lease of the old epoch seen after the
+    /// new one begins is given back, and only leases reserved after the forfeit can be.
     pub fn store_data_lost(&self) {
-        self.policy_epoch.fetch_add(1, Ordering::AcqRel);
         self.leases.forfeit();
+        self.policy_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The store.

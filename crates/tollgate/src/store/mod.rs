@@ -120,12 +120,12 @@ impl StoreBackend {
     /// Waits until the store answers, at most `within`; else the last error it gave (a refused
     /// password says so, where "not reachable" would send an operator to the network).
     pub async fn ready_within(&self, within: Duration) -> Result<(), StoreError> {
-        let last = std::sync::Mutex::new(None);
+        let mut last = None;
         let attempts = async {
             loop {
                 match self.key_count().await {
                     Ok(_) => return,
-                    Err(e) => *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(e),
+                    Err(e) => last = Some(e),
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -133,7 +133,6 @@ impl StoreBackend {
         if tokio::time::timeout(within, attempts).await.is_ok() {
             return Ok(());
         }
-        let last = last.into_inner().unwrap_or_else(|p| p.into_inner());
         Err(last.unwrap_or_else(|| StoreError::Unavailable(format!("no answer within {within:?}"))))
     }
 

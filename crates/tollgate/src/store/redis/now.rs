@@ -4,8 +4,9 @@
 //! after the caller gave up (the server was paused, a partition healed and delivered what the
 //! socket held) would still charge: the caller was answered by its failure posture, and a
 //! `closed` limit would have refused the request and charged it all the same. So each call
-//! carries the latest instant, in the server's clock, at which it may still write: its
-//! deadline plus [`LATE_SLACK`]. Run later, the script writes nothing and answers an error.
+//! carries the latest instant, in the server's clock, at which it may still write: the store's
+//! deadline counted from when the call is sent, plus [`LATE_SLACK`]. Run later, the script
+//! writes nothing and answers an error.
 //!
 //! The server's clock is learnt from the `now` every DECIDE reply carries, against this
 //! process's monotonic clock (see [`ServerClock`]). Until the first reply (and after a call was refused as late while its caller still
@@ -146,17 +147,27 @@ impl ServerClock {
         let local = self.local_micros();
         let offset = server_now_micros.saturating_sub(local).max(UNKNOWN + 1);
         let start = self.window_start.load(Ordering::Relaxed);
-        if local.saturating_sub(start) >= WINDOW_MICROS
+        let since = local.saturating_sub(start);
+        if since >= WINDOW_MICROS
             && self
                 .window_start
                 .compare_exchange(start, local, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
             let ended = self.current.swap(offset, Ordering::Relaxed);
-            self.previous.store(ended, Ordering::Relaxed);
+            // After a quiet spell the window that ended is older than one window: not kept.
+            let kept = if since < 2 * WINDOW_MICROS {
+                ended
+            } else {
+                UNKNOWN
+            };
+            self.previous.store(kept, Ordering::Relaxed);
             return;
         }
-        self.current.fetch_max(offset, Ordering::Relaxed);
+        // Most replies change nothing: read before writing the shared line.
+        if offset > self.current.load(Ordering::Relaxed) {
+            self.current.fetch_max(offset, Ordering::Relaxed);
+        }
     }
 
     fn forget(&self) {
