@@ -48,6 +48,18 @@ async fn metrics_show(server: &Server, line: &str, what: &str) {
     .await;
 }
 
+/// `POST /v1/explain` with `body`: the answer, which must be a `200`.
+async fn explain(server: &Server, body: &Value) -> Value {
+    let r = reqwest::Client::new()
+        .post(server.url("/v1/explain"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
 /// Sends `request` and checks it is refused with a `400` that says `why`.
 async fn refused(request: reqwest::RequestBuilder, why: &str) {
     let r = request.send().await.unwrap();
@@ -322,14 +334,7 @@ async fn explain_shows_the_binding_rule_and_charges_nothing() {
         {"entries": [{"key": "nope", "value": "x"}]}
     ]});
     for _ in 0..3 {
-        let r = reqwest::Client::new()
-            .post(server.url("/v1/explain"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        let e: Value = r.json().await.unwrap();
+        let e = explain(&server, &body).await;
         assert_eq!(e["would_allow"], true);
         let s = &e["statuses"];
         assert_eq!(s[0]["limit_name"], "per_user");
@@ -377,13 +382,7 @@ descriptors:
         {"entries": [{"key": "user", "value": "u"}]},
         {"entries": [{"key": "vip", "value": "v"}]}
     ]});
-    let r = reqwest::Client::new()
-        .post(server.url("/v1/explain"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let e: Value = r.json().await.unwrap();
+    let e = explain(&server, &body).await;
     let s = &e["statuses"];
     assert_eq!(s[0]["matched"], true, "{e}");
     assert_eq!(s[0]["unlimited"], true, "{e}");

@@ -638,14 +638,7 @@ async fn a_hung_redis_holds_the_shutdown_no_longer_than_its_timeout() {
         began.elapsed()
     );
 
-    patient.signal("TERM");
-    // The shutdown has begun once the HTTP listener is closed; then the second signal.
-    support::eventually(
-        Duration::from_secs(5),
-        "the HTTP listener closes",
-        async || std::net::TcpStream::connect(patient.http).is_err(),
-    )
-    .await;
+    patient.begin_shutdown().await;
     let status = patient.stop();
     assert!(status.success(), "exit status {status:?}");
 }

@@ -167,6 +167,17 @@ impl Server {
             .unwrap()
     }
 
+    /// Sends SIGTERM and waits until the shutdown has begun: the HTTP listener is closed.
+    pub async fn begin_shutdown(&self) {
+        self.signal("TERM");
+        eventually(
+            Duration::from_secs(5),
+            "the HTTP listener closes",
+            async || std::net::TcpStream::connect(self.http).is_err(),
+        )
+        .await;
+    }
+
     /// Sends SIGTERM and waits for the exit status.
     pub fn stop(mut self) -> std::process::ExitStatus {
         self.terminate()
