@@ -150,6 +150,9 @@ pub struct Lifecycle {
     files_seen: Mutex<String>,
     /// Consecutive checks of the watcher that could not read the files.
     unreadable_checks: AtomicU64,
+    /// Why they could not, as last logged in this run of failed reads (a new reason is logged
+    /// again: a file that went from unreadable to missing must not keep the first cause).
+    unreadable_logged: Mutex<String>,
     /// Told about every version this replica activates itself (not ones it adopted), so they can
     /// be published to the other replicas.
     published: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Arc<PolicyVersion>>>>,
@@ -244,6 +247,7 @@ impl Lifecycle {
             counts: Counts::default(),
             files_seen: Mutex::new(hash),
             unreadable_checks: AtomicU64::new(0),
+            unreadable_logged: Mutex::new(String::new()),
             published: Mutex::new(None),
         }
     }
@@ -404,16 +408,24 @@ impl Lifecycle {
                 if self.unreadable_checks.swap(0, Ordering::Relaxed) >= 2 {
                     self.counts.readable_again();
                 }
+                self.unreadable_logged.lock().clear();
                 read?
             }
             Err(errors) => {
-                // Once is a swap in progress; twice in a row is a problem worth a line, and a
-                // rejection in the metrics (once per run of failed reads).
-                if self.unreadable_checks.fetch_add(1, Ordering::Relaxed) == 1 {
+                // Once is a swap in progress; twice in a row is a problem worth a line (and
+                // another when the reason changes), and a rejection in the metrics (once per
+                // run of failed reads).
+                let checks = self.unreadable_checks.fetch_add(1, Ordering::Relaxed);
+                if checks == 1 {
                     self.counts.unreadable();
+                }
+                let reason = errors.to_string();
+                let mut logged = self.unreadable_logged.lock();
+                if checks >= 1 && *logged != reason {
                     for e in errors.iter() {
                         warn!(problem = %e, "Cannot read the policy files; the running policy stays");
                     }
+                    *logged = reason;
                 }
                 return None;
             }
@@ -793,6 +805,51 @@ mod tests {
         let taken = lifecycle.reload_if_files_changed().unwrap().unwrap();
         assert!(matches!(taken, Activation::Activated(ref v) if v.seq == 2));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Each new reason the files cannot be read is logged once: a file that went missing after
+    /// holding invalid UTF-8 does not leave the first cause as the last word in the log.
+    #[test]
+    fn a_new_reason_the_files_cannot_be_read_is_logged_again() {
+        #[derive(Clone, Default)]
+        struct Captured(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Captured {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.yaml");
+        std::fs::write(&file, &policy(1)[0].1).unwrap();
+        let lifecycle = lifecycle_reading(Some(file.clone()));
+        let logs = Captured::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            std::fs::write(&file, b"domain: \xff\n").unwrap();
+            for _ in 0..3 {
+                assert!(lifecycle.reload_if_files_changed().is_none());
+            }
+            std::fs::remove_file(&file).unwrap();
+            for _ in 0..3 {
+                assert!(lifecycle.reload_if_files_changed().is_none());
+            }
+        });
+        let text = String::from_utf8(logs.0.lock().clone()).unwrap();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("Cannot read the policy files"))
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].contains("UTF-8"), "{}", lines[0]);
+        assert!(lines[1].contains("No such file"), "{}", lines[1]);
     }
 
     /// A rollback chooses its target from the version running when it starts; a push landing
