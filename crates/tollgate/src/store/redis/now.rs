@@ -211,6 +211,25 @@ mod tests {
         assert!(limit >= base + 300_000 + slack, "{limit}");
     }
 
+    /// A late refusal received while the caller still waited means the estimate is wrong: it
+    /// is dropped (calls go unguarded until the next reply); other failures keep it.
+    #[test]
+    fn a_late_refusal_drops_the_estimate() {
+        let clock = std::sync::Arc::new(ServerClock::new(Duration::from_millis(10)));
+        let source = NowSource::Server(clock.clone());
+        source.learn(1_700_000_000_000_000);
+        source.failed(&super::super::StoreError::Unavailable(
+            "redis: connection refused".into(),
+        ));
+        assert!(matches!(source.argument(), NowArg::NotAfter(_)));
+        source.failed(&super::super::StoreError::Unavailable(
+            "redis: ERR tollgate: late: the call reached Redis after its deadline".into(),
+        ));
+        assert_eq!(source.argument(), NowArg::Server);
+        source.learn(1_700_000_000_000_000);
+        assert!(matches!(source.argument(), NowArg::NotAfter(_)));
+    }
+
     #[test]
     fn the_argument_says_which_clock_and_guard() {
         let written = |arg: NowArg| {
