@@ -14,9 +14,7 @@
 //! guard, and the next reply sets it again.
 
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
-
-use tokio::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::clock::SharedClock;
 
@@ -110,6 +108,13 @@ pub(super) struct ServerClock {
 
 const UNKNOWN: i64 = i64::MIN;
 
+/// Real monotonic time: Redis's clock runs in real time, so a paused or driven test clock
+/// (tokio's, or `tollgate::clock`'s) would make every call look late, or never.
+#[allow(clippy::disallowed_methods)]
+fn real_now() -> Instant {
+    Instant::now()
+}
+
 /// How long one window of offsets lasts, in microseconds.
 const WINDOW_MICROS: i64 = 60_000_000;
 
@@ -121,7 +126,7 @@ impl ServerClock {
             previous: AtomicI64::new(UNKNOWN),
             current: AtomicI64::new(UNKNOWN),
             window_start: AtomicI64::new(0),
-            origin: Instant::now(),
+            origin: real_now(),
             allowance: i64::try_from(allowance).unwrap_or(i64::MAX / 2),
         }
     }
