@@ -602,45 +602,37 @@ descriptors:
     assert_eq!(more, 150);
 }
 
-/// A Redis that stops answering while the replica stops (its policy-sync calls waiting on it)
-/// holds the shutdown for `--shutdown-timeout` at most (stopping used to wait for Redis); a
-/// second SIGTERM ends it at once.
+/// A Redis that stops answering does not hold an idle replica's shutdown: the policy-sync
+/// calls waiting on it are cut short (they used to hold the process for minutes, and then
+/// until `--shutdown-timeout`), so it stops at once however long the drain may last.
 #[tokio::test]
-async fn a_hung_redis_holds_the_shutdown_no_longer_than_its_timeout() {
+async fn a_hung_redis_does_not_hold_the_shutdown() {
     let redis = RedisServer::start();
     let proxy = FaultProxy::start(redis.addr());
     let policy = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 5}\n";
-    let start = |shutdown_timeout: &str| {
-        let store = proxy.url();
-        let args = [
-            "--store",
-            store.as_str(),
-            "--store-timeout",
-            "5s",
-            "--policy-sync-interval",
-            "20ms",
-            "--shutdown-timeout",
-            shutdown_timeout,
-        ];
-        Server::start_with_args(policy, &args)
-    };
-    let bounded = start("1s");
-    let patient = start("1h");
+    let store = proxy.url();
+    let args = [
+        "--store",
+        store.as_str(),
+        "--store-timeout",
+        "5s",
+        "--policy-sync-interval",
+        "20ms",
+        "--shutdown-timeout",
+        "1h",
+    ];
+    let server = Server::start_with_args(policy, &args);
     proxy.set_mode(Mode::Blackhole);
-    // Both replicas' sync calls are now waiting on the partition.
+    // The replica's sync calls are now waiting on the partition.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let began = tokio::time::Instant::now();
-    let status = bounded.stop();
+    let status = server.stop();
     assert!(status.success(), "exit status {status:?}");
     assert!(
-        began.elapsed() < Duration::from_secs(4),
-        "{:?} for a 1 s drain",
+        began.elapsed() < Duration::from_secs(2),
+        "stopped after {:?}",
         began.elapsed()
     );
-
-    patient.begin_shutdown().await;
-    let status = patient.stop();
-    assert!(status.success(), "exit status {status:?}");
 }
 
 /// Redis flushed under running replicas (as when it restarts empty): each notices its shared

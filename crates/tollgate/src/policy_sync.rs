@@ -62,32 +62,38 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
     let mut legacy_read = false;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            // This replica's own changes first: a tick taken before them could adopt another
-            // replica's document over a version set here and not yet published.
-            biased;
-            Some(version) = activated.recv() => {
-                match publish_policy(store, &version).await {
-                    Ok(Some(stamp)) => policy_seen = Some(stamp),
-                    // A version accepted later is shared: the next check adopts it.
-                    Ok(None) => policy_seen = None,
-                    Err(()) => unpublished = Some(version.seq),
+    let checks = async {
+        loop {
+            tokio::select! {
+                // This replica's own changes first: a tick taken before them could adopt
+                // another replica's document over a version set here and not yet published.
+                biased;
+                Some(version) = activated.recv() => {
+                    match publish_policy(store, &version).await {
+                        Ok(Some(stamp)) => policy_seen = Some(stamp),
+                        // A version accepted later is shared: the next check adopts it.
+                        Ok(None) => policy_seen = None,
+                        Err(()) => unpublished = Some(version.seq),
+                    }
+                }
+                Some(()) = overridden.recv() => {
+                    let seen = overrides_seen.as_ref();
+                    if let Ok(Some(stamp)) = share_overrides(store, &lifecycle, false, seen).await {
+                        overrides_seen = Some(stamp);
+                    }
+                }
+                _ = tick.tick() => {
+                    sync_policy(store, &lifecycle, &mut policy_seen, &mut unpublished).await;
+                    sync_overrides(store, &lifecycle, &mut overrides_seen, &mut legacy_read).await;
                 }
             }
-            Some(()) = overridden.recv() => {
-                let seen = overrides_seen.as_ref();
-                if let Ok(Some(stamp)) = share_overrides(store, &lifecycle, false, seen).await {
-                    overrides_seen = Some(stamp);
-                }
-            }
-            _ = tick.tick() => {
-                sync_policy(store, &lifecycle, &mut policy_seen, &mut unpublished).await;
-                sync_overrides(store, &lifecycle, &mut overrides_seen, &mut legacy_read).await;
-            }
-            // Mapped to `()`: the receiver's guard must not live across the other branches' awaits.
-            _ = async { let _ = stop.wait_for(|s| *s).await; } => return,
         }
+    };
+    // Stopping cuts a check short: on a hung Redis each one outlasts the interval, so the next
+    // tick would always be ready ahead of the stop, and each call waits its deadline.
+    tokio::select! {
+        _ = stop.wait_for(|s| *s) => {}
+        () = checks => {}
     }
 }
 
