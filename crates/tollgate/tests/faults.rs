@@ -422,6 +422,56 @@ async fn calls_that_reach_redis_after_their_deadline_charge_nothing() {
     }
 }
 
+/// Decisions queued behind batches stuck on a paused Redis count their allowance from when
+/// they were queued, not from when their batch finally goes: a batch sent long after its
+/// callers had their `closed` refusal must not charge them when Redis resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_decisions_count_their_allowance_from_the_queue() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let deadline = Duration::from_secs(1);
+    let mut options = options_with_deadline(deadline);
+    // The breaker stays closed, so that batches keep going out during the pause.
+    options.breaker.consecutive_failures = u32::MAX;
+    options.breaker.min_calls = u32::MAX;
+    let limiter = limiter_with_options(&redis.url(), options).await;
+    let warm = limiter.check(&request("closed", "warm")).await.unwrap();
+    assert!(warm.allowed() && warm.degraded().is_none());
+
+    let pause = Duration::from_secs(4);
+    let millis = pause.as_millis().to_string();
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", &millis, "WRITE"]), "OK");
+    let paused_at = Instant::now();
+    // Decisions queued until well before the pause ends, less the allowance: with the
+    // allowance counted from the queue, none may write when Redis resumes.
+    let last = pause - deadline - LATE_SLACK - Duration::from_millis(500);
+    let mut callers = Vec::new();
+    let mut i = 0;
+    while paused_at.elapsed() < last {
+        let limiter = limiter.clone();
+        let value = format!("held-{i}");
+        callers.push(tokio::spawn(async move {
+            limiter.check(&request("closed", &value)).await.unwrap()
+        }));
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for caller in callers {
+        assert!(
+            caller.await.unwrap().unavailable(),
+            "refused by the posture"
+        );
+    }
+    tokio::time::sleep_until(paused_at + pause).await;
+    wait_for_recovery(&limiter, "open", "after", Duration::from_secs(5)).await;
+    let keys = redis.cli(&["--scan"]);
+    assert!(keys.contains("after"), "{keys}");
+    assert!(
+        !keys.contains("held"),
+        "a refused decision was charged: {keys}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_redis_trips_the_deadline_and_the_breaker_then_recovers() {
     let _serial = SERIAL.lock().await;

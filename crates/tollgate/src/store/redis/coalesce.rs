@@ -22,7 +22,7 @@ use redis::aio::ConnectionManager;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use super::now::{NowArg, NowSource};
+use super::now::{NowArg, NowSource, real_now};
 use super::script;
 use crate::store::{Charge, StoreError};
 
@@ -95,6 +95,8 @@ type Answer = Result<Vec<i64>, StoreError>;
 struct Job {
     request: Request,
     reply: oneshot::Sender<Answer>,
+    /// When it was queued: its caller's deadline runs from about then.
+    queued: std::time::Instant,
 }
 
 /// The queue into one server's batches, and the task that drains it.
@@ -165,7 +167,11 @@ impl Place<'_> {
     /// Queues `request` and waits for its DECIDE reply.
     pub async fn decide(self, request: Request) -> Answer {
         let (reply, answer) = oneshot::channel();
-        self.0.send(Job { request, reply });
+        self.0.send(Job {
+            request,
+            reply,
+            queued: real_now(),
+        });
         answer
             .await
             .map_err(|_| StoreError::Unavailable("redis batch dropped".into()))?
@@ -214,7 +220,12 @@ async fn drive(
         stats
             .decisions
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let now = now_source.argument();
+        // Counted from the longest-waiting decision: one queued while earlier batches were out
+        // must not get a fresh allowance when its batch finally goes.
+        let now = match batch.iter().map(|job| job.queued).min() {
+            Some(since) => now_source.argument_since(since),
+            None => now_source.argument(),
+        };
         let (script, mut connection) = (script.clone(), connection.clone());
         tokio::spawn(async move {
             let _permit = permit;

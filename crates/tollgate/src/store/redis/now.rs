@@ -5,8 +5,8 @@
 //! socket held) would still charge: the caller was answered by its failure posture, and a
 //! `closed` limit would have refused the request and charged it all the same. So each call
 //! carries the latest instant, in the server's clock, at which it may still write: the store's
-//! deadline counted from when the call is sent, plus [`LATE_SLACK`]. Run later, the script
-//! writes nothing and answers an error.
+//! deadline counted from when the call is sent (a batch: from when its longest-waiting decision
+//! was queued), plus [`LATE_SLACK`]. Run later, the script writes nothing and answers an error.
 //!
 //! The server's clock is learnt from the `now` every DECIDE reply carries, against this
 //! process's monotonic clock (see [`ServerClock`]). Until the first reply (and after a call was refused as late while its caller still
@@ -38,11 +38,17 @@ pub(super) enum NowSource {
 impl NowSource {
     /// The argument for a call sent now.
     pub fn argument(&self) -> NowArg {
+        self.argument_since(real_now())
+    }
+
+    /// The argument for a call whose decisions began waiting at `since` (a batch: when its
+    /// first decision was queued), so that time spent queued counts against the allowance.
+    pub fn argument_since(&self, since: Instant) -> NowArg {
         match self {
             NowSource::Pinned(clock) => NowArg::Micros(clock.now().as_micros()),
-            NowSource::Server(server) => {
-                server.not_after().map_or(NowArg::Server, NowArg::NotAfter)
-            }
+            NowSource::Server(server) => server
+                .not_after(since)
+                .map_or(NowArg::Server, NowArg::NotAfter),
         }
     }
 
@@ -111,7 +117,7 @@ const UNKNOWN: i64 = i64::MIN;
 /// Real monotonic time: Redis's clock runs in real time, so a paused or driven test clock
 /// (tokio's, or `tollgate::clock`'s) would make every call look late, or never.
 #[allow(clippy::disallowed_methods)]
-fn real_now() -> Instant {
+pub(super) fn real_now() -> Instant {
     Instant::now()
 }
 
@@ -132,17 +138,22 @@ impl ServerClock {
     }
 
     fn local_micros(&self) -> i64 {
-        i64::try_from(self.origin.elapsed().as_micros()).unwrap_or(i64::MAX / 2)
+        self.micros_at(real_now())
     }
 
-    /// The server instant after which a call sent now must not write; `None` while unknown.
-    fn not_after(&self) -> Option<i64> {
+    fn micros_at(&self, at: Instant) -> i64 {
+        i64::try_from(at.saturating_duration_since(self.origin).as_micros()).unwrap_or(i64::MAX / 2)
+    }
+
+    /// The server instant after which a call whose wait began at `since` must not write;
+    /// `None` while unknown.
+    fn not_after(&self, since: Instant) -> Option<i64> {
         let offset = self
             .previous
             .load(Ordering::Relaxed)
             .max(self.current.load(Ordering::Relaxed));
         (offset != UNKNOWN).then(|| {
-            self.local_micros()
+            self.micros_at(since)
                 .saturating_add(offset)
                 .saturating_add(self.allowance)
         })
@@ -188,10 +199,14 @@ mod tests {
     #[test]
     fn a_call_may_write_until_its_deadline_and_the_slack_in_the_servers_clock() {
         let clock = ServerClock::new(Duration::from_millis(10));
-        assert_eq!(clock.not_after(), None, "unknown until a reply says");
+        assert_eq!(
+            clock.not_after(real_now()),
+            None,
+            "unknown until a reply says"
+        );
         let server_now = 1_700_000_000_000_000;
         clock.learn(server_now);
-        let limit = clock.not_after().unwrap();
+        let limit = clock.not_after(real_now()).unwrap();
         let allowance =
             i64::try_from((Duration::from_millis(10) + LATE_SLACK).as_micros()).unwrap();
         // Between the learning and the reading, a little local time passes.
@@ -200,7 +215,7 @@ mod tests {
             "{limit}"
         );
         clock.forget();
-        assert_eq!(clock.not_after(), None);
+        assert_eq!(clock.not_after(real_now()), None);
     }
 
     /// Replies from nodes whose clocks differ: the estimate follows the one ahead, so a call to
@@ -211,7 +226,7 @@ mod tests {
         let base = 1_700_000_000_000_000;
         clock.learn(base + 300_000);
         clock.learn(base);
-        let limit = clock.not_after().unwrap();
+        let limit = clock.not_after(real_now()).unwrap();
         let slack = i64::try_from(LATE_SLACK.as_micros()).unwrap();
         assert!(limit >= base + 300_000 + slack, "{limit}");
     }
