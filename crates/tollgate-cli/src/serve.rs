@@ -279,9 +279,9 @@ async fn serve(
             in_flight: args.store_batches_in_flight,
         },
     };
-    if options.coalesce.window >= options.command_timeout {
+    if options.coalesce.window * 2 > options.command_timeout {
         anyhow::bail!(
-            "--store-batch-window {} is not shorter than --store-timeout {}: every decision would miss its deadline waiting for its batch",
+            "--store-batch-window {} is more than half of --store-timeout {}: decisions would miss their deadline waiting for their batch",
             humantime::format_duration(options.coalesce.window),
             humantime::format_duration(options.command_timeout)
         );

@@ -232,8 +232,8 @@ fn serve_refuses_store_settings_that_would_never_decide() {
             "--store-batches-in-flight",
         ),
         (
-            &["--store-batch-window", "10ms", "--store-timeout", "10ms"],
-            "--store-batch-window 10ms is not shorter than --store-timeout 10ms",
+            &["--store-batch-window", "6ms", "--store-timeout", "10ms"],
+            "--store-batch-window 6ms is more than half of --store-timeout 10ms",
         ),
     ];
     for (flags, expected) in cases {

@@ -118,10 +118,10 @@ impl RedisOptions {
         if self.coalesce.in_flight == 0 {
             problems.push("coalesce.in_flight is 0: no batch could be sent".to_owned());
         }
-        if self.coalesce.window >= self.command_timeout {
+        if self.coalesce.window * 2 > self.command_timeout {
             problems.push(format!(
-                "coalesce.window ({:?}) is not shorter than command_timeout ({:?}): every \
-                 decision would miss its deadline waiting for its batch",
+                "coalesce.window ({:?}) is more than half of command_timeout ({:?}): \
+                 decisions would miss their deadline waiting for their batch",
                 self.coalesce.window, self.command_timeout
             ));
         }
@@ -825,7 +825,7 @@ mod tests {
         );
         with(&|o| o.coalesce.in_flight = 0, "coalesce.in_flight");
         with(
-            &|o| o.coalesce.window = o.command_timeout,
+            &|o| o.coalesce.window = o.command_timeout / 2 + Duration::from_millis(1),
             "coalesce.window",
         );
     }
