@@ -145,10 +145,19 @@ async fn every_error_is_json() {
     let valid = serde_json::to_vec(&check_body("user", "zip", None)).unwrap();
     let cases = [
         (client.post(server.url("/v1/check")).body(huge), 413),
-        // A valid body, but announced as compressed: refused, not read as something else.
+        // A valid body, but announced as compressed: refused, not read as something else
+        // (also behind an `identity` header).
         (
             client
                 .post(server.url("/v1/check"))
+                .header("content-encoding", "gzip")
+                .body(valid.clone()),
+            415,
+        ),
+        (
+            client
+                .post(server.url("/v1/check"))
+                .header("content-encoding", "identity")
                 .header("content-encoding", "gzip")
                 .body(valid),
             415,

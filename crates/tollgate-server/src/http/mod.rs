@@ -93,8 +93,11 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
 
     async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, Response> {
         // A compressed body would be read as JSON and fail there, with a misleading message.
-        if let Some(encoding) = request.headers().get(axum::http::header::CONTENT_ENCODING)
-            && !encoding.as_bytes().eq_ignore_ascii_case(b"identity")
+        if let Some(encoding) = request
+            .headers()
+            .get_all(axum::http::header::CONTENT_ENCODING)
+            .iter()
+            .find(|e| !e.as_bytes().eq_ignore_ascii_case(b"identity"))
         {
             return Err(error_response(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
