@@ -35,7 +35,14 @@ impl GrpcTlsArgs {
             return Ok(None);
         };
         let chain = read_pem(cert, "CERTIFICATE", "--grpc-tls-cert")?;
-        let key = read_pem(key, "PRIVATE KEY", "--grpc-tls-key")?;
+        let key_pem = read_pem(key, "PRIVATE KEY", "--grpc-tls-key")?;
+        if String::from_utf8_lossy(&key_pem).contains("ENCRYPTED") {
+            anyhow::bail!(
+                "--grpc-tls-key: {} is encrypted; give the key unencrypted (e.g. `openssl pkey -in KEY -out KEY.plain`)",
+                key.display()
+            );
+        }
+        let key = key_pem;
         let mut config = ServerTlsConfig::new()
             .identity(Identity::from_pem(chain, key))
             .timeout(HANDSHAKE_TIMEOUT);

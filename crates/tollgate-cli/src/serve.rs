@@ -253,7 +253,9 @@ async fn serve(
     if let Some(tls) = args.grpc_tls.server_config()? {
         grpc_builder = grpc_builder
             .tls_config(tls)
-            .context("--grpc-tls-cert and --grpc-tls-key do not make a TLS identity")?;
+            .context(
+                "--grpc-tls-cert and --grpc-tls-key do not make a TLS identity (the key must be the first certificate's: the server's own, before any intermediate)",
+            )?;
         info!(
             client_certificates = args.grpc_tls.mutual(),
             "gRPC over TLS"

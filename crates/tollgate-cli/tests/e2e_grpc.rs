@@ -563,8 +563,8 @@ async fn grpc_over_mutual_tls_answers_only_clients_with_a_certificate() {
     assert_eq!(remaining(again), 3, "the refused calls counted nothing");
 }
 
-/// A TLS file that is missing, holds no PEM block of the right kind, or a key that is not the
-/// certificate's stops `serve` before it listens, naming the flag.
+/// A TLS file that is missing, holds no PEM block of the right kind, a key that is not the
+/// certificate's, or an encrypted key stops `serve` before it listens, naming the flag.
 #[test]
 fn unusable_grpc_tls_files_stop_the_start() {
     let dir = tempfile::tempdir().unwrap();
@@ -573,10 +573,24 @@ fn unusable_grpc_tls_files_stop_the_start() {
     std::fs::write(&policy, POLICY).unwrap();
     let other_key = dir.path().join("client.key");
     let missing = dir.path().join("missing.pem");
+    let encrypted = dir.path().join("encrypted.key");
+    let made = std::process::Command::new("openssl")
+        .args(["pkcs8", "-topk8", "-passout", "pass:secret", "-in"])
+        .arg(&certs.key)
+        .arg("-out")
+        .arg(&encrypted)
+        .status()
+        .unwrap();
+    assert!(made.success());
     let cases = [
         (&missing, &certs.key, "--grpc-tls-cert: cannot read"),
         (&certs.cert, &certs.ca, "--grpc-tls-key: "),
         (&certs.cert, &other_key, "do not make a TLS identity"),
+        (
+            &certs.cert,
+            &encrypted,
+            "is encrypted; give the key unencrypted",
+        ),
     ];
     for (cert, key, expected) in cases {
         let (code, stderr) = support::serve_refused(&[
