@@ -94,7 +94,7 @@ impl Default for RedisOptions {
 impl RedisOptions {
     /// Refuses settings under which every decision would go to the failure posture with a
     /// healthy Redis (nothing may be in flight, a breaker that opens on no failure, a batch
-    /// window as long as the deadline): each problem, named by its field.
+    /// window over half the deadline): each problem, named by its field.
     pub fn check(&self) -> Result<(), String> {
         let mut problems = Vec::new();
         if self.command_timeout.is_zero() {
