@@ -62,7 +62,10 @@ async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
     .with_graceful_shutdown(stopped(stop_rx.clone()));
     let grpc_server = crate::serve::grpc_server(KEEPALIVE, KEEPALIVE_TIMEOUT)
         .add_service(RlsService::new(Arc::new(AllowAll::default())).into_server())
-        .serve_with_incoming_shutdown(crate::serve::no_delay_grpc(grpc), stopped(stop_rx.clone()));
+        .serve_with_incoming_shutdown(
+            crate::serve::grpc_incoming(grpc, KEEPALIVE_TIMEOUT),
+            stopped(stop_rx.clone()),
+        );
     let http_task = tokio::spawn(async move { http_server.await });
     let grpc_task = tokio::spawn(grpc_server);
 

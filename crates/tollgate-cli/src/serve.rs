@@ -21,6 +21,7 @@ use tollgate_server::grpc::{HealthService, RlsService};
 use tollgate_server::http::authorize::{AuthorizeMapping, DescriptorMapping};
 use tracing::{info, warn};
 
+use crate::first_bytes::FirstBytesWithin;
 use crate::grpc_tls::GrpcTlsArgs;
 
 #[derive(Debug, Args)]
@@ -131,7 +132,8 @@ pub struct ServeArgs {
     /// that forgot the connection) does not hold one forever. `0s` disables the pings.
     #[arg(long, default_value = "60s", value_parser = any_duration, value_name = "DURATION")]
     grpc_keepalive: Duration,
-    /// How long a gRPC keepalive ping may go unanswered.
+    /// How long a gRPC keepalive ping may go unanswered; also how long a new gRPC connection
+    /// may stay silent before its first bytes (the pings start only after HTTP/2's preface).
     #[arg(long, default_value = "20s", value_parser = humantime_duration, value_name = "DURATION")]
     grpc_keepalive_timeout: Duration,
     #[command(flatten)]
@@ -399,7 +401,10 @@ async fn serve(
     let grpc_server = grpc_builder
         .add_service(rls.into_server())
         .add_service(HealthService::new(stop_rx.clone()).into_server())
-        .serve_with_incoming_shutdown(no_delay_grpc(grpc), stopped(stop_rx.clone()));
+        .serve_with_incoming_shutdown(
+            grpc_incoming(grpc, args.grpc_keepalive_timeout),
+            stopped(stop_rx.clone()),
+        );
 
     let http_task = tokio::spawn(async move { http_server.await });
     let admin_task = tokio::spawn(async move { admin_server.await });
@@ -492,11 +497,20 @@ pub(crate) fn no_delay_http(
     })
 }
 
-/// The gRPC listener with `TCP_NODELAY` on every accepted connection. Without it an HTTP/2
-/// answer written in several small frames waits on Nagle's algorithm for the caller's delayed
-/// ACK: gRPC latencies of 1-2 ms at low load and a 40 ms tail.
-pub(crate) fn no_delay_grpc(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+/// The gRPC listener with `TCP_NODELAY` on every accepted connection, each of which must send
+/// its first bytes `within` (see [`FirstBytesWithin`]). Without `TCP_NODELAY` an HTTP/2 answer
+/// written in several small frames waits on Nagle's algorithm for the caller's delayed ACK:
+/// gRPC latencies of 1-2 ms at low load and a 40 ms tail.
+pub(crate) fn grpc_incoming(
+    listener: TcpListener,
+    within: Duration,
+) -> impl futures_util::Stream<Item = std::io::Result<FirstBytesWithin<tokio::net::TcpStream>>>
++ Send
++ 'static {
+    use futures_util::StreamExt;
+    tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .map(move |accepted| accepted.map(|stream| FirstBytesWithin::new(stream, within)))
 }
 
 /// Reloads the policy on SIGHUP and whenever the config path's contents change.

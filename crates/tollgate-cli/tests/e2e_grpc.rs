@@ -653,3 +653,15 @@ fn a_silent_grpc_connection_is_closed_after_an_unanswered_ping() {
     let mut silent = silent_client(quiet.grpc, HTTP2_HELLO);
     assert!(!closed_within(&mut silent, Duration::from_millis(1500)));
 }
+
+/// A client that connects and sends nothing, not even HTTP/2's preface (which keepalive pings
+/// wait for), is disconnected after `--grpc-keepalive-timeout`; one that sent its preface is
+/// not held to it.
+#[test]
+fn a_grpc_connection_that_sends_nothing_is_closed() {
+    let server = Server::start_with_args(POLICY, &["--grpc-keepalive-timeout", "300ms"]);
+    let mut mute = silent_client(server.grpc, b"");
+    assert!(closed_within(&mut mute, Duration::from_secs(5)));
+    let mut greeted = silent_client(server.grpc, HTTP2_HELLO);
+    assert!(!closed_within(&mut greeted, Duration::from_millis(1500)));
+}
