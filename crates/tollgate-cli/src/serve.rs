@@ -283,7 +283,7 @@ async fn serve(
             in_flight: args.store_batches_in_flight,
         },
     };
-    if options.coalesce.window * 2 > options.command_timeout {
+    if !options.coalesce.window_fits(options.command_timeout) {
         anyhow::bail!(
             "--store-batch-window {} is more than half of --store-timeout {}: decisions would miss their deadline waiting for their batch",
             humantime::format_duration(options.coalesce.window),
@@ -417,7 +417,7 @@ async fn serve(
     );
     let _ = stop_tx.send(true);
     // The background tasks finish within the same deadline: on a hung Redis, giving local
-    // budgets back or a policy sync call can wait as long as the store does.
+    // budgets back waits as long as the store does (a policy sync is cut short at once).
     let finish = async {
         join_server(http_task, "HTTP").await?;
         join_server(grpc_task, "gRPC").await?;

@@ -56,6 +56,12 @@ impl CoalesceOptions {
     pub fn enabled(&self) -> bool {
         self.max_batch > 0
     }
+
+    /// Whether the window leaves a decision waiting `deadline` time for its call: a window
+    /// over half of it would spend the deadline waiting for company.
+    pub fn window_fits(&self, deadline: Duration) -> bool {
+        self.window * 2 <= deadline
+    }
 }
 
 /// One request's charges for the batch script.
@@ -220,12 +226,10 @@ async fn drive(
         stats
             .decisions
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        // Counted from the longest-waiting decision: one queued while earlier batches were out
-        // must not get a fresh allowance when its batch finally goes.
-        let now = match batch.iter().map(|job| job.queued).min() {
-            Some(since) => now_source.argument_since(since),
-            None => now_source.argument(),
-        };
+        // Counted from the longest-waiting decision (the queue is first in, first out): one
+        // queued while earlier batches were out must not get a fresh allowance when its batch
+        // finally goes.
+        let now = now_source.argument_since(batch[0].queued);
         let (script, mut connection) = (script.clone(), connection.clone());
         tokio::spawn(async move {
             let _permit = permit;

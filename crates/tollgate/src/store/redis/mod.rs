@@ -118,7 +118,7 @@ impl RedisOptions {
         if self.coalesce.in_flight == 0 {
             problems.push("coalesce.in_flight is 0: no batch could be sent".to_owned());
         }
-        if self.coalesce.window * 2 > self.command_timeout {
+        if !self.coalesce.window_fits(self.command_timeout) {
             problems.push(format!(
                 "coalesce.window ({:?}) is more than half of command_timeout ({:?}): \
                  decisions would miss their deadline waiting for their batch",
