@@ -14,11 +14,12 @@ use tollgate_server::AllowAll;
 use tollgate_server::grpc::RlsService;
 use tracing::{info, warn};
 
-/// How long a stopping bench server waits for its connections, and its gRPC keepalive
-/// (`serve`'s defaults).
+/// How long a stopping bench server waits for its connections, its gRPC keepalive and its
+/// HTTP read deadline (`serve`'s defaults).
 const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(60);
 const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+const HTTP_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 #[derive(Debug, Args)]
 pub struct BenchServerArgs {
@@ -55,25 +56,26 @@ async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = crate::serve::stopped;
-    let http_server = axum::serve(
-        crate::serve::no_delay_http(http),
+    let http_server = crate::http_listener::serve(
+        http,
         tollgate_server::http::allow_all_router(),
-    )
-    .with_graceful_shutdown(stopped(stop_rx.clone()));
+        HTTP_READ_TIMEOUT,
+        stop_rx.clone(),
+    );
     let grpc_server = crate::serve::grpc_server(KEEPALIVE, KEEPALIVE_TIMEOUT)
         .add_service(RlsService::new(Arc::new(AllowAll::default())).into_server())
         .serve_with_incoming_shutdown(
             crate::serve::grpc_incoming(grpc, KEEPALIVE_TIMEOUT),
             stopped(stop_rx.clone()),
         );
-    let http_task = tokio::spawn(async move { http_server.await });
+    let http_task = tokio::spawn(http_server);
     let grpc_task = tokio::spawn(grpc_server);
 
     crate::serve::shutdown_signal(&mut terminate).await;
     info!("Shutting down");
     let _ = stop_tx.send(true);
     let work = async {
-        crate::serve::join_server(http_task, "HTTP").await?;
+        http_task.await?;
         crate::serve::join_server(grpc_task, "gRPC").await
     };
     crate::serve::drain(work, DRAIN_LIMIT, &mut terminate).await?;

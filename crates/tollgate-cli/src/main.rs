@@ -6,6 +6,8 @@ mod bench_server;
 mod check;
 mod first_bytes;
 mod grpc_tls;
+mod http_listener;
+mod idle_deadline;
 mod policy;
 mod serve;
 mod top;

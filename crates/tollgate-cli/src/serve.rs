@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use clap::Args;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -23,6 +22,7 @@ use tracing::{info, warn};
 
 use crate::first_bytes::FirstBytesWithin;
 use crate::grpc_tls::GrpcTlsArgs;
+use crate::http_listener;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -136,6 +136,12 @@ pub struct ServeArgs {
     /// may stay silent before its first bytes (the pings start only after HTTP/2's preface).
     #[arg(long, default_value = "20s", value_parser = humantime_duration, value_name = "DURATION")]
     grpc_keepalive_timeout: Duration,
+    /// How long an HTTP connection (API and admin) waits for its client: for a request's
+    /// headers after it opens or after its previous answer (so a keep-alive connection idle
+    /// this long is closed), then again for the body (`408` after it), and for the client to
+    /// take its answer. A client sending half a request, or a byte at a time, is closed.
+    #[arg(long, default_value = "60s", value_parser = humantime_duration, value_name = "DURATION")]
+    http_read_timeout: Duration,
     #[command(flatten)]
     grpc_tls: GrpcTlsArgs,
 }
@@ -384,16 +390,18 @@ async fn serve(
         .authorize_domain
         .clone()
         .map(|domain| AuthorizeMapping::new(domain, args.authorize_descriptor.clone()));
-    let http_server = axum::serve(
-        no_delay_http(http),
+    let http_server = http_listener::serve(
+        http,
         tollgate_server::http::router_with_authorize(lifecycle.clone(), authorize),
-    )
-    .with_graceful_shutdown(stopped(stop_rx.clone()));
-    let admin_server = axum::serve(
+        args.http_read_timeout,
+        stop_rx.clone(),
+    );
+    let admin_server = http_listener::serve(
         admin,
         tollgate_server::admin::router(lifecycle.clone(), token),
-    )
-    .with_graceful_shutdown(stopped(stop_rx.clone()));
+        args.http_read_timeout,
+        stop_rx.clone(),
+    );
     let mut rls = RlsService::new(limiter.clone());
     if args.no_rls_x_ratelimit_headers {
         rls = rls.without_x_ratelimit_headers();
@@ -406,8 +414,8 @@ async fn serve(
             stopped(stop_rx.clone()),
         );
 
-    let http_task = tokio::spawn(async move { http_server.await });
-    let admin_task = tokio::spawn(async move { admin_server.await });
+    let http_task = tokio::spawn(http_server);
+    let admin_task = tokio::spawn(admin_server);
     let grpc_task = tokio::spawn(grpc_server);
 
     shutdown_signal(&mut terminate).await;
@@ -419,9 +427,9 @@ async fn serve(
     // The background tasks finish within the same deadline: on a hung Redis, giving local
     // budgets back waits as long as the store does (a policy sync is cut short at once).
     let finish = async {
-        join_server(http_task, "HTTP").await?;
+        http_task.await?;
         join_server(grpc_task, "gRPC").await?;
-        join_server(admin_task, "Admin").await?;
+        admin_task.await?;
         let _ = sweeper.await;
         let _ = reloader.await;
         let _ = sync.await;
@@ -483,18 +491,6 @@ pub(crate) async fn listen(addr: SocketAddr, what: &str) -> anyhow::Result<TcpLi
     TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} for {what}"))
-}
-
-/// The HTTP listener with `TCP_NODELAY` on every accepted connection (shared with
-/// `bench-server`, so the ceiling runs the same socket setup).
-pub(crate) fn no_delay_http(
-    listener: TcpListener,
-) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
-    listener.tap_io(|stream| {
-        if let Err(e) = stream.set_nodelay(true) {
-            warn!(error = %e, "Could not set TCP_NODELAY on an HTTP connection");
-        }
-    })
 }
 
 /// The gRPC listener with `TCP_NODELAY` on every accepted connection, each of which must send

@@ -470,14 +470,6 @@ async fn the_grpc_health_service_serves_until_shutdown() {
     assert!(status.success(), "exit status {status:?}");
 }
 
-/// Opens a connection to `addr` and sends `bytes`, then goes silent: never reads, never answers.
-fn silent_client(addr: std::net::SocketAddr, bytes: &[u8]) -> std::net::TcpStream {
-    use std::io::Write;
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream.write_all(bytes).unwrap();
-    stream
-}
-
 /// The HTTP/2 connection preface and an empty SETTINGS frame: a gRPC caller's first bytes.
 const HTTP2_HELLO: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
 
@@ -490,8 +482,8 @@ const HTTP1_HALF: &[u8] = b"POST /v1/check HTTP/1.1\r\nHost: tollgate\r\n";
 #[tokio::test]
 async fn silent_connections_hold_the_shutdown_for_its_timeout_only() {
     let server = Server::start_with_args(POLICY, &["--shutdown-timeout", "1500ms"]);
-    let _h2 = silent_client(server.grpc, HTTP2_HELLO);
-    let _h1 = silent_client(server.http, HTTP1_HALF);
+    let _h2 = support::silent_client(server.grpc, HTTP2_HELLO);
+    let _h1 = support::silent_client(server.http, HTTP1_HALF);
     let began = tokio::time::Instant::now();
     let status = server.stop();
     let took = began.elapsed();
@@ -506,7 +498,7 @@ async fn silent_connections_hold_the_shutdown_for_its_timeout_only() {
 #[tokio::test]
 async fn a_second_signal_stops_without_waiting_for_the_drain() {
     let server = Server::start_with_args(POLICY, &["--shutdown-timeout", "1h"]);
-    let _h2 = silent_client(server.grpc, HTTP2_HELLO);
+    let _h2 = support::silent_client(server.grpc, HTTP2_HELLO);
     server.begin_shutdown().await;
     let status = server.stop();
     assert!(status.success(), "exit status {status:?}");
@@ -609,29 +601,6 @@ fn unusable_grpc_tls_files_stop_the_start() {
     }
 }
 
-/// Reads what the server sends on `stream` for at most `within`; whether it closed the
-/// connection meanwhile.
-fn closed_within(stream: &mut std::net::TcpStream, within: Duration) -> bool {
-    use std::io::Read;
-    let tick = Duration::from_millis(100);
-    stream.set_read_timeout(Some(tick)).unwrap();
-    let mut buffer = [0u8; 4096];
-    for _ in 0..within.as_millis().div_ceil(tick.as_millis()) {
-        match stream.read(&mut buffer) {
-            Ok(0) => return true,
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            // A reset is a close too.
-            Err(_) => return true,
-        }
-    }
-    false
-}
-
 /// A client that connects and then never answers (it vanished behind a partition, or a NAT
 /// forgot the connection) is pinged after `--grpc-keepalive` and disconnected when the ping
 /// goes unanswered for `--grpc-keepalive-timeout`; with the pings off it is kept.
@@ -646,12 +615,15 @@ fn a_silent_grpc_connection_is_closed_after_an_unanswered_ping() {
             "300ms",
         ],
     );
-    let mut silent = silent_client(pinging.grpc, HTTP2_HELLO);
-    assert!(closed_within(&mut silent, Duration::from_secs(5)));
+    let mut silent = support::silent_client(pinging.grpc, HTTP2_HELLO);
+    assert!(support::closed_within(&mut silent, Duration::from_secs(5)));
 
     let quiet = Server::start_with_args(POLICY, &["--grpc-keepalive", "0s"]);
-    let mut silent = silent_client(quiet.grpc, HTTP2_HELLO);
-    assert!(!closed_within(&mut silent, Duration::from_millis(1500)));
+    let mut silent = support::silent_client(quiet.grpc, HTTP2_HELLO);
+    assert!(!support::closed_within(
+        &mut silent,
+        Duration::from_millis(1500)
+    ));
 }
 
 /// A client that connects and sends nothing, not even HTTP/2's preface (which keepalive pings
@@ -660,8 +632,11 @@ fn a_silent_grpc_connection_is_closed_after_an_unanswered_ping() {
 #[test]
 fn a_grpc_connection_that_sends_nothing_is_closed() {
     let server = Server::start_with_args(POLICY, &["--grpc-keepalive-timeout", "300ms"]);
-    let mut mute = silent_client(server.grpc, b"");
-    assert!(closed_within(&mut mute, Duration::from_secs(5)));
-    let mut greeted = silent_client(server.grpc, HTTP2_HELLO);
-    assert!(!closed_within(&mut greeted, Duration::from_millis(1500)));
+    let mut mute = support::silent_client(server.grpc, b"");
+    assert!(support::closed_within(&mut mute, Duration::from_secs(5)));
+    let mut greeted = support::silent_client(server.grpc, HTTP2_HELLO);
+    assert!(!support::closed_within(
+        &mut greeted,
+        Duration::from_millis(1500)
+    ));
 }

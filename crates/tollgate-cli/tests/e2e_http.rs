@@ -3,6 +3,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 use support::{Server, header};
 
@@ -355,4 +357,47 @@ fn sigterm_stops_the_server_cleanly() {
     let server = Server::start(POLICY);
     let status = server.stop();
     assert!(status.success(), "exit status {status:?}");
+}
+
+/// An HTTP connection waits `--http-read-timeout` for a request's headers, counted from when it
+/// opened or its previous answer went out, then for its body: a client that sends nothing,
+/// half its headers, or keeps a connection idle is disconnected, one that sends half a body
+/// gets 408 (and counts nothing), on the API and the admin listener alike. With the default
+/// (60 s) the same silent client is kept.
+#[test]
+fn slow_or_idle_http_clients_are_disconnected_after_the_read_timeout() {
+    use support::{closed_within, read_until_closed, silent_client};
+    let within = Duration::from_secs(5);
+    let server = Server::start_with_args(POLICY, &["--http-read-timeout", "500ms"]);
+    assert!(closed_within(&mut silent_client(server.http, b""), within));
+    assert!(closed_within(&mut silent_client(server.admin, b""), within));
+    let half_head = b"POST /v1/check HTTP/1.1\r\nHost: tollgate\r\n";
+    assert!(closed_within(
+        &mut silent_client(server.http, half_head),
+        within
+    ));
+
+    let body = check_body("user", "slow", None).to_string();
+    let head = format!(
+        "POST /v1/check HTTP/1.1\r\nHost: tollgate\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let half_body = format!("{head}{}", &body[..body.len() / 2]);
+    let answer = read_until_closed(
+        &mut silent_client(server.http, half_body.as_bytes()),
+        within,
+    )
+    .expect("closed after its 408");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+
+    // Answered, then closed once idle: and the 408 before it counted nothing.
+    let whole = format!("{head}{body}");
+    let answer = read_until_closed(&mut silent_client(server.http, whole.as_bytes()), within)
+        .expect("an idle keep-alive connection is closed");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("x-ratelimit-remaining: 2\r\n"), "{answer}");
+
+    let patient = Server::start(POLICY);
+    let mut silent = silent_client(patient.http, b"");
+    assert!(!closed_within(&mut silent, Duration::from_millis(1500)));
 }

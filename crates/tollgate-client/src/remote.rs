@@ -55,7 +55,9 @@ impl Remote {
     ) -> Result<Self, reqwest::Error> {
         let client = reqwest::Client::builder()
             .connect_timeout(timeout)
-            .pool_idle_timeout(Duration::from_secs(90))
+            // Under the service's `--http-read-timeout` (60s by default), which closes idle
+            // connections: a pooled one is dropped here before the service closes it.
+            .pool_idle_timeout(Duration::from_secs(50))
             .build()?;
         Ok(Remote {
             client,

@@ -342,3 +342,39 @@ pub fn certificates(dir: &Path) -> Certificates {
         client_key: dir.join("client.key"),
     }
 }
+
+/// Opens a connection to `addr` and sends `bytes`, then goes silent: never reads, never answers.
+pub fn silent_client(addr: std::net::SocketAddr, bytes: &[u8]) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.write_all(bytes).unwrap();
+    stream
+}
+
+/// Reads what the server sends on `stream` for at most `within`: all of it if the server closed
+/// the connection meanwhile (a reset counts as a close), `None` if it is still open.
+pub fn read_until_closed(stream: &mut std::net::TcpStream, within: Duration) -> Option<String> {
+    use std::io::Read;
+    let tick = Duration::from_millis(100);
+    stream.set_read_timeout(Some(tick)).unwrap();
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    for _ in 0..within.as_millis().div_ceil(tick.as_millis()) {
+        match stream.read(&mut buffer) {
+            Ok(0) => return Some(String::from_utf8_lossy(&received).into_owned()),
+            Ok(n) => received.extend_from_slice(&buffer[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return Some(String::from_utf8_lossy(&received).into_owned()),
+        }
+    }
+    None
+}
+
+/// Whether the server closed the connection on `stream` within `within`.
+pub fn closed_within(stream: &mut std::net::TcpStream, within: Duration) -> bool {
+    read_until_closed(stream, within).is_some()
+}

@@ -109,9 +109,28 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
         }
         match axum::body::Bytes::from_request(request, state).await {
             Ok(bytes) => Ok(Body(bytes)),
+            Err(e) if timed_out(&e) => Err(error_response(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request's body did not arrive in time (the server's read timeout)".into(),
+            )),
             Err(e) => Err(error_response(e.status(), e.body_text())),
         }
     }
+}
+
+/// Whether reading a body failed because the connection's read deadline passed (the listener
+/// closes a connection that waits too long: see `--http-read-timeout`).
+fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// The JSON answers for an unknown path (`404`) and a method a path does not take (`405`).

@@ -1,0 +1,106 @@
+//! The HTTP listeners (`serve`'s API and admin API, `bench-server`'s API): hyper, with the
+//! read deadline axum's `serve` does not set (see [`crate::idle_deadline`]). Without it a
+//! client that sent half a request held its socket, and a task, for as long as it liked.
+
+use std::convert::Infallible;
+use std::pin::pin;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::response::Response;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tower::ServiceExt;
+use tracing::{debug, error, warn};
+
+use crate::idle_deadline::{IdleDeadline, Progress};
+use crate::serve::stopped;
+
+/// Serves `router` on `listener` until `stop` says stop, then waits for the requests in flight
+/// (the caller bounds that wait) while idle connections close.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    router: Router,
+    read_timeout: Duration,
+    stop: watch::Receiver<bool>,
+) {
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let connections = GracefulShutdown::new();
+    let mut stop = pin!(stopped(stop));
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    accept_failed(e).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        // An answer written in several segments must not wait on Nagle's algorithm.
+        if let Err(e) = stream.set_nodelay(true) {
+            warn!(error = %e, "Could not set TCP_NODELAY on an HTTP connection");
+        }
+        let progress = Progress::new();
+        let io = TokioIo::new(IdleDeadline::new(stream, progress.clone(), read_timeout));
+        let service = Marking {
+            router: router.clone(),
+            progress,
+        };
+        let connection = connections.watch(builder.serve_connection(io, service).into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                debug!(error = %e, "HTTP connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    connections.shutdown().await;
+}
+
+/// A failed `accept`: a connection reset before it was taken is nothing; anything else (out of
+/// file descriptors, mostly) is logged and waited out for a second rather than spun on.
+async fn accept_failed(e: std::io::Error) {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    if matches!(
+        e.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset
+    ) {
+        return;
+    }
+    error!(error = %e, "Could not accept an HTTP connection; trying again in 1s");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+/// The router, marking a connection's progress when a request's headers are in and when its
+/// answer is ready.
+#[derive(Clone)]
+struct Marking {
+    router: Router,
+    progress: Progress,
+}
+
+impl hyper::service::Service<http::Request<Incoming>> for Marking {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Response, Infallible>> + Send + 'static>,
+    >;
+
+    fn call(&self, request: http::Request<Incoming>) -> Self::Future {
+        self.progress.mark();
+        let router = self.router.clone();
+        let progress = self.progress.clone();
+        Box::pin(async move {
+            let answer = router.oneshot(request.map(Body::new)).await;
+            progress.mark();
+            answer
+        })
+    }
+}
