@@ -28,25 +28,34 @@ struct Cli {
     command: Command,
 }
 
+// Every subcommand takes negative numbers as values (`--hits -5`), so that the option's own
+// parser says what is wrong with them, not clap's "unexpected argument".
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the service: Envoy RLS v3 gRPC and the HTTP/JSON API.
+    #[command(allow_negative_numbers = true)]
     Serve(Box<serve::ServeArgs>),
     /// Ask a running server for a decision and print it.
+    #[command(allow_negative_numbers = true)]
     Check(check::CheckArgs),
     /// Check a policy file or directory; print every problem, or a summary of its rules.
+    #[command(allow_negative_numbers = true)]
     Validate(validate::ValidateArgs),
     /// Manage a running server's policy: push (or shadow), list, show, diff, rollback,
     /// reload, promote, candidate.
+    #[command(allow_negative_numbers = true)]
     Policy(policy::PolicyArgs),
     /// Show the keys a rule denied most often on a running server.
+    #[command(allow_negative_numbers = true)]
     Top(top::TopArgs),
     /// Load a rate-limit server (tollgate or any Envoy RLS v3 server) and report throughput,
     /// latency and outcomes; bounded in time, loopback targets only by default.
+    #[command(allow_negative_numbers = true)]
     Bench(Box<bench::BenchArgs>),
     /// A no-op Envoy RLS v3 / HTTP server that allows every valid request and counts nothing:
     /// the ceiling `tollgate bench` measures `serve` against. A benchmarking aid, never for
     /// production.
+    #[command(allow_negative_numbers = true)]
     BenchServer(bench_server::BenchServerArgs),
 }
 

@@ -224,8 +224,13 @@ fn serve_refuses_an_empty_forward_auth_domain() {
 fn serve_refuses_store_settings_that_would_never_decide() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(&dir, "ok.yaml", "domain: edge\ndescriptors: []\n");
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--store-max-in-flight", "0"], "--store-max-in-flight"),
+        // A negative number reaches the option's own check (not clap's "unexpected argument").
+        (
+            &["--store-max-in-flight", "-3"],
+            "`-3` is not a whole number of at least 1",
+        ),
         (&["--breaker-failures", "0"], "--breaker-failures"),
         (
             &["--store-batches-in-flight", "0"],

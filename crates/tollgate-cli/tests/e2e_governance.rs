@@ -315,6 +315,14 @@ async fn push_list_diff_and_rollback_from_the_cli() {
     let (code, _, err) = server.policy_cli(&["rollback", "--to", "99"]);
     assert_ne!(code, 0);
     assert!(err.contains("no kept version 99"), "{err}");
+    // Over the API, a version that is not kept is not found, as `show` answers it.
+    let missing = reqwest::Client::new()
+        .post(format!("http://{}/v1/admin/policy/rollback", server.admin))
+        .body(r#"{"to": 99}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
     // The version that is missing is named, and the server's error is not shown as raw JSON.
     let (code, _, err) = server.policy_cli(&["diff", "1", "999"]);
     assert_ne!(code, 0);

@@ -73,6 +73,20 @@ impl PolicyVersion {
     }
 }
 
+/// Why a rollback did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RollbackError {
+    /// The version asked for is not (or no longer) in the history.
+    #[error("no kept version {0}")]
+    NotKept(u64),
+    /// No version before the running one is kept.
+    #[error("no earlier version to roll back to")]
+    NoEarlier,
+    /// The version could not be activated again (its rules do not run on this store).
+    #[error("{0}")]
+    Rejected(String),
+}
+
 /// What an activation did.
 #[derive(Debug, Clone)]
 pub enum Activation {
@@ -443,7 +457,7 @@ impl Lifecycle {
     }
 
     /// Returns to version `to`, or to the one before the running one.
-    pub fn rollback(&self, to: Option<u64>) -> Result<Activation, String> {
+    pub fn rollback(&self, to: Option<u64>) -> Result<Activation, RollbackError> {
         // Not under the history lock: activations take `current` first, then `history`.
         let current = self.current().seq;
         let target = {
@@ -453,13 +467,13 @@ impl Lifecycle {
                 None => history.iter().rev().find(|v| v.seq < current).cloned(),
             }
         };
-        let target = target.ok_or_else(|| match to {
-            Some(seq) => format!("no kept version {seq}"),
-            None => "no earlier version to roll back to".to_owned(),
+        let target = target.ok_or(match to {
+            Some(seq) => RollbackError::NotKept(seq),
+            None => RollbackError::NoEarlier,
         })?;
         // Only over the version it was chosen against: a push landing meanwhile wins.
         self.activate_over(target.sources.clone(), Origin::Rollback, Some(current))
-            .map_err(|e| e.to_string())
+            .map_err(|e| RollbackError::Rejected(e.to_string()))
     }
 
     /// Appends the policy metrics in Prometheus text format.

@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tollgate::lifecycle::{Activation, Origin, PolicyVersion, diff as version_diff};
+use tollgate::lifecycle::{Activation, Origin, PolicyVersion, RollbackError, diff as version_diff};
 use tollgate::policy::PolicyErrors;
 
 use super::{AdminPath, AdminQuery, AdminState};
@@ -177,7 +177,8 @@ pub async fn rollback(State(state): State<AdminState>, Body(body): Body) -> Resp
     };
     match state.lifecycle.rollback(request.to) {
         Ok(a) => activation(Ok(a)),
-        Err(why) => error_response(StatusCode::BAD_REQUEST, why),
+        Err(e @ RollbackError::NotKept(_)) => error_response(StatusCode::NOT_FOUND, e.to_string()),
+        Err(e) => error_response(StatusCode::BAD_REQUEST, e.to_string()),
     }
 }
 
