@@ -245,6 +245,10 @@ async fn any_denied_descriptor_denies_the_request_and_charges_none() {
     assert_eq!(r.overall_code, Code::OverLimit as i32);
     assert_eq!(r.statuses[0].code, Code::Ok as i32);
     assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
+    assert_eq!(
+        r.statuses[0].limit_remaining, 5,
+        "the user limit as it stands, uncharged"
+    );
     // The user limit was not charged by the denied request.
     let r = client
         .should_rate_limit(request(vec![(&[("user", "all-or-nothing")], None)], 1))

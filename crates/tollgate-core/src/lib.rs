@@ -115,10 +115,18 @@ pub fn check(params: &Params, state: &State, now: Timestamp) -> Decision {
     if !one.is_allowed() {
         return one;
     }
-    let (as_is, _) = decide(params, state, now, 0);
+    as_is(params, state, now)
+}
+
+/// The figures of a limit as its state stands: allowed, `remaining` and `reset_after`
+/// counting nothing more, no `retry_after` and no `delay` (a decision of cost 0). What an
+/// admitted [`check`] answers, and what a limit that allowed its charge answers in a request
+/// another limit denied, since nothing is charged then.
+pub fn as_is(params: &Params, state: &State, now: Timestamp) -> Decision {
+    let (figures, _) = decide(params, state, now, 0);
     Decision {
         delay: std::time::Duration::ZERO,
-        ..as_is
+        ..figures
     }
 }
 

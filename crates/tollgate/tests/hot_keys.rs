@@ -413,7 +413,7 @@ async fn budgets_admit_exactly_the_limit(url: &str, algorithms: &[&str]) {
 }
 
 /// A request a second limit denies gives its local-budget units back: the budget rule's
-/// counter only ever counts admitted requests.
+/// counter only ever counts admitted requests, and the denied request reports it uncharged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_request_returns_what_it_took_from_a_lease() {
     let redis = RedisServer::start();
@@ -444,6 +444,10 @@ descriptors:
     let tenant = request("a", "tenant", "t1", 1);
     let answer = limiter.explain(&tenant).await.unwrap();
     assert_eq!(answer.statuses[0].decision.unwrap().remaining, 96);
+    // Denied again, from a fresh lease: the tenant limit answers as it stands, 3 of 100 used.
+    let denied = limiter.check(&both()).await.unwrap();
+    assert!(!denied.allowed());
+    assert_eq!(denied.statuses[0].decision.unwrap().remaining, 97);
 }
 
 /// A request that charges one counter twice is denied by its second charge; the counter

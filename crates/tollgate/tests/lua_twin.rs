@@ -327,6 +327,21 @@ impl Reference {
             .iter()
             .zip(&decisions)
             .all(|(c, (d, _))| !c.enforce || d.is_allowed());
+        if !admitted {
+            // Nothing is charged: an allowed charge answers with the figures of the stored
+            // state (still saying what it would have taken).
+            for ((charge, (decision, _)), transition) in
+                charges.iter().zip(&mut decisions).zip(&transitions)
+            {
+                if decision.is_allowed() && *transition != Transition::Keep {
+                    let stored = self
+                        .states
+                        .get(&charge.key)
+                        .map_or_else(|| State::empty(&charge.params), |(s, _)| s.clone());
+                    *decision = tollgate_core::as_is(&charge.params, &stored, at);
+                }
+            }
+        }
         if admitted && commit {
             let mut written = Vec::new();
             for (charge, transition) in charges.iter().zip(transitions) {

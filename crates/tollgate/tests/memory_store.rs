@@ -46,6 +46,7 @@ async fn a_denied_limit_leaves_no_charge_on_the_others() {
             .await
             .unwrap();
         assert!(d[0].is_allowed(), "the wide limit alone would allow");
+        assert_eq!(d[0].remaining, 9, "and says what is left, uncharged");
         assert_eq!(d[1].verdict, Verdict::Denied);
     }
     let alone = store.apply(&[charge("user", &wide, 1)]).await.unwrap();
@@ -53,6 +54,28 @@ async fn a_denied_limit_leaves_no_charge_on_the_others() {
         alone[0].remaining, 8,
         "the three denied requests charged nothing"
     );
+}
+
+/// In a request another limit denies, a limit that would allow its charge answers with its
+/// figures as they stand (what a check, cost 0, reads), not as after the charge: for a bucket
+/// the time until it is full too, and no shaping delay.
+#[tokio::test]
+async fn a_denied_request_reports_the_allowed_limits_as_they_stand() {
+    let (clock, store) = store();
+    let bucket = params(Algorithm::LeakyBucket, 10, Duration::from_secs(60));
+    let narrow = params(Algorithm::FixedWindow, 1, Duration::from_secs(60));
+    store.apply(&[charge("ip", &narrow, 1)]).await.unwrap();
+    store.apply(&[charge("user", &bucket, 4)]).await.unwrap();
+    clock.advance(Duration::from_secs(3));
+    let denied = store
+        .apply(&[charge("user", &bucket, 3), charge("ip", &narrow, 1)])
+        .await
+        .unwrap();
+    assert_eq!(denied[1].verdict, Verdict::Denied);
+    let as_it_stands = store.apply(&[charge("user", &bucket, 0)]).await.unwrap();
+    assert_eq!(denied[0], as_it_stands[0]);
+    let charged = store.peek(&[charge("user", &bucket, 3)]).await.unwrap();
+    assert_ne!(denied[0], charged[0], "a charge's figures differ");
 }
 
 #[tokio::test]

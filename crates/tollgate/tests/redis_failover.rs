@@ -1,5 +1,6 @@
 //! A cluster failover: the promoted replica never saw our script (Redis replicates script
 //! effects, not scripts), so the first call there answers NOSCRIPT, which must be absorbed.
+//! And a request whose limits live in several slots, decided in two steps.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
@@ -222,6 +223,37 @@ async fn failures_after_a_redirect_open_the_breaker_of_the_node_redirected_to() 
         decided > 100,
         "{decided} of 200 decided: only the target's slots may fail"
     );
+}
+
+/// A request whose limits live in different slots, denied by one of them, charges none, and
+/// the limit that allowed answers with its figures as they stand (as one slot's script answers
+/// for a request it denies itself), not as after the charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_denied_across_slots_reports_the_allowed_limit_as_it_stands() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = connect(&cluster, Duration::from_secs(2)).await;
+    let port = cluster.primary_ports()[0];
+    let slot = |key: &str| cluster.cli(port, &["CLUSTER", "KEYSLOT", key]);
+    assert_ne!(slot("wide"), slot("narrow"));
+    let wide = hourly(Algorithm::FixedWindow, 10);
+    let narrow = hourly(Algorithm::FixedWindow, 1);
+    let charge = |key: &'static str, params, cost| Charge {
+        key: key.as_bytes(),
+        params,
+        cost,
+        enforce: true,
+    };
+    store.apply(&[charge("narrow", &narrow, 1)]).await.unwrap();
+    store.apply(&[charge("wide", &wide, 4)]).await.unwrap();
+    let denied = store
+        .apply(&[charge("wide", &wide, 3), charge("narrow", &narrow, 1)])
+        .await
+        .unwrap();
+    assert!(!denied[1].is_allowed());
+    assert!(denied[0].is_allowed());
+    assert_eq!(denied[0].remaining, 6, "4 of 10 used, and nothing charged");
+    let alone = store.apply(&[charge("wide", &wide, 1)]).await.unwrap();
+    assert_eq!(alone[0].remaining, 5);
 }
 
 /// A cluster store through one seed node, ready to decide.

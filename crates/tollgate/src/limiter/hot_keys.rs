@@ -277,9 +277,16 @@ impl Limiter {
             answer => answer,
         };
         let admitted = answer.is_ok() && admitted(charges, decisions);
-        for (charge, t) in charges.iter().zip(&taken) {
+        for (i, (charge, t)) in charges.iter().zip(&taken).enumerate() {
             match t {
-                Some(t) if !admitted => t.put_back(charge.cost),
+                Some(t) if !admitted => {
+                    t.put_back(charge.cost);
+                    // Its figures as they stand, as the stores answer for a request denied.
+                    if let Some(d) = decisions.get_mut(i) {
+                        d.remaining = d.remaining.saturating_add(charge.cost).min(d.limit);
+                        d.delay = Duration::ZERO;
+                    }
+                }
                 Some(t) if t.spared_the_store => {
                     self.local_admissions.fetch_add(1, Ordering::Relaxed);
                 }

@@ -13,7 +13,7 @@ use std::num::NonZeroU64;
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
-use tollgate_core::{Decision, Params, State, Timestamp, Transition, decide_or_check};
+use tollgate_core::{Decision, Params, State, Timestamp, Transition, as_is, decide_or_check};
 
 use super::{Charge, Decisions, INLINE_CHARGES, Store, StoreError, admitted};
 use crate::clock::SharedClock;
@@ -258,11 +258,7 @@ impl MemoryStore {
 
         let mut transitions: SmallVec<[Transition; INLINE_CHARGES]> = SmallVec::new();
         for (i, charge) in charges.iter().enumerate() {
-            let table = &guards[shard_ids[i]];
-            let stored = table
-                .find(hashes[i], |slot| *slot.key == *charge.key)
-                .map(|slot| slot.state.load())
-                .unwrap_or_else(|| Cow::Owned(State::empty(charge.params)));
+            let stored = stored_state(&guards[shard_ids[i]], hashes[i], charge);
             let repeated = charges[..i].iter().any(|c| c.key == charge.key);
             let (decision, transition) = if repeated {
                 // The same counter twice in one request: decide against the state the earlier
@@ -281,7 +277,18 @@ impl MemoryStore {
             transitions.push(transition);
         }
 
-        if commit && admitted(charges, decisions) {
+        if !admitted(charges, decisions) {
+            // Nothing is charged: a limit that allowed its charge answers with its figures as
+            // they stand, not as after a charge that is never made.
+            for (i, charge) in charges.iter().enumerate() {
+                if decisions[i].is_allowed() && transitions[i] != Transition::Keep {
+                    let stored = stored_state(&guards[shard_ids[i]], hashes[i], charge);
+                    decisions[i] = as_is(charge.params, &stored, now);
+                }
+            }
+            return;
+        }
+        if commit {
             for (i, (charge, transition)) in charges.iter().zip(transitions).enumerate() {
                 if transition == Transition::Keep {
                     continue;
@@ -303,6 +310,16 @@ impl MemoryStore {
             }
         }
     }
+}
+
+/// The state `table` holds for `charge`'s key (`hash`), or an empty one.
+fn stored_state<'a>(table: &'a Shard, hash: u64, charge: &Charge<'_>) -> Cow<'a, State> {
+    table
+        .find(hash, |slot| *slot.key == *charge.key)
+        .map_or_else(
+            || Cow::Owned(State::empty(charge.params)),
+            |slot| slot.state.load(),
+        )
 }
 
 impl Store for MemoryStore {

@@ -66,7 +66,8 @@ impl StoreError {
 ///
 /// Contract: `apply` returns one decision per charge, in order. The request is admitted when
 /// every charge with `enforce` is allowed; then every allowed charge is committed. Otherwise
-/// nothing is committed (all-or-nothing). Charges on the same key within one request are decided
+/// nothing is committed (all-or-nothing), and an allowed charge answers with its figures as
+/// they stand ([`tollgate_core::as_is`]), not as after the charge. Charges on the same key within one request are decided
 /// in order, each seeing the ones before it.
 pub trait Store: Send + Sync {
     /// Decides and (if admitted) commits all charges of one request.

@@ -539,11 +539,16 @@ impl RedisStore {
                 )
             }))
         };
-        let peeks = all(false)
+        let mut peeks = all(false)
             .await
             .into_iter()
             .collect::<Result<Vec<_>, _>>()?;
-        if !commit || peeks.iter().any(|r| !r.admitted) {
+        if peeks.iter().any(|r| !r.admitted) {
+            self.as_they_stand(charges, keys, spans, groups, &mut peeks, deadline)
+                .await;
+            return Ok(gather(&peeks));
+        }
+        if !commit {
             return Ok(gather(&peeks));
         }
         let commits = all(true).await;
@@ -564,8 +569,59 @@ impl RedisStore {
             })
         });
         join_all(refunds).await;
-        let commits = commits.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let mut commits = commits.into_iter().collect::<Result<Vec<_>, _>>()?;
+        self.as_they_stand(charges, keys, spans, groups, &mut commits, deadline)
+            .await;
         Ok(gather(&commits))
+    }
+
+    /// For a request denied across slots: the slots that admitted their part (in a peek, or
+    /// in a charge since refunded) answer for each charge they allowed with its figures as
+    /// they stand, as one slot's script does for a request it denies itself, not as after a
+    /// charge that was never made. Read with one more call per such slot (a check: cost 0); a
+    /// slot that cannot answer in time keeps the figures it gave.
+    async fn as_they_stand(
+        &self,
+        charges: &[Charge<'_>],
+        keys: &[u8],
+        spans: &[Range<usize>],
+        groups: &[Group],
+        replies: &mut [Reply],
+        deadline: Instant,
+    ) {
+        let checks: Vec<Charge<'_>> = charges.iter().map(|c| Charge { cost: 0, ..*c }).collect();
+        let stale = |r: &Reply| r.admitted && r.charged.iter().any(|&units| units > 0);
+        let rereads = groups.iter().zip(replies.iter()).map(|(group, reply)| {
+            let checks = &checks;
+            async move {
+                if !stale(reply) {
+                    return None;
+                }
+                let read = self.run_decide(checks, keys, spans, group, false);
+                within(deadline, "redis", read).await.ok()
+            }
+        });
+        let fresh = join_all(rereads).await;
+        for (reply, fresh) in replies.iter_mut().zip(fresh) {
+            let Some(fresh) = fresh else { continue };
+            for ((decision, units), now) in reply
+                .decisions
+                .iter_mut()
+                .zip(&reply.charged)
+                .zip(fresh.decisions)
+            {
+                // A check says "denied" at a full counter; the figures are what is wanted.
+                if *units > 0 {
+                    *decision = Decision {
+                        remaining: now.remaining,
+                        reset_after: now.reset_after,
+                        retry_after: None,
+                        delay: Duration::ZERO,
+                        ..*decision
+                    };
+                }
+            }
+        }
     }
 
     /// Decides `charges` with one script call per slot they live in, each within `deadline`

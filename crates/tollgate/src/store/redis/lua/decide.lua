@@ -11,7 +11,8 @@
 -- Every charge is decided against the current state; charges on the same key are decided in
 -- order, each seeing the tentative effect of the earlier ones. The request is admitted when every
 -- enforced charge is allowed; then, if commit, every allowed charge is committed (denied
--- ones consume nothing); otherwise nothing is written. All reads happen before the first write,
+-- ones consume nothing); otherwise nothing is written, and an allowed charge answers with the
+-- figures of a cost of 0 on the state as stored. All reads happen before the first write,
 -- so an error (a key of a foreign type, raised as a Redis error table) leaves every key of the
 -- request unchanged. Every key written gets PEXPIREAT at ceil(expires_at / 1000) ms, expires_at
 -- being Rust's State::expires_at of the new state; a state already expired at `now` is deleted.
@@ -106,6 +107,23 @@ local function decide_request(first, n, arg, commit, now)
     end
   end
   out[2] = admitted
+
+  if admitted == 0 then
+    -- Nothing is charged: a limit that allowed its charge answers with its figures as they
+    -- stand (tollgate_core::as_is, on the state read afresh: the contexts hold this call's
+    -- tentative charges), not as after a charge that is never made.
+    for i = 1, n do
+      local o = 6 * i - 3
+      if out[o] == 0 and out[o + 5] > 0 then
+        local a = arg + 6 * (i - 1)
+        local alg = tonumber(ARGV[a])
+        local c = state_open(KEYS[first + i], alg == 2)
+        local _, remaining, reset, retry = decide_charge(c, alg, now, tonumber(ARGV[a + 1]),
+          tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), 0)
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = remaining, reset, retry, 0
+      end
+    end
+  end
 
   if commit and admitted == 1 then
     -- Reads the rare paths need, then the writes: nothing is written before every read is done.
