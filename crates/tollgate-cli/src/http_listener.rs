@@ -4,6 +4,8 @@
 
 use std::convert::Infallible;
 use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -15,6 +17,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tollgate_server::http::body_too_slow;
 use tower::ServiceExt;
 use tracing::{debug, error, warn};
 
@@ -31,6 +34,7 @@ pub(crate) async fn serve(
 ) {
     let builder = auto::Builder::new(TokioExecutor::new());
     let connections = GracefulShutdown::new();
+    let stopping = Arc::new(AtomicBool::new(false));
     let mut stop = pin!(stopped(stop));
     loop {
         let stream = tokio::select! {
@@ -48,10 +52,16 @@ pub(crate) async fn serve(
             warn!(error = %e, "Could not set TCP_NODELAY on an HTTP connection");
         }
         let progress = Progress::new();
-        let io = TokioIo::new(IdleDeadline::new(stream, progress.clone(), read_timeout));
+        let io = TokioIo::new(IdleDeadline::new(
+            stream,
+            progress.clone(),
+            read_timeout,
+            stopping.clone(),
+        ));
         let service = Marking {
             router: router.clone(),
             progress,
+            limit: read_timeout,
         };
         let connection = connections.watch(builder.serve_connection(io, service).into_owned());
         tokio::spawn(async move {
@@ -61,6 +71,9 @@ pub(crate) async fn serve(
         });
     }
     drop(listener);
+    // Connections between requests close at once (see `IdleDeadline`); requests in flight
+    // finish, within the caller's bound.
+    stopping.store(true, Ordering::Relaxed);
     connections.shutdown().await;
 }
 
@@ -79,11 +92,14 @@ async fn accept_failed(e: std::io::Error) {
 }
 
 /// The router, marking a connection's progress when a request's headers are in and when its
-/// answer is ready.
+/// answer is ready. Over HTTP/2 a stream's body and answer are also due within `limit` of its
+/// headers (`408` otherwise): the connection's deadline cannot see one stalled stream among
+/// busy ones.
 #[derive(Clone)]
 struct Marking {
     router: Router,
     progress: Progress,
+    limit: Duration,
 }
 
 impl hyper::service::Service<http::Request<Incoming>> for Marking {
@@ -94,12 +110,19 @@ impl hyper::service::Service<http::Request<Incoming>> for Marking {
     >;
 
     fn call(&self, request: http::Request<Incoming>) -> Self::Future {
-        self.progress.mark();
-        let router = self.router.clone();
-        let progress = self.progress.clone();
+        let in_flight = self.progress.request();
+        let multiplexed = request.version() == http::Version::HTTP_2;
+        let answer = self.router.clone().oneshot(request.map(Body::new));
+        let limit = self.limit;
         Box::pin(async move {
-            let answer = router.oneshot(request.map(Body::new)).await;
-            progress.mark();
+            let answer = if multiplexed {
+                tokio::time::timeout(limit, answer)
+                    .await
+                    .unwrap_or_else(|_| Ok(body_too_slow(http::Version::HTTP_2)))
+            } else {
+                answer.await
+            };
+            drop(in_flight);
             answer
         })
     }

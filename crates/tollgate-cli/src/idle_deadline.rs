@@ -1,11 +1,14 @@
 //! A connection closed when it has waited too long since its last sign of progress.
 //!
-//! [`Progress`] is the last instant a request's headers came in or its answer went out; the
-//! connection's service marks it. [`IdleDeadline`] wraps the connection's socket: a read or a
-//! write that is still waiting `limit` after that instant fails with `TimedOut`, and hyper
-//! closes the connection. So a client gets `limit` to send a request's headers after it
-//! connects or after its previous answer (an idle keep-alive connection is closed too), then
-//! `limit` again for the body, and `limit` to take its answer.
+//! [`Progress`] is the last instant a request's headers came in, its answer was ready, or a
+//! write to the client went through; the connection's service and socket mark it.
+//! [`IdleDeadline`] wraps the socket: a read or a write that is still waiting `limit` after
+//! that instant fails with `TimedOut`, and hyper closes the connection. So a client gets
+//! `limit` to send a request's headers after it connects or after its previous answer (an idle
+//! keep-alive connection is closed too), then `limit` again for the body, and `limit` between
+//! two writes of its answer that it must read for (as nginx's `send_timeout`: a large answer
+//! read steadily is never cut). Once the listener stops, a connection with no request in
+//! flight is closed at its next wait: half a request's headers do not hold a shutdown.
 //!
 //! One timer per connection, armed only when the socket would wait, and pushed forward rather
 //! than made anew (tokio extends a later deadline without touching its timer wheel): hyper's
@@ -15,37 +18,71 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-/// When a connection last made progress; shared by its socket and its service.
+/// When a connection last made progress, and how many of its requests are in flight; shared
+/// by its socket and its service.
 #[derive(Debug, Clone)]
 pub struct Progress {
     opened: Instant,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
     /// Nanoseconds from `opened`.
-    last: Arc<AtomicU64>,
+    last: AtomicU64,
+    in_flight: AtomicUsize,
 }
 
 impl Progress {
     pub fn new() -> Self {
         Progress {
             opened: Instant::now(),
-            last: Arc::new(AtomicU64::new(0)),
+            shared: Arc::default(),
         }
     }
 
-    /// Marks progress now: a request's headers came in, or its answer is ready.
+    /// Marks progress now.
     pub fn mark(&self) {
         let since = u64::try_from(self.opened.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.last.fetch_max(since, Ordering::Relaxed);
+        self.shared.last.fetch_max(since, Ordering::Relaxed);
+    }
+
+    /// A request whose headers just came in: progress, and in flight until the returned guard
+    /// is dropped (its answer ready, or the request abandoned), which marks progress again.
+    pub fn request(&self) -> InFlight {
+        self.mark();
+        self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+
+    fn idle(&self) -> bool {
+        self.shared.in_flight.load(Ordering::Relaxed) == 0
     }
 
     fn deadline(&self, limit: Duration) -> Instant {
-        self.opened + Duration::from_nanos(self.last.load(Ordering::Relaxed)) + limit
+        let last = Duration::from_nanos(self.shared.last.load(Ordering::Relaxed));
+        // A limit that overflows an instant is as good as none.
+        self.opened
+            .checked_add(last.saturating_add(limit))
+            .unwrap_or_else(|| self.opened + Duration::from_secs(u64::from(u32::MAX)))
+    }
+}
+
+/// A request in flight on a connection (see [`Progress::request`]).
+#[derive(Debug)]
+pub struct InFlight(Progress);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.mark();
     }
 }
 
@@ -57,22 +94,31 @@ pub struct IdleDeadline<IO> {
     progress: Progress,
     limit: Duration,
     timer: Pin<Box<Sleep>>,
+    /// Set once the listener stops.
+    stopping: Arc<AtomicBool>,
 }
 
 impl<IO> IdleDeadline<IO> {
-    pub fn new(io: IO, progress: Progress, limit: Duration) -> Self {
+    pub fn new(io: IO, progress: Progress, limit: Duration, stopping: Arc<AtomicBool>) -> Self {
         let timer = Box::pin(tokio::time::sleep_until(progress.deadline(limit)));
         IdleDeadline {
             io,
             progress,
             limit,
             timer,
+            stopping,
         }
     }
 
     /// For an operation that would wait: `TimedOut` if the deadline has passed, else
     /// `Pending` with the timer set to wake the task at the deadline.
     fn waiting<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        if self.stopping.load(Ordering::Relaxed) && self.progress.idle() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the server is stopping and no request is in flight",
+            )));
+        }
         let deadline = self.progress.deadline(self.limit);
         if self.timer.deadline() != deadline {
             self.timer.as_mut().reset(deadline);
@@ -87,6 +133,18 @@ impl<IO> IdleDeadline<IO> {
             ))),
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+impl<IO> IdleDeadline<IO> {
+    /// A write's result; one that went through is progress.
+    fn wrote(&self, written: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        if let Poll::Ready(Ok(n)) = written
+            && n > 0
+        {
+            self.progress.mark();
+        }
+        written
     }
 }
 
@@ -111,7 +169,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for IdleDeadline<IO> {
     ) -> Poll<io::Result<usize>> {
         match Pin::new(&mut self.io).poll_write(cx, bytes) {
             Poll::Pending => self.waiting(cx),
-            ready => ready,
+            ready => self.wrote(ready),
         }
     }
 
@@ -133,7 +191,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for IdleDeadline<IO> {
     ) -> Poll<io::Result<usize>> {
         match Pin::new(&mut self.io).poll_write_vectored(cx, bufs) {
             Poll::Pending => self.waiting(cx),
-            ready => ready,
+            ready => self.wrote(ready),
         }
     }
 

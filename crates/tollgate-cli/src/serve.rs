@@ -153,10 +153,20 @@ fn share(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A duration of at most a day: no setting of `serve` is meant to be longer, and a longer one
+/// (up to `u64::MAX` seconds parses) would overflow the deadlines computed from it.
 fn any_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("`{s}` is not a duration such as 500ms or 2s: {e}"))
+    let parsed = humantime::parse_duration(s)
+        .map_err(|e| format!("`{s}` is not a duration such as 500ms or 2s: {e}"))?;
+    if parsed > DAY {
+        return Err(format!(
+            "`{s}` is more than a day (24h), the most this setting takes"
+        ));
+    }
+    Ok(parsed)
 }
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
     let parsed = any_duration(s)?;

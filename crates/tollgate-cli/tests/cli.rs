@@ -224,7 +224,12 @@ fn serve_refuses_an_empty_forward_auth_domain() {
 fn serve_refuses_store_settings_that_would_never_decide() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(&dir, "ok.yaml", "domain: edge\ndescriptors: []\n");
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
+        // Up to u64::MAX seconds parses; past a day the deadlines computed from it overflow.
+        (
+            &["--grpc-keepalive", "18446744073709551615s"],
+            "is more than a day (24h)",
+        ),
         (&["--store-max-in-flight", "0"], "--store-max-in-flight"),
         // A negative number reaches the option's own check (not clap's "unexpected argument").
         (

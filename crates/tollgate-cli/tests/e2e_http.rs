@@ -389,6 +389,7 @@ fn slow_or_idle_http_clients_are_disconnected_after_the_read_timeout() {
     )
     .expect("closed after its 408");
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("connection: close\r\n"), "{answer}");
 
     // Answered, then closed once idle: and the 408 before it counted nothing.
     let whole = format!("{head}{body}");
@@ -400,4 +401,84 @@ fn slow_or_idle_http_clients_are_disconnected_after_the_read_timeout() {
     let patient = Server::start(POLICY);
     let mut silent = silent_client(patient.http, b"");
     assert!(!closed_within(&mut silent, Duration::from_millis(1500)));
+}
+
+/// The read timeout counts between two writes of an answer the client must read for, not for
+/// the whole answer: a `/metrics` of several megabytes, more than the socket buffers hold,
+/// read steadily over more than two timeouts, arrives whole.
+#[test]
+fn a_large_answer_read_steadily_is_not_cut_short() {
+    use std::io::{Read, Write};
+    let mut policy = String::from("domain: big\ndescriptors:\n");
+    for i in 0..4000 {
+        policy.push_str(&format!(
+            "  - key: k{i}\n    rate_limit: {{name: rule_{i:05}_{}, unit: hour, requests_per_unit: 9}}\n",
+            "q".repeat(60)
+        ));
+    }
+    let server = Server::start_with_args(&policy, &["--http-read-timeout", "1s"]);
+    // A small receive window, so that the kernel does not take most of the answer off the
+    // server's hands at once: its writes wait on this client's reads.
+    let mut stream = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(32 * 1024).unwrap();
+        let stream = socket
+            .connect(server.http)
+            .await
+            .unwrap()
+            .into_std()
+            .unwrap();
+        stream.set_nonblocking(false).unwrap();
+        stream
+    });
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: tollgate\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut received = Vec::new();
+    let mut buffer = vec![0u8; 128 * 1024];
+    let began = tokio::time::Instant::now();
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => received.extend_from_slice(&buffer[..n]),
+        }
+        // At most 32 KiB every 15 ms, about 2 MB/s: the answer takes over two timeouts.
+        std::thread::sleep(Duration::from_millis(15));
+    }
+    let took = began.elapsed();
+    let text = String::from_utf8_lossy(&received);
+    let (head, body) = text.split_once("\r\n\r\n").expect("an answer");
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .expect("a content length")
+        .parse()
+        .unwrap();
+    assert!(length > 6_000_000, "more than the socket buffers: {length}");
+    assert_eq!(body.len(), length, "the whole answer, read in {took:?}");
+    assert!(
+        took > Duration::from_secs(2),
+        "read over more than two timeouts: {took:?}"
+    );
+}
+
+/// On SIGTERM a connection with no request in flight closes at once, even one that sent half
+/// a request's headers: it does not hold the shutdown for `--shutdown-timeout`.
+#[test]
+fn half_a_request_does_not_hold_the_shutdown() {
+    let server = Server::start_with_args(POLICY, &["--shutdown-timeout", "30s"]);
+    let _half = support::silent_client(server.http, b"POST /v1/check HTTP/1.1\r\nHo");
+    let _admin = support::silent_client(server.admin, b"GET /v1/admin/pol");
+    std::thread::sleep(Duration::from_millis(200));
+    let began = tokio::time::Instant::now();
+    let status = server.stop();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        began.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        began.elapsed()
+    );
 }

@@ -107,15 +107,30 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
                 ),
             ));
         }
+        let version = request.version();
         match axum::body::Bytes::from_request(request, state).await {
             Ok(bytes) => Ok(Body(bytes)),
-            Err(e) if timed_out(&e) => Err(error_response(
-                StatusCode::REQUEST_TIMEOUT,
-                "the request's body did not arrive in time (the server's read timeout)".into(),
-            )),
+            Err(e) if timed_out(&e) => Err(body_too_slow(version)),
             Err(e) => Err(error_response(e.status(), e.body_text())),
         }
     }
+}
+
+/// `408` for a body that did not arrive within the listener's read timeout (`serve
+/// --http-read-timeout`). An HTTP/1 connection is closed after it: the rest of the body may
+/// still be on its way.
+pub fn body_too_slow(version: axum::http::Version) -> Response {
+    let mut response = error_response(
+        StatusCode::REQUEST_TIMEOUT,
+        "the request's body did not arrive in time (the server's read timeout)".into(),
+    );
+    if version <= axum::http::Version::HTTP_11 {
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 /// Whether reading a body failed because the connection's read deadline passed (the listener

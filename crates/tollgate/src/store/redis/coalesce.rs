@@ -60,7 +60,7 @@ impl CoalesceOptions {
     /// Whether the window leaves a decision waiting `deadline` time for its call: a window
     /// over half of it would spend the deadline waiting for company.
     pub fn window_fits(&self, deadline: Duration) -> bool {
-        self.window * 2 <= deadline
+        self.window.checked_mul(2).is_some_and(|w| w <= deadline)
     }
 }
 

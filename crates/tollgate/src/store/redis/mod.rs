@@ -91,6 +91,10 @@ impl Default for RedisOptions {
     }
 }
 
+/// The longest duration [`RedisOptions::check`] accepts: a day (past it, deadline arithmetic
+/// could overflow, and no deadline of a rate limiter's store is meant to be that long).
+const MAX_SETTING: Duration = Duration::from_secs(24 * 3600);
+
 impl RedisOptions {
     /// Refuses settings under which every decision would go to the failure posture with a
     /// healthy Redis (nothing may be in flight, a breaker that opens on no failure, a batch
@@ -99,6 +103,17 @@ impl RedisOptions {
         let mut problems = Vec::new();
         if self.command_timeout.is_zero() {
             problems.push("command_timeout is 0: every call would miss its deadline".to_owned());
+        }
+        for (name, value) in [
+            ("command_timeout", self.command_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("breaker.open_for", self.breaker.open_for),
+        ] {
+            if value > MAX_SETTING {
+                problems.push(format!(
+                    "{name} ({value:?}) is more than a day: no deadline of the store's is that long"
+                ));
+            }
         }
         if self.max_in_flight == 0 {
             problems.push("max_in_flight is 0: every decision would be shed".to_owned());
@@ -884,5 +899,16 @@ mod tests {
             &|o| o.coalesce.window = o.command_timeout / 2 + Duration::from_millis(1),
             "coalesce.window",
         );
+        // Durations whose deadline arithmetic would overflow: refused, not a panic.
+        with(&|o| o.coalesce.window = Duration::MAX, "coalesce.window");
+        with(&|o| o.connect_timeout = Duration::MAX, "connect_timeout");
+        with(
+            &|o| {
+                o.command_timeout = Duration::MAX;
+                o.coalesce.window = Duration::ZERO;
+            },
+            "command_timeout",
+        );
+        with(&|o| o.breaker.open_for = Duration::MAX, "breaker.open_for");
     }
 }
