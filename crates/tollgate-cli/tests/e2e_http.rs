@@ -482,3 +482,44 @@ fn half_a_request_does_not_hold_the_shutdown() {
         began.elapsed()
     );
 }
+
+/// Over HTTP/2 (prior knowledge) a stream whose body stalls gets 408 once the read timeout
+/// has passed since its headers, even while other streams keep the connection busy.
+#[tokio::test]
+async fn a_stalled_http2_stream_gets_408_while_others_are_answered() {
+    use futures_util::StreamExt;
+    use http_body_util::{BodyExt, Empty, StreamBody};
+    use hyper::body::{Bytes, Frame};
+    type Stalling = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+    let server = Server::start_with_args(POLICY, &["--http-read-timeout", "1s"]);
+    let tcp = tokio::net::TcpStream::connect(server.http).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake::<_, _, Stalling>(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let uri = |path: &str| format!("http://{}{path}", server.http);
+    let first_bytes = futures_util::stream::once(async {
+        Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"{\"dom")))
+    });
+    let stalling = StreamBody::new(first_bytes.chain(futures_util::stream::pending()));
+    let request = http::Request::post(uri("/v1/check"))
+        .header("content-length", "80")
+        .body(BodyExt::boxed(stalling))
+        .unwrap();
+    let began = tokio::time::Instant::now();
+    let stalled = tokio::spawn(sender.send_request(request));
+    while !stalled.is_finished() && began.elapsed() < Duration::from_secs(5) {
+        let health = http::Request::get(uri("/healthz"))
+            .body(Empty::new().map_err(|never| match never {}).boxed())
+            .unwrap();
+        let answer = sender.send_request(health).await.unwrap();
+        assert_eq!(answer.status(), 200);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let answer = stalled.await.unwrap().unwrap();
+    assert_eq!(answer.status(), 408, "after {:?}", began.elapsed());
+    assert!(began.elapsed() >= Duration::from_secs(1));
+}
