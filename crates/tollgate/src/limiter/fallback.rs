@@ -68,7 +68,7 @@ impl Fallback {
         commit: bool,
     ) -> Decisions {
         // An enforced `closed` limit denies the request as unavailable: the local shares are
-        // then only looked at (what they would say, unchanged), as explain does.
+        // then only looked at, and answer as they stand (nothing is charged).
         let closed = charges
             .iter()
             .zip(postures)
@@ -89,8 +89,11 @@ impl Fallback {
             })
             .collect();
         let mut decided = Decisions::new();
-        self.local
-            .decide(&local_charges, commit && !closed, &mut decided);
+        if closed {
+            self.local.decide_denied(&local_charges, &mut decided);
+        } else {
+            self.local.decide(&local_charges, commit, &mut decided);
+        }
         let mut local = decided.into_iter();
         charges
             .iter()
@@ -223,7 +226,7 @@ mod tests {
             f.local_store().is_empty(),
             "the local limit was not charged"
         );
-        // The local limit reports its share (half of 4), as it stands.
-        assert_eq!((d[0].limit, d[0].remaining), (2, 1));
+        // The local limit reports its share (half of 4), as it stands: nothing charged.
+        assert_eq!((d[0].limit, d[0].remaining), (2, 2));
     }
 }

@@ -283,7 +283,7 @@ impl Limiter {
                     t.put_back(charge.cost);
                     // Its figures as they stand, as the stores answer for a request denied.
                     if let Some(d) = decisions.get_mut(i) {
-                        d.remaining = d.remaining.saturating_add(charge.cost).min(d.limit);
+                        d.remaining = d.remaining.saturating_add(charge.cost);
                         d.delay = Duration::ZERO;
                     }
                 }

@@ -241,6 +241,23 @@ impl MemoryStore {
     /// admitted, commits them. Up to [`INLINE_CHARGES`] charges on existing keys, nothing is
     /// allocated.
     pub(crate) fn decide(&self, charges: &[Charge<'_>], commit: bool, decisions: &mut Decisions) {
+        self.decide_unless(false, charges, commit, decisions);
+    }
+
+    /// [`MemoryStore::decide`] for a request a limit outside `charges` denies: nothing is
+    /// committed, and the allowed charges answer as they stand, as in a request one of them
+    /// denies.
+    pub(crate) fn decide_denied(&self, charges: &[Charge<'_>], decisions: &mut Decisions) {
+        self.decide_unless(true, charges, false, decisions);
+    }
+
+    fn decide_unless(
+        &self,
+        denied: bool,
+        charges: &[Charge<'_>],
+        commit: bool,
+        decisions: &mut Decisions,
+    ) {
         let now = self.clock.now();
         let hashes: SmallVec<[u64; INLINE_CHARGES]> =
             charges.iter().map(|c| self.hash(c.key)).collect();
@@ -277,7 +294,7 @@ impl MemoryStore {
             transitions.push(transition);
         }
 
-        if !admitted(charges, decisions) {
+        if denied || !admitted(charges, decisions) {
             // Nothing is charged: a limit that allowed its charge answers with its figures as
             // they stand, not as after a charge that is never made.
             for (i, charge) in charges.iter().enumerate() {
