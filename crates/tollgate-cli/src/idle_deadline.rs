@@ -1,14 +1,15 @@
 //! A connection closed when it has waited too long since its last sign of progress.
 //!
-//! [`Progress`] is the last instant a request's headers came in, its answer was ready, or a
-//! write to the client went through; the connection's service and socket mark it.
-//! [`IdleDeadline`] wraps the socket: a read or a write that is still waiting `limit` after
-//! that instant fails with `TimedOut`, and hyper closes the connection. So a client gets
-//! `limit` to send a request's headers after it connects or after its previous answer (an idle
-//! keep-alive connection is closed too), then `limit` again for the body, and `limit` between
-//! two writes of its answer that it must read for (as nginx's `send_timeout`: a large answer
-//! read steadily is never cut). Once the listener stops, a connection with no request in
-//! flight is closed at its next wait: half a request's headers do not hold a shutdown.
+//! [`Progress`] is the last instant a request's headers came in or its answer was ready (the
+//! connection's service marks it), or a write went through after one had to wait (the socket
+//! marks it). [`IdleDeadline`] wraps the socket: a read or a write that is still waiting
+//! `limit` after that instant fails with `TimedOut`, and hyper closes the connection. So a
+//! client gets `limit` to send a request's headers after it connects or after its previous
+//! answer (an idle keep-alive connection is closed too), then `limit` again for the body (and
+//! the answer to be ready), and `limit` between two writes of an answer it must read for (as
+//! nginx's `send_timeout`: a large answer read steadily is never cut). Once the listener
+//! stops, a connection with no request in flight is closed [`STOPPING_GRACE`] after its last
+//! progress: half a request's headers do not hold a shutdown, and a last answer still goes out.
 //!
 //! One timer per connection, armed only when the socket would wait, and pushed forward rather
 //! than made anew (tokio extends a later deadline without touching its timer wheel): hyper's
@@ -96,7 +97,13 @@ pub struct IdleDeadline<IO> {
     timer: Pin<Box<Sleep>>,
     /// Set once the listener stops.
     stopping: Arc<AtomicBool>,
+    /// Whether a write had to wait since the last that went through.
+    write_waited: bool,
 }
+
+/// Once the listener stops, how long a connection with no request in flight stays after its
+/// last progress.
+pub const STOPPING_GRACE: Duration = Duration::from_millis(500);
 
 impl<IO> IdleDeadline<IO> {
     pub fn new(io: IO, progress: Progress, limit: Duration, stopping: Arc<AtomicBool>) -> Self {
@@ -107,23 +114,30 @@ impl<IO> IdleDeadline<IO> {
             limit,
             timer,
             stopping,
+            write_waited: false,
         }
     }
 
     /// For an operation that would wait: `TimedOut` if the deadline has passed, else
-    /// `Pending` with the timer set to wake the task at the deadline.
+    /// `Pending` with the timer set to wake the task at the deadline. Once the listener stops,
+    /// a connection with no request in flight gets [`STOPPING_GRACE`] from its last progress
+    /// (its last answer's bytes still go out).
     fn waiting<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
-        if self.stopping.load(Ordering::Relaxed) && self.progress.idle() {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the server is stopping and no request is in flight",
-            )));
-        }
-        let deadline = self.progress.deadline(self.limit);
+        let stopping = self.stopping.load(Ordering::Relaxed) && self.progress.idle();
+        let limit = if stopping {
+            self.limit.min(STOPPING_GRACE)
+        } else {
+            self.limit
+        };
+        let deadline = self.progress.deadline(limit);
         if self.timer.deadline() != deadline {
             self.timer.as_mut().reset(deadline);
         }
         match self.timer.as_mut().poll(cx) {
+            Poll::Ready(()) if stopping => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the server is stopping and no request is in flight",
+            ))),
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(
@@ -134,13 +148,20 @@ impl<IO> IdleDeadline<IO> {
             Poll::Pending => Poll::Pending,
         }
     }
-}
 
-impl<IO> IdleDeadline<IO> {
-    /// A write's result; one that went through is progress.
-    fn wrote(&self, written: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+    /// For a write that would wait.
+    fn write_waiting<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        self.write_waited = true;
+        self.waiting(cx)
+    }
+
+    /// A write's result. One that goes through after a write had to wait is progress: the
+    /// client is reading an answer larger than the socket's buffers. Other writes are not (an
+    /// HTTP/2 client's pings and settings would otherwise keep an idle connection forever).
+    fn wrote(&mut self, written: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
         if let Poll::Ready(Ok(n)) = written
             && n > 0
+            && std::mem::take(&mut self.write_waited)
         {
             self.progress.mark();
         }
@@ -168,14 +189,14 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for IdleDeadline<IO> {
         bytes: &[u8],
     ) -> Poll<io::Result<usize>> {
         match Pin::new(&mut self.io).poll_write(cx, bytes) {
-            Poll::Pending => self.waiting(cx),
+            Poll::Pending => self.write_waiting(cx),
             ready => self.wrote(ready),
         }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match Pin::new(&mut self.io).poll_flush(cx) {
-            Poll::Pending => self.waiting(cx),
+            Poll::Pending => self.write_waiting(cx),
             ready => ready,
         }
     }
@@ -190,12 +211,118 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for IdleDeadline<IO> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         match Pin::new(&mut self.io).poll_write_vectored(cx, bufs) {
-            Poll::Pending => self.waiting(cx),
+            Poll::Pending => self.write_waiting(cx),
             ready => self.wrote(ready),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, duplex};
+
+    use super::*;
+
+    const LIMIT: Duration = Duration::from_secs(10);
+
+    struct Connection {
+        server: IdleDeadline<DuplexStream>,
+        client: DuplexStream,
+        progress: Progress,
+        stopping: Arc<AtomicBool>,
+    }
+
+    /// A connection whose socket buffers `buffer` bytes each way.
+    fn connection(buffer: usize) -> Connection {
+        let (server, client) = duplex(buffer);
+        let progress = Progress::new();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let server = IdleDeadline::new(server, progress.clone(), LIMIT, stopping.clone());
+        Connection {
+            server,
+            client,
+            progress,
+            stopping,
+        }
+    }
+
+    /// How long a read on `server` waits before it fails, and that it fails with `TimedOut`.
+    async fn read_fails_after(server: &mut IdleDeadline<DuplexStream>) -> Duration {
+        let began = Instant::now();
+        let error = server.read(&mut [0u8; 8]).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        began.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_fails_the_limit_after_the_last_progress() {
+        let mut c = connection(64);
+        assert_eq!(read_fails_after(&mut c.server).await, LIMIT);
+
+        let mut c = connection(64);
+        tokio::time::sleep(LIMIT / 2).await;
+        c.progress.mark();
+        assert_eq!(read_fails_after(&mut c.server).await, LIMIT);
+
+        // Bytes that come in time are read; the deadline still runs from the last progress.
+        let mut c = connection(64);
+        c.client.write_all(b"GET").await.unwrap();
+        let mut buffer = [0u8; 8];
+        assert_eq!(c.server.read(&mut buffer).await.unwrap(), 3);
+        assert_eq!(read_fails_after(&mut c.server).await, LIMIT);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_write_that_had_to_wait_is_progress() {
+        let mut c = connection(16);
+        let deadline = || c.progress.deadline(LIMIT);
+        let before = deadline();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Fits the buffer (a ping's acknowledgement): the connection is no less idle.
+        c.server.write_all(b"pong").await.unwrap();
+        assert_eq!(c.progress.deadline(LIMIT), before);
+
+        // An answer of 64 bytes through a 16-byte buffer, read 16 bytes every 8 s: 40 s in
+        // all, more than the limit, and never 10 s without a write going through.
+        let mut client = c.client;
+        let reader = tokio::spawn(async move {
+            let mut got = 0;
+            let mut buffer = [0u8; 16];
+            while got < 4 + 64 {
+                tokio::time::sleep(Duration::from_secs(8)).await;
+                got += client.read(&mut buffer).await.unwrap();
+            }
+            got
+        });
+        c.server.write_all(&[7u8; 64]).await.unwrap();
+        assert!(c.progress.deadline(LIMIT) > before);
+        assert_eq!(reader.await.unwrap(), 4 + 64);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn once_stopping_an_idle_connection_gets_the_grace_only() {
+        let mut c = connection(64);
+        c.stopping.store(true, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Its last progress (the connection's opening) is older than the grace: at once.
+        assert_eq!(read_fails_after(&mut c.server).await, Duration::ZERO);
+
+        // An answer just ready: the grace, for its bytes to go out.
+        let mut c = connection(64);
+        c.stopping.store(true, Ordering::Relaxed);
+        drop(c.progress.request());
+        assert_eq!(read_fails_after(&mut c.server).await, STOPPING_GRACE);
+
+        // A request in flight keeps the whole limit.
+        let mut c = connection(64);
+        c.stopping.store(true, Ordering::Relaxed);
+        let _in_flight = c.progress.request();
+        assert_eq!(read_fails_after(&mut c.server).await, LIMIT);
     }
 }

@@ -28,8 +28,9 @@ struct Cli {
     command: Command,
 }
 
-// Every subcommand takes negative numbers as values (`--hits -5`), so that the option's own
-// parser says what is wrong with them, not clap's "unexpected argument".
+// Every command with a number takes negative ones as values (`--hits -5`), so that the
+// option's own parser says what is wrong with them, not clap's "unexpected argument" (the
+// setting is per command: `policy`'s subcommands have it too).
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the service: Envoy RLS v3 gRPC and the HTTP/JSON API.

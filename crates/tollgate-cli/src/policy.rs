@@ -44,11 +44,13 @@ enum PolicyCommand {
     /// List the kept versions; `*` marks the running one.
     List,
     /// Print one version's source texts.
+    #[command(allow_negative_numbers = true)]
     Show {
         /// Version sequence number (see `list`).
         version: u64,
     },
     /// Line diff between two versions (the second defaults to the running one).
+    #[command(allow_negative_numbers = true)]
     Diff {
         /// Older version.
         from: u64,
@@ -56,6 +58,7 @@ enum PolicyCommand {
         to: Option<u64>,
     },
     /// Return to an earlier version (the previous one by default).
+    #[command(allow_negative_numbers = true)]
     Rollback {
         /// The version to return to.
         #[arg(long)]

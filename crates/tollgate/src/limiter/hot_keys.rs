@@ -280,9 +280,11 @@ impl Limiter {
         for (i, (charge, t)) in charges.iter().zip(&taken).enumerate() {
             match t {
                 Some(t) if !admitted => {
-                    t.put_back(charge.cost);
-                    // Its figures as they stand, as the stores answer for a request denied.
-                    if let Some(d) = decisions.get_mut(i) {
+                    // Its figures as they stand, as the stores answer for a request denied
+                    // (units that cannot go back stay charged).
+                    if t.put_back(charge.cost)
+                        && let Some(d) = decisions.get_mut(i)
+                    {
                         d.remaining = d.remaining.saturating_add(charge.cost);
                         d.delay = Duration::ZERO;
                     }

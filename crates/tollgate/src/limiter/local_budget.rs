@@ -312,12 +312,14 @@ pub struct Taken {
 impl Taken {
     /// Returns the `cost` units taken, for a request another limit then denied. If that lease
     /// has been replaced, retired or emptied since, they stay charged (under-admission by
-    /// `cost` until the counter resets, never over).
-    pub fn put_back(&self, cost: u64) {
+    /// `cost` until the counter resets, never over). Returns whether the units went back.
+    pub fn put_back(&self, cost: u64) -> bool {
         let mut lease = self.slot.lease.lock();
-        if lease.serial == self.serial && !lease.retired && lease.params.is_some() {
+        let back = lease.serial == self.serial && !lease.retired && lease.params.is_some();
+        if back {
             lease.tokens += cost;
         }
+        back
     }
 }
 
