@@ -1,18 +1,33 @@
 //! TLS on the gRPC port: `serve --grpc-tls-cert/--grpc-tls-key`, with `--grpc-tls-client-ca`
 //! for mutual TLS (what envoyproxy/ratelimit's `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`,
 //! `GRPC_SERVER_TLS_KEY` and `GRPC_CLIENT_TLS_CACERT` set).
+//!
+//! The handshake is ours (rustls through tokio-rustls, as tonic's own), so that the files can
+//! be read again while serving: [`ServingTls::watch`] checks them every `--watch-interval` and
+//! serves a changed, valid set to new connections (a renewed certificate needs no restart); a
+//! set that does not load is logged and the one in use stays.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use futures_util::{Stream, StreamExt};
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{RootCertStore, ServerConfig};
+use tokio_rustls::server::TlsStream;
+use tracing::{debug, info, warn};
 
 #[derive(Debug, Clone, Args)]
 pub struct GrpcTlsArgs {
     /// PEM certificate chain served on the gRPC port (with `--grpc-tls-key`); without it gRPC
-    /// is plaintext. Read at startup: restart to serve a renewed certificate.
+    /// is plaintext. The files are checked every `--watch-interval`: a renewed certificate is
+    /// served to new connections without a restart.
     #[arg(long, value_name = "PATH", requires = "grpc_tls_key")]
     grpc_tls_cert: Option<PathBuf>,
     /// PEM private key of `--grpc-tls-cert`.
@@ -27,14 +42,34 @@ pub struct GrpcTlsArgs {
 /// How long a client may take over the TLS handshake before its connection is closed.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The files' contents: what a reload compares.
+type Contents = Vec<Vec<u8>>;
+
 impl GrpcTlsArgs {
-    /// The server's TLS settings, or `None` for plaintext. The files are read and checked here,
-    /// so a missing or malformed one stops the start with its path.
-    pub fn server_config(&self) -> anyhow::Result<Option<ServerTlsConfig>> {
-        let (Some(cert), Some(key)) = (&self.grpc_tls_cert, &self.grpc_tls_key) else {
+    /// The TLS the gRPC port serves, or `None` for plaintext. The files are read and checked
+    /// here, so a missing or malformed one stops the start with its flag and path.
+    pub fn serving(&self) -> anyhow::Result<Option<Arc<ServingTls>>> {
+        if self.grpc_tls_cert.is_none() {
             return Ok(None);
+        }
+        let (contents, config) = self.load()?;
+        Ok(Some(Arc::new(ServingTls {
+            args: self.clone(),
+            current: Mutex::new((contents, config)),
+        })))
+    }
+
+    /// `true` when clients must present a certificate.
+    pub fn mutual(&self) -> bool {
+        self.grpc_tls_client_ca.is_some()
+    }
+
+    /// Reads the files and makes the server's TLS settings from them.
+    fn load(&self) -> anyhow::Result<(Contents, Arc<ServerConfig>)> {
+        let (Some(cert), Some(key)) = (&self.grpc_tls_cert, &self.grpc_tls_key) else {
+            anyhow::bail!("--grpc-tls-cert and --grpc-tls-key go together");
         };
-        let chain = read_pem(cert, "CERTIFICATE", "--grpc-tls-cert")?;
+        let chain_pem = read_pem(cert, "CERTIFICATE", "--grpc-tls-cert")?;
         let key_pem = read_pem(key, "PRIVATE KEY", "--grpc-tls-key")?;
         if String::from_utf8_lossy(&key_pem).contains("ENCRYPTED") {
             anyhow::bail!(
@@ -42,21 +77,41 @@ impl GrpcTlsArgs {
                 key.display()
             );
         }
-        let key = key_pem;
-        let mut config = ServerTlsConfig::new()
-            .identity(Identity::from_pem(chain, key))
-            .timeout(HANDSHAKE_TIMEOUT);
-        if let Some(ca) = &self.grpc_tls_client_ca {
-            let ca = read_pem(ca, "CERTIFICATE", "--grpc-tls-client-ca")?;
-            config = config.client_ca_root(Certificate::from_pem(ca));
-        }
-        Ok(Some(config))
+        let chain = certificates(&chain_pem, cert, "--grpc-tls-cert")?;
+        let private = PrivateKeyDer::from_pem_slice(&key_pem)
+            .map_err(|e| anyhow::anyhow!("--grpc-tls-key: {}: {e}", key.display()))?;
+        let builder = ServerConfig::builder();
+        let mut contents = vec![chain_pem, key_pem];
+        let builder = match &self.grpc_tls_client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let ca_pem = read_pem(ca, "CERTIFICATE", "--grpc-tls-client-ca")?;
+                let mut roots = RootCertStore::empty();
+                roots.add_parsable_certificates(certificates(&ca_pem, ca, "--grpc-tls-client-ca")?);
+                contents.push(ca_pem);
+                let verifier = WebPkiClientVerifier::builder(roots.into())
+                    .build()
+                    .with_context(|| format!("--grpc-tls-client-ca: {}", ca.display()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder.with_single_cert(chain, private).context(
+            "--grpc-tls-cert and --grpc-tls-key do not make a TLS identity (the key must be the first certificate's: the server's own, before any intermediate)",
+        )?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok((contents, Arc::new(config)))
     }
+}
 
-    /// `true` when clients must present a certificate.
-    pub fn mutual(&self) -> bool {
-        self.grpc_tls_client_ca.is_some()
-    }
+/// The certificates of the PEM text `pem`, read from `path` given with `flag`.
+fn certificates(
+    pem: &[u8],
+    path: &Path,
+    flag: &str,
+) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("{flag}: {}: {e}", path.display()))
 }
 
 /// The contents of the PEM file at `path` given with `flag`, which must hold a block whose
@@ -74,4 +129,97 @@ fn read_pem(path: &Path, label: &str, flag: &str) -> anyhow::Result<Vec<u8>> {
         anyhow::bail!("{flag}: {} holds no PEM `{label}` block", path.display());
     }
     Ok(pem)
+}
+
+/// The TLS settings the gRPC port serves, and the files they came from.
+pub struct ServingTls {
+    args: GrpcTlsArgs,
+    current: Mutex<(Contents, Arc<ServerConfig>)>,
+}
+
+impl ServingTls {
+    fn config(&self) -> Arc<ServerConfig> {
+        let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        current.1.clone()
+    }
+
+    /// Reads the files again; serves them to new connections when they changed and load.
+    /// Returns whether they were taken, or why not.
+    pub fn reload(&self) -> anyhow::Result<bool> {
+        let (contents, config) = self.args.load()?;
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if current.0 == contents {
+            return Ok(false);
+        }
+        *current = (contents, config);
+        Ok(true)
+    }
+
+    /// Checks the files every `every` until `stop`; a failure is logged when it first happens
+    /// or its reason changes, not at every check.
+    pub async fn watch(self: Arc<Self>, every: Duration, mut stop: watch::Receiver<bool>) {
+        if every.is_zero() {
+            return;
+        }
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_failure = None;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            match self.reload() {
+                Ok(taken) => {
+                    if taken {
+                        info!("gRPC TLS files changed: serving them to new connections");
+                    }
+                    last_failure = None;
+                }
+                Err(e) => {
+                    let reason = format!("{e:#}");
+                    if last_failure.as_ref() != Some(&reason) {
+                        warn!(error = %reason, "gRPC TLS files do not load; still serving the ones loaded before");
+                        last_failure = Some(reason);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `accepted` connections after their TLS handshake, each within [`HANDSHAKE_TIMEOUT`] and
+    /// all at once (a slow client delays no other); a failed handshake is dropped, logged at
+    /// `debug`.
+    pub fn handshakes<IO, S>(
+        self: Arc<Self>,
+        accepted: S,
+    ) -> impl Stream<Item = std::io::Result<TlsStream<IO>>> + Send + 'static
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        S: Stream<Item = std::io::Result<IO>> + Send + 'static,
+    {
+        accepted
+            .flat_map_unordered(None, move |accepted| {
+                let acceptor = TlsAcceptor::from(self.config());
+                futures_util::stream::once(async move {
+                    let io = match accepted {
+                        Ok(io) => io,
+                        Err(e) => return Some(Err(e)),
+                    };
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
+                        Ok(Ok(tls)) => Some(Ok(tls)),
+                        Ok(Err(e)) => {
+                            debug!(error = %e, "gRPC TLS handshake failed");
+                            None
+                        }
+                        Err(_) => {
+                            debug!("gRPC TLS handshake timed out");
+                            None
+                        }
+                    }
+                })
+                .boxed()
+            })
+            .filter_map(std::future::ready)
+    }
 }

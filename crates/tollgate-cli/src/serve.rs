@@ -87,9 +87,9 @@ pub struct ServeArgs {
     /// admin request needs `Authorization: Bearer TOKEN`.
     #[arg(long, value_name = "PATH")]
     admin_token_file: Option<PathBuf>,
-    /// How often the config path is checked for changes (content hash; survives editors'
-    /// rename-and-replace and Kubernetes ConfigMap symlink swaps). `0s` disables watching;
-    /// SIGHUP and `POST /v1/admin/reload` still reload.
+    /// How often the config path (and the gRPC TLS files) are checked for changes (content
+    /// hash; survives editors' rename-and-replace and Kubernetes ConfigMap symlink swaps). `0s`
+    /// disables watching; SIGHUP and `POST /v1/admin/reload` still reload the policy.
     #[arg(long, default_value = "1s", value_parser = any_duration, value_name = "DURATION")]
     watch_interval: Duration,
     /// With a Redis store: how often a replica checks for a policy another replica published.
@@ -267,13 +267,8 @@ async fn serve(
     policy: Policy,
 ) -> anyhow::Result<ExitCode> {
     let token = admin_token(&args)?;
-    let mut grpc_builder = grpc_server(args.grpc_keepalive, args.grpc_keepalive_timeout);
-    if let Some(tls) = args.grpc_tls.server_config()? {
-        grpc_builder = grpc_builder
-            .tls_config(tls)
-            .context(
-                "--grpc-tls-cert and --grpc-tls-key do not make a TLS identity (the key must be the first certificate's: the server's own, before any intermediate)",
-            )?;
+    let tls = args.grpc_tls.serving()?;
+    if tls.is_some() {
         info!(
             client_certificates = args.grpc_tls.mutual(),
             "gRPC over TLS"
@@ -416,17 +411,23 @@ async fn serve(
     if args.no_rls_x_ratelimit_headers {
         rls = rls.without_x_ratelimit_headers();
     }
-    let grpc_server = grpc_builder
+    let grpc_router = grpc_server(args.grpc_keepalive, args.grpc_keepalive_timeout)
         .add_service(rls.into_server())
-        .add_service(HealthService::new(stop_rx.clone()).into_server())
-        .serve_with_incoming_shutdown(
-            grpc_incoming(grpc, args.grpc_keepalive_timeout),
+        .add_service(HealthService::new(stop_rx.clone()).into_server());
+    let incoming = grpc_incoming(grpc, args.grpc_keepalive_timeout);
+    let grpc_task = match &tls {
+        Some(tls) => tokio::spawn(grpc_router.serve_with_incoming_shutdown(
+            tls.clone().handshakes(incoming),
             stopped(stop_rx.clone()),
-        );
+        )),
+        None => tokio::spawn(
+            grpc_router.serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone())),
+        ),
+    };
+    let tls_watch = tls.map(|tls| tokio::spawn(tls.watch(args.watch_interval, stop_rx.clone())));
 
     let http_task = tokio::spawn(http_server);
     let admin_task = tokio::spawn(admin_server);
-    let grpc_task = tokio::spawn(grpc_server);
 
     shutdown_signal(&mut terminate).await;
     info!(
@@ -443,6 +444,9 @@ async fn serve(
         let _ = sweeper.await;
         let _ = reloader.await;
         let _ = sync.await;
+        if let Some(watch) = tls_watch {
+            let _ = watch.await;
+        }
         Ok(())
     };
     drain(finish, args.shutdown_timeout, &mut terminate).await?;
