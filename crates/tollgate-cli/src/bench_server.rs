@@ -65,7 +65,7 @@ async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
     let grpc_server = crate::serve::grpc_server(KEEPALIVE, KEEPALIVE_TIMEOUT)
         .add_service(RlsService::new(Arc::new(AllowAll::default())).into_server())
         .serve_with_incoming_shutdown(
-            crate::serve::grpc_incoming(grpc, KEEPALIVE_TIMEOUT),
+            crate::serve::preface_within(crate::serve::grpc_accepted(grpc), KEEPALIVE_TIMEOUT),
             stopped(stop_rx.clone()),
         );
     let http_task = tokio::spawn(http_server);

@@ -1,9 +1,10 @@
-//! A connection that must send its first bytes within a deadline.
+//! A connection that must send HTTP/2's connection preface within a deadline.
 //!
-//! HTTP/2 keepalive pings only start once a client has sent its preface, so a plaintext gRPC
-//! client that connects and sends nothing would hold its connection (and a shutdown's drain)
-//! for as long as it likes. Wrapped in [`FirstBytesWithin`], its first read fails with
-//! `TimedOut` at the deadline, and the server closes the connection.
+//! HTTP/2 keepalive pings only start once a client has sent its preface, so a gRPC client that
+//! connects (over TLS: completes its handshake) and then sends nothing, or only part of the
+//! preface, would hold its connection (and a shutdown's drain) for as long as it likes.
+//! Wrapped in [`FirstBytesWithin`], its read fails with `TimedOut` at the deadline unless the
+//! preface's 24 bytes have come, and the server closes the connection.
 
 use std::io;
 use std::pin::Pin;
@@ -14,12 +15,17 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 use tonic::transport::server::Connected;
 
-/// `io`, whose first read must bring bytes within the deadline.
+/// The length of HTTP/2's client connection preface (`PRI * HTTP/2.0...`).
+const PREFACE: usize = 24;
+
+/// `io`, whose first [`PREFACE`] bytes must come within the deadline.
 #[derive(Debug)]
 pub struct FirstBytesWithin<IO> {
     io: IO,
     /// `None` once the first bytes came.
     deadline: Option<Pin<Box<Sleep>>>,
+    /// How many of them are still to come.
+    awaited: usize,
 }
 
 impl<IO> FirstBytesWithin<IO> {
@@ -27,6 +33,7 @@ impl<IO> FirstBytesWithin<IO> {
         FirstBytesWithin {
             io,
             deadline: Some(Box::pin(tokio::time::sleep(within))),
+            awaited: PREFACE,
         }
     }
 }
@@ -43,13 +50,20 @@ impl<IO: AsyncRead + Unpin> AsyncRead for FirstBytesWithin<IO> {
             return read;
         };
         match read {
-            Poll::Ready(Ok(())) if buf.filled().len() > before => {
-                self.deadline = None;
+            Poll::Ready(Ok(())) => {
+                let came = buf.filled().len() - before;
+                self.awaited = self.awaited.saturating_sub(came);
+                if self.awaited == 0 {
+                    self.deadline = None;
+                }
                 read
             }
-            Poll::Pending if deadline.as_mut().poll(cx).is_ready() => Poll::Ready(Err(
-                io::Error::new(io::ErrorKind::TimedOut, "no bytes from the client in time"),
-            )),
+            Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client did not send HTTP/2's preface in time",
+                )))
+            }
             other => other,
         }
     }

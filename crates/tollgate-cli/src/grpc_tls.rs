@@ -170,11 +170,14 @@ impl ServingTls {
                 _ = stop.wait_for(|s| *s) => return,
             }
             match self.reload() {
-                Ok(taken) => {
-                    if taken {
-                        info!("gRPC TLS files changed: serving them to new connections");
-                    }
+                Ok(true) => {
+                    info!("gRPC TLS files changed: serving them to new connections");
                     last_failure = None;
+                }
+                Ok(false) => {
+                    if last_failure.take().is_some() {
+                        info!("gRPC TLS files load again, unchanged: still serving them");
+                    }
                 }
                 Err(e) => {
                     let reason = format!("{e:#}");

@@ -133,7 +133,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "60s", value_parser = any_duration, value_name = "DURATION")]
     grpc_keepalive: Duration,
     /// How long a gRPC keepalive ping may go unanswered; also how long a new gRPC connection
-    /// may stay silent before its first bytes (the pings start only after HTTP/2's preface).
+    /// may take to send HTTP/2's preface, after its TLS handshake if any (the pings start only
+    /// after the preface).
     #[arg(long, default_value = "20s", value_parser = humantime_duration, value_name = "DURATION")]
     grpc_keepalive_timeout: Duration,
     /// How long an HTTP connection (API and admin) waits for its client: for a request's
@@ -414,15 +415,17 @@ async fn serve(
     let grpc_router = grpc_server(args.grpc_keepalive, args.grpc_keepalive_timeout)
         .add_service(rls.into_server())
         .add_service(HealthService::new(stop_rx.clone()).into_server());
-    let incoming = grpc_incoming(grpc, args.grpc_keepalive_timeout);
+    let accepted = grpc_accepted(grpc);
+    let within = args.grpc_keepalive_timeout;
     let grpc_task = match &tls {
         Some(tls) => tokio::spawn(grpc_router.serve_with_incoming_shutdown(
-            tls.clone().handshakes(incoming),
+            preface_within(tls.clone().handshakes(accepted), within),
             stopped(stop_rx.clone()),
         )),
-        None => tokio::spawn(
-            grpc_router.serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone())),
-        ),
+        None => tokio::spawn(grpc_router.serve_with_incoming_shutdown(
+            preface_within(accepted, within),
+            stopped(stop_rx.clone()),
+        )),
     };
     let tls_watch = tls.map(|tls| tokio::spawn(tls.watch(args.watch_interval, stop_rx.clone())));
 
@@ -507,20 +510,26 @@ pub(crate) async fn listen(addr: SocketAddr, what: &str) -> anyhow::Result<TcpLi
         .with_context(|| format!("cannot listen on {addr} for {what}"))
 }
 
-/// The gRPC listener with `TCP_NODELAY` on every accepted connection, each of which must send
-/// its first bytes `within` (see [`FirstBytesWithin`]). Without `TCP_NODELAY` an HTTP/2 answer
-/// written in several small frames waits on Nagle's algorithm for the caller's delayed ACK:
-/// gRPC latencies of 1-2 ms at low load and a 40 ms tail.
-pub(crate) fn grpc_incoming(
+/// The gRPC listener's connections, `TCP_NODELAY` set on each: without it an HTTP/2 answer
+/// written in several small frames waits on Nagle's algorithm for the caller's delayed ACK
+/// (gRPC latencies of 1-2 ms at low load and a 40 ms tail).
+pub(crate) fn grpc_accepted(
     listener: TcpListener,
+) -> impl futures_util::Stream<Item = std::io::Result<tokio::net::TcpStream>> + Send + 'static {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
+/// `connections` (plaintext, or after their TLS handshake), each of which must send HTTP/2's
+/// preface `within` (see [`FirstBytesWithin`]).
+pub(crate) fn preface_within<IO, S>(
+    connections: S,
     within: Duration,
-) -> impl futures_util::Stream<Item = std::io::Result<FirstBytesWithin<tokio::net::TcpStream>>>
-+ Send
-+ 'static {
+) -> impl futures_util::Stream<Item = std::io::Result<FirstBytesWithin<IO>>> + Send + 'static
+where
+    S: futures_util::Stream<Item = std::io::Result<IO>> + Send + 'static,
+{
     use futures_util::StreamExt;
-    tonic::transport::server::TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .map(move |accepted| accepted.map(|stream| FirstBytesWithin::new(stream, within)))
+    connections.map(move |accepted| accepted.map(|io| FirstBytesWithin::new(io, within)))
 }
 
 /// Reloads the policy on SIGHUP and whenever the config path's contents change.

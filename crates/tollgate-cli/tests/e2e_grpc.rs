@@ -560,6 +560,52 @@ async fn grpc_over_mutual_tls_answers_only_clients_with_a_certificate() {
     assert_eq!(remaining(again), 3, "the refused calls counted nothing");
 }
 
+/// Over TLS too, a client that completes its handshake and then sends nothing is disconnected
+/// after `--grpc-keepalive-timeout` (the handshake's bytes are not HTTP/2's preface).
+#[test]
+fn a_silent_client_after_its_tls_handshake_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = support::certificates(dir.path());
+    let server = Server::start_with_args(
+        POLICY,
+        &[
+            "--grpc-tls-cert",
+            certs.cert.to_str().unwrap(),
+            "--grpc-tls-key",
+            certs.key.to_str().unwrap(),
+            "--grpc-keepalive-timeout",
+            "300ms",
+        ],
+    );
+    // Completes the handshake, then waits on its standard input, which never comes; it exits
+    // when the server closes the connection.
+    let mut client = std::process::Command::new("openssl")
+        .args(["s_client", "-alpn", "h2", "-verify_return_error", "-CAfile"])
+        .arg(&certs.ca)
+        .args(["-connect", &server.grpc.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut exited = None;
+    for _ in 0..50 {
+        exited = client.try_wait().unwrap();
+        if exited.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = client.kill();
+    let output = client.wait_with_output().unwrap();
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        shown.contains("ALPN protocol: h2"),
+        "handshake done: {shown}"
+    );
+    assert!(exited.is_some(), "closed within 5 s");
+}
+
 /// The TLS files are checked every `--watch-interval`: a renewed certificate (here signed by
 /// another CA) is served to new connections without a restart, and files that do not load
 /// leave the certificate in use serving.
@@ -700,14 +746,16 @@ fn a_silent_grpc_connection_is_closed_after_an_unanswered_ping() {
     ));
 }
 
-/// A client that connects and sends nothing, not even HTTP/2's preface (which keepalive pings
-/// wait for), is disconnected after `--grpc-keepalive-timeout`; one that sent its preface is
-/// not held to it.
+/// A client that connects and sends nothing, or only part of HTTP/2's preface (which
+/// keepalive pings wait for), is disconnected after `--grpc-keepalive-timeout`; one that sent
+/// its preface is not held to it.
 #[test]
 fn a_grpc_connection_that_sends_nothing_is_closed() {
     let server = Server::start_with_args(POLICY, &["--grpc-keepalive-timeout", "300ms"]);
     let mut mute = support::silent_client(server.grpc, b"");
     assert!(support::closed_within(&mut mute, Duration::from_secs(5)));
+    let mut halting = support::silent_client(server.grpc, &HTTP2_HELLO[..16]);
+    assert!(support::closed_within(&mut halting, Duration::from_secs(5)));
     let mut greeted = support::silent_client(server.grpc, HTTP2_HELLO);
     assert!(!support::closed_within(
         &mut greeted,
