@@ -71,8 +71,8 @@ pub(crate) async fn serve(
         });
     }
     drop(listener);
-    // Connections between requests close at once (see `IdleDeadline`); requests in flight
-    // finish, within the caller's bound.
+    // Connections with no request in flight close within `STOPPING_GRACE` (see
+    // `IdleDeadline`); requests in flight finish, within the caller's bound.
     stopping.store(true, Ordering::Relaxed);
     connections.shutdown().await;
 }
