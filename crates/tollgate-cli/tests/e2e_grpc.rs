@@ -518,18 +518,7 @@ async fn grpc_over_mutual_tls_answers_only_clients_with_a_certificate() {
     use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
     let dir = tempfile::tempdir().unwrap();
     let certs = support::certificates(dir.path());
-    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
-    let server = Server::start_with_args(
-        POLICY,
-        &[
-            "--grpc-tls-cert",
-            &path(&certs.cert),
-            "--grpc-tls-key",
-            &path(&certs.key),
-            "--grpc-tls-client-ca",
-            &path(&certs.ca),
-        ],
-    );
+    let server = Server::start_with_args(POLICY, &certs.serve_args(true));
     let pem = |p: &std::path::Path| std::fs::read(p).unwrap();
     let trusting = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem(&certs.ca)));
     let with_certificate = trusting.clone().identity(Identity::from_pem(
@@ -566,17 +555,9 @@ async fn grpc_over_mutual_tls_answers_only_clients_with_a_certificate() {
 fn a_silent_client_after_its_tls_handshake_is_closed() {
     let dir = tempfile::tempdir().unwrap();
     let certs = support::certificates(dir.path());
-    let server = Server::start_with_args(
-        POLICY,
-        &[
-            "--grpc-tls-cert",
-            certs.cert.to_str().unwrap(),
-            "--grpc-tls-key",
-            certs.key.to_str().unwrap(),
-            "--grpc-keepalive-timeout",
-            "300ms",
-        ],
-    );
+    let mut args = certs.serve_args(false);
+    args.extend(["--grpc-keepalive-timeout", "300ms"]);
+    let server = Server::start_with_args(POLICY, &args);
     // Completes the handshake, then waits on its standard input, which never comes; it exits
     // when the server closes the connection.
     let mut client = std::process::Command::new("openssl")

@@ -31,15 +31,7 @@ fn python_grpcio_client_gets_envoy_semantics() {
 fn python_grpcio_client_over_tls() {
     let dir = tempfile::tempdir().unwrap();
     let certs = support::certificates(dir.path());
-    let server = Server::start_with_args(
-        POLICY,
-        &[
-            "--grpc-tls-cert",
-            certs.cert.to_str().unwrap(),
-            "--grpc-tls-key",
-            certs.key.to_str().unwrap(),
-        ],
-    );
+    let server = Server::start_with_args(POLICY, &certs.serve_args(false));
     run_interop_client(&server, &[certs.ca.to_str().unwrap()]);
 }
 

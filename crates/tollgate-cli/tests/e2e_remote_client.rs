@@ -117,7 +117,7 @@ async fn grpc_remote_client_over_mutual_tls() {
     use tollgate_client::tls::{Certificate, ClientTlsConfig, Identity};
     let dir = tempfile::tempdir().unwrap();
     let certs = support::certificates(dir.path());
-    let server = Server::start_with_args(POLICY, &tls_args(&certs, true));
+    let server = Server::start_with_args(POLICY, &certs.serve_args(true));
     let url = format!("https://{}", server.grpc);
     let pem = |p: &std::path::Path| std::fs::read(p).unwrap();
     let trusting = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem(&certs.ca)));
@@ -158,29 +158,11 @@ async fn grpc_remote_client_over_mutual_tls() {
 async fn grpc_remote_client_refuses_a_certificate_it_cannot_verify() {
     let dir = tempfile::tempdir().unwrap();
     let certs = support::certificates(dir.path());
-    let server = Server::start_with_args(POLICY, &tls_args(&certs, false));
+    let server = Server::start_with_args(POLICY, &certs.serve_args(false));
     let url = format!("https://{}", server.grpc);
     let remote = RemoteGrpc::new(&url, Duration::from_secs(2), Posture::Closed).unwrap();
     let verdict = remote.check(&request("gus")).await.unwrap();
     assert_eq!(verdict.outcome, Outcome::Unavailable);
-}
-
-/// `serve`'s arguments for gRPC over TLS with `certs`, asking for client certificates when
-/// `mutual`.
-fn tls_args(certs: &support::Certificates, mutual: bool) -> Vec<&str> {
-    fn path(p: &std::path::Path) -> &str {
-        p.to_str().unwrap()
-    }
-    let mut args = vec![
-        "--grpc-tls-cert",
-        path(&certs.cert),
-        "--grpc-tls-key",
-        path(&certs.key),
-    ];
-    if mutual {
-        args.extend(["--grpc-tls-client-ca", path(&certs.ca)]);
-    }
-    args
 }
 
 /// A request larger than the service takes (its body limit) is refused as invalid, not

@@ -298,6 +298,26 @@ pub struct Certificates {
     pub client_key: PathBuf,
 }
 
+impl Certificates {
+    /// `serve`'s arguments for gRPC over TLS with these, asking for client certificates when
+    /// `mutual`.
+    pub fn serve_args(&self, mutual: bool) -> Vec<&str> {
+        fn path(p: &Path) -> &str {
+            p.to_str().unwrap()
+        }
+        let mut args = vec![
+            "--grpc-tls-cert",
+            path(&self.cert),
+            "--grpc-tls-key",
+            path(&self.key),
+        ];
+        if mutual {
+            args.extend(["--grpc-tls-client-ca", path(&self.ca)]);
+        }
+        args
+    }
+}
+
 /// Makes [`Certificates`] in `dir`.
 pub fn certificates(dir: &Path) -> Certificates {
     let openssl = |args: &str| {
