@@ -25,42 +25,12 @@ CONCURRENCY="${CONCURRENCY:-32}"
 CONNECTIONS="${CONNECTIONS:-32}"
 case "$PROTOCOL" in http | grpc) ;; *) echo "PROTOCOL is http or grpc" >&2; exit 2 ;; esac
 
-work="$(mktemp -d)"
-declare -A pid
-cleanup() {
-  for p in "${pid[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
+. "$(dirname "$0")/bench-servers.sh"
 
-cat >"$work/policy.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: user
-    rate_limit: {name: per_user, unit: second, requests_per_unit: 1000}
-YAML
-
-# start NAME BINARY ARGS...: waits (10 s at most) for the server's listening lines.
-start() {
-  local name="$1" binary="$2"; shift 2
-  RUST_LOG=warn "$binary" "$@" --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 \
-    >"$work/$name.out" 2>"$work/$name.err" &
-  pid[$name]=$!
-  for _ in $(seq 100); do
-    grep -q '^grpc listening on ' "$work/$name.out" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "bench-ab: $name did not start:" >&2
-  cat "$work/$name.err" >&2
-  exit 2
-}
 for side in A B; do
   start "ceiling-$side" "${bin[$side]}" bench-server
   start "serve-$side" "${bin[$side]}" serve --config "$work/policy.yaml" --admin-addr 127.0.0.1:0
 done
-ticks() { awk '{ print $14 + $15 }' "/proc/${pid[$1]}/stat"; }
-hz="$(getconf CLK_TCK)"
 
 echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ)  A=${bin[A]}  B=${bin[B]}"
 echo "# $(nproc) CPUs; load before: $(cut -d' ' -f1-3 /proc/loadavg); $PROTOCOL, concurrency $CONCURRENCY, $CONNECTIONS connections, $KEYS keys, $DURATION per run"
@@ -73,7 +43,7 @@ for run in $(seq "$RUNS"); do
       name="$kind-$side"
       before="$(ticks "$name")"
       timeout 120 "${bin[B]}" bench \
-        --target "$PROTOCOL://$(sed -n "s/^$PROTOCOL listening on //p" "$work/$name.out")" \
+        --target "$PROTOCOL://$(addr "$name" "$PROTOCOL")" \
         --domain bench --descriptor 'user=u{key}' --keys "$KEYS" --concurrency "$CONCURRENCY" \
         --connections "$CONNECTIONS" --duration "$DURATION" --json >"$work/last.json"
       after="$(ticks "$name")"

@@ -35,44 +35,10 @@ cargo build --release -j 2 -p tollgate-cli >&2
 bin="$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release/tollgate"
 
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
+. "$(dirname "$0")/bench-servers.sh"
 
-cat >"$work/policy.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: user
-    rate_limit: {name: per_user, unit: second, requests_per_unit: 1000}
-YAML
-
-# start NAME ARGS...: runs the binary with ARGS, waits (10 s at most) for its listening lines.
-start() {
-  local name="$1"; shift
-  RUST_LOG=warn "$bin" "$@" --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 \
-    >"$work/$name.out" 2>"$work/$name.err" &
-  pids+=("$!")
-  eval "pid_$name=$!"
-  for _ in $(seq 100); do
-    if grep -q '^grpc listening on ' "$work/$name.out" 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "bench-ceiling: $name did not start:" >&2
-  cat "$work/$name.err" >&2
-  exit 2
-}
-addr() { sed -n "s/^$2 listening on //p" "$work/$1.out"; }
-# CPU ticks (user + system) a server has used so far, from /proc (Linux).
-ticks() { local pid="pid_$1"; awk '{ print $14 + $15 }' "/proc/${!pid}/stat"; }
-hz="$(getconf CLK_TCK)"
-
-start ceiling bench-server
-start real serve --config "$work/policy.yaml" --admin-addr 127.0.0.1:0
+start ceiling "$bin" bench-server
+start real "$bin" serve --config "$work/policy.yaml" --admin-addr 127.0.0.1:0
 
 # bench PROTOCOL SERVER [--rate R]: one run, its JSON report on stdout, with the server's CPU
 # time per request added as `server_cpu_us_per_request`.
