@@ -102,7 +102,8 @@ pub struct IdleDeadline<IO> {
 }
 
 /// Once the listener stops, how long a connection with no request in flight stays after its
-/// last progress.
+/// last progress; and how much longer than the limit one with a request in flight waits, so
+/// that the request's own `408` goes out before the connection closes.
 pub const STOPPING_GRACE: Duration = Duration::from_millis(500);
 
 impl<IO> IdleDeadline<IO> {
@@ -123,11 +124,16 @@ impl<IO> IdleDeadline<IO> {
     /// a connection with no request in flight gets [`STOPPING_GRACE`] from its last progress
     /// (its last answer's bytes still go out).
     fn waiting<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
-        let stopping = self.stopping.load(Ordering::Relaxed) && self.progress.idle();
+        let idle = self.progress.idle();
+        let stopping = idle && self.stopping.load(Ordering::Relaxed);
         let limit = if stopping {
             self.limit.min(STOPPING_GRACE)
-        } else {
+        } else if idle {
             self.limit
+        } else {
+            // A request in flight answers its own lateness (`408`) at the limit: the
+            // connection gives its answer time to go out first.
+            self.limit.saturating_add(STOPPING_GRACE)
         };
         let deadline = self.progress.deadline(limit);
         if self.timer.deadline() != deadline {
@@ -319,10 +325,13 @@ mod tests {
         drop(c.progress.request());
         assert_eq!(read_fails_after(&mut c.server).await, STOPPING_GRACE);
 
-        // A request in flight keeps the whole limit.
+        // A request in flight keeps the whole limit, and the grace for its `408`.
         let mut c = connection(64);
         c.stopping.store(true, Ordering::Relaxed);
         let _in_flight = c.progress.request();
-        assert_eq!(read_fails_after(&mut c.server).await, LIMIT);
+        assert_eq!(
+            read_fails_after(&mut c.server).await,
+            LIMIT + STOPPING_GRACE
+        );
     }
 }

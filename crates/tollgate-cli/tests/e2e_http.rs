@@ -422,7 +422,7 @@ fn half_a_request_does_not_hold_the_shutdown() {
 }
 
 /// Over HTTP/2 (prior knowledge) a stream whose body stalls gets 408 once the read timeout
-/// has passed since its headers, even while other streams keep the connection busy.
+/// has passed since its headers, while other streams keep the connection busy, and alone.
 #[tokio::test]
 async fn a_stalled_http2_stream_gets_408_while_others_are_answered() {
     use futures_util::StreamExt;
@@ -464,6 +464,29 @@ async fn a_stalled_http2_stream_gets_408_while_others_are_answered() {
         .unwrap();
     assert_eq!(answer.status(), 408, "after {:?}", began.elapsed());
     assert!(began.elapsed() >= Duration::from_secs(1));
+
+    // Alone on its connection too: its 408 goes out before the idle connection closes.
+    let tcp = tokio::net::TcpStream::connect(server.http).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake::<_, _, Stalling>(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let first_bytes = futures_util::stream::once(async {
+        Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"{\"dom")))
+    });
+    let stalling = StreamBody::new(first_bytes.chain(futures_util::stream::pending()));
+    let request = http::Request::post(uri("/v1/check"))
+        .header("content-length", "80")
+        .body(BodyExt::boxed(stalling))
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(5), sender.send_request(request))
+        .await
+        .expect("answered")
+        .unwrap();
+    assert_eq!(answer.status(), 408);
 }
 
 /// A request in flight when SIGTERM comes is answered, over HTTP/1 and HTTP/2 alike: its body
