@@ -6,7 +6,8 @@
 //! `limit` after that instant fails with `TimedOut`, and hyper closes the connection. So a
 //! client gets `limit` to send a request's headers after it connects or after its previous
 //! answer (an idle keep-alive connection is closed too), then `limit` again for the body (and
-//! the answer to be ready), and `limit` between two writes of an answer it must read for (as
+//! the answer to be ready; half a second more while a request is in flight, for its `408`),
+//! and `limit` between two writes of an answer it must read for (as
 //! nginx's `send_timeout`: a large answer read steadily is never cut). Once the listener
 //! stops, a connection with no request in flight is closed [`STOPPING_GRACE`] after its last
 //! progress: half a request's headers do not hold a shutdown, and a last answer still goes out.
