@@ -353,7 +353,9 @@ async fn every_key_expires(b: Backend) {
                 .filter_map(|t| t.trim().parse().ok())
                 .collect();
             assert_eq!(ttls.len(), 1, "{key}: {ttls:?}");
-            assert!(ttls[0] > 0 || ttls[0] == -2, "{key} has TTL {}", ttls[0]);
+            // -1 is a key without a TTL; 0 is one expiring this millisecond (a slow machine
+            // can get there between the scan and this read) and -2 one already gone.
+            assert_ne!(ttls[0], -1, "{key} has no TTL");
         }
     }
     // Real time must pass for Redis to expire keys; the pinned clock follows it.
