@@ -421,36 +421,57 @@ fn half_a_request_does_not_hold_the_shutdown() {
     );
 }
 
-/// Over HTTP/2 (prior knowledge) a stream whose body stalls gets 408 once the read timeout
-/// has passed since its headers, while other streams keep the connection busy, and alone.
-#[tokio::test]
-async fn a_stalled_http2_stream_gets_408_while_others_are_answered() {
-    use futures_util::StreamExt;
-    use http_body_util::{BodyExt, Empty, StreamBody};
-    use hyper::body::{Bytes, Frame};
-    type Stalling = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
-    let server = Server::start_with_args(POLICY, &["--http-read-timeout", "1s"]);
-    let tcp = tokio::net::TcpStream::connect(server.http).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http2::handshake::<_, _, Stalling>(
+/// A request body for the HTTP/2 tests: any stream of chunks, boxed.
+type H2Body = http_body_util::combinators::BoxBody<hyper::body::Bytes, std::convert::Infallible>;
+
+/// An HTTP/2 (prior knowledge) connection to `addr`, driven in the background.
+async fn h2_connection(
+    addr: std::net::SocketAddr,
+) -> hyper::client::conn::http2::SendRequest<H2Body> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, connection) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
         hyper_util::rt::TokioIo::new(tcp),
     )
     .await
     .unwrap();
     tokio::spawn(connection);
-    let uri = |path: &str| format!("http://{}{path}", server.http);
-    let first_bytes = futures_util::stream::once(async {
-        Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"{\"dom")))
-    });
-    let stalling = StreamBody::new(first_bytes.chain(futures_util::stream::pending()));
-    let request = http::Request::post(uri("/v1/check"))
-        .header("content-length", "80")
-        .body(BodyExt::boxed(stalling))
-        .unwrap();
+    sender
+}
+
+/// A `POST /v1/check` to `addr` of `length` bytes whose body is `chunks`.
+fn h2_check(
+    addr: std::net::SocketAddr,
+    length: usize,
+    chunks: impl futures_util::Stream<Item = hyper::body::Bytes> + Send + Sync + 'static,
+) -> http::Request<H2Body> {
+    use futures_util::StreamExt;
+    use http_body_util::{BodyExt, StreamBody};
+    let frames = chunks.map(|chunk| Ok(hyper::body::Frame::data(chunk)));
+    http::Request::post(format!("http://{addr}/v1/check"))
+        .header("content-length", length)
+        .body(BodyExt::boxed(StreamBody::new(frames)))
+        .unwrap()
+}
+
+/// Five bytes of an 80-byte body, then nothing.
+fn stalling_check(addr: std::net::SocketAddr) -> http::Request<H2Body> {
+    use futures_util::StreamExt;
+    let first = futures_util::stream::once(async { hyper::body::Bytes::from_static(b"{\"dom") });
+    h2_check(addr, 80, first.chain(futures_util::stream::pending()))
+}
+
+/// Over HTTP/2 (prior knowledge) a stream whose body stalls gets 408 once the read timeout
+/// has passed since its headers, while other streams keep the connection busy, and alone.
+#[tokio::test]
+async fn a_stalled_http2_stream_gets_408_while_others_are_answered() {
+    use http_body_util::{BodyExt, Empty};
+    let server = Server::start_with_args(POLICY, &["--http-read-timeout", "1s"]);
+    let mut sender = h2_connection(server.http).await;
     let began = tokio::time::Instant::now();
-    let stalled = tokio::spawn(sender.send_request(request));
+    let stalled = tokio::spawn(sender.send_request(stalling_check(server.http)));
     while !stalled.is_finished() && began.elapsed() < Duration::from_secs(5) {
-        let health = http::Request::get(uri("/healthz"))
+        let health = http::Request::get(format!("http://{}/healthz", server.http))
             .body(Empty::new().map_err(|never| match never {}).boxed())
             .unwrap();
         let answer = sender.send_request(health).await.unwrap();
@@ -466,23 +487,9 @@ async fn a_stalled_http2_stream_gets_408_while_others_are_answered() {
     assert!(began.elapsed() >= Duration::from_secs(1));
 
     // Alone on its connection too: its 408 goes out before the idle connection closes.
-    let tcp = tokio::net::TcpStream::connect(server.http).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http2::handshake::<_, _, Stalling>(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(connection);
-    let first_bytes = futures_util::stream::once(async {
-        Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"{\"dom")))
-    });
-    let stalling = StreamBody::new(first_bytes.chain(futures_util::stream::pending()));
-    let request = http::Request::post(uri("/v1/check"))
-        .header("content-length", "80")
-        .body(BodyExt::boxed(stalling))
-        .unwrap();
-    let answer = tokio::time::timeout(Duration::from_secs(5), sender.send_request(request))
+    let mut sender = h2_connection(server.http).await;
+    let alone = sender.send_request(stalling_check(server.http));
+    let answer = tokio::time::timeout(Duration::from_secs(5), alone)
         .await
         .expect("answered")
         .unwrap();
@@ -494,8 +501,8 @@ async fn a_stalled_http2_stream_gets_408_while_others_are_answered() {
 /// closes.
 #[tokio::test]
 async fn requests_in_flight_at_sigterm_are_answered() {
-    use http_body_util::{BodyExt, StreamBody};
-    use hyper::body::{Bytes, Frame};
+    use http_body_util::BodyExt;
+    use hyper::body::Bytes;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let server = Server::start(POLICY);
     let body = check_body("user", "in-flight", None).to_string();
@@ -510,26 +517,13 @@ async fn requests_in_flight_at_sigterm_are_answered() {
         .await
         .unwrap();
 
-    let tcp = tokio::net::TcpStream::connect(server.http).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(connection);
+    let mut sender = h2_connection(server.http).await;
     let (chunks, received) = tokio::sync::mpsc::channel::<Bytes>(2);
     let streamed = futures_util::stream::unfold(received, async |mut received| {
         let chunk = received.recv().await?;
-        Some((
-            Ok::<_, std::convert::Infallible>(Frame::data(chunk)),
-            received,
-        ))
+        Some((chunk, received))
     });
-    let request = http::Request::post(format!("http://{}/v1/check", server.http))
-        .header("content-length", body.len())
-        .body(StreamBody::new(Box::pin(streamed)))
-        .unwrap();
+    let request = h2_check(server.http, body.len(), Box::pin(streamed));
     let h2 = tokio::spawn(sender.send_request(request));
     chunks.send(Bytes::from(first.to_owned())).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
