@@ -159,15 +159,13 @@ fn share(s: &str) -> Result<f64, String> {
 fn any_duration(s: &str) -> Result<Duration, String> {
     let parsed = humantime::parse_duration(s)
         .map_err(|e| format!("`{s}` is not a duration such as 500ms or 2s: {e}"))?;
-    if parsed > DAY {
+    if parsed > tollgate::store::MAX_SETTING {
         return Err(format!(
             "`{s}` is more than a day (24h), the most this setting takes"
         ));
     }
     Ok(parsed)
 }
-
-const DAY: Duration = Duration::from_secs(24 * 3600);
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
     let parsed = any_duration(s)?;

@@ -11,7 +11,9 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tollgate_core::{Decision, Params};
 
-pub use self::redis::{CoalesceOptions, LATE_SLACK, RedisOptions, RedisStore, SharedPolicy};
+pub use self::redis::{
+    CoalesceOptions, LATE_SLACK, MAX_SETTING, RedisOptions, RedisStore, SharedPolicy,
+};
 pub use memory::MemoryStore;
 pub use url::{InvalidStoreUrl, StoreUrl, redact};
 

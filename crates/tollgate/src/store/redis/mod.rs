@@ -91,9 +91,10 @@ impl Default for RedisOptions {
     }
 }
 
-/// The longest duration [`RedisOptions::check`] accepts: a day (past it, deadline arithmetic
-/// could overflow, and no deadline of a rate limiter's store is meant to be that long).
-const MAX_SETTING: Duration = Duration::from_secs(24 * 3600);
+/// The longest duration [`RedisOptions::check`] accepts, and `tollgate serve` for any of its
+/// settings: a day (past it, deadline arithmetic could overflow, and no deadline of a rate
+/// limiter is meant to be that long).
+pub const MAX_SETTING: Duration = Duration::from_secs(24 * 3600);
 
 impl RedisOptions {
     /// Refuses settings under which every decision would go to the failure posture with a
