@@ -4,8 +4,6 @@
 
 use std::convert::Infallible;
 use std::pin::pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -14,9 +12,9 @@ use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::GracefulConnection;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tollgate_server::http::body_too_slow;
 use tower::ServiceExt;
 use tracing::{debug, error, warn};
@@ -33,9 +31,9 @@ pub(crate) async fn serve(
     stop: watch::Receiver<bool>,
 ) {
     let builder = auto::Builder::new(TokioExecutor::new());
-    let connections = GracefulShutdown::new();
-    let stopping = Arc::new(AtomicBool::new(false));
-    let mut stop = pin!(stopped(stop));
+    // Every connection's task holds a clone; `recv` answers `None` once all have ended.
+    let (open, mut all_closed) = mpsc::channel::<()>(1);
+    let mut stopped_listening = pin!(stopped(stop.clone()));
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -45,36 +43,57 @@ pub(crate) async fn serve(
                     continue;
                 }
             },
-            () = &mut stop => break,
+            () = &mut stopped_listening => break,
         };
         // An answer written in several segments must not wait on Nagle's algorithm.
         if let Err(e) = stream.set_nodelay(true) {
             warn!(error = %e, "Could not set TCP_NODELAY on an HTTP connection");
         }
         let progress = Progress::new();
-        let io = TokioIo::new(IdleDeadline::new(
-            stream,
-            progress.clone(),
-            read_timeout,
-            stopping.clone(),
-        ));
+        let io = TokioIo::new(IdleDeadline::new(stream, progress.clone(), read_timeout));
         let service = Marking {
             router: router.clone(),
-            progress,
+            progress: progress.clone(),
             limit: read_timeout,
         };
-        let connection = connections.watch(builder.serve_connection(io, service).into_owned());
+        let connection = builder.serve_connection(io, service).into_owned();
+        let (open, stop) = (open.clone(), stop.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            let _open = open;
+            if let Err(e) = close_gracefully(connection, progress, stop).await {
                 debug!(error = %e, "HTTP connection ended with an error");
             }
         });
     }
     drop(listener);
-    // Connections with no request in flight close within `STOPPING_GRACE` (see
-    // `IdleDeadline`); requests in flight finish, within the caller's bound.
-    stopping.store(true, Ordering::Relaxed);
-    connections.shutdown().await;
+    // Every connection's task has seen `stop` too: those with no request in flight close
+    // within `STOPPING_GRACE` (see `IdleDeadline`); requests in flight finish, within the
+    // caller's bound.
+    drop(open);
+    let _ = all_closed.recv().await;
+}
+
+/// Drives `connection` until it ends, and closes it gracefully once the listener stops or it
+/// has been idle past its read deadline: an HTTP/2 client gets a GOAWAY (which tells it that
+/// no request of its was left unprocessed) rather than a bare close, and an HTTP/1 connection
+/// ends after the answer in flight. `IdleDeadline` bounds how long that takes.
+async fn close_gracefully<C>(
+    connection: C,
+    progress: Progress,
+    stop: watch::Receiver<bool>,
+) -> Result<(), C::Error>
+where
+    C: GracefulConnection,
+{
+    let mut connection = pin!(connection);
+    tokio::select! {
+        biased;
+        ended = connection.as_mut() => return ended,
+        () = stopped(stop) => progress.stop(),
+        () = progress.idle_expired() => {}
+    }
+    connection.as_mut().graceful_shutdown();
+    connection.await
 }
 
 /// A failed `accept`: a connection reset before it was taken is nothing; anything else (out of

@@ -3,14 +3,17 @@
 //! [`Progress`] is the last instant a request's headers came in or its answer was ready (the
 //! connection's service marks it), or a write went through after one had to wait (the socket
 //! marks it). [`IdleDeadline`] wraps the socket: a read or a write that is still waiting
-//! `limit` after that instant fails with `TimedOut`, and hyper closes the connection. So a
+//! `limit` after that instant asks the connection to close gracefully
+//! ([`Progress::idle_expired`]: an HTTP/2 client gets its GOAWAY), and fails with `TimedOut`
+//! [`STOPPING_GRACE`] later if it is still waiting; hyper then closes the connection. So a
 //! client gets `limit` to send a request's headers after it connects or after its previous
 //! answer (an idle keep-alive connection is closed too), then `limit` again for the body (and
 //! the answer to be ready; half a second more while a request is in flight, for its `408`),
 //! and `limit` between two writes of an answer it must read for (as
-//! nginx's `send_timeout`: a large answer read steadily is never cut). Once the listener
-//! stops, a connection with no request in flight is closed [`STOPPING_GRACE`] after its last
-//! progress: half a request's headers do not hold a shutdown, and a last answer still goes out.
+//! nginx's `send_timeout`: a large answer read steadily is never cut). Once the connection is
+//! told to stop ([`Progress::stop`]) and has no request in flight, it is closed
+//! [`STOPPING_GRACE`] after its last progress: half a request's headers do not hold a
+//! shutdown, and a last answer still goes out.
 //!
 //! One timer per connection, armed only when the socket would wait, and pushed forward rather
 //! than made anew (tokio extends a later deadline without touching its timer wheel): hyper's
@@ -25,10 +28,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
-/// When a connection last made progress, and how many of its requests are in flight; shared
-/// by its socket and its service.
+/// When a connection last made progress, how many of its requests are in flight, and whether
+/// it is closing; shared by its socket, its service and its task.
 #[derive(Debug, Clone)]
 pub struct Progress {
     opened: Instant,
@@ -40,6 +44,10 @@ struct Shared {
     /// Nanoseconds from `opened`.
     last: AtomicU64,
     in_flight: AtomicUsize,
+    /// Set once the listener stops.
+    stopping: AtomicBool,
+    /// Told once the connection has been idle past its limit.
+    idle_expired: Notify,
 }
 
 impl Progress {
@@ -62,6 +70,22 @@ impl Progress {
         self.mark();
         self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(self.clone())
+    }
+
+    /// The listener is stopping: once no request is in flight, the connection gets
+    /// [`STOPPING_GRACE`] from its last progress.
+    pub fn stop(&self) {
+        self.shared.stopping.store(true, Ordering::Relaxed);
+    }
+
+    /// Done once the connection has waited on its client past the limit with no request in
+    /// flight: time to close it gracefully, which it has [`STOPPING_GRACE`] to do.
+    pub async fn idle_expired(&self) {
+        self.shared.idle_expired.notified().await;
+    }
+
+    fn stopping(&self) -> bool {
+        self.shared.stopping.load(Ordering::Relaxed)
     }
 
     fn idle(&self) -> bool {
@@ -88,52 +112,55 @@ impl Drop for InFlight {
     }
 }
 
-/// `io`, whose reads and writes fail with `TimedOut` once waiting past `limit` after the last
-/// [`Progress`].
+/// `io`, whose reads and writes ask the connection to close once waiting past `limit` after the
+/// last [`Progress`], and fail with `TimedOut` [`STOPPING_GRACE`] later.
 #[derive(Debug)]
 pub struct IdleDeadline<IO> {
     io: IO,
     progress: Progress,
     limit: Duration,
     timer: Pin<Box<Sleep>>,
-    /// Set once the listener stops.
-    stopping: Arc<AtomicBool>,
+    /// Whether the connection has been asked to close for being idle.
+    asked_to_close: bool,
     /// Whether a write had to wait since the last that went through.
     write_waited: bool,
 }
 
 /// Once the listener stops, how long a connection with no request in flight stays after its
-/// last progress; and how much longer than the limit one with a request in flight waits, so
-/// that the request's own `408` goes out before the connection closes.
+/// last progress; how much longer than the limit one with a request in flight waits, so that
+/// the request's own `408` goes out before the connection closes; and how long an idle one has
+/// to close gracefully.
 pub const STOPPING_GRACE: Duration = Duration::from_millis(500);
 
 impl<IO> IdleDeadline<IO> {
-    pub fn new(io: IO, progress: Progress, limit: Duration, stopping: Arc<AtomicBool>) -> Self {
+    pub fn new(io: IO, progress: Progress, limit: Duration) -> Self {
         let timer = Box::pin(tokio::time::sleep_until(progress.deadline(limit)));
         IdleDeadline {
             io,
             progress,
             limit,
             timer,
-            stopping,
+            asked_to_close: false,
             write_waited: false,
         }
     }
 
     /// For an operation that would wait: `TimedOut` if the deadline has passed, else
-    /// `Pending` with the timer set to wake the task at the deadline. Once the listener stops,
-    /// a connection with no request in flight gets [`STOPPING_GRACE`] from its last progress
-    /// (its last answer's bytes still go out).
+    /// `Pending` with the timer set to wake the task at the deadline. An idle connection is
+    /// asked to close at the limit and has [`STOPPING_GRACE`] more to do it. Once the listener
+    /// stops, a connection with no request in flight gets [`STOPPING_GRACE`] from its last
+    /// progress (its last answer's bytes still go out).
     fn waiting<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
         let idle = self.progress.idle();
-        let stopping = idle && self.stopping.load(Ordering::Relaxed);
+        let stopping = idle && self.progress.stopping();
         let limit = if stopping {
             self.limit.min(STOPPING_GRACE)
-        } else if idle {
+        } else if idle && !self.asked_to_close {
             self.limit
         } else {
             // A request in flight answers its own lateness (`408`) at the limit: the
-            // connection gives its answer time to go out first.
+            // connection gives its answer time to go out first. An idle connection asked to
+            // close gets the same time to say goodbye.
             self.limit.saturating_add(STOPPING_GRACE)
         };
         let deadline = self.progress.deadline(limit);
@@ -145,6 +172,11 @@ impl<IO> IdleDeadline<IO> {
                 io::ErrorKind::TimedOut,
                 "the server is stopping and no request is in flight",
             ))),
+            Poll::Ready(()) if idle && !self.asked_to_close => {
+                self.asked_to_close = true;
+                self.progress.shared.idle_expired.notify_one();
+                self.waiting(cx)
+            }
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(
@@ -242,20 +274,17 @@ mod tests {
         server: IdleDeadline<DuplexStream>,
         client: DuplexStream,
         progress: Progress,
-        stopping: Arc<AtomicBool>,
     }
 
     /// A connection whose socket buffers `buffer` bytes each way.
     fn connection(buffer: usize) -> Connection {
         let (server, client) = duplex(buffer);
         let progress = Progress::new();
-        let stopping = Arc::new(AtomicBool::new(false));
-        let server = IdleDeadline::new(server, progress.clone(), LIMIT, stopping.clone());
+        let server = IdleDeadline::new(server, progress.clone(), LIMIT);
         Connection {
             server,
             client,
             progress,
-            stopping,
         }
     }
 
@@ -267,22 +296,45 @@ mod tests {
         began.elapsed()
     }
 
+    /// Reads on `c.server` until it fails; answers when the connection was asked to close and
+    /// when the read failed, both from now.
+    async fn asked_then_cut(c: &mut Connection) -> (Duration, Duration) {
+        let began = Instant::now();
+        let progress = c.progress.clone();
+        let asked = tokio::spawn(async move {
+            progress.idle_expired().await;
+            began.elapsed()
+        });
+        let cut = read_fails_after(&mut c.server).await;
+        (asked.await.unwrap(), cut)
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_wait_fails_the_limit_after_the_last_progress() {
+    async fn an_idle_wait_asks_to_close_at_the_limit_after_the_last_progress_and_fails_after_the_grace()
+     {
         let mut c = connection(64);
-        assert_eq!(read_fails_after(&mut c.server).await, LIMIT);
+        assert_eq!(
+            asked_then_cut(&mut c).await,
+            (LIMIT, LIMIT + STOPPING_GRACE)
+        );
 
         let mut c = connection(64);
         tokio::time::sleep(LIMIT / 2).await;
         c.progress.mark();
-        assert_eq!(read_fails_after(&mut c.server).await, LIMIT);
+        assert_eq!(
+            asked_then_cut(&mut c).await,
+            (LIMIT, LIMIT + STOPPING_GRACE)
+        );
 
         // Bytes that come in time are read; the deadline still runs from the last progress.
         let mut c = connection(64);
         c.client.write_all(b"GET").await.unwrap();
         let mut buffer = [0u8; 8];
         assert_eq!(c.server.read(&mut buffer).await.unwrap(), 3);
-        assert_eq!(read_fails_after(&mut c.server).await, LIMIT);
+        assert_eq!(
+            asked_then_cut(&mut c).await,
+            (LIMIT, LIMIT + STOPPING_GRACE)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -315,20 +367,20 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn once_stopping_an_idle_connection_gets_the_grace_only() {
         let mut c = connection(64);
-        c.stopping.store(true, Ordering::Relaxed);
+        c.progress.stop();
         tokio::time::sleep(Duration::from_secs(1)).await;
         // Its last progress (the connection's opening) is older than the grace: at once.
         assert_eq!(read_fails_after(&mut c.server).await, Duration::ZERO);
 
         // An answer just ready: the grace, for its bytes to go out.
         let mut c = connection(64);
-        c.stopping.store(true, Ordering::Relaxed);
+        c.progress.stop();
         drop(c.progress.request());
         assert_eq!(read_fails_after(&mut c.server).await, STOPPING_GRACE);
 
         // A request in flight keeps the whole limit, and the grace for its `408`.
         let mut c = connection(64);
-        c.stopping.store(true, Ordering::Relaxed);
+        c.progress.stop();
         let _in_flight = c.progress.request();
         assert_eq!(
             read_fails_after(&mut c.server).await,

@@ -421,6 +421,43 @@ fn half_a_request_does_not_hold_the_shutdown() {
     );
 }
 
+/// An HTTP/2 (prior knowledge) connection left idle past `--http-read-timeout` is closed with
+/// a GOAWAY without error, not a bare close: the client learns that nothing it sent was left
+/// unprocessed.
+#[test]
+fn an_idle_http2_connection_gets_a_goaway_before_it_closes() {
+    let server = Server::start_with_args(POLICY, &["--http-read-timeout", "1s"]);
+    let began = tokio::time::Instant::now();
+    // The preface and an empty SETTINGS frame, then nothing.
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    let mut client = support::silent_client(server.http, &hello);
+    let received = support::read_bytes_until_closed(&mut client, Duration::from_secs(5))
+        .expect("closed once idle");
+    assert!(
+        began.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        began.elapsed()
+    );
+    // Frames: a 24-bit length, a type, flags, a stream id, the payload.
+    let mut goaways = Vec::new();
+    let mut rest = received.as_slice();
+    while let [a, b, c, kind, _, _, _, _, _, tail @ ..] = rest {
+        let length = usize::from(*a) << 16 | usize::from(*b) << 8 | usize::from(*c);
+        let (payload, after) = tail.split_at(length.min(tail.len()));
+        if *kind == 7 {
+            goaways.push(u32::from_be_bytes(payload[4..8].try_into().unwrap()));
+        }
+        rest = after;
+    }
+    assert!(rest.is_empty(), "a truncated frame in {received:?}");
+    assert!(!goaways.is_empty(), "no GOAWAY in {received:?}");
+    assert!(
+        goaways.iter().all(|&code| code == 0),
+        "error codes {goaways:?}"
+    );
+}
+
 /// A request body for the HTTP/2 tests: any stream of chunks, boxed.
 type H2Body = http_body_util::combinators::BoxBody<hyper::body::Bytes, std::convert::Infallible>;
 

@@ -374,6 +374,15 @@ pub fn silent_client(addr: std::net::SocketAddr, bytes: &[u8]) -> std::net::TcpS
 /// Reads what the server sends on `stream` for at most `within`: all of it if the server closed
 /// the connection meanwhile (a reset counts as a close), `None` if it is still open.
 pub fn read_until_closed(stream: &mut std::net::TcpStream, within: Duration) -> Option<String> {
+    read_bytes_until_closed(stream, within)
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// [`read_until_closed`], as bytes.
+pub fn read_bytes_until_closed(
+    stream: &mut std::net::TcpStream,
+    within: Duration,
+) -> Option<Vec<u8>> {
     use std::io::Read;
     let tick = Duration::from_millis(100);
     stream.set_read_timeout(Some(tick)).unwrap();
@@ -381,20 +390,19 @@ pub fn read_until_closed(stream: &mut std::net::TcpStream, within: Duration) -> 
     let mut buffer = [0u8; 4096];
     for _ in 0..within.as_millis().div_ceil(tick.as_millis()) {
         match stream.read(&mut buffer) {
-            Ok(0) => return Some(String::from_utf8_lossy(&received).into_owned()),
+            Ok(0) => return Some(received),
             Ok(n) => received.extend_from_slice(&buffer[..n]),
             Err(e)
                 if matches!(
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) => {}
-            Err(_) => return Some(String::from_utf8_lossy(&received).into_owned()),
+            Err(_) => return Some(received),
         }
     }
     None
 }
 
-/// Whether the server closed the connection on `stream` within `within`.
 pub fn closed_within(stream: &mut std::net::TcpStream, within: Duration) -> bool {
     read_until_closed(stream, within).is_some()
 }
