@@ -5,7 +5,9 @@
 //! The handshake is ours (rustls through tokio-rustls, as tonic's own), so that the files can
 //! be read again while serving: [`ServingTls::watch`] checks them every `--watch-interval` and
 //! serves a changed, valid set to new connections (a renewed certificate needs no restart); a
-//! set that does not load is logged and the one in use stays.
+//! set that does not load is logged and the one in use stays. A served certificate that has
+//! expired, or is not valid yet, is logged at the start and when it comes to pass: clients
+//! refuse it, and the server's log is where an operator looks first.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -21,7 +23,10 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::server::TlsStream;
+use tollgate::clock::{Clock, SystemClock};
 use tracing::{debug, info, warn};
+
+use crate::cert_validity::Validity;
 
 #[derive(Debug, Clone, Args)]
 pub struct GrpcTlsArgs {
@@ -45,6 +50,10 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The files' contents: what a reload compares.
 type Contents = Vec<Vec<u8>>;
 
+/// What a load makes of the files: their contents, the settings, and the validity of the
+/// served certificate when it could be read.
+type Loaded = (Contents, Arc<ServerConfig>, Option<Validity>);
+
 impl GrpcTlsArgs {
     /// The TLS the gRPC port serves, or `None` for plaintext. The files are read and checked
     /// here, so a missing or malformed one stops the start with its flag and path.
@@ -52,11 +61,15 @@ impl GrpcTlsArgs {
         if self.grpc_tls_cert.is_none() {
             return Ok(None);
         }
-        let (contents, config) = self.load()?;
-        Ok(Some(Arc::new(ServingTls {
+        let tls = ServingTls {
             args: self.clone(),
-            current: Mutex::new((contents, config)),
-        })))
+            current: Mutex::new(self.load()?),
+            clock: SystemClock::new(),
+        };
+        if let Some(problem) = tls.certificate_problem() {
+            tls.warn_certificate(&problem);
+        }
+        Ok(Some(Arc::new(tls)))
     }
 
     /// `true` when clients must present a certificate.
@@ -65,7 +78,7 @@ impl GrpcTlsArgs {
     }
 
     /// Reads the files and makes the server's TLS settings from them.
-    fn load(&self) -> anyhow::Result<(Contents, Arc<ServerConfig>)> {
+    fn load(&self) -> anyhow::Result<Loaded> {
         let (Some(cert), Some(key)) = (&self.grpc_tls_cert, &self.grpc_tls_key) else {
             anyhow::bail!("--grpc-tls-cert and --grpc-tls-key go together");
         };
@@ -78,6 +91,7 @@ impl GrpcTlsArgs {
             );
         }
         let chain = certificates(&chain_pem, cert, "--grpc-tls-cert")?;
+        let validity = chain.first().and_then(|served| Validity::of(served));
         let private = PrivateKeyDer::from_pem_slice(&key_pem)
             .map_err(|e| anyhow::anyhow!("--grpc-tls-key: {}: {e}", key.display()))?;
         let builder = ServerConfig::builder();
@@ -99,7 +113,7 @@ impl GrpcTlsArgs {
             "--grpc-tls-cert and --grpc-tls-key do not make a TLS identity (the key must be the first certificate's: the server's own, before any intermediate)",
         )?;
         config.alpn_protocols = vec![b"h2".to_vec()];
-        Ok((contents, Arc::new(config)))
+        Ok((contents, Arc::new(config), validity))
     }
 }
 
@@ -134,25 +148,44 @@ fn read_pem(path: &Path, label: &str, flag: &str) -> anyhow::Result<Vec<u8>> {
 /// The TLS settings the gRPC port serves, and the files they came from.
 pub struct ServingTls {
     args: GrpcTlsArgs,
-    current: Mutex<(Contents, Arc<ServerConfig>)>,
+    current: Mutex<Loaded>,
+    clock: SystemClock,
 }
 
 impl ServingTls {
+    fn current(&self) -> std::sync::MutexGuard<'_, Loaded> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn config(&self) -> Arc<ServerConfig> {
-        let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        current.1.clone()
+        self.current().1.clone()
     }
 
     /// Reads the files again; serves them to new connections when they changed and load.
     /// Returns whether they were taken, or why not.
     pub fn reload(&self) -> anyhow::Result<bool> {
-        let (contents, config) = self.args.load()?;
-        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        if current.0 == contents {
+        let loaded = self.args.load()?;
+        let mut current = self.current();
+        if current.0 == loaded.0 {
             return Ok(false);
         }
-        *current = (contents, config);
+        *current = loaded;
         Ok(true)
+    }
+
+    /// What is wrong with the served certificate's validity now, if anything.
+    fn certificate_problem(&self) -> Option<String> {
+        let validity = self.current().2?;
+        let now = self.clock.now().as_micros() / 1_000_000;
+        validity.problem(i64::try_from(now).unwrap_or(i64::MAX))
+    }
+
+    fn warn_certificate(&self, problem: &str) {
+        let path = self.args.grpc_tls_cert.as_deref().unwrap_or(Path::new(""));
+        warn!(
+            certificate = %path.display(),
+            "The gRPC TLS certificate served {problem}: clients that check it refuse the handshake until it is renewed"
+        );
     }
 
     /// Checks the files every `every` until `stop`; a failure is logged when it first happens
@@ -164,6 +197,8 @@ impl ServingTls {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_failure = None;
+        // Told at the start already (`serving`).
+        let mut last_problem = self.certificate_problem();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -186,6 +221,14 @@ impl ServingTls {
                         last_failure = Some(reason);
                     }
                 }
+            }
+            let problem = self.certificate_problem();
+            if problem != last_problem {
+                match &problem {
+                    Some(problem) => self.warn_certificate(problem),
+                    None => info!("The gRPC TLS certificate served is valid now"),
+                }
+                last_problem = problem;
             }
         }
     }

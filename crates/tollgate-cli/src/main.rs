@@ -3,6 +3,7 @@
 mod admin_client;
 mod bench;
 mod bench_server;
+mod cert_validity;
 mod check;
 mod first_bytes;
 mod grpc_tls;

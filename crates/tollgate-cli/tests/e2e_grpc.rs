@@ -656,6 +656,83 @@ async fn a_renewed_grpc_certificate_is_served_without_a_restart() {
     assert!(answered(&second.ca).await);
 }
 
+/// `date -u` at `seconds` from the epoch in `format`.
+fn utc(seconds: i64, format: &str) -> String {
+    let out = std::process::Command::new("date")
+        .args(["-u", "-d", &format!("@{seconds}"), &format!("+{format}")])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// A served gRPC certificate that has expired is a warning at the start, naming when, and so is
+/// one that expires while served (once, not at every check of the files). Clients refuse such
+/// a certificate; the log is where an operator looks first.
+#[test]
+fn an_expired_grpc_certificate_is_logged_at_the_start_and_when_it_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let made = support::certificates(dir.path());
+    let (key, expired, expiring) = (
+        made.key.to_str().unwrap(),
+        dir.path().join("expired.pem"),
+        dir.path().join("expiring.pem"),
+    );
+    made.server_cert_valid("200101000000Z", "200102000000Z", &expired);
+    let warning = "The gRPC TLS certificate served expired at";
+    let server = Server::start_logged(
+        POLICY,
+        &[
+            "--grpc-tls-cert",
+            expired.to_str().unwrap(),
+            "--grpc-tls-key",
+            key,
+        ],
+    );
+    let log = server.log();
+    assert!(
+        log.contains(&format!("{warning} 2020-01-02T00:00:00Z")),
+        "{log}"
+    );
+    drop(server);
+
+    // Valid for 3 more seconds: nothing at the start, one warning once it has expired.
+    let now = std::process::Command::new("date")
+        .arg("+%s")
+        .output()
+        .unwrap();
+    let until = String::from_utf8(now.stdout)
+        .unwrap()
+        .trim()
+        .parse::<i64>()
+        .unwrap()
+        + 3;
+    made.server_cert_valid("200101000000Z", &utc(until, "%y%m%d%H%M%SZ"), &expiring);
+    let server = Server::start_logged(
+        POLICY,
+        &[
+            "--grpc-tls-cert",
+            expiring.to_str().unwrap(),
+            "--grpc-tls-key",
+            key,
+            "--watch-interval",
+            "100ms",
+        ],
+    );
+    assert!(!server.log().contains(warning), "{}", server.log());
+    let expected = format!("{warning} {}", utc(until, "%Y-%m-%dT%H:%M:%SZ"));
+    let began = tokio::time::Instant::now();
+    while !server.log().contains(&expected) {
+        assert!(
+            began.elapsed() < Duration::from_secs(15),
+            "{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(server.log().matches(warning).count(), 1, "{}", server.log());
+}
+
 /// A TLS file that is missing, holds no PEM block of the right kind, a key that is not the
 /// certificate's, or an encrypted key stops `serve` before it listens, naming the flag.
 #[test]

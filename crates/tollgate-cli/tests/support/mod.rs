@@ -56,8 +56,11 @@ pub struct Server {
     pub admin: SocketAddr,
     /// The policy file the server was started with.
     pub config: PathBuf,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
+
+/// Where [`Server::start_logged`] writes the server's standard error.
+const LOG: &str = "serve.log";
 
 impl Server {
     /// Starts a server on the given policy text.
@@ -70,10 +73,25 @@ impl Server {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("policy.yaml");
         std::fs::write(&path, policy).unwrap();
-        Self::spawn(&path, args, dir)
+        Self::spawn(&path, args, dir, Stdio::inherit())
     }
 
-    fn spawn(config: &Path, args: &[&str], dir: tempfile::TempDir) -> Server {
+    /// [`Server::start_with_args`], with the server's log (warnings and errors) kept for
+    /// [`Server::log`].
+    pub fn start_logged(policy: &str, args: &[&str]) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy.yaml");
+        std::fs::write(&path, policy).unwrap();
+        let log = std::fs::File::create(dir.path().join(LOG)).unwrap();
+        Self::spawn(&path, args, dir, Stdio::from(log))
+    }
+
+    /// What a server started with [`Server::start_logged`] has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join(LOG)).unwrap_or_default()
+    }
+
+    fn spawn(config: &Path, args: &[&str], dir: tempfile::TempDir, log: Stdio) -> Server {
         let mut command = Command::new(binary());
         command
             .args(["serve", "--config"])
@@ -81,7 +99,7 @@ impl Server {
             .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
             .args(["--admin-addr", "127.0.0.1:0"])
             .args(args)
-            .stderr(Stdio::inherit());
+            .stderr(log);
         let (child, [http, grpc, admin]) = listening(command, ["http", "grpc", "admin"]);
         Server {
             child,
@@ -89,7 +107,7 @@ impl Server {
             grpc,
             admin,
             config: config.to_path_buf(),
-            _dir: dir,
+            dir,
         }
     }
 
@@ -315,6 +333,35 @@ impl Certificates {
             args.extend(["--grpc-tls-client-ca", path(&self.ca)]);
         }
         args
+    }
+
+    /// A new certificate for the server's key, signed by the CA, valid from `not_before` to
+    /// `not_after` (`YYMMDDHHMMSSZ`, UTC), written to `path`.
+    pub fn server_cert_valid(&self, not_before: &str, not_after: &str, path: &Path) {
+        let dir = self.ca.parent().unwrap();
+        let config = "[ca]\ndefault_ca = test\n[test]\ndatabase = index.txt\nnew_certs_dir = .\n\
+                      serial = ca.srl\ndefault_md = sha256\npolicy = any\nunique_subject = no\n\
+                      [any]\ncommonName = supplied\n";
+        std::fs::write(dir.join("ca.cnf"), config).unwrap();
+        std::fs::write(dir.join("index.txt"), "").unwrap();
+        let out = Command::new("openssl")
+            .args([
+                "ca", "-batch", "-notext", "-config", "ca.cnf", "-cert", "ca.pem",
+            ])
+            .args([
+                "-keyfile",
+                "ca.key",
+                "-in",
+                "server.csr",
+                "-extfile",
+                "server.cnf",
+            ])
+            .args(["-startdate", not_before, "-enddate", not_after, "-out"])
+            .arg(path)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "openssl ca: {out:?}");
     }
 }
 
