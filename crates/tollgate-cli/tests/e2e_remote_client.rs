@@ -151,9 +151,6 @@ async fn grpc_remote_client_over_mutual_tls() {
 
 /// `RemoteGrpc::new` with an `https://` URL is never answered by a service whose certificate
 /// the system's roots do not vouch for (here one the test CA signed): its posture answers.
-/// (That it is answered when they do vouch needs `SSL_CERT_FILE` in its environment, which a
-/// test cannot set in-process; the same TLS settings, with an explicit CA, pass in the test
-/// above.)
 #[tokio::test]
 async fn grpc_remote_client_refuses_a_certificate_it_cannot_verify() {
     let dir = tempfile::tempdir().unwrap();
@@ -163,6 +160,45 @@ async fn grpc_remote_client_refuses_a_certificate_it_cannot_verify() {
     let remote = RemoteGrpc::new(&url, Duration::from_secs(2), Posture::Closed).unwrap();
     let verdict = remote.check(&request("gus")).await.unwrap();
     assert_eq!(verdict.outcome, Outcome::Unavailable);
+}
+
+/// Set in the copy of this test binary that
+/// `grpc_remote_client_trusts_the_roots_ssl_cert_file_names` runs: the service's URL.
+const HTTPS_URL: &str = "TOLLGATE_TEST_HTTPS_URL";
+
+/// `RemoteGrpc::new` with an `https://` URL is answered when the roots it reads vouch for the
+/// service: here the test CA, named by `SSL_CERT_FILE`. The environment is read once per
+/// process and cannot be set in-process, so the test runs itself again, in a copy of this
+/// binary with `SSL_CERT_FILE` set, and that copy makes the calls.
+#[tokio::test]
+async fn grpc_remote_client_trusts_the_roots_ssl_cert_file_names() {
+    const NAME: &str = "grpc_remote_client_trusts_the_roots_ssl_cert_file_names";
+    const DONE: &str = "two calls answered over https";
+    if let Ok(url) = std::env::var(HTTPS_URL) {
+        let remote = RemoteGrpc::new(&url, Duration::from_secs(2), Posture::Closed).unwrap();
+        for remaining in ["1", "0"] {
+            let verdict = remote.check(&request("hal")).await.unwrap();
+            assert_eq!(verdict.outcome, Outcome::Allowed, "{verdict:?}");
+            assert_eq!(verdict.header("x-ratelimit-remaining"), Some(remaining));
+        }
+        println!("{DONE}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let certs = support::certificates(dir.path());
+    let server = Server::start_with_args(POLICY, &certs.serve_args(false));
+    let copy = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture"])
+        .env(HTTPS_URL, format!("https://{}", server.grpc))
+        .env("SSL_CERT_FILE", &certs.ca)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&copy.stdout);
+    assert!(copy.status.success(), "{copy:?}");
+    assert!(
+        stdout.contains(DONE),
+        "the copy did not run the test: {stdout}"
+    );
 }
 
 /// A request larger than the service takes (its body limit) is refused as invalid, not
