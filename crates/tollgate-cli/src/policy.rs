@@ -123,14 +123,7 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
                     v["hash"].as_str().unwrap_or("?"),
                     v["origin"].as_str().unwrap_or("?"),
                     v["rules"].as_u64().unwrap_or(0),
-                    v["files"]
-                        .as_array()
-                        .map(|f| f
-                            .iter()
-                            .filter_map(Value::as_str)
-                            .collect::<Vec<_>>()
-                            .join(", "))
-                        .unwrap_or_default(),
+                    files(&v["files"]),
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -186,14 +179,7 @@ fn render_report(report: &Value) -> String {
         "candidate {} shadowing for {} ({})\n",
         text(report, "hash"),
         humantime::format_duration(Duration::from_secs(shadowing_for.as_secs())),
-        report["files"]
-            .as_array()
-            .map(|f| f
-                .iter()
-                .filter_map(Value::as_str)
-                .collect::<Vec<_>>()
-                .join(", "))
-            .unwrap_or_default(),
+        files(&report["files"]),
     );
     let _ = writeln!(
         out,
@@ -239,4 +225,18 @@ fn activation(answer: (u16, Value)) -> anyhow::Result<ExitCode> {
         v["rules"]
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// A JSON array of file names, as one comma-separated line.
+fn files(names: &Value) -> String {
+    names
+        .as_array()
+        .map(|names| {
+            names
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
 }
