@@ -10,6 +10,15 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# That cache only grows: every change of a dependency, a flag or the toolchain leaves the old
+# artifacts behind (it had reached 65 GB and filled a disk). Past CACHE_MAX_GB (30), start
+# afresh: one full build, rather than a full disk.
+cache_gb=$(du -s --block-size=1G "$CARGO_TARGET_DIR" 2>/dev/null | cut -f1 || echo 0)
+if [ "${cache_gb:-0}" -gt "${CACHE_MAX_GB:-30}" ]; then
+  step "build cache $CARGO_TARGET_DIR holds ${cache_gb} GB: cleaning it (over ${CACHE_MAX_GB:-30} GB)"
+  cargo clean
+fi
+
 step "redis-server and redis-cli (Redis and Redis Cluster tests start real servers)"
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
   if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
