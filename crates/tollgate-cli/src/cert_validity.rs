@@ -3,8 +3,6 @@
 //! X.509 library. rustls checks nothing of the kind on the serving side: the clients refuse
 //! the handshake, and the server's log said nothing of why.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
 /// When a certificate is valid: from `not_before` to `not_after`, both included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Validity {
@@ -32,6 +30,20 @@ impl Validity {
             not_before,
             not_after,
         })
+    }
+
+    /// When every certificate of `chain` is valid (the server's own, then intermediates): the
+    /// latest start and the earliest end. `None` if one of them cannot be read.
+    pub fn of_chain<'a>(chain: impl IntoIterator<Item = &'a [u8]>) -> Option<Validity> {
+        chain
+            .into_iter()
+            .try_fold(None, |all: Option<Validity>, der| {
+                let one = Validity::of(der)?;
+                Some(Some(all.map_or(one, |all| Validity {
+                    not_before: all.not_before.max(one.not_before),
+                    not_after: all.not_after.min(one.not_after),
+                })))
+            })?
     }
 
     /// What is wrong with serving the certificate at `now` (seconds since the epoch), if
@@ -130,15 +142,34 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + day_of_era - 719_468
 }
 
-/// `seconds` since the epoch as RFC 3339 UTC, e.g. `2026-11-30T19:55:00Z`.
-fn rfc3339(seconds: i64) -> String {
-    let at = match u64::try_from(seconds) {
-        Ok(after) => UNIX_EPOCH.checked_add(Duration::from_secs(after)),
-        Err(_) => UNIX_EPOCH.checked_sub(Duration::from_secs(seconds.unsigned_abs())),
+/// The date `days` after 1970-01-01: year, month, day (the inverse of [`days_from_civil`]).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let days = days + 719_468;
+    let era = days.div_euclid(146_097);
+    let day_of_era = days - era * 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
+    let month = if shifted_month < 10 {
+        shifted_month + 3
+    } else {
+        shifted_month - 9
     };
-    at.map_or_else(
-        || format!("{seconds} s from the epoch"),
-        |at: SystemTime| humantime::format_rfc3339_seconds(at).to_string(),
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// `seconds` since the epoch (before it too) as RFC 3339 UTC, e.g. `2026-11-30T19:55:00Z`.
+fn rfc3339(seconds: i64) -> String {
+    let (days, second_of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        second_of_day / 3_600,
+        second_of_day / 60 % 60,
+        second_of_day % 60
     )
 }
 
@@ -221,6 +252,26 @@ mod tests {
     }
 
     #[test]
+    fn a_chain_is_valid_while_all_of_its_certificates_are() {
+        let leaf = certificate(
+            true,
+            &times((UTC_TIME, b"200101000000Z"), (UTC_TIME, b"300101000000Z")),
+        );
+        let intermediate = certificate(
+            true,
+            &times((UTC_TIME, b"100101000000Z"), (UTC_TIME, b"250101000000Z")),
+        );
+        let chain = Validity::of_chain([leaf.as_slice(), intermediate.as_slice()]).unwrap();
+        assert_eq!(chain.not_before, Validity::of(&leaf).unwrap().not_before);
+        assert_eq!(
+            chain.not_after,
+            Validity::of(&intermediate).unwrap().not_after
+        );
+        assert_eq!(Validity::of_chain([leaf.as_slice(), b"garbage"]), None);
+        assert_eq!(Validity::of_chain([]), None);
+    }
+
+    #[test]
     fn anything_else_is_not_read() {
         let good = times((UTC_TIME, b"200101000000Z"), (UTC_TIME, b"200102000000Z"));
         assert!(Validity::of(&certificate(true, &good)).is_some());
@@ -242,6 +293,28 @@ mod tests {
     }
 
     #[test]
+    fn dates_are_written_back_as_they_were_read_before_and_after_the_epoch() {
+        for (year, month, day) in [
+            (1970, 1, 1),
+            (1969, 12, 31),
+            (1945, 5, 8),
+            (2, 1, 1),
+            (2000, 2, 29),
+            (2026, 11, 30),
+            (9999, 12, 31),
+        ] {
+            assert_eq!(
+                civil_from_days(days_from_civil(year, month, day)),
+                (year, month, day)
+            );
+        }
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(-1), "1969-12-31T23:59:59Z");
+        let at = days_from_civil(2026, 11, 30) * 86_400 + 19 * 3_600 + 55 * 60 + 7;
+        assert_eq!(rfc3339(at), "2026-11-30T19:55:07Z");
+    }
+
+    #[test]
     fn a_problem_is_reported_outside_the_period_only() {
         let validity = Validity {
             not_before: days_from_civil(2026, 1, 1) * 86_400,
@@ -256,6 +329,15 @@ mod tests {
         assert_eq!(
             validity.problem(validity.not_before - 1).as_deref(),
             Some("not valid before 2026-01-01T00:00:00Z")
+        );
+        // Before the epoch, as a certificate may say.
+        let old = Validity {
+            not_before: days_from_civil(1960, 1, 1) * 86_400,
+            not_after: -1,
+        };
+        assert_eq!(
+            old.problem(0).as_deref(),
+            Some("expired at 1969-12-31T23:59:59Z")
         );
     }
 }

@@ -5,9 +5,9 @@
 //! The handshake is ours (rustls through tokio-rustls, as tonic's own), so that the files can
 //! be read again while serving: [`ServingTls::watch`] checks them every `--watch-interval` and
 //! serves a changed, valid set to new connections (a renewed certificate needs no restart); a
-//! set that does not load is logged and the one in use stays. A served certificate that has
-//! expired, or is not valid yet, is logged at the start and when it comes to pass: clients
-//! refuse it, and the server's log is where an operator looks first.
+//! set that does not load is logged and the one in use stays. A served certificate (or one of
+//! its chain) that has expired, or is not valid yet, is logged at the start and when it comes
+//! to pass: clients refuse it, and the server's log is where an operator looks first.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -91,7 +91,7 @@ impl GrpcTlsArgs {
             );
         }
         let chain = certificates(&chain_pem, cert, "--grpc-tls-cert")?;
-        let validity = chain.first().and_then(|served| Validity::of(served));
+        let validity = Validity::of_chain(chain.iter().map(|der| der.as_ref()));
         let private = PrivateKeyDer::from_pem_slice(&key_pem)
             .map_err(|e| anyhow::anyhow!("--grpc-tls-key: {}: {e}", key.display()))?;
         let builder = ServerConfig::builder();
@@ -173,7 +173,7 @@ impl ServingTls {
         Ok(true)
     }
 
-    /// What is wrong with the served certificate's validity now, if anything.
+    /// What is wrong with the served chain's validity now, if anything.
     fn certificate_problem(&self) -> Option<String> {
         let validity = self.current().2?;
         let now = self.clock.now().as_micros() / 1_000_000;
@@ -184,7 +184,7 @@ impl ServingTls {
         let path = self.args.grpc_tls_cert.as_deref().unwrap_or(Path::new(""));
         warn!(
             certificate = %path.display(),
-            "The gRPC TLS certificate served {problem}: clients that check it refuse the handshake until it is renewed"
+            "The gRPC TLS certificate chain served {problem}: clients that check it refuse the handshake until it is renewed"
         );
     }
 

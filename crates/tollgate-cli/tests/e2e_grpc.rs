@@ -677,23 +677,22 @@ fn an_expired_grpc_certificate_is_logged_at_the_start_and_when_it_expires() {
         dir.path().join("expired.pem"),
         dir.path().join("expiring.pem"),
     );
-    made.server_cert_valid("200101000000Z", "200102000000Z", &expired);
-    let warning = "The gRPC TLS certificate served expired at";
-    let server = Server::start_logged(
-        POLICY,
-        &[
+    let warning = "The gRPC TLS certificate chain served expired at";
+    // Dates before the epoch are dates too.
+    for (not_before, not_after, expected) in [
+        ("200101000000Z", "200102000000Z", "2020-01-02T00:00:00Z"),
+        ("19600101000000Z", "19691231235959Z", "1969-12-31T23:59:59Z"),
+    ] {
+        made.server_cert_valid(not_before, not_after, &expired);
+        let tls = [
             "--grpc-tls-cert",
             expired.to_str().unwrap(),
             "--grpc-tls-key",
             key,
-        ],
-    );
-    let log = server.log();
-    assert!(
-        log.contains(&format!("{warning} 2020-01-02T00:00:00Z")),
-        "{log}"
-    );
-    drop(server);
+        ];
+        let log = Server::start_logged(POLICY, &tls).log();
+        assert!(log.contains(&format!("{warning} {expected}")), "{log}");
+    }
 
     // Valid for 3 more seconds: nothing at the start, one warning once it has expired.
     let now = std::process::Command::new("date")
