@@ -696,3 +696,39 @@ async fn a_push_with_unusable_source_names_is_refused() {
     let list = server.admin_json("/v1/admin/policy").await;
     assert_eq!(list["versions"].as_array().unwrap().len(), 1, "{list}");
 }
+
+/// A pushed policy may be as large as a policy file `serve` reads (16 MiB): one of 2 MiB (a
+/// long comment here) is activated, where the admin API used to refuse anything over 1 MiB.
+/// The CLI refuses a larger file as `serve` would, and a body past the admin API's 32 MiB gets
+/// `413`; neither activates anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_policy_can_be_pushed_up_to_the_admin_limit() {
+    let server = Server::start(V1);
+    let dir = tempfile::tempdir().unwrap();
+    let large = dir.path().join("large.yaml");
+    let padded = |bytes: usize| format!("# {}\n{}", "x".repeat(bytes), V1.replace("5}", "6}"));
+    std::fs::write(&large, padded(2 << 20)).unwrap();
+    let (code, out, err) = server.policy_cli(&["push", large.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        remaining(&server, "user", "big").await,
+        5,
+        "the pushed limit of 6 applies"
+    );
+
+    std::fs::write(&large, padded(17 << 20)).unwrap();
+    let (code, out, err) = server.policy_cli(&["push", large.to_str().unwrap()]);
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(err.contains("larger than 16 MiB"), "{err}");
+    let text = padded(33 << 20);
+    let body = json!({"sources": [{"name": "huge.yaml", "text": text}]});
+    let answer = reqwest::Client::new()
+        .post(server.admin_url("/v1/admin/policy"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 413);
+    let list = server.admin_json("/v1/admin/policy").await;
+    assert_eq!(list["versions"].as_array().unwrap().len(), 2, "{list}");
+}

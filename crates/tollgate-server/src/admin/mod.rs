@@ -37,6 +37,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use serde::de::DeserializeOwned;
 use tollgate::lifecycle::Lifecycle;
+use tollgate::policy::MAX_POLICY_FILE;
 
 use crate::http::{error_response, json_fallbacks};
 
@@ -73,10 +74,14 @@ pub fn router(lifecycle: Arc<Lifecycle>, token: Option<String>) -> Router {
         .route("/v1/admin/overrides/{id}", delete(overrides::delete))
         .route("/v1/admin/top", get(top::top))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
-        .layer(axum::extract::DefaultBodyLimit::max(1024 * 1024))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(state);
     json_fallbacks(router)
 }
+
+/// Largest admin request: a push of a policy file as large as `serve` reads
+/// ([`MAX_POLICY_FILE`]), with room for its JSON escaping.
+pub const MAX_BODY: usize = 2 * MAX_POLICY_FILE as usize;
 
 /// [`Path`](axum::extract::Path) whose rejection (a malformed segment) is answered like every
 /// other admin error: `400` with a JSON `error`, not axum's plain text, which clients that

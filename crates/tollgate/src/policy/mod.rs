@@ -18,6 +18,7 @@ mod tree;
 mod unit;
 
 pub use error::{Location, PolicyError, PolicyErrors};
+pub use load::MAX_POLICY_FILE;
 pub use rule::{LocalBudget, Rule, RuleMode};
 pub use snapshot::Policy;
 pub use unit::Unit;
