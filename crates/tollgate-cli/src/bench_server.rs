@@ -45,8 +45,8 @@ pub fn run(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
 async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
     let mut terminate =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    let http = crate::serve::listen(args.http_addr, "HTTP").await?;
-    let grpc = crate::serve::listen(args.grpc_addr, "gRPC").await?;
+    let http = crate::serve::listen(args.http_addr, "HTTP")?;
+    let grpc = crate::serve::listen(args.grpc_addr, "gRPC")?;
     // The same lines as `serve`, so scripts and tests find ports chosen with `:0`.
     println!("http listening on {}", http.local_addr()?);
     println!("grpc listening on {}", grpc.local_addr()?);

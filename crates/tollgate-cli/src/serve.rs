@@ -341,9 +341,9 @@ async fn serve(
             .with_prefilter(!args.no_prefilter),
     );
 
-    let http = listen(args.http_addr, "HTTP").await?;
-    let grpc = listen(args.grpc_addr, "gRPC").await?;
-    let admin = listen(args.admin_addr, "the admin API").await?;
+    let http = listen(args.http_addr, "HTTP")?;
+    let grpc = listen(args.grpc_addr, "gRPC")?;
+    let admin = listen(args.admin_addr, "the admin API")?;
     // Printed on stdout, one line each, so scripts and tests can find ports chosen with `:0`.
     println!("http listening on {}", http.local_addr()?);
     println!("grpc listening on {}", grpc.local_addr()?);
@@ -501,11 +501,25 @@ pub(crate) fn grpc_server(keepalive: Duration, timeout: Duration) -> tonic::tran
         .http2_keepalive_timeout(Some(timeout))
 }
 
+/// How many connections the kernel may hold for a listener before it is accepting them (it
+/// caps this at `net.core.somaxconn`). std's 128 overflowed when a few hundred clients
+/// connected at once, and a client whose SYN was dropped waited a second to try again.
+const LISTEN_BACKLOG: u32 = 4096;
+
 /// Binds `addr` for `what`; the error names both.
-pub(crate) async fn listen(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr} for {what}"))
+pub(crate) fn listen(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
+    let bound = || {
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()
+        } else {
+            tokio::net::TcpSocket::new_v6()
+        }?;
+        // As std's bind does: a restarted server may take its port back at once.
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(LISTEN_BACKLOG)
+    };
+    bound().with_context(|| format!("cannot listen on {addr} for {what}"))
 }
 
 /// The gRPC listener's connections, `TCP_NODELAY` set on each: without it an HTTP/2 answer

@@ -458,6 +458,29 @@ fn an_idle_http2_connection_gets_a_goaway_before_it_closes() {
     );
 }
 
+/// Every listener asks the kernel for a deep accept queue (4096, capped by
+/// `net.core.somaxconn`): with std's 128, a few hundred clients connecting at once overflowed
+/// it, and a client whose SYN was dropped waited a second to try again. Here the server is
+/// stopped (SIGSTOP) so that it accepts nothing, and 300 connections must still complete.
+#[test]
+fn three_hundred_clients_connect_at_once_while_the_server_accepts_nothing() {
+    // The kernel caps every backlog at somaxconn (4096 by default since Linux 5.4).
+    let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let clients = somaxconn.min(300);
+    let server = Server::start(POLICY);
+    server.signal("STOP");
+    let connected: Vec<_> = (0..clients)
+        .map(|_| std::net::TcpStream::connect_timeout(&server.http, Duration::from_millis(500)))
+        .collect();
+    server.signal("CONT");
+    let failed = connected.iter().filter(|c| c.is_err()).count();
+    assert_eq!(failed, 0, "{failed} of {clients} connections timed out");
+}
+
 /// A request body for the HTTP/2 tests: any stream of chunks, boxed.
 type H2Body = http_body_util::combinators::BoxBody<hyper::body::Bytes, std::convert::Infallible>;
 
