@@ -732,3 +732,40 @@ async fn a_large_policy_can_be_pushed_up_to_the_admin_limit() {
     let list = server.admin_json("/v1/admin/policy").await;
     assert_eq!(list["versions"].as_array().unwrap().len(), 2, "{list}");
 }
+
+/// Lifting a stricter override from a GCRA rule (1 a day on a rule of 10 a minute) leaves a
+/// key that used its day waiting one emission of the rule (6 s), not the rest of the day: the
+/// rule carries the key's state over, bounded by what the rule itself can reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifting_a_stricter_gcra_override_does_not_keep_its_wait() {
+    let server = Server::start(
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {name: paced, algorithm: gcra, unit: minute, requests_per_unit: 10}\n",
+    );
+    let admin = reqwest::Client::new();
+    let set = json!({"domain": "api", "rule": "paced", "entries": [{"key": "user", "value": "ann"}],
+                     "requests_per_unit": 1, "period": "1d"});
+    let r = admin
+        .put(server.admin_url("/v1/admin/overrides"))
+        .json(&set)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let id = r.json::<Value>().await.unwrap()["id"].as_u64().unwrap();
+    let retry_ms = async || {
+        let r = server.check("user", "ann").await;
+        let body: Value = r.json().await.unwrap();
+        body["retry_after_ms"].as_u64()
+    };
+    assert_eq!(retry_ms().await, None, "the day's one request");
+    assert!(retry_ms().await.unwrap() > 86_000_000, "then a day's wait");
+
+    let r = admin
+        .delete(server.admin_url(&format!("/v1/admin/overrides/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let wait = retry_ms().await.expect("still denied for now");
+    assert!(wait <= 6_000, "{wait} ms");
+}

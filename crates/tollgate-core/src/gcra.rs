@@ -11,7 +11,10 @@
 //!
 //! A TAT written under another limit is the same instant under this one, rounded up to the next
 //! `1 / limit` µs (see [`State`]): a reload keeps the time at which the key is fully recovered,
-//! and a lower limit meets it with a longer emission interval.
+//! and a lower limit meets it with a longer emission interval. When the new tolerance is
+//! smaller than the one the TAT was written under, the TAT moves earlier by the difference, so
+//! that it is never further ahead than the new params can put it (1 per hour loosened to 10 per
+//! minute: a key that used its hour waits 6 s, not the rest of the hour).
 
 use crate::scaled::{div_ceil, micros, saturate};
 use crate::{Decision, Params, State, Timestamp, Transition};
@@ -39,6 +42,7 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
         let state = State::Gcra {
             tat_scaled: now_scaled + new_ahead,
             scale: params.limit_scale(),
+            tolerance: params.tolerance_micros(),
         };
         return (decision, Transition::Set(state));
     }
@@ -106,6 +110,42 @@ mod tests {
         assert_eq!(denied.reset_after, Duration::from_secs(1));
     }
 
+    /// Loosened from 1 per hour to 10 per minute (or an hourly override lifted), a key that
+    /// used its hour waits one new emission interval, as a token bucket would, not the rest
+    /// of the hour: its arrival time moves earlier by the tolerance it no longer has.
+    #[test]
+    fn a_looser_limit_with_a_smaller_tolerance_does_not_keep_the_old_wait() {
+        let hourly = Params::new(Algorithm::Gcra, 1, Duration::from_secs(3_600), None).unwrap();
+        let minute = Params::new(Algorithm::Gcra, 10, Duration::from_secs(60), None).unwrap();
+        let t = Timestamp::from_micros(1_700_000_000_000_000);
+        let mut state = State::empty(&hourly);
+        state.apply(decide(&hourly, &state, t, 1).1);
+        let (before, _) = decide(&hourly, &state, t, 1);
+        assert_eq!(before.retry_after, Some(Duration::from_secs(3_600)));
+
+        let (denied, _) = decide(&minute, &state, t, 1);
+        assert_eq!(denied.verdict, Verdict::Denied);
+        assert_eq!(denied.retry_after, Some(Duration::from_secs(6)));
+        assert_eq!(denied.reset_after, Duration::from_secs(60));
+        // A denial writes nothing, and the next decision reads the same instant: time runs.
+        let later = t.saturating_add(Duration::from_secs(6));
+        let (allowed, _) = decide(&minute, &state, later, 1);
+        assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 0));
+        let (early, _) = decide(
+            &minute,
+            &state,
+            Timestamp::from_micros(later.as_micros() - 1),
+            1,
+        );
+        assert_eq!(early.verdict, Verdict::Denied);
+
+        // Back to hourly: the state written under the minute's tolerance keeps its instant.
+        let mut state = State::empty(&minute);
+        state.apply(decide(&minute, &state, t, 10).1);
+        let (denied, _) = decide(&hourly, &state, t, 1);
+        assert_eq!(denied.retry_after, Some(Duration::from_secs(60)));
+    }
+
     /// An instant that is not a whole number of `1 / limit` µs under the new limit is rounded
     /// up to the next one: never earlier than it was.
     #[test]
@@ -121,6 +161,7 @@ mod tests {
             Transition::Set(State::Gcra {
                 tat_scaled: 7_000 + 2_333_334,
                 scale: seven.limit_scale(),
+                tolerance: seven.tolerance_micros(),
             })
         );
         assert_eq!(decision.reset_after, Duration::from_micros(333_334));

@@ -12,6 +12,9 @@
 //!
 //! An `empty_at` written under another limit is the same instant under this one, rounded up to
 //! the next `1 / limit` µs (see [`State`]): the requests already admitted still leave by then.
+//! When the new queue is shorter than the one it was written under, `empty_at` moves earlier by
+//! the difference, as GCRA's arrival time does: the queue is never longer than the new params
+//! allow.
 
 use crate::scaled::{div_ceil, micros, saturate};
 use crate::{Decision, Params, State, Timestamp, Transition};
@@ -41,6 +44,7 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
         let state = State::LeakyBucket {
             empty_at_scaled: now_scaled + new_backlog,
             scale: params.limit_scale(),
+            tolerance: params.tolerance_micros(),
         };
         return (decision, Transition::Set(state));
     }
@@ -59,6 +63,27 @@ mod tests {
     use std::time::Duration;
 
     use crate::{Algorithm, Params, State, Timestamp, Verdict, decide};
+
+    /// Loosened from 1 per hour to 10 per minute, a queue that held an hour's unit holds at
+    /// most the new queue: the next unit fits one new drain interval later, and waits out the
+    /// rest of the (new) queue.
+    #[test]
+    fn a_shorter_queue_does_not_keep_the_old_backlog() {
+        let hourly =
+            Params::new(Algorithm::LeakyBucket, 1, Duration::from_secs(3_600), None).unwrap();
+        let minute =
+            Params::new(Algorithm::LeakyBucket, 10, Duration::from_secs(60), None).unwrap();
+        let t = Timestamp::from_micros(1_700_000_000_000_000);
+        let mut state = State::empty(&hourly);
+        state.apply(decide(&hourly, &state, t, 1).1);
+
+        let (denied, _) = decide(&minute, &state, t, 1);
+        assert_eq!(denied.verdict, Verdict::Denied);
+        assert_eq!(denied.retry_after, Some(Duration::from_secs(6)));
+        let (allowed, _) = decide(&minute, &state, t.saturating_add(Duration::from_secs(6)), 1);
+        assert_eq!(allowed.verdict, Verdict::Allowed);
+        assert_eq!(allowed.delay, Duration::from_secs(54));
+    }
 
     #[test]
     fn queues_requests_and_delays_them_to_the_rate() {

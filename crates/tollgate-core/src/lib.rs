@@ -17,8 +17,10 @@
 //!   overflowing; time is assumed not to run backwards for a key (it never panics if it does);
 //! - a state written under other params of the same algorithm (a policy reload changed the
 //!   key's limit, burst or period) keeps its meaning: the log its entries, GCRA and the leaky
-//!   bucket their instant, the token bucket its tokens, windows their counts (see [`State`]),
-//!   rounded so as to give no more quota than before. One exception: a fixed window or sliding
+//!   bucket their instant (moved earlier when the tolerance shrank, so that it is never further
+//!   ahead than the new params can put it), the token bucket its tokens (capped at the new
+//!   burst), windows their counts (see [`State`]), rounded so as to give no more quota than
+//!   before. One exception: a fixed window or sliding
 //!   counter keeps the number of its window, not its bounds, so after a change of *period* the
 //!   count only carries over into a window that happens to bear the same number; otherwise it
 //!   starts from zero, which may admit up to one new limit early. (The stores add a second

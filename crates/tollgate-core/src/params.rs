@@ -157,6 +157,17 @@ impl Params {
         self.burst
     }
 
+    /// GCRA's tolerance (the leaky bucket's queue), `burst * period / limit`, in whole
+    /// microseconds rounded down and at most 2^52 (the store scripts' numbers are doubles): how
+    /// far ahead of now a key's instant can be once a request has been admitted. A GCRA or
+    /// leaky bucket state records it, to convert itself when a reload lowers it (see
+    /// [`crate::State`]).
+    pub fn tolerance_micros(&self) -> u64 {
+        let tolerance = u128::from(self.burst) * u128::from(self.period_micros.get())
+            / u128::from(self.limit.get());
+        u64::try_from(tolerance.min(1 << 52)).unwrap_or(1 << 52)
+    }
+
     /// These params, charging up to the limit (or not): a request whose whole cost does not
     /// fit is then admitted while any unit is left and charged what is left, for costs known
     /// only once the work is done (tokens a response used). Only [`crate::decide`] (and so

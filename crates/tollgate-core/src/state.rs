@@ -18,6 +18,16 @@ use crate::{Algorithm, Params, Timestamp};
 /// quota than before: instants round up (later), tokens round down. The windows and the log
 /// store plain counts and instants, which mean the same under any limit.
 ///
+/// One bound on those instants, as the token bucket's cap at the new burst: GCRA's and the
+/// leaky bucket's states also record the tolerance they were written under
+/// ([`Params::tolerance_micros`]), and when the current one is smaller the instant moves
+/// earlier by the difference. Without it, loosening a limit whose period was longer (1 per hour
+/// to 10 per minute), or lifting a stricter override, left a key that had used its quota denied
+/// until the old instant, up to the old period, where a token bucket waits one new emission.
+/// The instant is then at most the new tolerance ahead of when it was written: the key is as
+/// full as the new params allow, never emptier than it was. A state written before the
+/// tolerance was recorded reads 0, which moves nothing.
+///
 /// A state of a variant that does not match the limit's algorithm (left over after a policy
 /// changed the algorithm of a key) is treated as [`State::empty`] by [`crate::decide`] and by
 /// [`State::expires_at`].
@@ -62,6 +72,8 @@ pub enum State {
         /// The limit ([`Params::limit`]) of the params the state was written under: a
         /// microsecond is `scale` units of `tat_scaled`.
         scale: NonZeroU64,
+        /// [`Params::tolerance_micros`] of the params the state was written under.
+        tolerance: u64,
     },
     /// Time at which the queue is empty, in scaled units (`micros * limit` of the limit it was
     /// written under).
@@ -71,6 +83,8 @@ pub enum State {
         /// The limit ([`Params::limit`]) of the params the state was written under: a
         /// microsecond is `scale` units of `empty_at_scaled`.
         scale: NonZeroU64,
+        /// [`Params::tolerance_micros`] (the queue) of the params the state was written under.
+        tolerance: u64,
     },
 }
 
@@ -120,10 +134,12 @@ impl State {
             Algorithm::LeakyBucket => State::LeakyBucket {
                 empty_at_scaled: 0,
                 scale: params.limit_scale(),
+                tolerance: params.tolerance_micros(),
             },
             Algorithm::Gcra => State::Gcra {
                 tat_scaled: 0,
                 scale: params.limit_scale(),
+                tolerance: params.tolerance_micros(),
             },
         }
     }
@@ -146,24 +162,28 @@ impl State {
     }
 
     /// GCRA's theoretical arrival time in `micros * params.limit()`: rescaled from the limit
-    /// the state was written under, rounded up. `None` for another algorithm's state.
+    /// the state was written under, rounded up, and moved earlier by how much the tolerance
+    /// shrank (see [`State`]). `None` for another algorithm's state.
     pub(crate) fn gcra_tat(&self, params: &Params) -> Option<u128> {
         match *self {
-            State::Gcra { tat_scaled, scale } => {
-                Some(rescale_up(tat_scaled, scale, params.limit_scale()))
-            }
+            State::Gcra {
+                tat_scaled,
+                scale,
+                tolerance,
+            } => Some(instant_under(tat_scaled, scale, tolerance, params)),
             _ => None,
         }
     }
 
-    /// The leaky bucket's empty instant in `micros * params.limit()`: rescaled from the limit
-    /// the state was written under, rounded up. `None` for another algorithm's state.
+    /// The leaky bucket's empty instant in `micros * params.limit()`, read as
+    /// [`State::gcra_tat`] reads GCRA's. `None` for another algorithm's state.
     pub(crate) fn leaky_bucket_empty_at(&self, params: &Params) -> Option<u128> {
         match *self {
             State::LeakyBucket {
                 empty_at_scaled,
                 scale,
-            } => Some(rescale_up(empty_at_scaled, scale, params.limit_scale())),
+                tolerance,
+            } => Some(instant_under(empty_at_scaled, scale, tolerance, params)),
             _ => None,
         }
     }
@@ -274,16 +294,28 @@ impl State {
             State::Gcra {
                 tat_scaled: at,
                 scale,
+                tolerance,
             }
             | State::LeakyBucket {
                 empty_at_scaled: at,
                 scale,
+                tolerance,
             } => instant(div_ceil(
-                rescale_up(*at, *scale, params.limit_scale()),
+                instant_under(*at, *scale, *tolerance, params),
                 limit,
             )),
         }
     }
+}
+
+/// A GCRA or leaky bucket instant `at`, scaled by `scale` and written under a tolerance of
+/// `tolerance` µs, read under `params`: rescaled to `micros * params.limit()` (rounded up), then
+/// moved earlier by however much `params`' tolerance is smaller (rounded down: never further).
+fn instant_under(at: u128, scale: NonZeroU64, tolerance: u64, params: &Params) -> u128 {
+    let l = u128::from(params.limit());
+    let current = u128::from(params.burst()) * u128::from(params.period_micros());
+    let shrunk = (u128::from(tolerance) * l).saturating_sub(current);
+    rescale_up(at, scale, params.limit_scale()).saturating_sub(shrunk)
 }
 
 #[cfg(test)]
@@ -343,6 +375,7 @@ mod tests {
         let mut state = State::Gcra {
             tat_scaled: 7,
             scale: NonZeroU64::MIN,
+            tolerance: 0,
         };
         state.apply(Transition::LogAppend {
             evict_before: t(0),
@@ -383,13 +416,31 @@ mod tests {
         let gcra = State::Gcra {
             tat_scaled: 4_001,
             scale: scale(4),
+            tolerance: 10_000,
         };
         assert_eq!(gcra.expires_at(&params(Algorithm::Gcra)), t(1_001));
         let leaky = State::LeakyBucket {
             empty_at_scaled: 4_000,
             scale: scale(4),
+            tolerance: 10_000,
         };
         assert_eq!(leaky.expires_at(&params(Algorithm::LeakyBucket)), t(1_000));
         assert_eq!(leaky.expires_at(&params(Algorithm::Gcra)), Timestamp::EPOCH);
+        // Written under a tolerance of 1 s where it is 10 ms now: 990 ms earlier (here, at
+        // the epoch at once); a state without a recorded tolerance keeps its instant.
+        let written_looser = |tolerance| State::Gcra {
+            tat_scaled: 4 * 2_000_000,
+            scale: scale(4),
+            tolerance,
+        };
+        let gcra = params(Algorithm::Gcra);
+        assert_eq!(gcra.tolerance_micros(), 10_000);
+        assert_eq!(written_looser(0).expires_at(&gcra), t(2_000_000));
+        assert_eq!(written_looser(10_000).expires_at(&gcra), t(2_000_000));
+        assert_eq!(written_looser(1_000_000).expires_at(&gcra), t(1_010_000));
+        assert_eq!(
+            written_looser(5_000_000).expires_at(&gcra),
+            Timestamp::EPOCH
+        );
     }
 }

@@ -706,6 +706,35 @@ fn shared_vectors_decide_like_the_core() {
     assert!(count >= 20, "only {count} vectors");
 }
 
+/// A key charged under one tolerance and decided under a smaller one (1 per hour loosened to
+/// 10 per minute): the script moves the instant earlier exactly as the core does, for GCRA and
+/// the leaky bucket (a wait of one new emission, not the rest of the hour, and `retry_after`
+/// exact); back under the larger tolerance, the instant stays.
+#[test]
+fn a_smaller_tolerance_moves_the_instant_like_the_core() {
+    let mut redis = Redis::start();
+    for algorithm in [Algorithm::Gcra, Algorithm::LeakyBucket] {
+        let hourly = Params::new(algorithm, 1, Duration::from_secs(3_600), None).unwrap();
+        let minute = Params::new(algorithm, 10, Duration::from_secs(60), None).unwrap();
+        let key = fresh_key("tolerance");
+        let mut reference = Reference::default();
+        let mut decide = |params, at, cost| {
+            let charge = [Charge::new(&key, params, cost)];
+            both(&mut redis, &mut reference, &charge, at, true, &[&key]).unwrap()
+        };
+        assert!(decide(hourly, BASE, 1).admitted);
+        let denied = decide(minute, BASE, 1);
+        assert_eq!(
+            denied.decisions[0][..4],
+            [1, 0, 60_000_000, 6_000_000],
+            "{algorithm}"
+        );
+        assert!(decide(minute, BASE + 6_000_000, 1).admitted, "{algorithm}");
+        let back = decide(hourly, BASE + 6_000_000, 1);
+        assert!(!back.admitted, "{algorithm}");
+    }
+}
+
 /// Random parameters (limits up to 1e12, periods from 1ms to 400 days, bursts up to the
 /// representable bound) and random request sequences, for every algorithm.
 #[test]

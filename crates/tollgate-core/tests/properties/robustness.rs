@@ -102,13 +102,18 @@ fn state_of(algorithm: Algorithm) -> BoxedStrategy<State> {
                 scale,
             })
             .boxed(),
-        Algorithm::Gcra => (extreme_u128(), extreme_scale())
-            .prop_map(|(tat_scaled, scale)| State::Gcra { tat_scaled, scale })
+        Algorithm::Gcra => (extreme_u128(), extreme_scale(), extreme_u64())
+            .prop_map(|(tat_scaled, scale, tolerance)| State::Gcra {
+                tat_scaled,
+                scale,
+                tolerance,
+            })
             .boxed(),
-        Algorithm::LeakyBucket => (extreme_u128(), extreme_scale())
-            .prop_map(|(empty_at_scaled, scale)| State::LeakyBucket {
+        Algorithm::LeakyBucket => (extreme_u128(), extreme_scale(), extreme_u64())
+            .prop_map(|(empty_at_scaled, scale, tolerance)| State::LeakyBucket {
                 empty_at_scaled,
                 scale,
+                tolerance,
             })
             .boxed(),
     }

@@ -79,10 +79,12 @@ enum Stored {
     Gcra {
         tat_scaled: Halves,
         scale: NonZeroU64,
+        tolerance: u64,
     },
     LeakyBucket {
         empty_at_scaled: Halves,
         scale: NonZeroU64,
+        tolerance: u64,
     },
 }
 
@@ -127,16 +129,23 @@ impl Stored {
                 updated,
                 scale,
             },
-            Stored::Gcra { tat_scaled, scale } => State::Gcra {
+            Stored::Gcra {
+                tat_scaled,
+                scale,
+                tolerance,
+            } => State::Gcra {
                 tat_scaled: tat_scaled.into(),
                 scale,
+                tolerance,
             },
             Stored::LeakyBucket {
                 empty_at_scaled,
                 scale,
+                tolerance,
             } => State::LeakyBucket {
                 empty_at_scaled: empty_at_scaled.into(),
                 scale,
+                tolerance,
             },
         })
     }
@@ -165,16 +174,23 @@ impl From<State> for Stored {
                 updated,
                 scale,
             },
-            State::Gcra { tat_scaled, scale } => Stored::Gcra {
+            State::Gcra {
+                tat_scaled,
+                scale,
+                tolerance,
+            } => Stored::Gcra {
                 tat_scaled: tat_scaled.into(),
                 scale,
+                tolerance,
             },
             State::LeakyBucket {
                 empty_at_scaled,
                 scale,
+                tolerance,
             } => Stored::LeakyBucket {
                 empty_at_scaled: empty_at_scaled.into(),
                 scale,
+                tolerance,
             },
         }
     }
@@ -387,6 +403,7 @@ mod tests {
         let wide = State::Gcra {
             tat_scaled: u128::MAX - 5,
             scale: NonZeroU64::MIN,
+            tolerance: u64::MAX,
         };
         assert_eq!(*Stored::from(wide.clone()).load(), wide);
     }

@@ -80,7 +80,9 @@
 //!   `z` = previous; token bucket `x` = updated (µs), `y`,`z` = the instant the bucket is full
 //!   again; leaky bucket `x`,`y` = the instant the queue is empty; GCRA `x`,`y` = the
 //!   theoretical arrival time. An instant is a pair `(w, f)` = `w * limit + f` in Rust's scaled
-//!   units (`micros * limit`), `0 <= f < limit`.
+//!   units (`micros * limit`), `0 <= f < limit`. The leaky bucket's and GCRA's `z` is the
+//!   tolerance they were written under (`Params::tolerance_micros`); a state written before it
+//!   was recorded has none and reads as 0, as in Rust.
 //!
 //! A hash of another algorithm, or a ZSET read by a hash algorithm (and the other way round),
 //! is an empty state, as in Rust (a policy that switches a live key's algorithm).

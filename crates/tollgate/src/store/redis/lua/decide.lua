@@ -41,9 +41,9 @@ local function decide_charge(c, alg, now, limit, period, burst, cost)
   elseif alg == 4 then
     return token_bucket_decide(x, y, z, now, limit, period, burst, cost)
   elseif alg == 5 then
-    return leaky_bucket_decide(x, y, now, limit, period, burst, cost)
+    return leaky_bucket_decide(x, y, z, now, limit, period, burst, cost)
   elseif alg == 6 then
-    return gcra_decide(x, y, now, limit, period, burst, cost)
+    return gcra_decide(x, y, z, now, limit, period, burst, cost)
   end
   error({ err = 'ERR tollgate: unknown algorithm code ' .. tostring(alg) })
 end

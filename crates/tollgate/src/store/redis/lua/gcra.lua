@@ -1,15 +1,16 @@
 -- Twin of tollgate_core::gcra, and the meter arithmetic that token_bucket.lua and
 -- leaky_bucket.lua share with it. Hash state: x, y = the theoretical arrival time as a scaled
--- pair (tat = x * limit + y, 0 <= y < limit).
+-- pair (tat = x * limit + y, 0 <= y < limit); z = the tolerance it was written under, in whole
+-- µs (Params::tolerance_micros; absent in a state written before it was recorded).
 --
 -- Rust keeps tat_scaled = micros * limit in u128; here it is (whole µs, remainder in 1/limit
 -- µs), so now_scaled is (now, 0) for free. The tolerance burst * period and the increment
 -- cost * period become pairs through muldivmod; `remaining` needs one more muldivmod.
 
-local meter_ahead, meter_decide, meter_refund
+local meter_ahead, meter_decide, meter_refund, meter_within
 local gcra_decide, gcra_expires, gcra_refund
 
--- Builds the meter (see state.lua). Returns ahead, decide, refund.
+-- Builds the meter (see state.lua). Returns ahead, decide, refund, within.
 local function meter_twin(fmod, divmod, muldivmod, ceil_us)
   -- How far the scaled instant (w, f) is ahead of `at`: the pair max(w * limit + f - at * limit,
   -- 0). `w` is nil for an empty state; a remainder >= limit (only after the limit of a live key
@@ -88,18 +89,49 @@ local function meter_twin(fmod, divmod, muldivmod, ceil_us)
     return nw, nf
   end
 
-  return ahead, decide, refund
+  -- The instant (w, f), written under a tolerance of z whole µs (nil or 0: not recorded),
+  -- moved earlier by however much the current tolerance burst * period (scaled) is smaller, as
+  -- tollgate_core::State reads it: never further ahead than the current params can put it.
+  -- Returns the pair, and the current tolerance in whole µs (what a write records).
+  local function within(w, f, z, limit, period, burst)
+    local tw, tf = muldivmod(burst, period, limit)
+    if not w or not z or z <= tw then
+      return w, f, tw
+    end
+    -- The shift z * limit - (tw * limit + tf), as a pair.
+    local sw, sf = z - tw, -tf
+    if sf < 0 then
+      sw, sf = sw - 1, sf + limit
+    end
+    if f >= limit then
+      local q
+      q, f = divmod(f, limit)
+      w = w + q
+    end
+    local nw, nf = w - sw, f - sf
+    if nf < 0 then
+      nw, nf = nw - 1, nf + limit
+    end
+    if nw < 0 then
+      return 0, 0, tw
+    end
+    return nw, nf, tw
+  end
+
+  return ahead, decide, refund, within
 end
 
 -- Builds the twin on the meter. Returns decide, expires, refund.
-local function gcra_twin(ahead, meter, rewind, ceil_us)
-  -- Returns verdict, remaining, reset_after, retry_after, delay, then the new (x, y) if
+local function gcra_twin(ahead, meter, rewind, ceil_us, within)
+  -- Returns verdict, remaining, reset_after, retry_after, delay, then the new (x, y, z) if
   -- allowed.
-  local function decide(tat_w, tat_f, now, limit, period, burst, cost)
+  local function decide(tat_w, tat_f, tolerance, now, limit, period, burst, cost)
+    local tw
+    tat_w, tat_f, tw = within(tat_w, tat_f, tolerance, limit, period, burst)
     local aw, af = ahead(tat_w, tat_f, now, limit)
     local verdict, remaining, reset, retry, nw, nf = meter(aw, af, limit, period, burst, cost)
     if verdict == 0 then
-      return 0, remaining, reset, -1, 0, now + nw, nf
+      return 0, remaining, reset, -1, 0, now + nw, nf, tw
     end
     return verdict, remaining, reset, retry, 0
   end

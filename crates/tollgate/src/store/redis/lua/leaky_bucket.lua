@@ -1,17 +1,20 @@
 -- Twin of tollgate_core::leaky_bucket: GCRA's admission (the meter in gcra.lua) plus the delay
--- ceil(backlog / limit). Hash state: x, y = when the queue runs dry, as a scaled pair.
+-- ceil(backlog / limit). Hash state: x, y = when the queue runs dry, as a scaled pair; z = the
+-- tolerance (the queue) it was written under, as GCRA's.
 
 local leaky_bucket_decide, leaky_bucket_expires, leaky_bucket_refund
 
 -- Builds the twin on the meter (see state.lua). Returns decide, expires, refund.
-local function leaky_bucket_twin(ahead, meter, rewind, ceil_us)
-  -- Returns verdict, remaining, reset_after, retry_after, delay, then the new (x, y) if
+local function leaky_bucket_twin(ahead, meter, rewind, ceil_us, within)
+  -- Returns verdict, remaining, reset_after, retry_after, delay, then the new (x, y, z) if
   -- allowed.
-  local function decide(empty_w, empty_f, now, limit, period, burst, cost)
+  local function decide(empty_w, empty_f, tolerance, now, limit, period, burst, cost)
+    local tw
+    empty_w, empty_f, tw = within(empty_w, empty_f, tolerance, limit, period, burst)
     local bw, bf = ahead(empty_w, empty_f, now, limit)
     local verdict, remaining, reset, retry, nw, nf = meter(bw, bf, limit, period, burst, cost)
     if verdict == 0 then
-      return 0, remaining, reset, -1, ceil_us(bw, bf), now + nw, nf
+      return 0, remaining, reset, -1, ceil_us(bw, bf), now + nw, nf, tw
     end
     return verdict, remaining, reset, retry, 0
   end

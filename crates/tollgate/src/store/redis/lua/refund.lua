@@ -44,8 +44,10 @@ for i = 1, #KEYS do
       nx, ny, nz = token_bucket_refund(c.x, c.y, c.z, limit, period, burst, cost)
     elseif alg == 5 then
       nx, ny = leaky_bucket_refund(c.x, c.y, now, limit, period, burst, cost)
+      nz = c.z
     elseif alg == 6 then
       nx, ny = gcra_refund(c.x, c.y, now, limit, period, burst, cost)
+      nz = c.z
     end
     if nx then
       c.x, c.y, c.z, c.dirty, c.ep = nx, ny, nz, true, period

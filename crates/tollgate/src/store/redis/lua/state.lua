@@ -85,7 +85,7 @@ local function state_commit_hash(c, now)
     end
     return
   end
-  if c.tag == 3 or c.tag == 4 then
+  if c.tag ~= 1 and c.z then
     redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y, 'z', c.z)
   else
     redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y)
@@ -115,17 +115,18 @@ local function state_build_twin(alg)
     end
   elseif alg == 4 or alg == 5 or alg == 6 then
     if not meter_decide then
-      meter_ahead, meter_decide, meter_refund = meter_twin(fmod, divmod, muldivmod, ceil_us)
+      meter_ahead, meter_decide, meter_refund, meter_within =
+        meter_twin(fmod, divmod, muldivmod, ceil_us)
     end
     if alg == 4 and not token_bucket_decide then
       token_bucket_decide, token_bucket_expires, token_bucket_refund =
         token_bucket_twin(meter_ahead, meter_decide, meter_refund, ceil_us)
     elseif alg == 5 and not leaky_bucket_decide then
       leaky_bucket_decide, leaky_bucket_expires, leaky_bucket_refund =
-        leaky_bucket_twin(meter_ahead, meter_decide, meter_refund, ceil_us)
+        leaky_bucket_twin(meter_ahead, meter_decide, meter_refund, ceil_us, meter_within)
     elseif alg == 6 and not gcra_decide then
       gcra_decide, gcra_expires, gcra_refund =
-        gcra_twin(meter_ahead, meter_decide, meter_refund, ceil_us)
+        gcra_twin(meter_ahead, meter_decide, meter_refund, ceil_us, meter_within)
     end
   end
 end
