@@ -12,18 +12,24 @@ local gcra_decide, gcra_expires, gcra_refund
 
 -- Builds the meter (see state.lua). Returns ahead, decide, refund, within.
 local function meter_twin(fmod, divmod, muldivmod, ceil_us)
-  -- How far the scaled instant (w, f) is ahead of `at`: the pair max(w * limit + f - at * limit,
-  -- 0). `w` is nil for an empty state; a remainder >= limit (only after the limit of a live key
-  -- changed) is carried into whole microseconds first.
-  local function ahead(w, f, at, limit)
-    if not w then
-      return 0, 0
-    end
+  -- The scaled instant (w, f) with a remainder >= limit (only after the limit of a live key
+  -- changed) carried into whole microseconds.
+  local function carried(w, f, limit)
     if f >= limit then
       local q
       q, f = divmod(f, limit)
       w = w + q
     end
+    return w, f
+  end
+
+  -- How far the scaled instant (w, f) is ahead of `at`: the pair max(w * limit + f - at * limit,
+  -- 0). `w` is nil for an empty state.
+  local function ahead(w, f, at, limit)
+    if not w then
+      return 0, 0
+    end
+    w, f = carried(w, f, limit)
     if w < at then
       return 0, 0
     end
@@ -103,11 +109,7 @@ local function meter_twin(fmod, divmod, muldivmod, ceil_us)
     if sf < 0 then
       sw, sf = sw - 1, sf + limit
     end
-    if f >= limit then
-      local q
-      q, f = divmod(f, limit)
-      w = w + q
-    end
+    w, f = carried(w, f, limit)
     local nw, nf = w - sw, f - sf
     if nf < 0 then
       nw, nf = nw - 1, nf + limit
