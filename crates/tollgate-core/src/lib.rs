@@ -125,8 +125,12 @@ pub fn check(params: &Params, state: &State, now: Timestamp) -> Decision {
 /// admitted [`check`] answers, and what a limit that allowed its charge answers in a request
 /// another limit denied, since nothing is charged then.
 pub fn as_is(params: &Params, state: &State, now: Timestamp) -> Decision {
+    // Even over a state fuller than the limit (a limit lowered since it was written, or a
+    // clock that stepped back), where a cost of 0 is denied: the limit allowed its charge.
     let (figures, _) = decide(params, state, now, 0);
     Decision {
+        verdict: Verdict::Allowed,
+        retry_after: None,
         delay: std::time::Duration::ZERO,
         ..figures
     }
@@ -144,4 +148,30 @@ pub fn decide_or_check(
         return (check(params, state, now), Transition::Keep);
     }
     decide(params, state, now, cost)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A log holding more than a lowered limit: a cost of 0 is denied there, but a limit that
+    /// allowed its charge (on a tentative state) still answers allowed, without a retry.
+    #[test]
+    fn as_is_is_allowed_even_over_a_state_fuller_than_the_limit() {
+        let params =
+            Params::new(Algorithm::SlidingWindowLog, 1, Duration::from_secs(1), None).unwrap();
+        let now = Timestamp::from_micros(10_000_000);
+        let full = State::SlidingWindowLog {
+            entries: VecDeque::from([(now, 2)]),
+        };
+        assert!(!decide(&params, &full, now, 0).0.is_allowed());
+        let figures = as_is(&params, &full, now);
+        assert_eq!(figures.verdict, Verdict::Allowed);
+        assert_eq!(figures.retry_after, None);
+        assert_eq!(figures.remaining, 0);
+        assert_eq!(figures.reset_after, Duration::from_secs(1));
+    }
 }

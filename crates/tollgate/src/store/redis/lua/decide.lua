@@ -118,9 +118,10 @@ local function decide_request(first, n, arg, commit, now)
         local a = arg + 6 * (i - 1)
         local alg = tonumber(ARGV[a])
         local c = state_open(KEYS[first + i], alg == 2)
-        local _, remaining, reset, retry = decide_charge(c, alg, now, tonumber(ARGV[a + 1]),
+        -- Allowed still, without a retry, even over a state fuller than the limit.
+        local _, remaining, reset = decide_charge(c, alg, now, tonumber(ARGV[a + 1]),
           tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), 0)
-        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = remaining, reset, retry, 0
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = remaining, reset, -1, 0
       end
     end
   end
