@@ -24,9 +24,10 @@ use crate::{Algorithm, Params, Timestamp};
 /// earlier by the difference. Without it, loosening a limit whose period was longer (1 per hour
 /// to 10 per minute), or lifting a stricter override, left a key that had used its quota denied
 /// until the old instant, up to the old period, where a token bucket waits one new emission.
-/// The instant is then at most the new tolerance ahead of when it was written: the key is as
-/// full as the new params allow, never emptier than it was. A state written before the
-/// tolerance was recorded reads 0, which moves nothing.
+/// The instant is then at most the new tolerance ahead of when it was written: a key that had
+/// used all its quota is as used up as the new params can make it, and recovers at their rate
+/// from then on. A state written before the tolerance was recorded reads 0, which moves
+/// nothing.
 ///
 /// A state of a variant that does not match the limit's algorithm (left over after a policy
 /// changed the algorithm of a key) is treated as [`State::empty`] by [`crate::decide`] and by
