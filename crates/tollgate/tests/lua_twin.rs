@@ -708,12 +708,18 @@ fn shared_vectors_decide_like_the_core() {
 
 /// A key charged under one tolerance and decided under a smaller one (1 per hour loosened to
 /// 10 per minute): the script moves the instant earlier exactly as the core does, for GCRA and
-/// the leaky bucket (a wait of one new emission, not the rest of the hour, and `retry_after`
-/// exact); back under the larger tolerance, the instant stays.
+/// the leaky bucket, and caps the token bucket's full instant at one new refill, which for a
+/// key that used its tokens is what the core's kept tokens give (a wait of one new emission,
+/// not the rest of the hour, and `retry_after` exact); back under the larger tolerance, GCRA
+/// and the leaky bucket stay denied.
 #[test]
 fn a_smaller_tolerance_moves_the_instant_like_the_core() {
     let mut redis = Redis::start();
-    for algorithm in [Algorithm::Gcra, Algorithm::LeakyBucket] {
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::LeakyBucket,
+        Algorithm::TokenBucket,
+    ] {
         let hourly = Params::new(algorithm, 1, Duration::from_secs(3_600), None).unwrap();
         let minute = Params::new(algorithm, 10, Duration::from_secs(60), None).unwrap();
         let key = fresh_key("tolerance");
@@ -730,6 +736,11 @@ fn a_smaller_tolerance_moves_the_instant_like_the_core() {
             "{algorithm}"
         );
         assert!(decide(minute, BASE + 6_000_000, 1).admitted, "{algorithm}");
+        if algorithm == Algorithm::TokenBucket {
+            // Under a longer refill the core keeps the tokens (none) and the script its full
+            // instant (a minute away): they differ there, as script.rs says.
+            continue;
+        }
         let back = decide(hourly, BASE + 6_000_000, 1);
         assert!(!back.admitted, "{algorithm}");
     }

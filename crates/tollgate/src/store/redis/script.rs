@@ -90,10 +90,15 @@
 //! # Where the scripts and the core may differ
 //!
 //! - Params changed on a live key. The windows and the log store counts and instants, which mean
-//!   the same under any params: they stay identical to the core. The bucket algorithms keep an
-//!   instant (µs and a remainder in 1/limit µs) which they carry over to the new params; the core
-//!   converts its scaled state to the new scale too (see `tollgate_core::State`), both keeping
-//!   the instant, but their sub-microsecond rounding can differ by one emission.
+//!   the same under any params: they stay identical to the core. GCRA and the leaky bucket keep
+//!   an instant (µs and a remainder in 1/limit µs), moved earlier when the tolerance shrank, as
+//!   the core does (see `tollgate_core::State`), but their sub-microsecond rounding can differ
+//!   by one emission. The token bucket differs more: the script keeps the instant the bucket is
+//!   full (capped at `updated` plus the new refill time) where the core keeps the tokens
+//!   (capped at the new burst). They agree for a key that had used all its tokens, and for any
+//!   key once it is full; in between, after a change to a longer refill the script admits
+//!   sooner than the core (it refills the old missing time, not the old missing tokens), and
+//!   after a change to a larger burst it admits more at once.
 //! - `now` at or past [`MAX_NOW_MICROS`] is an error, and a bucket whose refill time fails
 //!   [`fits_lua`] must not reach the script.
 //! - A state that has expired when written is deleted: the same from then on (the core's

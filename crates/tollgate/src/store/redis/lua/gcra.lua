@@ -7,10 +7,10 @@
 -- µs), so now_scaled is (now, 0) for free. The tolerance burst * period and the increment
 -- cost * period become pairs through muldivmod; `remaining` needs one more muldivmod.
 
-local meter_ahead, meter_decide, meter_refund, meter_within
+local meter_ahead, meter_decide, meter_refund, meter_within, meter_capped
 local gcra_decide, gcra_expires, gcra_refund
 
--- Builds the meter (see state.lua). Returns ahead, decide, refund, within.
+-- Builds the meter (see state.lua). Returns ahead, decide, refund, within, capped.
 local function meter_twin(fmod, divmod, muldivmod, ceil_us)
   -- The scaled instant (w, f) with a remainder >= limit (only after the limit of a live key
   -- changed) carried into whole microseconds.
@@ -120,7 +120,23 @@ local function meter_twin(fmod, divmod, muldivmod, ceil_us)
     return nw, nf, tw
   end
 
-  return ahead, decide, refund, within
+  -- The instant (w, f), no later than `from` plus the tolerance burst * period: a token
+  -- bucket's full instant, written at `from` under params with a longer refill, is at most
+  -- empty under the current ones. Returns the pair.
+  local function capped(w, f, from, limit, period, burst)
+    if not w then
+      return w, f
+    end
+    local tw, tf = muldivmod(burst, period, limit)
+    w, f = carried(w, f, limit)
+    local cw = from + tw
+    if w > cw or (w == cw and f > tf) then
+      return cw, tf
+    end
+    return w, f
+  end
+
+  return ahead, decide, refund, within, capped
 end
 
 -- Builds the twin on the meter. Returns decide, expires, refund.

@@ -115,12 +115,12 @@ local function state_build_twin(alg)
     end
   elseif alg == 4 or alg == 5 or alg == 6 then
     if not meter_decide then
-      meter_ahead, meter_decide, meter_refund, meter_within =
+      meter_ahead, meter_decide, meter_refund, meter_within, meter_capped =
         meter_twin(fmod, divmod, muldivmod, ceil_us)
     end
     if alg == 4 and not token_bucket_decide then
       token_bucket_decide, token_bucket_expires, token_bucket_refund =
-        token_bucket_twin(meter_ahead, meter_decide, meter_refund, ceil_us)
+        token_bucket_twin(meter_ahead, meter_decide, meter_refund, ceil_us, meter_capped)
     elseif alg == 5 and not leaky_bucket_decide then
       leaky_bucket_decide, leaky_bucket_expires, leaky_bucket_refund =
         leaky_bucket_twin(meter_ahead, meter_decide, meter_refund, ceil_us, meter_within)

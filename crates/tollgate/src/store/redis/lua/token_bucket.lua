@@ -5,11 +5,15 @@
 -- Refilling e µs removes e * limit from `missing`, so missing at `at` is max(full_at - at *
 -- limit, 0) and the decision is the meter's (gcra.lua) with backlog = missing, plus `late`
 -- (the clock ran behind `updated`) added to every duration, as in Rust.
+--
+-- Under other params the state keeps its full instant (Rust keeps its tokens), but never later
+-- than `updated` plus the current refill time: a key that had used all its tokens is empty
+-- under the new params at `updated`, as in Rust, rather than waiting out a longer old refill.
 
 local token_bucket_decide, token_bucket_expires, token_bucket_refund
 
 -- Builds the twin on the meter (see state.lua). Returns decide, expires, refund.
-local function token_bucket_twin(ahead, meter, rewind, ceil_us)
+local function token_bucket_twin(ahead, meter, rewind, ceil_us, capped)
   -- Returns verdict, remaining, reset_after, retry_after, delay, then the new (x, y, z) if
   -- allowed.
   local function decide(updated, full_w, full_f, now, limit, period, burst, cost)
@@ -18,6 +22,9 @@ local function token_bucket_twin(ahead, meter, rewind, ceil_us)
       at = updated
     end
     local late = at - now
+    if updated then
+      full_w, full_f = capped(full_w, full_f, updated, limit, period, burst)
+    end
     local mw, mf = ahead(full_w, full_f, at, limit)
     local verdict, remaining, reset, retry, nw, nf = meter(mw, mf, limit, period, burst, cost)
     if verdict == 0 then
