@@ -96,9 +96,8 @@
 //!   by one emission. The token bucket differs more: the script keeps the instant the bucket is
 //!   full (capped at `updated` plus the new refill time) where the core keeps the tokens
 //!   (capped at the new burst). They agree for a key that had used all its tokens, and for any
-//!   key once it is full; in between, after a change to a longer refill the script admits
-//!   sooner than the core (it refills the old missing time, not the old missing tokens), and
-//!   after a change to a larger burst it admits more at once.
+//!   key once it is full; in between they can differ by a few tokens either way (the script
+//!   carries the time the bucket still needs to refill, the core the tokens it holds).
 //! - `now` at or past [`MAX_NOW_MICROS`] is an error, and a bucket whose refill time fails
 //!   [`fits_lua`] must not reach the script.
 //! - A state that has expired when written is deleted: the same from then on (the core's
