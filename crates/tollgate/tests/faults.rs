@@ -936,3 +936,34 @@ async fn a_missing_password_is_reported_as_such() {
     let error = error.unwrap_err();
     assert!(error.to_string().contains("NOAUTH"), "{error}");
 }
+
+/// Once the store first answers, the decision scripts are on every primary (a single server and
+/// a cluster's three): the first decisions after a start do not each load, and Redis compile,
+/// one inside their deadline, which had made a cold start's first decision fail open.
+#[tokio::test]
+async fn the_scripts_are_loaded_once_the_store_answers() {
+    let cached = |info: String| {
+        info.lines()
+            .find_map(|line| line.strip_prefix("number_of_cached_scripts:"))
+            .map(|n| n.trim().parse::<u32>().unwrap())
+    };
+    let open = async |url: String| {
+        let clock = Arc::new(SystemClock::new());
+        let store = StoreBackend::open(&url.parse().unwrap(), RedisOptions::default(), clock)
+            .await
+            .unwrap();
+        assert!(store.wait_ready(Duration::from_secs(10)).await);
+        store
+    };
+    let redis = RedisServer::start();
+    assert_eq!(cached(redis.cli(&["INFO", "memory"])), Some(0));
+    let _store = open(redis.url()).await;
+    assert_eq!(cached(redis.cli(&["INFO", "memory"])), Some(3));
+
+    let cluster = RedisCluster::start(3, 0);
+    let _store = open(cluster.store_url()).await;
+    for port in cluster.primary_ports() {
+        let info = cluster.cli(port, &["INFO", "memory"]);
+        assert_eq!(cached(info), Some(3), "primary {port}");
+    }
+}

@@ -121,7 +121,9 @@ impl StoreBackend {
     }
 
     /// Waits until the store answers, at most `within`; else the last error it gave (a refused
-    /// password says so, where "not reachable" would send an operator to the network).
+    /// password says so, where "not reachable" would send an operator to the network). Redis
+    /// then loads the decision scripts (see [`RedisStore::load_scripts`]); a failure there is
+    /// logged, and the first decisions load them instead.
     pub async fn ready_within(&self, within: Duration) -> Result<(), StoreError> {
         let mut last = None;
         let attempts = async {
@@ -134,6 +136,11 @@ impl StoreBackend {
             }
         };
         if tokio::time::timeout(within, attempts).await.is_ok() {
+            if let StoreBackend::Redis(redis) = self
+                && let Err(e) = redis.load_scripts().await
+            {
+                tracing::warn!(error = %e, "Could not load the decision scripts ahead of the first decisions");
+            }
             return Ok(());
         }
         Err(last.unwrap_or_else(|| StoreError::Unavailable(format!("no answer within {within:?}"))))

@@ -343,6 +343,43 @@ impl RedisStore {
         })
     }
 
+    /// Loads the scripts on every primary, so that the first decisions after a start do not
+    /// each pay for loading (and Redis for compiling) one within their deadline. Not on the
+    /// request path: the store's first answer at startup calls it; a decision still loads a
+    /// script a restarted Redis lacks.
+    pub async fn load_scripts(&self) -> Result<(), StoreError> {
+        let scripts = [
+            script::DECIDE_SCRIPT,
+            script::DECIDE_BATCH_SCRIPT,
+            script::REFUND_SCRIPT,
+        ];
+        let loads = self
+            .primaries()?
+            .into_iter()
+            .map(|mut connection| async move {
+                for text in scripts {
+                    redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(text)
+                        .query_async::<String>(&mut connection)
+                        .await
+                        .map_err(store_error)?;
+                }
+                Ok::<_, StoreError>(())
+            });
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let loads = futures_util::future::try_join_all(loads);
+        within(deadline, "redis SCRIPT LOAD", loads).await?;
+        Ok(())
+    }
+
+    fn primaries(&self) -> Result<Vec<ConnectionManager>, StoreError> {
+        match &self.connection {
+            Connection::Single(m) => Ok(vec![m.clone()]),
+            Connection::Cluster(router) => router.primary_connections(),
+        }
+    }
+
     /// The state of every node's circuit breaker.
     pub fn breakers(&self) -> Vec<(String, BreakerState)> {
         self.topology.states()
@@ -849,10 +886,7 @@ impl Store for RedisStore {
     }
 
     async fn key_count(&self) -> Result<usize, StoreError> {
-        let connections = match &self.connection {
-            Connection::Single(m) => vec![m.clone()],
-            Connection::Cluster(router) => router.primary_connections()?,
-        };
+        let connections = self.primaries()?;
         // Not on the request path: a little more patience than a decision gets, but one
         // deadline for all the primaries, asked at once, well inside a readiness probe's
         // timeout (Kubernetes waits 1 s by default), however many primaries hang.
