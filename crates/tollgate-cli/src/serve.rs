@@ -328,7 +328,16 @@ async fn serve(
     match store.ready_within(args.store_connect_timeout).await {
         Ok(()) => info!(store = %args.store, "Store ready"),
         Err(e) => {
-            warn!(store = %args.store, error = %e, "Store not ready yet; serving with the failure posture and trying again in the background")
+            // A TLS client waits for a TLS answer a plaintext server never sends: all it sees
+            // is time running out.
+            let tls_silence =
+                args.store.to_string().contains("rediss://") && e.to_string().contains("deadline");
+            let hint = if tls_silence {
+                " (the URL asks for TLS: does the server speak it?)"
+            } else {
+                ""
+            };
+            warn!(store = %args.store, error = %e, "Store not ready yet{hint}; serving with the failure posture and trying again in the background")
         }
     }
     let settings = FailureSettings {

@@ -706,3 +706,19 @@ descriptors:
     // (Explain answers for one more request: 100 - 10 - 1.)
     assert_eq!(explained["statuses"][0]["remaining"], 89, "{explained}");
 }
+
+/// A `rediss://` URL pointed at a plaintext Redis only ever times out (the TLS client waits for
+/// an answer the server never sends): the startup warning says to check that the server speaks
+/// TLS, where it used to say "deadline exceeded" alone.
+#[test]
+fn a_tls_url_to_a_plaintext_redis_is_named_at_startup() {
+    let redis = RedisServer::start();
+    let url = redis.url().replace("redis://", "rediss://");
+    let server = Server::start_logged(
+        "domain: api\ndescriptors: []\n",
+        &["--store", &url, "--store-connect-timeout", "300ms"],
+    );
+    let log = server.log();
+    assert!(log.contains("Store not ready yet"), "{log}");
+    assert!(log.contains("does the server speak it?"), "{log}");
+}

@@ -931,10 +931,30 @@ async fn a_missing_password_is_reported_as_such() {
         .await
         .unwrap();
     let error = store.ready_within(Duration::from_millis(300)).await;
+    // A decision's script call is large enough that Redis answers it with a protocol error
+    // about an "unauthenticated multibulk length", which says nothing of a password.
+    let params = tollgate_core::Params::new(
+        tollgate_core::Algorithm::FixedWindow,
+        10,
+        Duration::from_secs(1),
+        None,
+    )
+    .unwrap();
+    let charges: Vec<_> = (0..8)
+        .map(|_| tollgate::store::Charge {
+            key: b"a:b",
+            params: &params,
+            cost: 1,
+            enforce: true,
+        })
+        .collect();
+    let decided = store.apply(&charges).await;
     // Back to no password, so that the test kit can stop the server.
     redis.cli(&["-a", "secret", "CONFIG", "SET", "requirepass", ""]);
     let error = error.unwrap_err();
     assert!(error.to_string().contains("NOAUTH"), "{error}");
+    let error = decided.unwrap_err().to_string();
+    assert!(error.contains("authentication required"), "{error}");
 }
 
 /// Once the store first answers, the decision scripts are on every primary (a single server and

@@ -218,6 +218,12 @@ fn classify(message: String) -> StoreError {
     // store itself is healthy.
     if message.contains("WRONGTYPE") {
         StoreError::InvalidData(message)
+    } else if message.contains("NOAUTH") || message.contains("unauthenticated") {
+        // Redis closes an unauthenticated connection that sends a large command (a script
+        // call) with a protocol error that does not say "password".
+        StoreError::Unavailable(format!(
+            "redis: authentication required: the store URL has no password or not the right one ({message})"
+        ))
     } else {
         // Unreachable, out of memory, cluster reconfiguring, script cache lost twice...
         StoreError::Unavailable(format!("redis: {message}"))
