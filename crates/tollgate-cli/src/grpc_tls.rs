@@ -226,7 +226,7 @@ impl ServingTls {
             if problem != last_problem {
                 match &problem {
                     Some(problem) => self.warn_certificate(problem),
-                    None => info!("The gRPC TLS certificate served is valid now"),
+                    None => info!("The gRPC TLS certificate chain served is valid now"),
                 }
                 last_problem = problem;
             }
