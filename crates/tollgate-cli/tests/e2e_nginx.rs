@@ -16,11 +16,13 @@ use support::{Server, header};
 
 const NGINX: &str = "/usr/sbin/nginx";
 
+// A sliding log, not a fixed window: a window boundary between two requests of a test would
+// reset the count (it failed a run once).
 const POLICY: &str = r#"
 domain: edge
 descriptors:
   - key: api_key
-    rate_limit: {name: per_key, unit: minute, requests_per_unit: 3}
+    rate_limit: {name: per_key, algorithm: sliding_window_log, unit: minute, requests_per_unit: 3}
 "#;
 
 /// An HTTP/1 upstream on its own thread answering `200 upstream` and counting requests.
