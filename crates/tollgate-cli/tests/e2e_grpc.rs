@@ -29,7 +29,7 @@ descriptors:
     shadow_mode: true
     rate_limit: {name: candidate, unit: day, requests_per_unit: 1}
   - key: llm_user
-    rate_limit: {name: tokens, unit: minute, requests_per_unit: 10, charge: up_to_limit}
+    rate_limit: {name: tokens, unit: hour, requests_per_unit: 10, charge: up_to_limit}
 "#;
 
 /// A descriptor's entries and its optional `hits_addend`.

@@ -242,7 +242,7 @@ async fn started_with_redis_down_the_postures_answer_over_http() {
     let nowhere = FaultProxy::start("127.0.0.1:9".parse().unwrap());
     nowhere.set_mode(Mode::Reset);
     let store = nowhere.url();
-    let policy = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: soft\n    rate_limit: {unit: day, requests_per_unit: 5, on_store_error: open}\n  - key: shared\n    rate_limit: {name: shared, unit: minute, requests_per_unit: 4, on_store_error: local, local_share: 0.5}\n  - key: trial\n    rate_limit: {name: trial, unit: minute, requests_per_unit: 4, mode: shadow}\n";
+    let policy = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: soft\n    rate_limit: {unit: day, requests_per_unit: 5, on_store_error: open}\n  - key: shared\n    rate_limit: {name: shared, unit: hour, requests_per_unit: 4, on_store_error: local, local_share: 0.5}\n  - key: trial\n    rate_limit: {name: trial, unit: hour, requests_per_unit: 4, mode: shadow}\n";
     let server = Server::start_with_args(
         policy,
         &[
@@ -300,7 +300,7 @@ async fn started_with_redis_down_the_postures_answer_over_http() {
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-tollgate-degraded"], "local");
     assert_eq!(r.headers()["x-ratelimit-limit"], "2");
-    assert_eq!(r.headers()["ratelimit-policy"], "\"shared\";q=2;w=60");
+    assert_eq!(r.headers()["ratelimit-policy"], "\"shared\";q=2;w=3600");
     let ratelimit = r.headers()["ratelimit"].to_str().unwrap().to_owned();
     assert!(ratelimit.starts_with("\"shared\";r=1;t="), "{ratelimit}");
     assert_eq!(check("shared").await.unwrap().status(), 200);
