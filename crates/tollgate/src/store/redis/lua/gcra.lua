@@ -12,6 +12,18 @@ local gcra_decide, gcra_expires, gcra_refund
 
 -- Builds the meter (see state.lua). Returns ahead, decide, refund, within, capped.
 local function meter_twin(fmod, divmod, muldivmod, ceil_us)
+  -- The tolerance burst * period as a pair (whole µs, remainder in 1/limit µs). The last one
+  -- is kept: a twin reads it for the state (within, capped), then the meter for the decision,
+  -- and a batch's charges mostly share their params.
+  local t_limit, t_period, t_burst, t_w, t_f
+  local function tolerance(limit, period, burst)
+    if limit ~= t_limit or period ~= t_period or burst ~= t_burst then
+      t_limit, t_period, t_burst = limit, period, burst
+      t_w, t_f = muldivmod(burst, period, limit)
+    end
+    return t_w, t_f
+  end
+
   -- The scaled instant (w, f) with a remainder >= limit (only after the limit of a live key
   -- changed) carried into whole microseconds.
   local function carried(w, f, limit)
@@ -55,7 +67,7 @@ local function meter_twin(fmod, divmod, muldivmod, ceil_us)
   -- for burst * period. Returns verdict, remaining, ceil(ahead / limit) (reset), retry_after,
   -- and the new backlog (nw, nf) when allowed.
   local function decide(aw, af, limit, period, burst, cost)
-    local tw, tf = muldivmod(burst, period, limit)
+    local tw, tf = tolerance(limit, period, burst)
     if cost > burst then
       return 2, remaining(aw, af, tw, tf, limit, period), ceil_us(aw, af), -1
     end
@@ -100,7 +112,7 @@ local function meter_twin(fmod, divmod, muldivmod, ceil_us)
   -- tollgate_core::State reads it: never further ahead than the current params can put it.
   -- Returns the pair, and the current tolerance in whole µs (what a write records).
   local function within(w, f, z, limit, period, burst)
-    local tw, tf = muldivmod(burst, period, limit)
+    local tw, tf = tolerance(limit, period, burst)
     if not w or not z or z <= tw then
       return w, f, tw
     end
@@ -127,7 +139,7 @@ local function meter_twin(fmod, divmod, muldivmod, ceil_us)
     if not w then
       return w, f
     end
-    local tw, tf = muldivmod(burst, period, limit)
+    local tw, tf = tolerance(limit, period, burst)
     w, f = carried(w, f, limit)
     local cw = from + tw
     if w > cw or (w == cw and f > tf) then
