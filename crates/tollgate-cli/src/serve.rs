@@ -330,8 +330,7 @@ async fn serve(
         Err(e) => {
             // A TLS client waits for a TLS answer a plaintext server never sends: all it sees
             // is time running out.
-            let tls_silence =
-                args.store.to_string().contains("rediss://") && e.to_string().contains("deadline");
+            let tls_silence = args.store.uses_tls() && e.to_string().contains("deadline");
             let hint = if tls_silence {
                 " (the URL asks for TLS: does the server speak it?)"
             } else {

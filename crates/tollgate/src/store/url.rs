@@ -15,6 +15,18 @@ pub enum StoreUrl {
     Cluster(Vec<String>),
 }
 
+impl StoreUrl {
+    /// Whether the store is reached over TLS (`rediss://`).
+    pub fn uses_tls(&self) -> bool {
+        let tls = |url: &String| url.starts_with("rediss://");
+        match self {
+            StoreUrl::Memory => false,
+            StoreUrl::Redis(url) => tls(url),
+            StoreUrl::Cluster(seeds) => seeds.iter().any(tls),
+        }
+    }
+}
+
 /// A `--store` value that is not one of the accepted forms.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid store URL `{url}`: {reason}")]
@@ -118,6 +130,16 @@ impl fmt::Display for StoreUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_is_told_by_the_scheme() {
+        let tls = |url: &str| url.parse::<StoreUrl>().unwrap().uses_tls();
+        assert!(tls("rediss://127.0.0.1:6379"));
+        assert!(tls("rediss+cluster://a:1,b:2"));
+        assert!(!tls("redis://127.0.0.1:6379"));
+        assert!(!tls("redis+cluster://a:1,b:2"));
+        assert!(!tls("memory"));
+    }
 
     #[test]
     fn parses_every_form() {
