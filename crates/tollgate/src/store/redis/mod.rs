@@ -359,21 +359,20 @@ impl RedisStore {
             script::DECIDE_BATCH_SCRIPT,
             script::REFUND_SCRIPT,
         ];
-        let loads = self
-            .primaries()?
-            .into_iter()
-            .map(|mut connection| async move {
-                for text in scripts {
-                    redis::cmd("SCRIPT")
-                        .arg("LOAD")
-                        .arg(text)
-                        .query_async::<String>(&mut connection)
-                        .await
-                        .map_err(store_error)?;
-                }
-                Ok::<_, StoreError>(())
-            });
-        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut load = redis::pipe();
+        for text in scripts {
+            load.cmd("SCRIPT").arg("LOAD").arg(text);
+        }
+        let loads = self.primaries()?.into_iter().map(|mut connection| {
+            let load = &load;
+            async move {
+                load.query_async::<Vec<String>>(&mut connection)
+                    .await
+                    .map_err(store_error)
+            }
+        });
+        // Redis compiles each script as it loads it: a busy machine takes a while.
+        let deadline = Instant::now() + Duration::from_secs(5);
         let loads = futures_util::future::try_join_all(loads);
         within(deadline, "redis SCRIPT LOAD", loads).await?;
         Ok(())
