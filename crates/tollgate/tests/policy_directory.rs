@@ -143,3 +143,26 @@ fn a_file_larger_than_any_policy_is_refused() {
         "cannot read /dev/zero: larger than 16 MiB, which no policy file needs"
     );
 }
+
+/// A policy file name in a directory that cannot be read (here a link to a file that is gone)
+/// fails the load, naming it: skipped, its domain would silently lose its limits on a reload.
+#[test]
+fn a_dangling_link_in_a_directory_is_an_error_not_a_skip() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.yaml"), "domain: a\ndescriptors: []\n").unwrap();
+    let link = dir.path().join("b.yaml");
+    std::os::unix::fs::symlink(dir.path().join("gone/b.yaml"), &link).unwrap();
+    let errors = load_err(dir.path());
+    assert_eq!(errors.0.len(), 1, "{errors}");
+    assert!(
+        errors
+            .to_string()
+            .starts_with(&format!("cannot read {}: ", link.display())),
+        "{errors}"
+    );
+    // A directory named like a policy file is no file to read.
+    std::fs::remove_file(&link).unwrap();
+    std::fs::create_dir(dir.path().join("c.yaml")).unwrap();
+    let policy = Policy::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(policy.domains().collect::<Vec<_>>(), ["a"]);
+}

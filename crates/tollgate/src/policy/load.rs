@@ -104,8 +104,11 @@ fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, PolicyErrors> {
         let lower = name.to_ascii_lowercase();
         let is_policy =
             !name.starts_with('.') && (lower.ends_with(".yaml") || lower.ends_with(".yml"));
-        // `metadata` follows symlinks, as Kubernetes ConfigMap mounts need.
-        if is_policy && fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+        // `metadata` follows symlinks, as Kubernetes ConfigMap mounts need. A policy name that
+        // cannot be followed (a dangling link, a lost mount) is kept, and fails to read: skipped,
+        // its domain's limits would silently go.
+        let directory = fs::metadata(&path).is_ok_and(|m| m.is_dir());
+        if is_policy && !directory {
             files.push(path);
         }
     }
