@@ -99,7 +99,16 @@ pub async fn diff(
     let lifecycle = &state.lifecycle;
     let to = q.to.unwrap_or_else(|| lifecycle.current().seq);
     match (lifecycle.version(q.from), lifecycle.version(to)) {
-        (Some(a), Some(b)) => version_diff(&a, &b).into_response(),
+        // Off the runtime: a long policy with many changes takes a while to diff, and
+        // decisions must not wait behind it.
+        (Some(a), Some(b)) => match tokio::task::spawn_blocking(move || version_diff(&a, &b)).await
+        {
+            Ok(text) => text.into_response(),
+            Err(e) => error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the diff failed: {e}"),
+            ),
+        },
         (a, _) => error_response(
             StatusCode::NOT_FOUND,
             format!("no kept version {}", if a.is_none() { q.from } else { to }),
