@@ -176,11 +176,17 @@ impl Breaker {
         }
     }
 
-    /// Records how a permitted call went. Returns the new state if it changed.
+    /// Records how a permitted call went. Returns the new state if it changed: a probe was let
+    /// through an open breaker, and one that fails leaves it open, no change to report (or
+    /// an outage would log the breaker opening at every probe).
     fn record(&self, probe: bool, success: bool) -> Option<BreakerState> {
         let now = self.clock.now();
         let mut inner = self.inner.lock();
-        let before = inner.state;
+        let before = if probe {
+            BreakerState::Open
+        } else {
+            inner.state
+        };
         if probe {
             inner.probe_in_flight = false;
         }
@@ -323,7 +329,9 @@ mod tests {
         }
         clock.advance(Duration::from_millis(500));
         let probe = b.try_call().expect("probe");
-        assert_eq!(probe.failed(), Some(BreakerState::Open));
+        // Still open, as it was before the probe: no change to report.
+        assert_eq!(probe.failed(), None);
+        assert_eq!(b.state(), BreakerState::Open);
         assert!(b.try_call().is_none());
         clock.advance(Duration::from_millis(500));
         assert!(b.try_call().is_some(), "probes again after another wait");
