@@ -812,6 +812,108 @@ async fn a_charge_up_to_the_limit_is_refunded_what_it_took() {
     assert_eq!(left.statuses[0].decision.unwrap().remaining, 8);
 }
 
+/// A value whose `key` counter (charged once here) lives on the primary on `port`, or off it
+/// when `on` is false.
+async fn counter_placed(
+    cluster: &RedisCluster,
+    limiter: &Limiter,
+    key: &str,
+    port: u16,
+    on: bool,
+) -> String {
+    for i in 0..60 {
+        let value = format!("{key}-{port}-{on}-{i}z");
+        limiter.check(&request(key, &value)).await.unwrap();
+        let owner = cluster
+            .primary_ports()
+            .into_iter()
+            .find(|p| cluster.cli(*p, &["--scan"]).contains(value.as_str()));
+        if (owner == Some(port)) == on {
+            return value;
+        }
+    }
+    panic!("no `{key}` counter placed (on: {on}) on {port}");
+}
+
+/// A request whose limits live on two primaries, one of them gone: the postures answer for
+/// that primary's limits alone, Redis decides the others, and the request stays all or
+/// nothing. (The whole request once took the posture: an `open` limit on the dead primary let
+/// through a request over its limit on the healthy one, and a healthy `closed` limit answered
+/// as unavailable.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_primary_under_part_of_a_request_leaves_the_rest_to_redis() {
+    let _serial = SERIAL.lock().await;
+    // A deadline a busy machine does not cut short: a healthy call timing out would take the
+    // posture for the whole request.
+    let (cluster, limiter, placed) = cluster_with_placed_users(Duration::from_millis(500)).await;
+    let [(on_dead, dead), (healthy, _), ..] = placed.as_slice() else {
+        unreachable!("two at least");
+    };
+    let closed_on_dead = counter_placed(&cluster, &limiter, "closed", *dead, true).await;
+    let closed_healthy = counter_placed(&cluster, &limiter, "closed", *dead, false).await;
+    let local_on_dead = counter_placed(&cluster, &limiter, "local", *dead, true).await;
+    let used = async |key: &str, value: &str| {
+        let answer = limiter.explain(&request(key, value)).await.unwrap();
+        assert!(
+            answer.degraded().is_none(),
+            "{key}={value} is decided by Redis"
+        );
+        1000 - answer.statuses[0].decision.unwrap().remaining
+    };
+    let closed_before = used("closed", &closed_healthy).await;
+    let proxy = behind_proxy(&cluster, &limiter, *dead).await;
+    proxy.set_mode(Mode::Refuse);
+
+    // The healthy primary's `open` limit used up: the dead primary's `open` limit does not
+    // let the request through.
+    let up_to_limit = limiter
+        .check(&request_of(&[("open", healthy, 999)]))
+        .await
+        .unwrap();
+    assert!(up_to_limit.allowed() && up_to_limit.degraded().is_none());
+    let over = request_of(&[("open", healthy, 1), ("open", on_dead, 1)]);
+    let answer = limiter.check(&over).await.unwrap();
+    assert!(!answer.allowed(), "{answer:?}");
+    assert!(!answer.unavailable(), "a 429: Redis denied it");
+    assert_eq!(answer.statuses[0].degraded, None, "{answer:?}");
+    assert_eq!(answer.statuses[0].decision.unwrap().remaining, 0);
+    assert_eq!(answer.statuses[1].degraded, Some(Posture::Open));
+
+    // A healthy `closed` limit is decided, and charged, by Redis.
+    let mixed = request_of(&[("closed", &closed_healthy, 1), ("open", on_dead, 1)]);
+    let answer = limiter.check(&mixed).await.unwrap();
+    assert!(answer.allowed(), "{answer:?}");
+    assert_eq!(answer.statuses[0].degraded, None, "{answer:?}");
+    assert_eq!(answer.statuses[1].degraded, Some(Posture::Open));
+    assert_eq!(used("closed", &closed_healthy).await, closed_before + 1);
+
+    // A `closed` limit on the dead primary denies the request as unavailable, and the healthy
+    // limit beside it is not charged.
+    let refused = request_of(&[
+        ("closed", &closed_healthy, 1),
+        ("closed", &closed_on_dead, 1),
+    ]);
+    let answer = limiter.check(&refused).await.unwrap();
+    assert!(answer.unavailable(), "{answer:?}");
+    assert_eq!(answer.statuses[0].degraded, None, "{answer:?}");
+    assert_eq!(answer.statuses[1].degraded, Some(Posture::Closed));
+    assert_eq!(used("closed", &closed_healthy).await, closed_before + 1);
+
+    // A `local` limit on the dead primary (8 a day, a quarter here: 2) admits twice, then
+    // denies; Redis charges the healthy limit for the two it admitted only.
+    let with_local = request_of(&[("closed", &closed_healthy, 1), ("local", &local_on_dead, 1)]);
+    for _ in 0..2 {
+        let answer = limiter.check(&with_local).await.unwrap();
+        assert!(answer.allowed(), "{answer:?}");
+        assert_eq!(answer.statuses[1].degraded, Some(Posture::Local));
+    }
+    let answer = limiter.check(&with_local).await.unwrap();
+    assert!(!answer.allowed() && !answer.unavailable(), "{answer:?}");
+    assert_eq!(answer.statuses[0].degraded, None, "{answer:?}");
+    assert_eq!(used("closed", &closed_healthy).await, closed_before + 3);
+    proxy.set_mode(Mode::Pass);
+}
+
 /// Puts a fault proxy in front of the cluster's primary on `port`: the primary announces the
 /// proxy's port, and this returns once `limiter` (at its next look at the slot map) has called
 /// the primary through it.

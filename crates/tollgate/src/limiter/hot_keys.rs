@@ -30,7 +30,7 @@ fn budget_of(plan: &Plan, (i, _): &(usize, Range<usize>)) -> Option<LocalBudget>
 }
 
 /// Whether one of the first `live` charged descriptors of `plan` has a local budget.
-fn has_budgets(plan: &Plan, live: usize) -> bool {
+pub(super) fn has_budgets(plan: &Plan, live: usize) -> bool {
     plan.spans
         .iter()
         .take(live)

@@ -7,6 +7,7 @@ mod keyed_shards;
 mod keys;
 mod local_budget;
 mod overrides;
+mod partial;
 mod prefilter;
 mod request;
 mod response;
@@ -350,8 +351,41 @@ impl Limiter {
             self.decide_with_budgets(&live, &charges, live_charges, at, commit, &mut decisions)
                 .await
         };
+        // A cluster primary down under part of the request: the postures answer for its
+        // limits alone (not with a candidate or local budgets in the call: they take the
+        // postures for the whole request, as any other store failure).
+        let answer = match (answer, &self.store) {
+            (
+                Err(StoreError::Partly {
+                    decided,
+                    cause,
+                    deadline,
+                }),
+                StoreBackend::Redis(redis),
+            ) if shadow.is_none()
+                && decided.len() == charges.len()
+                && !hot_keys::has_budgets(&live, live_charges) =>
+            {
+                let partly = (decided, deadline);
+                let live_only = &charges[..];
+                match self
+                    .decide_partly(redis, &live, live_only, partly, commit, &mut decisions)
+                    .await
+                {
+                    Ok(degraded) => {
+                        if commit {
+                            self.note_store_error(&cause);
+                        }
+                        Ok(Some(degraded))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            (answer, _) => answer.map(|()| None),
+        };
         let postures = match answer {
-            Ok(()) => {
+            Ok(Some(degraded)) => Some(degraded),
+            Ok(None) => {
                 if commit {
                     let live_decisions = decisions.get(..live_charges).unwrap_or_default();
                     self.remember_denials(&live, &charges, live_decisions, now, epoch);
@@ -374,15 +408,10 @@ impl Limiter {
                 }
                 // The failure postures answer for the live policy only; the candidate skips
                 // this request rather than report what a posture decided.
-                let (limits, spans) = (&live.limits, &live.spans);
-                let of = |i: &usize| limits[*i].as_ref();
-                let postures: SmallVec<[Posture; INLINE_CHARGES]> =
-                    spans.iter().map(|(i, _)| self.posture_of(of(i))).collect();
-                let shares: SmallVec<[f64; INLINE_CHARGES]> =
-                    spans.iter().map(|(i, _)| self.share_of(of(i))).collect();
+                let (postures, shares) = self.postures_and_shares(&live);
                 let live_only = charges.get(..live_charges).unwrap_or_default();
                 decisions = self.fallback.decide(live_only, &postures, &shares, commit);
-                Some(postures)
+                Some(postures.into_iter().map(Some).collect())
             }
         };
 
@@ -400,7 +429,7 @@ impl Limiter {
             let limit = live.limits[*i].take();
             let denied = decision.verdict != Verdict::Allowed;
             let mode = limit.as_ref().map_or(RuleMode::Enforce, mode_of);
-            let degraded = postures.as_ref().and_then(|p| p.get(n).copied());
+            let degraded = postures.as_ref().and_then(|p| p.get(n).copied().flatten());
             if let (true, Some(rule)) = (commit, limit.as_ref().and_then(AppliedLimit::rule)) {
                 if let Some(posture) = degraded {
                     snapshot.counters.record_degraded(rule.index, posture);
@@ -557,6 +586,20 @@ impl Limiter {
             .and_then(AppliedLimit::rule)
             .and_then(|rule| rule.on_store_error)
             .unwrap_or(self.fallback.settings.posture)
+    }
+
+    /// Per charge of `plan`: its failure posture and its `local` share.
+    fn postures_and_shares(
+        &self,
+        plan: &Plan,
+    ) -> (
+        SmallVec<[Posture; INLINE_CHARGES]>,
+        SmallVec<[f64; INLINE_CHARGES]>,
+    ) {
+        let of = |i: &usize| plan.limits[*i].as_ref();
+        let postures = plan.spans.iter().map(|(i, _)| self.posture_of(of(i)));
+        let shares = plan.spans.iter().map(|(i, _)| self.share_of(of(i)));
+        (postures.collect(), shares.collect())
     }
 
     fn share_of(&self, limit: Option<&AppliedLimit>) -> f64 {

@@ -55,12 +55,27 @@ pub enum StoreError {
     /// The store's settings cannot work (see [`RedisOptions::check`]).
     #[error("invalid store settings: {0}")]
     InvalidOptions(String),
+    /// Some of a request's counters live on Redis Cluster nodes that could not answer
+    /// (`cause`); the others were decided without charging anything: `decided[i]` is charge
+    /// `i`'s decision as it stands, `None` where its node failed. The limiter lets the failure
+    /// postures answer for those charges alone and charges the others
+    /// ([`RedisStore::apply_before`] `deadline`, the request's).
+    #[error("{cause}")]
+    Partly {
+        decided: Vec<Option<Decision>>,
+        cause: Box<StoreError>,
+        deadline: tokio::time::Instant,
+    },
 }
 
 impl StoreError {
     /// Whether retrying later may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_) | StoreError::NotCalled(_))
+        match self {
+            StoreError::Unavailable(_) | StoreError::NotCalled(_) => true,
+            StoreError::Partly { cause, .. } => cause.is_transient(),
+            StoreError::InvalidData(_) | StoreError::InvalidOptions(_) => false,
+        }
     }
 }
 

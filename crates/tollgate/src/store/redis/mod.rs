@@ -273,6 +273,7 @@ async fn through<T>(
 const MAX_REDIRECTS: usize = 3;
 
 /// One script call's worth of charges: indexes into the request's charges, all on `slot`.
+#[derive(Clone)]
 struct Group {
     slot: u16,
     indexes: Vec<usize>,
@@ -597,10 +598,13 @@ impl RedisStore {
                 )
             }))
         };
-        let mut peeks = all(false)
-            .await
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()?;
+        let peeks = all(false).await;
+        if peeks.iter().any(Result::is_err) {
+            return Err(self
+                .partly(charges, keys, spans, groups, peeks, deadline)
+                .await);
+        }
+        let mut peeks: Vec<Reply> = peeks.into_iter().flatten().collect();
         if peeks.iter().any(|r| !r.admitted) {
             self.as_they_stand(charges, keys, spans, groups, &mut peeks, deadline)
                 .await;
@@ -631,6 +635,52 @@ impl RedisStore {
         self.as_they_stand(charges, keys, spans, groups, &mut commits, deadline)
             .await;
         Ok(gather(&commits))
+    }
+
+    /// A first step that some slots could not answer: the cause, with the other slots'
+    /// decisions as they stand (nothing was charged) when there are any
+    /// ([`StoreError::Partly`]), for the limiter to let the failure postures answer for the
+    /// failed slots' limits alone.
+    async fn partly(
+        &self,
+        charges: &[Charge<'_>],
+        keys: &[u8],
+        spans: &[Range<usize>],
+        groups: &[Group],
+        peeks: Vec<Result<Reply, StoreError>>,
+        deadline: Instant,
+    ) -> StoreError {
+        let mut cause = None;
+        let mut answered = Vec::new();
+        let mut replies = Vec::new();
+        for (group, peek) in groups.iter().zip(peeks) {
+            match peek {
+                Ok(reply) => {
+                    answered.push(group.clone());
+                    replies.push(reply);
+                }
+                Err(e) => {
+                    cause.get_or_insert(e);
+                }
+            }
+        }
+        let cause = cause.unwrap_or_else(|| StoreError::Unavailable("no slot failed".into()));
+        if replies.is_empty() {
+            return cause;
+        }
+        self.as_they_stand(charges, keys, spans, &answered, &mut replies, deadline)
+            .await;
+        let mut decided = vec![None; charges.len()];
+        for (group, reply) in answered.iter().zip(&replies) {
+            for (&i, decision) in group.indexes.iter().zip(&reply.decisions) {
+                decided[i] = Some(*decision);
+            }
+        }
+        StoreError::Partly {
+            decided,
+            cause: Box::new(cause),
+            deadline,
+        }
     }
 
     /// For a request denied across slots: the slots that admitted their part (in a peek, or
@@ -817,6 +867,17 @@ impl RedisStore {
             let decide = self.coalesced(coalescer, charges.iter(), commit);
             return self.bounded(decide).await.map(|reply| reply.decisions);
         }
+        let deadline = Instant::now() + self.options.command_timeout;
+        self.decide_by_slot(charges, commit, deadline).await
+    }
+
+    /// Decides `charges` with one script call per slot they live in, within `deadline`.
+    async fn decide_by_slot(
+        &self,
+        charges: &[Charge<'_>],
+        commit: bool,
+        deadline: Instant,
+    ) -> Result<Vec<Decision>, StoreError> {
         let mut keys = Vec::with_capacity(charges.len() * 96);
         let mut spans = Vec::with_capacity(charges.len());
         let mut slots = Vec::with_capacity(charges.len());
@@ -826,9 +887,21 @@ impl RedisStore {
             spans.push(start..keys.len());
         }
         let _in_flight = self.in_flight_permit()?;
-        let deadline = Instant::now() + self.options.command_timeout;
         self.apply_by_slot(charges, &keys, &spans, &slots, commit, deadline)
             .await
+    }
+
+    /// [`Store::apply`] within `deadline`: the charges a request's [`StoreError::Partly`]
+    /// answer left to make, inside that request's deadline.
+    pub async fn apply_before(
+        &self,
+        charges: &[Charge<'_>],
+        deadline: Instant,
+    ) -> Result<Vec<Decision>, StoreError> {
+        for c in charges {
+            script::fits_lua(c.params).map_err(StoreError::InvalidData)?;
+        }
+        self.decide_by_slot(charges, true, deadline).await
     }
 
     /// Appends `counter_key`'s Redis key to `buf`; returns the slot to call (0 on a single
