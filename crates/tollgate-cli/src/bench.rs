@@ -34,6 +34,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::stdout::{out, outln};
 use histogram::Histogram;
 use keys::{KeySpace, Rng};
 use pacer::Schedule;
@@ -699,9 +700,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         .build()?;
     let report = runtime.block_on(run_plan(plan, show_progress))?;
     if args.json {
-        println!("{}", report.to_json(&args, protocol, connections));
+        outln!("{}", report.to_json(&args, protocol, connections));
     } else {
-        print!("{}", report.render(&args));
+        out!("{}", report.render(&args));
     }
     let verify_failed = args.verify.is_some_and(|limit| report.ok > limit);
     let all_failed = report.requests > 0 && report.errors == report.requests;

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::stdout::{out, outln};
 use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::{Value, json};
@@ -105,9 +106,9 @@ pub fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         bail!("server answered {status}: {error}");
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&answer)?);
+        outln!("{}", serde_json::to_string_pretty(&answer)?);
     } else {
-        print!("{}", render(&args.descriptors, status.as_u16(), &answer));
+        out!("{}", render(&args.descriptors, status.as_u16(), &answer));
     }
     let allowed = answer
         .get("allowed")

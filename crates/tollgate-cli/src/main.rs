@@ -11,6 +11,7 @@ mod http_listener;
 mod idle_deadline;
 mod policy;
 mod serve;
+mod stdout;
 mod top;
 mod validate;
 

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use tollgate::policy::Policy;
 
 use crate::admin_client::{AdminClient, expect_ok};
+use crate::stdout::{out, outln};
 
 #[derive(Debug, Args)]
 pub struct PolicyArgs {
@@ -88,7 +89,7 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
                 let answer = client.send("POST", "/v1/admin/policy/candidate", Some(body))?;
                 let report = expect_ok(answer)
                     .context("the shadow candidate and the running policy are unchanged")?;
-                println!(
+                outln!(
                     "shadowing: candidate {} ({} limited rules); `tollgate policy candidate` reports, `tollgate policy promote` enforces",
                     report["hash"].as_str().unwrap_or("?"),
                     report["rules"].as_array().map_or(0, Vec::len),
@@ -99,7 +100,7 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         }
         PolicyCommand::Candidate { drop: true } => {
             let body = expect_ok(client.send("DELETE", "/v1/admin/policy/candidate", None)?)?;
-            println!(
+            outln!(
                 "dropped: candidate {}",
                 body["hash"].as_str().unwrap_or("?")
             );
@@ -107,7 +108,7 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         }
         PolicyCommand::Candidate { drop: false } => {
             let report = expect_ok(client.send("GET", "/v1/admin/policy/candidate", None)?)?;
-            print!("{}", render_report(&report));
+            out!("{}", render_report(&report));
             Ok(ExitCode::SUCCESS)
         }
         PolicyCommand::Promote => {
@@ -116,7 +117,7 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         PolicyCommand::List => {
             let list = expect_ok(client.send("GET", "/v1/admin/policy", None)?)?;
             for v in list["versions"].as_array().cloned().unwrap_or_default() {
-                println!(
+                outln!(
                     "{} {:>4}  {}  {:<8}  {} rules  {}",
                     if v["current"] == true { "*" } else { " " },
                     v["seq"].as_u64().unwrap_or(0),
@@ -131,8 +132,8 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         PolicyCommand::Show { version } => {
             let v = expect_ok(client.send("GET", &format!("/v1/admin/policy/{version}"), None)?)?;
             for source in v["sources"].as_array().cloned().unwrap_or_default() {
-                println!("# {}", source["name"].as_str().unwrap_or("?"));
-                print!("{}", source["text"].as_str().unwrap_or(""));
+                outln!("# {}", source["name"].as_str().unwrap_or("?"));
+                out!("{}", source["text"].as_str().unwrap_or(""));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -150,7 +151,7 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
                 );
                 bail!("server answered {status}: {error}");
             }
-            print!("{body}");
+            out!("{body}");
             Ok(ExitCode::SUCCESS)
         }
         PolicyCommand::Rollback { to } => {
@@ -218,7 +219,7 @@ fn render_report(report: &Value) -> String {
 fn activation(answer: (u16, Value)) -> anyhow::Result<ExitCode> {
     let body = expect_ok(answer).context("the running policy is unchanged")?;
     let v = &body["version"];
-    println!(
+    outln!(
         "{}: version {} ({} rules)",
         body["result"].as_str().unwrap_or("?"),
         v["version"].as_str().unwrap_or("?"),

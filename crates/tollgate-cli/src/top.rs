@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use crate::admin_client::{AdminArgs, AdminClient, expect_ok};
+use crate::stdout::outln;
 
 #[derive(Debug, Args)]
 pub struct TopArgs {
@@ -32,13 +33,13 @@ pub fn run(args: TopArgs) -> anyhow::Result<ExitCode> {
     let body = expect_ok(client.send("GET", &query, None)?)?;
     let keys = body["keys"].as_array().cloned().unwrap_or_default();
     if keys.is_empty() {
-        println!(
+        outln!(
             "rule `{}` has denied nothing since the policy was loaded",
             args.rule
         );
     }
     for k in keys {
-        println!(
+        outln!(
             "{:>10}  {}{}",
             k["count"].as_u64().unwrap_or(0),
             k["key"].as_str().unwrap_or("?"),

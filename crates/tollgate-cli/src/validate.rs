@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::stdout::out;
 use clap::Args;
 use tollgate::policy::{Policy, Rule};
 
@@ -15,7 +16,7 @@ pub struct ValidateArgs {
 pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     match Policy::load(&args.path) {
         Ok(policy) => {
-            print!("{}", summary(&policy));
+            out!("{}", summary(&policy));
             Ok(ExitCode::SUCCESS)
         }
         Err(errors) => {

@@ -306,3 +306,31 @@ fn top_refuses_a_count_of_zero() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("at least 1"), "{stderr}");
 }
+
+/// A reader that stops early (`tollgate validate big.yaml | head -1`) ends the command quietly
+/// with status 0, where `println!` panicked on the closed pipe (status 101).
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    // A summary line per rule: far more than a pipe holds, so a write meets the closed end.
+    let rules: String = (0..3000)
+        .map(|i| format!("  - key: k{i}\n    rate_limit: {{unit: minute, requests_per_unit: 5}}\n"))
+        .collect();
+    let path = write(
+        &dir,
+        "big.yaml",
+        &format!("domain: d\ndescriptors:\n{rules}"),
+    );
+    let mut child = Command::new(binary())
+        .arg("validate")
+        .arg(&path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+}

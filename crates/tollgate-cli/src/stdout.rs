@@ -1,0 +1,29 @@
+//! Command output on stdout. `print!` panics when the reader has gone (`tollgate validate p.yaml |
+//! head -1`); these end the process quietly instead, with status 0, as Unix tools do.
+
+use std::io::Write;
+
+/// Writes `args` to stdout; exits at once when stdout is a closed pipe, with status 2 on any
+/// other write error.
+pub fn write(args: std::fmt::Arguments<'_>) {
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_fmt(args).and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: cannot write to stdout: {e}");
+        std::process::exit(2);
+    }
+}
+
+/// `print!` that stops quietly when stdout is a closed pipe (see [`write`]).
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::stdout::write(format_args!($($arg)*)) };
+}
+
+/// `println!` that stops quietly when stdout is a closed pipe (see [`write`]).
+macro_rules! outln {
+    ($($arg:tt)*) => { $crate::stdout::write(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+pub(crate) use {out, outln};
