@@ -183,6 +183,9 @@ fn render(descriptors: &[String], status: u16, answer: &Value) -> String {
                 if s.get("shadow_would_deny").and_then(Value::as_bool) == Some(true) {
                     out.push_str(" (shadow: would deny)");
                 }
+                if s.get("soft_exceeded").and_then(Value::as_bool) == Some(true) {
+                    out.push_str(" (soft: over the limit, allowed)");
+                }
             }
         }
         out.push('\n');
@@ -192,7 +195,7 @@ fn render(descriptors: &[String], status: u16, answer: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::descriptor_entries;
+    use super::{descriptor_entries, render};
 
     fn entries(text: &str) -> Vec<(String, String)> {
         descriptor_entries(text).unwrap_or_else(|e| panic!("{text}: {e}"))
@@ -225,5 +228,27 @@ mod tests {
         assert!(error("user=a,").contains("is not key=value"));
         assert!(error("=alice").contains("empty key"));
         assert!(error(r"user=a\b").contains("must come before"));
+    }
+
+    /// A rule in `shadow` or `soft` mode over its limit says so: the code alone (`OK`) hides it.
+    #[test]
+    fn over_limit_shadow_and_soft_rules_say_so() {
+        let status = |flag: &str| {
+            serde_json::json!({
+                "code": "OK", "limit_name": "r", "algorithm": "fixed_window", "limit": 5,
+                "period_ms": 60000, "remaining": 0, flag: true,
+            })
+        };
+        let answer = serde_json::json!({
+            "overall_code": "OK",
+            "statuses": [status("shadow_would_deny"), status("soft_exceeded")],
+        });
+        let text = render(&["a=1".into(), "b=2".into()], 200, &answer);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[1].ends_with("(shadow: would deny)"), "{text}");
+        assert!(
+            lines[2].ends_with("(soft: over the limit, allowed)"),
+            "{text}"
+        );
     }
 }
