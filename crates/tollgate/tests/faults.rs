@@ -1059,24 +1059,28 @@ async fn a_missing_password_is_reported_as_such() {
     assert!(error.contains("authentication required"), "{error}");
 }
 
+/// `number_of_cached_scripts` of an `INFO memory` answer.
+fn cached(info: String) -> Option<u32> {
+    info.lines()
+        .find_map(|line| line.strip_prefix("number_of_cached_scripts:"))
+        .map(|n| n.trim().parse::<u32>().unwrap())
+}
+
+/// A store on `url`, once it answers.
+async fn open(url: String) -> StoreBackend {
+    let clock = Arc::new(SystemClock::new());
+    let store = StoreBackend::open(&url.parse().unwrap(), RedisOptions::default(), clock)
+        .await
+        .unwrap();
+    assert!(store.wait_ready(Duration::from_secs(10)).await);
+    store
+}
+
 /// Once the store first answers, the decision scripts are on every primary (a single server and
 /// a cluster's three): the first decisions after a start do not each load, and Redis compile,
 /// one inside their deadline, which had made a cold start's first decision fail open.
 #[tokio::test]
 async fn the_scripts_are_loaded_once_the_store_answers() {
-    let cached = |info: String| {
-        info.lines()
-            .find_map(|line| line.strip_prefix("number_of_cached_scripts:"))
-            .map(|n| n.trim().parse::<u32>().unwrap())
-    };
-    let open = async |url: String| {
-        let clock = Arc::new(SystemClock::new());
-        let store = StoreBackend::open(&url.parse().unwrap(), RedisOptions::default(), clock)
-            .await
-            .unwrap();
-        assert!(store.wait_ready(Duration::from_secs(10)).await);
-        store
-    };
     let redis = RedisServer::start();
     assert_eq!(cached(redis.cli(&["INFO", "memory"])), Some(0));
     let _store = open(redis.url()).await;
@@ -1087,5 +1091,37 @@ async fn the_scripts_are_loaded_once_the_store_answers() {
     for port in cluster.primary_ports() {
         let info = cluster.cli(port, &["INFO", "memory"]);
         assert_eq!(cached(info), Some(3), "primary {port}");
+    }
+}
+
+/// A replica promoted after its primary died has no scripts (Redis does not replicate its
+/// script cache): it gets them as soon as the slot map shows it, before any decision would
+/// load one inside its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_replica_gets_the_scripts_before_any_decision() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Arc::new(RedisCluster::start(3, 1));
+    let _store = open(cluster.store_url()).await;
+    let before = cluster.primary_ports();
+    cluster.kill_node(before[0]);
+    let healthy = cluster.clone();
+    tokio::task::spawn_blocking(move || healthy.wait_until_healthy(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    let promoted: Vec<u16> = cluster
+        .primary_ports()
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    assert_eq!(promoted.len(), 1, "{promoted:?}");
+    // The slot map is read every second; the load follows.
+    let until = Instant::now() + Duration::from_secs(10);
+    while cached(cluster.cli(promoted[0], &["INFO", "memory"])) != Some(3) {
+        assert!(
+            Instant::now() < until,
+            "the promoted replica {} never got the scripts",
+            promoted[0]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -105,8 +105,11 @@ impl ClusterRouter {
 }
 
 /// Keeps the slot map fresh until the router is dropped: every second, and at once when asked.
+/// A primary that joins the map later (a promoted replica, a node added by resharding) is
+/// logged and gets the decision scripts at once, before decisions load them in their deadline.
 pub(super) async fn maintain(router: Weak<ClusterRouter>) {
     let mut known = false;
+    let mut primaries: Vec<Arc<str>> = Vec::new();
     loop {
         let Some(r) = router.upgrade() else { return };
         let updated = r.refresh().await;
@@ -114,6 +117,25 @@ pub(super) async fn maintain(router: Weak<ClusterRouter>) {
             info!("Learned the Redis cluster's slot map");
         } else if !updated && known {
             warn!("Cannot read the Redis cluster's slot map; keeping the last one");
+        }
+        if updated {
+            let now = r.topology.primaries();
+            let joined: Vec<Arc<str>> = now
+                .iter()
+                .filter(|p| !primaries.contains(p))
+                .cloned()
+                .collect();
+            if known && now != primaries {
+                info!(primaries = ?now, joined = ?joined, "The Redis cluster's primaries changed");
+                let connections: Vec<_> =
+                    joined.iter().filter_map(|p| r.connection(p).ok()).collect();
+                tokio::spawn(async move {
+                    if let Err(e) = super::load_scripts_on(connections).await {
+                        warn!(error = %e, "Could not load the decision scripts on a new primary");
+                    }
+                });
+            }
+            primaries = now;
         }
         known = updated || known;
         let wait = if known {

@@ -355,28 +355,7 @@ impl RedisStore {
     /// request path: the store's first answer at startup calls it; a decision still loads a
     /// script a restarted Redis lacks.
     pub async fn load_scripts(&self) -> Result<(), StoreError> {
-        let scripts = [
-            script::DECIDE_SCRIPT,
-            script::DECIDE_BATCH_SCRIPT,
-            script::REFUND_SCRIPT,
-        ];
-        let mut load = redis::pipe();
-        for text in scripts {
-            load.cmd("SCRIPT").arg("LOAD").arg(text);
-        }
-        let loads = self.primaries()?.into_iter().map(|mut connection| {
-            let load = &load;
-            async move {
-                load.query_async::<Vec<String>>(&mut connection)
-                    .await
-                    .map_err(store_error)
-            }
-        });
-        // Redis compiles each script as it loads it: a busy machine takes a while.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let loads = futures_util::future::try_join_all(loads);
-        within(deadline, "redis SCRIPT LOAD", loads).await?;
-        Ok(())
+        load_scripts_on(self.primaries()?).await
     }
 
     fn primaries(&self) -> Result<Vec<ConnectionManager>, StoreError> {
@@ -761,6 +740,34 @@ impl RedisStore {
         self.apply_across_slots(charges, keys, spans, &groups, commit, deadline)
             .await
     }
+}
+
+/// Loads the decision scripts on each of `primaries`, one pipeline each, within 5 s: at
+/// startup (see [`RedisStore::load_scripts`]) and on a primary new to a cluster's slot map (a
+/// promoted replica has none: Redis does not replicate its script cache).
+pub(super) async fn load_scripts_on(primaries: Vec<ConnectionManager>) -> Result<(), StoreError> {
+    let scripts = [
+        script::DECIDE_SCRIPT,
+        script::DECIDE_BATCH_SCRIPT,
+        script::REFUND_SCRIPT,
+    ];
+    let mut load = redis::pipe();
+    for text in scripts {
+        load.cmd("SCRIPT").arg("LOAD").arg(text);
+    }
+    let loads = primaries.into_iter().map(|mut connection| {
+        let load = &load;
+        async move {
+            load.query_async::<Vec<String>>(&mut connection)
+                .await
+                .map_err(store_error)
+        }
+    });
+    // Redis compiles each script as it loads it: a busy machine takes a while.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let loads = futures_util::future::try_join_all(loads);
+    within(deadline, "redis SCRIPT LOAD", loads).await?;
+    Ok(())
 }
 
 /// `work`'s answer, or once `deadline` has passed, the failure of `what` (a node, a kind of
