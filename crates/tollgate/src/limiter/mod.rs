@@ -631,7 +631,8 @@ impl Limiter {
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            warn!(error = %error, errors, "Store could not decide; failure postures answer");
+            // The total since the start, as `tollgate_store_errors_total` counts it.
+            warn!(error = %error, errors_total = errors, "Store could not decide; failure postures answer");
         }
     }
 
