@@ -121,6 +121,9 @@ async fn three_replicas_on_a_cluster_admit_exactly_the_limit() {
             "node {port}"
         );
     }
+    let ready = reqwest::get(servers[0].url("/readyz")).await.unwrap();
+    let text = ready.text().await.unwrap();
+    assert!(text.contains("store: redis cluster, "), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

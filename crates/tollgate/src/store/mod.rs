@@ -196,10 +196,11 @@ impl StoreBackend {
         }
     }
 
-    /// Short name for logs and metrics: `memory` or `redis`.
+    /// Short name for logs and `/readyz`: `memory`, `redis` or `redis cluster`.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreBackend::Memory(_) => "memory",
+            StoreBackend::Redis(redis) if redis.is_cluster() => "redis cluster",
             StoreBackend::Redis(_) => "redis",
         }
     }

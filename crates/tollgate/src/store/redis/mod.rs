@@ -358,6 +358,11 @@ impl RedisStore {
         load_scripts_on(self.primaries()?).await
     }
 
+    /// Whether this is a Redis Cluster (else one server).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.connection, Connection::Cluster(_))
+    }
+
     fn primaries(&self) -> Result<Vec<ConnectionManager>, StoreError> {
         match &self.connection {
             Connection::Single(m) => Ok(vec![m.clone()]),
