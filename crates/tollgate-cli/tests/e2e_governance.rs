@@ -506,6 +506,55 @@ async fn overrides_change_one_value_expire_and_survive_reloads() {
     assert_eq!(r.status(), 404);
 }
 
+/// Two rules whose derived names collide are named `a_b_c` and `a_b_c#2` in file order: swapping
+/// them hands an override's rule name to the other rule. The override is kept, listed as
+/// applying to nothing and logged; swapped back, it applies again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_whose_rule_goes_is_listed_and_logged() {
+    let rule = |key: &str, value: &str, n: u32| {
+        format!(
+            "  - key: {key}\n    value: {value}\n    rate_limit: {{unit: hour, requests_per_unit: {n}}}\n"
+        )
+    };
+    let policy = |first: &str, second: &str| format!("domain: api\ndescriptors:\n{first}{second}");
+    let (ab_c, a_bc) = (rule("a_b", "c", 1), rule("a", "b_c", 2));
+    let server = Server::start_logged(&policy(&ab_c, &a_bc), &[]);
+    let set = json!({"domain": "api", "rule": "a_b_c#2", "entries": [{"key": "a", "value": "b_c"}],
+                     "requests_per_unit": 50});
+    let r = reqwest::Client::new()
+        .put(server.admin_url("/v1/admin/overrides"))
+        .json(&set)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let applies =
+        async || server.admin_json("/v1/admin/overrides").await["overrides"][0]["applies"].clone();
+    assert_eq!(applies().await, true);
+    assert_eq!(remaining(&server, "a", "b_c").await, 49);
+
+    std::fs::write(&server.config, policy(&a_bc, &ab_c)).unwrap();
+    server.signal("HUP");
+    wait_for_version(&server, 2).await;
+    assert_eq!(applies().await, false);
+    assert_eq!(
+        remaining(&server, "a", "b_c").await,
+        0,
+        "the rule's own 2 an hour"
+    );
+    let log = server.log();
+    assert!(
+        log.contains("A runtime override applies to nothing under the new policy"),
+        "{log}"
+    );
+
+    std::fs::write(&server.config, policy(&ab_c, &a_bc)).unwrap();
+    server.signal("HUP");
+    wait_for_version(&server, 3).await;
+    assert_eq!(applies().await, true);
+    assert_eq!(remaining(&server, "a", "b_c").await, 47);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_refuses_a_missing_or_wrong_token_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();

@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tollgate::limiter::Override;
+use tollgate::policy::Policy;
 use tracing::info;
 
 use super::{AdminPath, AdminState};
@@ -50,8 +51,9 @@ fn duration(field: &str, text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("invalid `{field}` `{text}`: {e}"))
 }
 
-fn describe(o: &Override, now_us: u64) -> Value {
+fn describe(o: &Override, now_us: u64, policy: &Policy) -> Value {
     json!({
+        "applies": o.applies_under(policy),
         "id": o.id,
         "domain": o.domain,
         "rule": o.rule,
@@ -66,11 +68,12 @@ fn describe(o: &Override, now_us: u64) -> Value {
 pub async fn list(State(state): State<AdminState>) -> Json<Value> {
     let limiter = state.lifecycle.limiter();
     let now = limiter.clock().now();
+    let policy = limiter.policy();
     let list: Vec<Value> = limiter
         .overrides()
         .list(now)
         .iter()
-        .map(|o| describe(o, now.as_micros()))
+        .map(|o| describe(o, now.as_micros(), &policy))
         .collect();
     Json(json!({ "overrides": list }))
 }
@@ -139,7 +142,7 @@ pub async fn set(State(state): State<AdminState>, Body(body): Body) -> Response 
             info!(id, domain = %o.domain, rule = %o.rule, entries = ?o.entries, requests_per_unit = o.requests_per_unit, period = ?o.period, reason = %o.reason, "Override set");
             let mut stored = o;
             stored.id = id;
-            Json(describe(&stored, now.as_micros())).into_response()
+            Json(describe(&stored, now.as_micros(), &limiter.policy())).into_response()
         }
         Err(why) => error_response(StatusCode::BAD_REQUEST, format!("invalid override: {why}")),
     }

@@ -187,9 +187,17 @@ impl Limiter {
         self.snapshot.load().policy.clone()
     }
 
-    /// Replaces the policy atomically; requests in flight finish on the old one.
+    /// Replaces the policy atomically; requests in flight finish on the old one. A runtime
+    /// override that applied and applies to nothing under the new policy is logged.
     pub fn replace_policy(&self, policy: Policy) {
-        let next = Self::snapshot(policy, Some(&self.snapshot.load()));
+        let previous = self.snapshot.load_full();
+        for o in self.overrides.all() {
+            if o.applies_under(&previous.policy) && !o.applies_under(&policy) {
+                warn!(id = o.id, domain = %o.domain, rule = %o.rule, entries = ?o.entries,
+                    "A runtime override applies to nothing under the new policy (its rule is gone, or its name now belongs to another rule); it is kept, and applies again under a policy where its rule matches its entries");
+            }
+        }
+        let next = Self::snapshot(policy, Some(&previous));
         self.snapshot.store(Arc::new(next));
         // After the store: a decision made under the old policy records the old epoch.
         self.policy_epoch.fetch_add(1, Ordering::AcqRel);

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tollgate_core::{Params, Timestamp};
 
-use crate::policy::Rule;
+use crate::policy::{Policy, Rule};
 
 /// One override, as set by an operator.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +48,15 @@ impl Override {
             .ok_or_else(|| format!("rule `{}` is unlimited", rule.name))?;
         base.rescaled(self.requests_per_unit, self.period.unwrap_or(base.period()))
             .map_err(|e| e.to_string())
+    }
+
+    /// Whether the rule named `self.rule` in `policy` is the one that `self.entries` match:
+    /// else the override applies to nothing under `policy` (its rule is gone, or a rename or a
+    /// reorder gave the name to another rule) until a policy where it does runs again.
+    pub fn applies_under(&self, policy: &Policy) -> bool {
+        policy
+            .find(&self.domain, &self.entries)
+            .is_some_and(|rule| rule.name == self.rule)
     }
 
     /// Whether `other` is for the same domain, rule and entries (and so replaced by this one).
