@@ -542,7 +542,12 @@ pub fn diff(from: &PolicyVersion, to: &PolicyVersion) -> String {
             continue;
         }
         let _ = writeln!(out, "@@ {label}");
-        for line in around_changes(&line_diff(a, b)) {
+        let lines = line_diff(a, b);
+        if lines.iter().all(|l| l.starts_with(' ')) {
+            out.push_str("  (the texts differ only in line endings or the final newline)\n");
+            continue;
+        }
+        for line in around_changes(&lines) {
             out.push_str(line);
             out.push('\n');
         }
@@ -818,6 +823,16 @@ mod tests {
         let d = diff(&version(1, &file), &version(3, &renamed));
         assert!(
             d.contains("@@ api.yaml -> new.yaml\n domain: d\n-descriptors: []\n+descriptors: [x]"),
+            "{d}"
+        );
+
+        // Texts that differ only where lines end say so, not a bare `...`.
+        let crlf = named(&[("api.yaml", "domain: d\r\ndescriptors: []")]);
+        let d = diff(&version(1, &file), &version(4, &crlf));
+        assert!(
+            d.ends_with(
+                "@@ api.yaml\n  (the texts differ only in line endings or the final newline)\n"
+            ),
             "{d}"
         );
     }
