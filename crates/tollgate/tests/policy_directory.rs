@@ -3,6 +3,7 @@
 // Helpers outside `#[test]` functions are test code too; the workspace lints aim at library code.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use tollgate::policy::{Policy, PolicyErrors};
@@ -146,8 +147,9 @@ fn a_file_larger_than_any_policy_is_refused() {
 
 /// A policy file name in a directory that cannot be read (here a link to a file that is gone)
 /// fails the load, naming it: skipped, its domain would silently lose its limits on a reload.
+/// A name that is not UTF-8 is read like any other.
 #[test]
-fn a_dangling_link_in_a_directory_is_an_error_not_a_skip() {
+fn odd_entries_in_a_directory_are_read_or_refused_never_skipped() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.yaml"), "domain: a\ndescriptors: []\n").unwrap();
     let link = dir.path().join("b.yaml");
@@ -160,8 +162,14 @@ fn a_dangling_link_in_a_directory_is_an_error_not_a_skip() {
             .starts_with(&format!("cannot read {}: ", link.display())),
         "{errors}"
     );
-    // A directory named like a policy file is no file to read.
+    // A file name that is not UTF-8 is a policy file by its extension all the same.
     std::fs::remove_file(&link).unwrap();
+    let odd = std::ffi::OsStr::from_bytes(b"b\xff.yaml");
+    std::fs::write(dir.path().join(odd), "domain: b\ndescriptors: []\n").unwrap();
+    let policy = Policy::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(policy.domains().collect::<Vec<_>>(), ["a", "b"]);
+    std::fs::remove_file(dir.path().join(odd)).unwrap();
+    // A directory named like a policy file is no file to read.
     std::fs::create_dir(dir.path().join("c.yaml")).unwrap();
     let policy = Policy::load(dir.path()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(policy.domains().collect::<Vec<_>>(), ["a"]);

@@ -97,7 +97,8 @@ fn policy_files(dir: &Path) -> Result<Vec<PathBuf>, PolicyErrors> {
     let mut files = Vec::new();
     for entry in fs::read_dir(dir).map_err(cannot_list)? {
         let path = entry.map_err(cannot_list)?.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        // A name that is not UTF-8 is still a policy file by its extension (shown lossily).
+        let Some(name) = path.file_name().map(|n| n.to_string_lossy()) else {
             continue;
         };
         // Dot files are editor and tooling leftovers (`.#a.yaml`, `.a.yaml.swp`).
