@@ -371,6 +371,13 @@ fn unknown_algorithm_unit_and_bad_period() {
         ),
         "t.yaml:4:26: invalid period `30`: time unit needed, for example 30sec or 30ms"
     );
+    // Humantime's month and year are not `unit: month` and `unit: year`; `1M` is not `1m`.
+    assert_eq!(
+        error(
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 1M, requests_per_unit: 5}\n"
+        ),
+        "t.yaml:4:26: `M` in period `1M`: months and years are not periods here (humantime's are 30.44 and 365.25 days; `M` is a month, `m` a minute); write days (`30d`, `365d`) or use `unit: month` / `unit: year`"
+    );
     assert_eq!(
         error(
             "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {period: 0s, requests_per_unit: 5}\n"
@@ -681,4 +688,24 @@ fn charging_up_to_the_limit_is_checked_against_the_other_fields() {
         ),
         "t.yaml:4:43: `charge` has no meaning with `unlimited: true`"
     );
+}
+
+/// A rule name must be printable where it shows: logs, metrics, `validate`, `tollgate top`.
+#[test]
+fn blank_or_unprintable_rule_names_are_errors() {
+    for (name, shown) in [
+        ("'   '", r#""   ""#),
+        ("\"a\\nb\"", r#""a\nb""#),
+        ("\"ab\\u202Ec\"", r#""ab\u{202e}c""#),
+    ] {
+        assert_eq!(
+            error(&format!(
+                "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {{name: {name}, unit: second, requests_per_unit: 5}}\n"
+            )),
+            format!(
+                "t.yaml:4:24: rule name {shown} is blank or holds control or bidirectional characters, which would garble logs, metrics and terminals"
+            ),
+            "{name}"
+        );
+    }
 }

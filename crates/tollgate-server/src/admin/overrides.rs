@@ -91,7 +91,7 @@ pub async fn set(State(state): State<AdminState>, Body(body): Body) -> Response 
         let period = body
             .period
             .as_deref()
-            .map(|p| duration("period", p))
+            .map(|p| tollgate::policy::parse_period(p).map_err(|e| format!("`period`: {e}")))
             .transpose()?;
         let expires_at = body
             .expires_in

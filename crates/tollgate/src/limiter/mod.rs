@@ -893,18 +893,12 @@ fn descriptor_text(descriptor: &RequestDescriptor) -> TopKeyText {
 /// `\`, `,` and `=` are escaped with a `\` and control characters (and the bidirectional
 /// formatting ones, which could show a key reversed) as `\u{..}`, so two descriptors never
 /// read the same and a value cannot put escape codes on an operator's terminal.
-/// The Unicode characters that reorder text around them (marks, embeddings, overrides,
-/// isolates).
-fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-}
-
 fn describe_entries(descriptor: &RequestDescriptor, out: &mut impl Write) {
     fn escaped(text: &str, out: &mut impl Write) -> std::fmt::Result {
         for c in text.chars() {
             match c {
                 '\\' | ',' | '=' => write!(out, "\\{c}")?,
-                c if c.is_control() || is_bidi_control(c) => {
+                c if c.is_control() || crate::policy::is_bidi_control(c) => {
                     write!(out, "{}", c.escape_unicode())?;
                 }
                 c => out.write_char(c)?,

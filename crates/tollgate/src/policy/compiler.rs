@@ -284,6 +284,19 @@ impl<'f> SourceCompiler<'f> {
                 // An empty name means no name, as in envoyproxy/ratelimit.
                 None => (self.derived_name(path), block.clone(), false),
             };
+        if explicit
+            && (name.trim().is_empty()
+                || name
+                    .chars()
+                    .any(|c| c.is_control() || super::is_bidi_control(c)))
+        {
+            self.error(
+                name_location.clone(),
+                format!(
+                    "rule name {name:?} is blank or holds control or bidirectional characters, which would garble logs, metrics and terminals"
+                ),
+            );
+        }
 
         let replaces_doc = match (&descriptor.replaces, &doc.replaces) {
             (Some(_), Some(inner)) => {
@@ -617,7 +630,7 @@ impl<'f> SourceCompiler<'f> {
                     None
                 }
             },
-            (None, Some(text)) => match humantime::parse_duration(text.value.trim()) {
+            (None, Some(text)) => match super::parse_period(&text.value) {
                 Ok(period) => match Params::new(probe, 1, period, None) {
                     Ok(_) => Some(period),
                     Err(e) => {
@@ -626,10 +639,7 @@ impl<'f> SourceCompiler<'f> {
                     }
                 },
                 Err(e) => {
-                    self.error(
-                        self.location(&text.referenced),
-                        format!("invalid period `{}`: {e}", text.value),
-                    );
+                    self.error(self.location(&text.referenced), e);
                     None
                 }
             },

@@ -21,4 +21,10 @@ pub use error::{Location, PolicyError, PolicyErrors};
 pub use load::MAX_POLICY_FILE;
 pub use rule::{LocalBudget, Rule, RuleMode};
 pub use snapshot::Policy;
-pub use unit::Unit;
+pub use unit::{Unit, parse_period};
+
+/// The Unicode characters that reorder text around them (marks, embeddings, overrides,
+/// isolates): in a name they could make a log line or a terminal read otherwise than it is.
+pub(crate) fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}

@@ -76,6 +76,27 @@ impl fmt::Display for Unit {
     }
 }
 
+/// Parses a `period` (`30s`, `5m`, `1h30m`, `500ms`, `2d`, `1w`). Months and years are refused:
+/// humantime's are 30.44 and 365.25 days, not the 30 and 365 of `unit: month` and `unit: year`,
+/// and `1M` (a month) is one letter's case away from `1m` (a minute).
+pub fn parse_period(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let calendar = text
+        .split(|c: char| c.is_ascii_digit() || c.is_whitespace())
+        .filter(|suffix| !suffix.is_empty())
+        .find(|suffix| {
+            suffix.starts_with('M')
+                || suffix.starts_with('y')
+                || suffix.to_ascii_lowercase().starts_with("mo")
+        });
+    if let Some(suffix) = calendar {
+        return Err(format!(
+            "`{suffix}` in period `{text}`: months and years are not periods here (humantime's are 30.44 and 365.25 days; `M` is a month, `m` a minute); write days (`30d`, `365d`) or use `unit: month` / `unit: year`"
+        ));
+    }
+    humantime::parse_duration(text).map_err(|e| format!("invalid period `{text}`: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +118,28 @@ mod tests {
         assert_eq!(Unit::Week.period(), Duration::from_secs(604_800));
         assert_eq!(Unit::Month.period(), Duration::from_secs(2_592_000));
         assert_eq!(Unit::Year.period(), Duration::from_secs(31_536_000));
+    }
+
+    #[test]
+    fn periods_refuse_months_and_years() {
+        assert_eq!(parse_period(" 1h30m "), Ok(Duration::from_secs(5400)));
+        assert_eq!(
+            parse_period("2d 500ms"),
+            Ok(Duration::from_millis(172_800_500))
+        );
+        assert_eq!(parse_period("1min"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_period("1m"), Ok(Duration::from_secs(60)));
+        for text in ["1M", "1y", "2years", "1month", "3mon", "1d 1y"] {
+            let error = parse_period(text).unwrap_err();
+            assert!(
+                error.contains("months and years are not periods"),
+                "{text}: {error}"
+            );
+        }
+        assert!(
+            parse_period("5 parsecs")
+                .unwrap_err()
+                .starts_with("invalid period `5 parsecs`")
+        );
     }
 }
