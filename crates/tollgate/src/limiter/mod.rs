@@ -375,19 +375,13 @@ impl Limiter {
                 && !hot_keys::has_budgets(&live, live_charges) =>
             {
                 let partly = (decided, deadline);
-                let live_only = &charges[..];
-                match self
-                    .decide_partly(redis, &live, live_only, partly, commit, &mut decisions)
-                    .await
-                {
-                    Ok(degraded) => {
-                        if commit {
-                            self.note_store_error(&cause);
-                        }
-                        Ok(Some(degraded))
-                    }
-                    Err(e) => Err(e),
+                let answer = self
+                    .decide_partly(redis, &live, &charges, partly, commit, &mut decisions)
+                    .await;
+                if commit && answer.is_ok() {
+                    self.note_store_error(&cause);
                 }
+                answer.map(Some)
             }
             (answer, _) => answer.map(|()| None),
         };

@@ -35,9 +35,8 @@ impl Limiter {
         let failed: SmallVec<[usize; INLINE_CHARGES]> = (0..charges.len())
             .filter(|&i| decided[i].is_none())
             .collect();
-        let pick = |i: &usize| charges[*i];
         let failed_charges: SmallVec<[Charge<'_>; INLINE_CHARGES]> =
-            failed.iter().map(pick).collect();
+            failed.iter().map(|&i| charges[i]).collect();
         let failed_postures: SmallVec<[Posture; INLINE_CHARGES]> =
             failed.iter().map(|&i| postures[i]).collect();
         let failed_shares: SmallVec<[f64; INLINE_CHARGES]> =
@@ -66,7 +65,9 @@ impl Limiter {
                 .collect();
             let call = redis.apply_before(&healthy, deadline);
             let answer = timed_store_call(&self.store_latency[0], call).await?;
-            // A concurrent request may have taken the last of a quota since the first look.
+            // A concurrent request may have taken the last of a quota since the first look. (The
+            // `local` shares are charged after Redis: one taken meanwhile on this replica leaves
+            // Redis's charges standing for a denied request, under the limit, never over.)
             if healthy.iter().zip(&answer).all(|(c, d)| !denies(c, d)) {
                 answered = posture(true);
             }
