@@ -228,6 +228,72 @@ async fn nginx_forwards_up_to_the_limit_then_answers_429_without_calling_upstrea
     assert_eq!(upstream.served.load(Ordering::SeqCst), 5);
 }
 
+/// A raw `GET` to nginx, `headers` as given (reqwest refuses to send a control byte): the status.
+fn raw_status(nginx: &Nginx, path: &str, headers: &[u8]) -> u16 {
+    let mut stream = TcpStream::connect(nginx.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut request =
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n").into_bytes();
+    request.extend_from_slice(headers);
+    request.extend_from_slice(b"\r\n");
+    stream.write_all(&request).unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let status = answer.split(' ').nth(1).unwrap_or_default();
+    status
+        .parse()
+        .unwrap_or_else(|_| panic!("no status in {answer:?}"))
+}
+
+/// What a client sends cannot make the check fail: an odd header it adds is not passed on (a
+/// control byte, or a hundred headers, made tollgate refuse the subrequest and nginx answer
+/// 500), and the spellings of a path all count against its rule.
+#[tokio::test]
+async fn odd_headers_and_path_spellings_are_checked_like_any_request() {
+    const PATHS: &str = r#"
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: {name: per_key, algorithm: sliding_window_log, unit: minute, requests_per_unit: 100}
+  - key: path
+    value: /login
+    rate_limit: {name: login, algorithm: sliding_window_log, unit: minute, requests_per_unit: 1}
+"#;
+    let tollgate = Server::start_with_args(
+        PATHS,
+        &[
+            "--authorize-domain",
+            "edge",
+            "--authorize-descriptor",
+            "api_key=header:x-api-key",
+            "--authorize-descriptor",
+            "path=path",
+        ],
+    );
+    let upstream = Upstream::start();
+    let nginx = Nginx::start(tollgate.http, upstream.addr);
+
+    assert_eq!(
+        raw_status(
+            &nginx,
+            "/items",
+            b"X-Api-Key: carol\r\nX-Anything: a\x01b\r\n"
+        ),
+        200
+    );
+    let many: String = (0..120).map(|i| format!("X-H{i}: v\r\n")).collect();
+    assert_eq!(raw_status(&nginx, "/items", many.as_bytes()), 200);
+    assert_eq!(upstream.served.load(Ordering::SeqCst), 2);
+
+    assert_eq!(raw_status(&nginx, "/login", b""), 200);
+    for spelling in ["//login", "/%6cogin", "/./login", "/x/../login?next=/"] {
+        assert_eq!(raw_status(&nginx, spelling, b""), 429, "{spelling}");
+    }
+    assert_eq!(upstream.served.load(Ordering::SeqCst), 3);
+}
+
 #[tokio::test]
 async fn authorize_is_disabled_without_a_domain() {
     let tollgate = Server::start(POLICY);
