@@ -22,7 +22,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use tollgate::limiter::{CheckRequest, CheckResponse, Limiter, RequestDescriptor};
+use tollgate::limiter::{CheckRequest, CheckResponse, Limiter, MAX_FIELD_LEN, RequestDescriptor};
 
 use super::add_rate_limit_headers;
 use crate::headers::header_text;
@@ -167,6 +167,13 @@ impl FromStr for DescriptorMapping {
                 let key = key.trim();
                 if key.is_empty() {
                     return Err(fail(item, "the descriptor key is empty"));
+                }
+                // Every request carrying the source would be refused as invalid.
+                if key.len() > MAX_FIELD_LEN {
+                    return Err(fail(
+                        item,
+                        &format!("the descriptor key is longer than {MAX_FIELD_LEN} bytes, more than a request may carry"),
+                    ));
                 }
                 let source = match source.trim() {
                     "client_ip" => Source::ClientIp,
@@ -378,6 +385,9 @@ mod tests {
 
     #[test]
     fn rejects_malformed_items() {
+        let long = format!("{}=client_ip", "k".repeat(MAX_FIELD_LEN + 1));
+        let error = long.parse::<DescriptorMapping>().unwrap_err().to_string();
+        assert!(error.contains("longer than 1024 bytes"), "{error}");
         for bad in [
             "api_key",
             "=client_ip",
