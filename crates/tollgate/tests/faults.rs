@@ -1094,6 +1094,23 @@ async fn the_scripts_are_loaded_once_the_store_answers() {
     }
 }
 
+/// A Redis too busy to load the scripts within `--store-timeout` (here paused for 300 ms) gets
+/// them all the same: the load is tried again until its own deadline of 5 s, where it once gave
+/// up at the first timeout and left the first decisions to load them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scripts_are_loaded_on_a_redis_slower_than_the_store_timeout() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let store = open(redis.url()).await;
+    let StoreBackend::Redis(store) = store else {
+        unreachable!("a Redis URL");
+    };
+    assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]), "OK");
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "300", "ALL"]), "OK");
+    store.load_scripts().await.unwrap();
+    assert_eq!(cached(redis.cli(&["INFO", "memory"])), Some(3));
+}
+
 /// A replica promoted after its primary died has no scripts (Redis does not replicate its
 /// script cache): it gets them as soon as the slot map shows it, before any decision would
 /// load one inside its deadline.

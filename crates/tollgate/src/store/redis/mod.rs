@@ -760,20 +760,33 @@ pub(super) async fn load_scripts_on(primaries: Vec<ConnectionManager>) -> Result
     for text in scripts {
         load.cmd("SCRIPT").arg("LOAD").arg(text);
     }
+    // Redis compiles each script as it loads it: a busy machine takes a while.
+    let deadline = Instant::now() + Duration::from_secs(5);
     let loads = primaries.into_iter().map(|mut connection| {
         let load = &load;
         async move {
-            load.query_async::<Vec<String>>(&mut connection)
-                .await
-                .map_err(store_error)
+            // The connection gives each command `--store-timeout`, less than a busy Redis may
+            // take to compile; it compiles on regardless, and a second load finds the script
+            // cached. So load again until the deadline.
+            loop {
+                let error = match load.query_async::<Vec<String>>(&mut connection).await {
+                    Ok(_) => return Ok(()),
+                    Err(e) => store_error(e),
+                };
+                if Instant::now() + SCRIPT_LOAD_RETRY >= deadline {
+                    return Err(error);
+                }
+                tokio::time::sleep(SCRIPT_LOAD_RETRY).await;
+            }
         }
     });
-    // Redis compiles each script as it loads it: a busy machine takes a while.
-    let deadline = Instant::now() + Duration::from_secs(5);
     let loads = futures_util::future::try_join_all(loads);
     within(deadline, "redis SCRIPT LOAD", loads).await?;
     Ok(())
 }
+
+/// Pause between two loads of the scripts on a primary that did not answer the first in time.
+const SCRIPT_LOAD_RETRY: Duration = Duration::from_millis(50);
 
 /// `work`'s answer, or once `deadline` has passed, the failure of `what` (a node, a kind of
 /// call) to answer in time.
