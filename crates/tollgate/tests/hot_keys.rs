@@ -517,6 +517,52 @@ descriptors:
     (redis, proxy, clock, limiter)
 }
 
+/// Redis loses its data (here `FLUSHALL`) while a replica holds a lease, and other requests
+/// make the counter again before the replica learns of the loss (at its next policy sync): the
+/// lease's give-back then meets a counter that was never charged for it, and takes nothing
+/// from it. (It took its unused units back from the new count, which others had used: 109
+/// admitted of 100 across replicas.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_after_redis_lost_its_data_takes_nothing_from_the_new_counter() {
+    for algorithm in [
+        "fixed_window",
+        "sliding_window_counter",
+        "token_bucket",
+        "gcra",
+    ] {
+        let (redis, _proxy, clock, limiter) = leased_behind_a_proxy(algorithm).await;
+        // A lease of 10 reserved, 1 of it used.
+        assert!(
+            limiter
+                .check(&request("a", "tenant", "t1", 1))
+                .await
+                .unwrap()
+                .allowed()
+        );
+        assert_eq!(redis.cli(&["FLUSHALL"]), "OK");
+        clock.advance(Duration::from_millis(10));
+        // A cost above the budget goes to Redis itself: the counter is made again.
+        let direct = request("a", "tenant", "t1", 40);
+        assert!(
+            limiter.check(&direct).await.unwrap().allowed(),
+            "{algorithm}"
+        );
+        let remaining = async || {
+            let answer = limiter
+                .explain(&request("a", "tenant", "t1", 1))
+                .await
+                .unwrap();
+            answer.statuses[0].decision.unwrap().remaining
+        };
+        // The lease lapses (explain reads Redis now), then it is given back.
+        clock.advance(Duration::from_secs(2));
+        let before = remaining().await;
+        assert_eq!(before, 100 - 40 - 1, "{algorithm}: the new counter");
+        limiter.sweep_hot_keys().await;
+        assert_eq!(remaining().await, before, "{algorithm}: nothing taken back");
+    }
+}
+
 /// While Redis is unreachable, explain answers a key this replica's lease still serves as a
 /// check does, from the lease, not as the store's failure posture.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -293,6 +293,8 @@ fn wire((d, charged): &(Decision, u64)) -> [i64; 6] {
 struct Reference {
     /// State and `expires_at` (from the params of the last charge that changed it).
     states: HashMap<String, (State, Timestamp)>,
+    /// When each hash state's key was made (its `b` field): the sliding log's ZSET has none.
+    born: HashMap<String, u64>,
 }
 
 impl Reference {
@@ -354,11 +356,19 @@ impl Reference {
                     .or_insert_with(|| (State::empty(&charge.params), at));
                 entry.0.apply(transition);
                 entry.1 = entry.0.expires_at(&charge.params);
+                // A hash keeps the instant its key was made; a ZSET replacing it has none, and
+                // a hash replacing a ZSET is a new key.
+                if charge.params.algorithm() == Algorithm::SlidingWindowLog {
+                    self.born.remove(&charge.key);
+                } else {
+                    self.born.entry(charge.key.clone()).or_insert(now);
+                }
                 written.push(charge.key.clone());
             }
             for key in written {
                 if self.states.get(&key).is_some_and(|(_, e)| *e <= at) {
                     self.states.remove(&key);
+                    self.born.remove(&key);
                 }
             }
         }
@@ -379,6 +389,11 @@ impl Reference {
             if state.algorithm() != charge.params.algorithm() {
                 continue;
             }
+            // A key made after the charge (here only when the clock stepped back between the
+            // two) is taken for a counter Redis lost and made again: nothing is taken back.
+            if self.born.get(&charge.key).is_some_and(|b| *b > now) {
+                continue;
+            }
             if refund_state(state, &charge.params, now, charge.cost) {
                 *expires = state.expires_at(&charge.params);
                 if !changed.contains(&charge.key) {
@@ -390,6 +405,7 @@ impl Reference {
         for key in &changed {
             if self.states.get(key).is_some_and(|(_, e)| *e <= at) {
                 self.states.remove(key);
+                self.born.remove(key);
             }
         }
         changed.len() as i64

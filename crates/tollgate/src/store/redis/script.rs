@@ -82,7 +82,10 @@
 //!   theoretical arrival time. An instant is a pair `(w, f)` = `w * limit + f` in Rust's scaled
 //!   units (`micros * limit`), `0 <= f < limit`. The leaky bucket's and GCRA's `z` is the
 //!   tolerance they were written under (`Params::tolerance_micros`); a state written before it
-//!   was recorded has none and reads as 0, as in Rust.
+//!   was recorded has none and reads as 0, as in Rust. `b` is the instant (µs) the hash was
+//!   made, written once: REFUND leaves a hash made after the charge it undoes alone (Redis lost
+//!   the counter charged, say a `FLUSHALL` before a local budget's give-back, and a new one was
+//!   made since; a clock stepped back in between drops the refund too, conservatively).
 //!
 //! A hash of another algorithm, or a ZSET read by a hash algorithm (and the other way round),
 //! is an empty state, as in Rust (a policy that switches a live key's algorithm).

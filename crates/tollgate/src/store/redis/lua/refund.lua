@@ -10,7 +10,9 @@
 -- charge landed in (the counter's previous one if the window has rolled, nothing if older);
 -- the sliding log takes `cost` back from its entries at that instant (newest first); the token
 -- bucket gets the tokens back (capped at burst); GCRA and the leaky bucket move their time
--- back by cost * period, never before the charge instant. TTLs follow the new state (a state
+-- back by cost * period, never before the charge instant. A hash made after the charge instant
+-- (Redis lost the counter charged and a new one was made) is left alone, as the sliding log
+-- has no entries at that instant then. TTLs follow the new state (a state
 -- that has expired is deleted). A key of another algorithm is left alone; a key of a foreign
 -- Redis type fails the call before anything is written.
 --
@@ -30,7 +32,9 @@ for i = 1, #KEYS do
   state_build_twin(alg)
   local c = state_context(0, i, alg, contexts, opened)
 
-  if c.tag == alg then
+  -- A hash made after the charge is a counter made anew since (Redis lost the one charged):
+  -- taking the charge back from it would credit units other requests used.
+  if c.tag == alg and not (c.born and c.born > now) then
     local nx, ny, nz
     if alg == 2 then
       if cost > 0 then

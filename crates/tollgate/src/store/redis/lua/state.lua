@@ -6,7 +6,10 @@
 -- is an empty state, as in Rust; so is a ZSET (a sliding log) read by a hash algorithm and the
 -- other way round. Any other Redis type at a key is an error, raised before anything is written.
 --
--- Fields: key; kind = 'h' (hash or missing) or 'z' (ZSET or missing); tag, x, y, z = the
+-- A hash also holds b = the instant (µs) it was made, written once: a REFUND of a charge made
+-- before it is of a counter Redis has since lost (flushed, restarted empty) and is dropped.
+--
+-- Fields: key; kind = 'h' (hash or missing) or 'z' (ZSET or missing); born = b; tag, x, y, z = the
 -- tentative state (tag 0 = empty, 2 = the sliding log); base = the stored ZSET is part of the
 -- log; T = cost appended to the log by this call; dirty = a transition was applied; ep = the
 -- period of the last charge that applied one (its expires_at sets the TTL, as in Rust).
@@ -22,6 +25,7 @@ local function state_load_hash(c, reply)
   c.kind = 'h'
   c.tag = tonumber(reply[1]) or 0
   c.x, c.y, c.z = tonumber(reply[2]), tonumber(reply[3]), tonumber(reply[4])
+  c.born = tonumber(reply[5])
 end
 
 -- Raises the read error unless the key holds `other` (the other type tollgate writes).
@@ -39,13 +43,13 @@ local function state_open(key, as_log)
     local r = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
     if r.err then
       state_other_type(c, r, 'hash')
-      state_load_hash(c, redis.call('HMGET', key, 't', 'x', 'y', 'z'))
+      state_load_hash(c, redis.call('HMGET', key, 't', 'x', 'y', 'z', 'b'))
     else
       c.kind, c.tag, c.base = 'z', 2, true
       sliding_window_log_set_last(c, r)
     end
   else
-    local r = redis.pcall('HMGET', key, 't', 'x', 'y', 'z')
+    local r = redis.pcall('HMGET', key, 't', 'x', 'y', 'z', 'b')
     if r.err then
       state_other_type(c, r, 'zset')
       c.kind, c.tag, c.base = 'z', 2, true
@@ -89,6 +93,9 @@ local function state_commit_hash(c, now)
     redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y, 'z', c.z)
   else
     redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y)
+  end
+  if not c.born or c.kind == 'z' then
+    redis.call('HSET', key, 'b', int(now))
   end
   redis.call('PEXPIREAT', key, int(div_ceil(expires, 1000)))
 end
