@@ -89,13 +89,18 @@ local function state_commit_hash(c, now)
     end
     return
   end
+  -- One HSET: b too when the hash is new (a ZSET it replaces was deleted above).
+  local new = not c.born or c.kind == 'z'
   if c.tag ~= 1 and c.z then
-    redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y, 'z', c.z)
+    if new then
+      redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y, 'z', c.z, 'b', int(now))
+    else
+      redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y, 'z', c.z)
+    end
+  elseif new then
+    redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y, 'b', int(now))
   else
     redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y)
-  end
-  if not c.born or c.kind == 'z' then
-    redis.call('HSET', key, 'b', int(now))
   end
   redis.call('PEXPIREAT', key, int(div_ceil(expires, 1000)))
 end
