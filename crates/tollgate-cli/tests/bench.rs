@@ -317,6 +317,32 @@ fn a_rate_too_small_to_schedule_is_refused() {
     );
 }
 
+/// Each worker holds a histogram of about 15 KB and, over HTTP, a socket: `--concurrency 300000`
+/// took 3.4 GB. Too many workers or connections are refused by name before anything is sent.
+#[test]
+fn too_many_workers_or_connections_are_refused() {
+    for flag in ["--concurrency", "--connections"] {
+        let out = bench(&[
+            "--target",
+            "http://127.0.0.1:1",
+            "--domain",
+            "bench",
+            "--descriptor",
+            "user=u",
+            "--duration",
+            "1s",
+            flag,
+            "10001",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("{flag} must be between 1 and 10000")),
+            "{flag}: {err}"
+        );
+    }
+}
+
 #[test]
 fn non_loopback_targets_are_refused_without_allow_remote() {
     let out = bench(&[
