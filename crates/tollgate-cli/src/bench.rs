@@ -303,20 +303,50 @@ impl Plan {
         }
     }
 
-    /// The JSON body with `{key}` left in place; JSON escaping never touches `{key}`.
-    fn http_body_template(&self) -> String {
+    /// The JSON body of every HTTP request, with a placeholder for each `{key}` of a value.
+    fn http_body(&self) -> anyhow::Result<HttpBody> {
+        let texts = || {
+            let entries = self.descriptors.iter().flatten();
+            std::iter::once(self.domain.as_str())
+                .chain(entries.flat_map(|e| [e.key.as_str(), e.value.as_str()]))
+        };
+        let placeholder = ('\u{E000}'..='\u{F8FF}')
+            .find(|c| !texts().any(|t| t.contains(*c)))
+            .context("every private-use character is taken: none is left to stand for {key}")?;
+        let mut buffer = [0; 4];
+        let slot = &*placeholder.encode_utf8(&mut buffer);
         let descriptors: Vec<Value> = self
             .descriptors
             .iter()
             .map(|entries| {
                 let entries: Vec<Value> = entries
                     .iter()
-                    .map(|e| json!({ "key": e.key, "value": e.value }))
+                    .map(|e| json!({ "key": e.key, "value": e.value.replace("{key}", slot) }))
                     .collect();
                 json!({ "entries": entries })
             })
             .collect();
-        json!({ "domain": self.domain, "descriptors": descriptors }).to_string()
+        Ok(HttpBody {
+            template: json!({ "domain": self.domain, "descriptors": descriptors }).to_string(),
+            placeholder,
+        })
+    }
+}
+
+/// The JSON body of every HTTP request, built once.
+#[derive(Debug)]
+struct HttpBody {
+    template: String,
+    /// Stands for `{key}` in the descriptor values, and nowhere else: a private-use character
+    /// the domain, keys and values given do not hold, which JSON escaping leaves as it is and
+    /// never produces. A `{key}` in the domain or a descriptor key stays as written, as over
+    /// gRPC.
+    placeholder: char,
+}
+
+impl HttpBody {
+    fn with_key(&self, key: &str) -> String {
+        self.template.replace(self.placeholder, key)
     }
 }
 
@@ -392,7 +422,7 @@ enum Client {
         connection: HttpConnection,
         /// `HOST:PORT`, sent as `Host`.
         host: Arc<str>,
-        body: Arc<str>,
+        body: Arc<HttpBody>,
     },
 }
 
@@ -428,7 +458,7 @@ async fn post_check(
 
 async fn connect(plan: &Plan) -> anyhow::Result<Vec<Client>> {
     let mut clients = Vec::with_capacity(plan.connections);
-    let body: Arc<str> = plan.http_body_template().into();
+    let body = Arc::new(plan.http_body()?);
     for j in 0..plan.connections {
         let authority = &plan.authorities[j % plan.authorities.len()];
         let client = match plan.protocol {
@@ -476,7 +506,7 @@ async fn send(client: &mut Client, plan: &Plan, key: &str, tally: &Tally) -> Out
             host,
             body,
         } => {
-            let body = body.replace("{key}", key);
+            let body = body.with_key(key);
             let sent = tokio::time::timeout(REQUEST_TIMEOUT, post_check(connection, host, body));
             match sent.await {
                 Err(_) => tally.error("http: request timed out".into()),
@@ -759,9 +789,39 @@ mod tests {
         assert_eq!(request.descriptors[0].entries[0].value, "u42");
         assert_eq!(request.descriptors[0].entries[1].value, "free");
         let body: Value =
-            serde_json::from_str(&plan_body.http_body_template().replace("{key}", "7")).unwrap();
+            serde_json::from_str(&plan_body.http_body().unwrap().with_key("7")).unwrap();
         assert_eq!(body["descriptors"][0]["entries"][0]["value"], "u7");
         assert!(parse_descriptor("novalue").is_err());
         assert!(parse_descriptor("=x").is_err());
+    }
+
+    /// `{key}` is a key index in descriptor values only, over HTTP as over gRPC: the domain and
+    /// descriptor keys keep it as written.
+    #[test]
+    fn the_http_body_fills_the_key_in_values_only() {
+        let plan = Plan {
+            protocol: Protocol::Http,
+            authorities: vec!["127.0.0.1:1".into()],
+            // The first private-use character, which the placeholder would otherwise be.
+            domain: "d{key}\u{E000}".into(),
+            descriptors: vec![parse_descriptor("k{key}=v{key}{key},plain=x").unwrap()],
+            keys: KeySpace::new(1, None),
+            concurrency: 1,
+            connections: 1,
+            duration: Duration::from_secs(1),
+            requests: None,
+            rate: None,
+        };
+        let body: Value = serde_json::from_str(&plan.http_body().unwrap().with_key("7")).unwrap();
+        assert_eq!(body["domain"], "d{key}\u{E000}");
+        let entries = &body["descriptors"][0]["entries"];
+        assert_eq!(entries[0]["key"], "k{key}");
+        assert_eq!(entries[0]["value"], "v77");
+        assert_eq!(entries[1]["key"], "plain");
+        assert_eq!(entries[1]["value"], "x");
+        let grpc = plan.grpc_request("7");
+        assert_eq!(grpc.domain, body["domain"]);
+        assert_eq!(grpc.descriptors[0].entries[0].key, entries[0]["key"]);
+        assert_eq!(grpc.descriptors[0].entries[0].value, entries[0]["value"]);
     }
 }
