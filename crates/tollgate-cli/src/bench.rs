@@ -637,9 +637,18 @@ async fn run_plan(plan: Plan, show_progress: bool) -> anyhow::Result<Report> {
     if let Some(e) = failed {
         return Err(e).context("a worker failed");
     }
+    let requests = tally.done.load(Ordering::Relaxed);
+    // Open loop: the run ends with the last request's answer, not at the end of its slot, so the
+    // time measured covers N requests' slots but one; N requests at R a second take N / R.
+    // Without this, `--rate 0.5 --duration 2s` reported 1 request in 0.00 s, 400 req/s.
+    let elapsed = match plan.rate {
+        Some(rate) => Duration::try_from_secs_f64(requests as f64 / rate)
+            .map_or(elapsed, |schedule| schedule.max(elapsed)),
+        None => elapsed,
+    };
     Ok(Report {
         elapsed,
-        requests: tally.done.load(Ordering::Relaxed),
+        requests,
         ok: tally.ok.load(Ordering::Relaxed),
         over_limit: tally.over_limit.load(Ordering::Relaxed),
         errors: tally.errors.load(Ordering::Relaxed),
@@ -695,12 +704,15 @@ impl Report {
 
     fn render(&self, args: &BenchArgs) -> String {
         let q = |p| format!("{:.1}", micros(self.latency.quantile(p)));
+        // Whole requests a second, but a slow `--rate` such as 0.5 would show as 0.
+        let places = if self.throughput() < 10.0 { 2 } else { 0 };
         let mut out = format!(
-            "{} requests in {:.2}s: {:.0} req/s\n\
+            "{} requests in {:.2}s: {:.*} req/s\n\
              latency µs: p50 {}  p90 {}  p99 {}  p99.9 {}  max {:.1}\n\
              OK {}  OVER_LIMIT {}  errors {}\n",
             self.requests,
             self.elapsed.as_secs_f64(),
+            places,
             self.throughput(),
             q(0.5),
             q(0.9),

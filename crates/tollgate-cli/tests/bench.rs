@@ -270,6 +270,27 @@ fn a_paced_request_budget_ends_with_its_last_request() {
     assert!((1.4..4.0).contains(&elapsed), "{report}");
 }
 
+/// An open-loop run is reported as lasting at least its schedule: four requests at 2 a second
+/// span 2 s, though the last is sent at 1.5 s and the run ends with its answer. Before, the
+/// report said 4 requests in 1.5 s, 2.7 req/s (and `--rate 0.5 --duration 2s` 400 req/s).
+#[test]
+fn open_loop_throughput_is_the_rate() {
+    let server = Server::start(POLICY);
+    for (target, bound) in [
+        (format!("grpc://{}", server.grpc), ["--duration", "2s"]),
+        (format!("http://{}", server.http), ["--requests", "4"]),
+    ] {
+        let mut args = vec!["--concurrency", "2", "--rate", "2"];
+        args.extend(bound);
+        let report = bench_users(&target, &args);
+        assert_consistent(&report);
+        let elapsed = n(&report, &["elapsed_s"]);
+        assert!((1.9..4.0).contains(&elapsed), "{report}");
+        let throughput = n(&report, &["throughput_rps"]);
+        assert!((1.5..=2.5).contains(&throughput), "{report}");
+    }
+}
+
 /// A slow schedule is kept to the end of the run: once no slot is left before the deadline,
 /// the workers stop instead of sending as fast as they can until it.
 #[test]
