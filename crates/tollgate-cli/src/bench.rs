@@ -47,6 +47,11 @@ const DEFAULT_DURATION: Duration = Duration::from_secs(10);
 const MIN_RATE: f64 = 0.01;
 /// A request slower than this counts as an error.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// A worker waits this long after a failed request before its next one. A server that is down
+/// fails requests at once (a refused connection, gRPC's UNAVAILABLE): without a pause an outage
+/// would be counted as a flood of instant errors, swelling the requests and the throughput
+/// reported, and would spin the generator against a closed port.
+const ERROR_PAUSE: Duration = Duration::from_millis(20);
 /// Bounds the Zipf table (8 bytes per key).
 const MAX_KEYS: u64 = 10_000_000;
 /// Bounds `--concurrency` and `--connections`: each worker holds a latency histogram of about
@@ -411,44 +416,60 @@ fn now() -> Instant {
     Instant::now()
 }
 
-/// One HTTP/1.1 keep-alive socket. HTTP/1.1 has no multiplexing, so the lock keeps one request
-/// in flight on it; a worker waiting for the lock is waiting for the connection.
-type HttpConnection = Arc<tokio::sync::Mutex<SendRequest<Full<Bytes>>>>;
+/// One HTTP/1.1 keep-alive socket, reopened when the server has closed it. HTTP/1.1 has no
+/// multiplexing, so the lock keeps one request in flight on it; a worker waiting for the lock
+/// is waiting for the connection.
+#[derive(Debug)]
+struct HttpConnection {
+    /// `HOST:PORT`, also sent as `Host`.
+    authority: String,
+    sender: tokio::sync::Mutex<SendRequest<Full<Bytes>>>,
+}
 
 #[derive(Debug, Clone)]
 enum Client {
     Grpc(RateLimitServiceClient<Channel>),
     Http {
-        connection: HttpConnection,
-        /// `HOST:PORT`, sent as `Host`.
-        host: Arc<str>,
+        connection: Arc<HttpConnection>,
         body: Arc<HttpBody>,
     },
 }
 
-async fn connect_http(authority: &str) -> anyhow::Result<HttpConnection> {
+/// Opens an HTTP/1.1 socket to `authority`.
+async fn handshake_http(authority: &str) -> anyhow::Result<SendRequest<Full<Bytes>>> {
     let stream = tokio::time::timeout(REQUEST_TIMEOUT, tokio::net::TcpStream::connect(authority))
         .await
         .map_err(|_| anyhow::anyhow!("connecting timed out"))??;
     stream.set_nodelay(true)?;
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    // Drives the socket; when it ends, the next send on this connection reports why.
+    // Drives the socket; once it ends (the server closed it), `ready` on the sender fails.
     tokio::spawn(connection);
-    Ok(Arc::new(tokio::sync::Mutex::new(sender)))
+    Ok(sender)
+}
+
+async fn connect_http(authority: &str) -> anyhow::Result<HttpConnection> {
+    Ok(HttpConnection {
+        authority: authority.to_string(),
+        sender: tokio::sync::Mutex::new(handshake_http(authority).await?),
+    })
 }
 
 /// Sends one `POST /v1/check` and drains the answer; the status code.
-async fn post_check(
-    connection: &HttpConnection,
-    host: &str,
-    body: String,
-) -> anyhow::Result<StatusCode> {
+async fn post_check(connection: &HttpConnection, body: String) -> anyhow::Result<StatusCode> {
     let request = http::Request::post("/v1/check")
-        .header(header::HOST, host)
+        .header(header::HOST, connection.authority.as_str())
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))?;
-    let mut sender = connection.lock().await;
-    sender.ready().await?;
+    let mut sender = connection.sender.lock().await;
+    if sender.ready().await.is_err() {
+        // The server closed the socket before this request was sent: its idle timeout for
+        // keep-alive connections, or a restart. Open another, or every later request on this
+        // connection would fail at once, to the end of the run.
+        *sender = handshake_http(&connection.authority)
+            .await
+            .with_context(|| format!("reconnecting to {}", connection.authority))?;
+        sender.ready().await?;
+    }
     let response = sender.send_request(request).await?;
     let status = response.status();
     // Read to the end so the connection is ready for the next request.
@@ -473,10 +494,11 @@ async fn connect(plan: &Plan) -> anyhow::Result<Vec<Client>> {
                 Client::Grpc(RateLimitServiceClient::new(channel))
             }
             Protocol::Http => Client::Http {
-                connection: connect_http(authority)
-                    .await
-                    .with_context(|| format!("could not connect to http://{authority}"))?,
-                host: authority.as_str().into(),
+                connection: Arc::new(
+                    connect_http(authority)
+                        .await
+                        .with_context(|| format!("could not connect to http://{authority}"))?,
+                ),
                 body: body.clone(),
             },
         };
@@ -501,13 +523,9 @@ async fn send(client: &mut Client, plan: &Plan, key: &str, tally: &Tally) -> Out
                 },
             }
         }
-        Client::Http {
-            connection,
-            host,
-            body,
-        } => {
+        Client::Http { connection, body } => {
             let body = body.with_key(key);
-            let sent = tokio::time::timeout(REQUEST_TIMEOUT, post_check(connection, host, body));
+            let sent = tokio::time::timeout(REQUEST_TIMEOUT, post_check(connection, body));
             match sent.await {
                 Err(_) => tally.error("http: request timed out".into()),
                 Ok(Err(e)) => tally.error(format!("http: {e:#}")),
@@ -558,6 +576,11 @@ async fn worker(
         };
         histogram.record(finished - began);
         tally.count(outcome);
+        if matches!(outcome, Outcome::Error) && !tally.stop.load(Ordering::Relaxed) {
+            // See `ERROR_PAUSE`; a pause does not carry the run past its deadline.
+            let left = deadline.saturating_duration_since(finished);
+            tokio::time::sleep(ERROR_PAUSE.min(left)).await;
+        }
     }
     histogram
 }

@@ -114,6 +114,43 @@ fn grpc_and_http_runs_report_consistent_json() {
     }
 }
 
+/// The server closes a keep-alive socket idle for its `--http-read-timeout` (500 ms here, the
+/// requests 1 s apart): the next request opens a new socket. Before, every later request on
+/// that connection failed at once with `channel closed`, for the rest of the run.
+#[test]
+fn http_reconnects_a_socket_the_server_closed() {
+    let server = Server::start_with_args(POLICY, &["--http-read-timeout", "500ms"]);
+    let report = bench_users(
+        &format!("http://{}", server.http),
+        &["--concurrency", "1", "--rate", "1", "--duration", "3s"],
+    );
+    assert_consistent(&report);
+    assert_eq!(report["ok"], 3, "{report}");
+}
+
+/// A server that goes away fails every request at once (a refused connection); a worker pauses
+/// 20 ms after an error, so an outage of about a second is not counted as thousands of
+/// requests. Two workers can fail about 100 times in it.
+#[test]
+fn an_outage_is_not_a_flood_of_errors() {
+    for scheme in ["grpc", "http"] {
+        let server = Server::start(POLICY);
+        let target = match scheme {
+            "grpc" => format!("grpc://{}", server.grpc),
+            _ => format!("http://{}", server.http),
+        };
+        let run = std::thread::spawn(move || {
+            bench_users(&target, &["--concurrency", "2", "--duration", "1500ms"])
+        });
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        drop(server);
+        let report = run.join().unwrap();
+        let errors = n(&report, &["errors"]);
+        assert!((1.0..=150.0).contains(&errors), "{scheme}: {report}");
+        assert!(n(&report, &["ok"]) > 0.0, "{scheme}: {report}");
+    }
+}
+
 #[test]
 fn verify_admits_exactly_the_limit_of_a_single_key() {
     let server = Server::start(POLICY);
