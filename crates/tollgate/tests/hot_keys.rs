@@ -563,6 +563,36 @@ async fn a_give_back_after_redis_lost_its_data_takes_nothing_from_the_new_counte
     }
 }
 
+/// Lease calls that fail are counted by operation: a reservation that timed out after Redis ran
+/// it strands its units, a failed give-back leaves them charged, and nothing else showed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_lease_calls_are_counted() {
+    let (_redis, proxy, clock, limiter) = leased_behind_a_proxy("fixed_window").await;
+    let failures = async |op: &str| {
+        let metrics = limiter.render_metrics().await;
+        let name = format!("tollgate_local_budget_store_failures_total{{op=\"{op}\"}}");
+        metric_sample(&metrics, &name)
+    };
+    assert!(
+        limiter
+            .check(&request("a", "tenant", "t1", 1))
+            .await
+            .unwrap()
+            .allowed()
+    );
+    assert_eq!(failures("reserve").await, 0);
+    clock.advance(Duration::from_secs(2));
+    proxy.set_mode(Mode::Refuse);
+    assert_eq!(limiter.sweep_hot_keys().await, 0);
+    assert_eq!(failures("give_back").await, 1);
+    let answer = limiter
+        .check(&request("a", "tenant", "t2", 1))
+        .await
+        .unwrap();
+    assert!(answer.degraded().is_some(), "{answer:?}");
+    assert_eq!(failures("reserve").await, 1);
+}
+
 /// While Redis is unreachable, explain answers a key this replica's lease still serves as a
 /// check does, from the lease, not as the store's failure posture.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,6 +19,7 @@
 //! refused (each request must get its own delay from the store), as are shadow and soft rules.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
@@ -152,6 +153,7 @@ async fn give_back(store: &RedisStore, key: &[u8], unused: Unused, shared: &Shar
     match timed_store_call(&shared.give_back_latency, store.give_back(charge, at)).await {
         Ok(()) => true,
         Err(e) => {
+            shared.give_back_failures.fetch_add(1, Ordering::Relaxed);
             let kept = matches!(e, StoreError::NotCalled(_))
                 && !params.algorithm().uses_burst()
                 && shared.unreturned.keep(key, unused);
@@ -185,13 +187,18 @@ impl Unreturned {
     }
 }
 
-/// What [`Leases`] shares with its renewal tasks: the give-backs to try again, and how long
-/// the store took to answer reservations and give-backs.
+/// What [`Leases`] shares with its renewal tasks: the give-backs to try again, how long the
+/// store took to answer reservations and give-backs, and how many failed.
 #[derive(Debug)]
 struct Shared {
     unreturned: Unreturned,
     reserve_latency: Histogram,
     give_back_latency: Histogram,
+    /// A reservation that failed after Redis ran it (a timeout) strands its units, and a
+    /// give-back that failed leaves them charged: under the limit until the counter resets,
+    /// which nothing else would show.
+    reserve_failures: AtomicU64,
+    give_back_failures: AtomicU64,
 }
 
 impl Default for Shared {
@@ -200,6 +207,8 @@ impl Default for Shared {
             unreturned: Unreturned::default(),
             reserve_latency: Histogram::new(Histogram::LATENCY_SECONDS),
             give_back_latency: Histogram::new(Histogram::LATENCY_SECONDS),
+            reserve_failures: AtomicU64::new(0),
+            give_back_failures: AtomicU64::new(0),
         }
     }
 }
@@ -261,6 +270,10 @@ async fn renew(
         enforce: true,
     };
     let reserved = timed_store_call(&shared.reserve_latency, store.reserve(charge)).await;
+    if let Err(e) = &reserved {
+        shared.reserve_failures.fetch_add(1, Ordering::Relaxed);
+        debug!(error = %e, "Could not reserve a local budget");
+    }
     let mut lease = slot.lease.lock();
     let (decision, charged_at) = match reserved {
         Ok((decision, at)) if decision.is_allowed() => (decision, at),
@@ -351,6 +364,15 @@ impl Leases {
             ("give_back", &self.shared.give_back_latency),
         ]
         .into_iter()
+    }
+
+    /// The store calls of leases that failed, by operation.
+    pub fn store_failures(&self) -> [(&'static str, u64); 2] {
+        let count = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        [
+            ("reserve", count(&self.shared.reserve_failures)),
+            ("give_back", count(&self.shared.give_back_failures)),
+        ]
     }
 
     fn slot(&self, key: &[u8]) -> Arc<Slot> {

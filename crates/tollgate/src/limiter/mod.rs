@@ -725,6 +725,16 @@ impl Limiter {
         for (op, histogram) in ops.chain(leases.into_iter().flatten()) {
             histogram.render(store, &format!("store=\"{kind}\",op=\"{op}\""), &mut out);
         }
+        if matches!(self.store, StoreBackend::Redis(_)) {
+            let name = "tollgate_local_budget_store_failures_total";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Local-budget store calls that failed: a reservation that timed out after Redis ran it strands its units, a failed give-back leaves them charged (under the limit until the counter resets).\n# TYPE {name} counter"
+            );
+            for (op, failures) in self.leases.store_failures() {
+                let _ = writeln!(out, "{name}{{op=\"{op}\"}} {failures}");
+            }
+        }
         if let StoreBackend::Redis(redis) = &self.store
             && let Some((batches, decisions)) = redis.batch_stats()
         {
