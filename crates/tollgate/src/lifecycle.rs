@@ -327,6 +327,17 @@ impl Lifecycle {
                 {
                     let _ = tx.send(v.clone());
                 }
+                // A candidate with the texts that now run (promoted on another replica, or
+                // pushed as they are) has nothing left to shadow: it would only charge its own
+                // counters beside the live ones and keep the prefilter off.
+                if let Some(candidate) = self.limiter.candidate().filter(|c| c.hash() == v.hash)
+                    && self.limiter.clear_candidate(&candidate)
+                {
+                    info!(
+                        candidate = candidate.hash(),
+                        "The policy candidate is now the running policy; it no longer shadows"
+                    );
+                }
             }
             Ok(Activation::Unchanged(_) | Activation::Superseded(_)) => {
                 self.counts.succeed(&self.counts.unchanged);
@@ -1058,6 +1069,18 @@ mod tests {
         assert_eq!(lifecycle.versions().len(), versions, "no new version");
         let back = lifecycle.rollback(None).unwrap();
         assert!(matches!(back, Activation::Activated(ref v) if v.hash == sources_hash(&policy(2))));
+    }
+
+    /// A candidate whose texts become the running policy (promoted on another replica and
+    /// adopted from Redis here) stops shadowing; another candidate keeps shadowing.
+    #[test]
+    fn a_candidate_that_becomes_the_policy_stops_shadowing() {
+        let lifecycle = lifecycle();
+        lifecycle.set_candidate(policy(3)).unwrap();
+        lifecycle.activate(policy(2), Origin::Shared).unwrap();
+        assert!(lifecycle.limiter().candidate().is_some(), "another policy");
+        lifecycle.activate(policy(3), Origin::Shared).unwrap();
+        assert!(lifecycle.limiter().candidate().is_none());
     }
 
     /// An activation takes `current` then `history`; a rollback used to take them the other
