@@ -35,7 +35,7 @@ pub async fn readyz(State(limiter): State<Arc<Limiter>>) -> impl IntoResponse {
         policy.domains().count(),
         policy.rules().len()
     );
-    let _ = writeln!(body, "store: {}, {health}", store.kind());
+    let _ = writeln!(body, "store: {}, {health}", store.description());
     let _ = writeln!(
         body,
         "default posture: {}",

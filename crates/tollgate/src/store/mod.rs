@@ -196,12 +196,19 @@ impl StoreBackend {
         }
     }
 
-    /// Short name for logs and `/readyz`: `memory`, `redis` or `redis cluster`.
+    /// Short name for logs and metric labels: `memory` or `redis`.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreBackend::Memory(_) => "memory",
-            StoreBackend::Redis(redis) if redis.is_cluster() => "redis cluster",
             StoreBackend::Redis(_) => "redis",
+        }
+    }
+
+    /// What `/readyz` calls it: `memory`, `redis` or `redis cluster`.
+    pub fn description(&self) -> &'static str {
+        match self {
+            StoreBackend::Redis(redis) if redis.is_cluster() => "redis cluster",
+            other => other.kind(),
         }
     }
 
