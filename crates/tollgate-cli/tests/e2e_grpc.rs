@@ -456,7 +456,12 @@ async fn the_grpc_health_service_serves_until_shutdown() {
     let ask = |service: &str| HealthCheckRequest {
         service: service.into(),
     };
-    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+    // `ratelimit`: the name envoyproxy/ratelimit's health checks and probes ask for.
+    for service in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "ratelimit",
+    ] {
         let r = health.check(ask(service)).await.unwrap().into_inner();
         assert_eq!(r.status(), ServingStatus::Serving, "`{service}`");
     }

@@ -2,7 +2,8 @@
 //! same port: Envoy's gRPC health checks, Kubernetes' `grpc` probes and `grpc_health_probe` ask
 //! it, as they ask envoyproxy/ratelimit's.
 //!
-//! The server (`""`) and `envoy.service.ratelimit.v3.RateLimitService` are `SERVING` until the
+//! The server (`""`), `envoy.service.ratelimit.v3.RateLimitService` and `ratelimit` (the name
+//! envoyproxy/ratelimit registers) are `SERVING` until the
 //! process is told to stop, then `NOT_SERVING`. A `Watch` stream then sends that last status
 //! and ends, so that a watcher never holds up a graceful shutdown.
 
@@ -38,9 +39,16 @@ impl HealthService {
     }
 }
 
-/// Whether `name` is a service this port serves: the whole server (`""`) or the RLS service.
+/// The name envoyproxy/ratelimit registers its health under: health checks, probes and
+/// `grpc_health_probe -service=ratelimit` set up for it must find tollgate serving too.
+const ENVOY_RATELIMIT_HEALTH: &str = "ratelimit";
+
+/// Whether `name` is a service this port serves: the whole server (`""`), the RLS service, or
+/// envoyproxy/ratelimit's health name for it.
 fn known(name: &str) -> bool {
-    name.is_empty() || name == <RateLimitServiceServer<RlsService<AllowAll>> as NamedService>::NAME
+    name.is_empty()
+        || name == ENVOY_RATELIMIT_HEALTH
+        || name == <RateLimitServiceServer<RlsService<AllowAll>> as NamedService>::NAME
 }
 
 fn status(known: bool, stopping: bool) -> HealthCheckResponse {
