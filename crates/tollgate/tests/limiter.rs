@@ -11,7 +11,7 @@ use tollgate::limiter::{
 use tollgate::metrics::Outcome;
 use tollgate::policy::Policy;
 use tollgate::store::{MemoryStore, StoreBackend};
-use tollgate_core::Timestamp;
+use tollgate_core::{Timestamp, Verdict};
 
 const POLICY: &str = r#"
 domain: api
@@ -588,4 +588,73 @@ async fn checks_are_counted_apart_from_decisions() {
     let top = limiter.top_keys("api", "per_user", 10).unwrap();
     let counts: Vec<(&str, u64)> = top.iter().map(|e| (e.key.as_str(), e.count)).collect();
     assert_eq!(counts, [("user=carol", 1)]);
+}
+
+/// Descriptors of one request on one counter (a repeated descriptor, two values of a shared
+/// wildcard) are charged in order, each on top of the ones before it. When their costs add up
+/// past what the counter can ever hold, the request is a `cost_exceeds_capacity` denial with no
+/// retry, charging nothing: as a plain denial it carried a retry-after that never came true,
+/// and figures as if the first charge had been made.
+#[tokio::test]
+async fn costs_on_one_counter_that_never_fit_together_are_no_plain_denial() {
+    let policy = Policy::from_yaml(
+        "sum.yaml",
+        r#"
+domain: api
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: g
+    value: "grp*"
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+"#,
+    )
+    .unwrap();
+    let (_clock, limiter) = limiter_with(policy);
+    let costs = |descriptors: &[(&str, &str, u64)]| {
+        let descriptors = descriptors
+            .iter()
+            .map(|(k, v, cost)| {
+                RequestDescriptor::new(vec![(k.to_string(), v.to_string())], *cost, None).unwrap()
+            })
+            .collect();
+        CheckRequest::new("api".into(), descriptors).unwrap()
+    };
+    // Explain answers as if for one more unit: 4 on an unused counter.
+    let left = async |key: &str, value: &str| {
+        let answer = limiter.explain(&costs(&[(key, value, 1)])).await.unwrap();
+        answer.statuses[0].decision.unwrap().remaining
+    };
+
+    for request in [
+        costs(&[("k", "a", 3), ("k", "a", 3)]),
+        costs(&[("g", "grpA", 3), ("g", "grpB", 3)]),
+        // A check after a charge that takes the whole limit: it is decided on top of it.
+        costs(&[("k", "a", 5), ("k", "a", 0)]),
+    ] {
+        let answer = limiter.check(&request).await.unwrap();
+        assert!(!answer.allowed(), "{answer:?}");
+        let second = answer.statuses[1].decision.unwrap();
+        assert_eq!(second.verdict, Verdict::CostExceedsCapacity, "{answer:?}");
+        assert_eq!(second.retry_after, None);
+        assert_eq!(second.remaining, 5, "the counter as it stands");
+        assert_eq!(answer.retry_after(), None);
+    }
+    assert_eq!(left("k", "a").await, 4, "nothing was charged");
+    assert_eq!(left("g", "grpA").await, 4);
+
+    // Costs that fit together are charged together.
+    let fits = limiter
+        .check(&costs(&[("k", "a", 3), ("k", "a", 2)]))
+        .await
+        .unwrap();
+    assert!(fits.allowed(), "{fits:?}");
+    assert!(
+        !limiter
+            .check(&costs(&[("k", "a", 1)]))
+            .await
+            .unwrap()
+            .allowed()
+    );
 }

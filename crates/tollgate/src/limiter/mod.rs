@@ -18,10 +18,11 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use smallvec::SmallVec;
-use tollgate_core::{Timestamp, Verdict};
+use tollgate_core::{Decision, Timestamp, Verdict};
 use tracing::warn;
 
 pub use candidate::{CANDIDATE_DECISIONS, Candidate, RuleReport};
@@ -341,6 +342,12 @@ impl Limiter {
         if let Some(plan) = &shadow {
             plan.push_charges(descriptors, false, &mut charges);
         }
+        // Charges of one request on one counter are decided in order, each on top of the ones
+        // before it: costs that add up past what the counter can ever hold are never admitted
+        // together. Such a request is looked at, charging nothing, and answered as a cost above
+        // the capacity, not as a denial a retry would clear (it never would).
+        let never_fits = (0..live_charges).any(|i| exceeds_with_earlier(&charges, i));
+        let charge = commit && !never_fits;
 
         // Not while a candidate shadows: it must see every request the running policy decides.
         if commit
@@ -356,7 +363,7 @@ impl Limiter {
             Ok(())
         } else {
             let at = (now, epoch);
-            self.decide_with_budgets(&live, &charges, live_charges, at, commit, &mut decisions)
+            self.decide_with_budgets(&live, &charges, live_charges, at, charge, &mut decisions)
                 .await
         };
         // A cluster primary down under part of the request: the postures answer for its
@@ -376,9 +383,9 @@ impl Limiter {
             {
                 let partly = (decided, deadline);
                 let answer = self
-                    .decide_partly(redis, &live, &charges, partly, commit, &mut decisions)
+                    .decide_partly(redis, &live, &charges, partly, charge, &mut decisions)
                     .await;
-                if commit && answer.is_ok() {
+                if charge && answer.is_ok() {
                     self.note_store_error(&cause);
                 }
                 answer.map(Some)
@@ -388,7 +395,7 @@ impl Limiter {
         let postures = match answer {
             Ok(Some(degraded)) => Some(degraded),
             Ok(None) => {
-                if commit {
+                if charge {
                     let live_decisions = decisions.get(..live_charges).unwrap_or_default();
                     self.remember_denials(&live, &charges, live_decisions, now, epoch);
                 }
@@ -405,17 +412,36 @@ impl Limiter {
                 None
             }
             Err(e) => {
-                if commit {
+                if charge {
                     self.note_store_error(&e);
                 }
                 // The failure postures answer for the live policy only; the candidate skips
                 // this request rather than report what a posture decided.
                 let (postures, shares) = self.postures_and_shares(&live);
                 let live_only = charges.get(..live_charges).unwrap_or_default();
-                decisions = self.fallback.decide(live_only, &postures, &shares, commit);
+                decisions = self.fallback.decide(live_only, &postures, &shares, charge);
                 Some(postures.into_iter().map(Some).collect())
             }
         };
+
+        if never_fits && postures.is_none() {
+            for i in 0..live_charges.min(decisions.len()) {
+                if exceeds_with_earlier(&charges, i) {
+                    // The figures as they stand: those of the counter's first charge, allowed
+                    // (nothing was charged) or denied by the counter as it is.
+                    let first = charges[..i]
+                        .iter()
+                        .position(|c| c.key == charges[i].key)
+                        .unwrap_or(i);
+                    decisions[i] = Decision {
+                        verdict: Verdict::CostExceedsCapacity,
+                        retry_after: None,
+                        delay: Duration::ZERO,
+                        ..decisions[first]
+                    };
+                }
+            }
+        }
 
         // Built where it stays: the response holds its statuses inline.
         // The charges borrow the plan's keys; the limits move out of it below.
@@ -767,6 +793,22 @@ impl Limiter {
     pub fn rule_count(&self, rule: &Rule, outcome: Outcome) -> u64 {
         self.snapshot.load().counters.get(rule.index, outcome)
     }
+}
+
+/// Whether `charges[i]` takes its counter past what it can ever hold, with the charges before
+/// it in the request on the same counter (see [`Limiter::decide`]). A check counts as the one
+/// unit it is decided as; a limit that charges up to itself, or that does not enforce, denies
+/// nothing for it.
+fn exceeds_with_earlier(charges: &[Charge<'_>], i: usize) -> bool {
+    let charge = &charges[i];
+    if !charge.enforce || charge.params.charges_up_to_limit() {
+        return false;
+    }
+    let earlier = charges[..i]
+        .iter()
+        .filter(|c| c.key == charge.key)
+        .fold(0u64, |sum, c| sum.saturating_add(c.cost));
+    earlier > 0 && earlier.saturating_add(charge.cost.max(1)) > charge.params.capacity()
 }
 
 /// Awaits a store call, timing it in `histogram` unless it never reached the store (refused by
