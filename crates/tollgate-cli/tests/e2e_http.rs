@@ -182,6 +182,16 @@ async fn every_error_is_json() {
         Some("2"),
         "the refused request counted nothing"
     );
+    // An empty Content-Encoding names no coding: the body is read as it is.
+    let r = client
+        .post(server.url("/v1/check"))
+        .header("content-encoding", "")
+        .json(&check_body("user", "zip", None))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-ratelimit-remaining"), Some("1"));
 }
 
 #[tokio::test]

@@ -97,7 +97,11 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
             .headers()
             .get_all(axum::http::header::CONTENT_ENCODING)
             .iter()
-            .find(|e| !e.as_bytes().eq_ignore_ascii_case(b"identity"))
+            .find(|e| {
+                // An empty value names no coding: the body is as it is.
+                let coding = e.as_bytes().trim_ascii();
+                !coding.is_empty() && !coding.eq_ignore_ascii_case(b"identity")
+            })
         {
             return Err(error_response(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
