@@ -805,21 +805,25 @@ mod tests {
         assert!(!is_loopback("192.0.2.1:1").unwrap());
     }
 
-    #[test]
-    fn templates_fill_the_key_in_every_value() {
-        let entries = parse_descriptor("user=u{key},plan=free").unwrap();
-        let plan_body = Plan {
+    /// A plan of one HTTP worker, one key and one `descriptor` template in `domain`.
+    fn one_key_plan(domain: &str, descriptor: &str) -> Plan {
+        Plan {
             protocol: Protocol::Http,
             authorities: vec!["127.0.0.1:1".into()],
-            domain: "api".into(),
-            descriptors: vec![entries],
+            domain: domain.into(),
+            descriptors: vec![parse_descriptor(descriptor).unwrap()],
             keys: KeySpace::new(1, None),
             concurrency: 1,
             connections: 1,
             duration: Duration::from_secs(1),
             requests: None,
             rate: None,
-        };
+        }
+    }
+
+    #[test]
+    fn templates_fill_the_key_in_every_value() {
+        let plan_body = one_key_plan("api", "user=u{key},plan=free");
         let request = plan_body.grpc_request("42");
         assert_eq!(request.descriptors[0].entries[0].value, "u42");
         assert_eq!(request.descriptors[0].entries[1].value, "free");
@@ -834,19 +838,8 @@ mod tests {
     /// descriptor keys keep it as written.
     #[test]
     fn the_http_body_fills_the_key_in_values_only() {
-        let plan = Plan {
-            protocol: Protocol::Http,
-            authorities: vec!["127.0.0.1:1".into()],
-            // The first private-use character, which the placeholder would otherwise be.
-            domain: "d{key}\u{E000}".into(),
-            descriptors: vec![parse_descriptor("k{key}=v{key}{key},plain=x").unwrap()],
-            keys: KeySpace::new(1, None),
-            concurrency: 1,
-            connections: 1,
-            duration: Duration::from_secs(1),
-            requests: None,
-            rate: None,
-        };
+        // The first private-use character, which the placeholder would otherwise be.
+        let plan = one_key_plan("d{key}\u{E000}", "k{key}=v{key}{key},plain=x");
         let body: Value = serde_json::from_str(&plan.http_body().unwrap().with_key("7")).unwrap();
         assert_eq!(body["domain"], "d{key}\u{E000}");
         let entries = &body["descriptors"][0]["entries"];
