@@ -29,10 +29,14 @@ pub struct AdminArgs {
 /// otherwise run its admin API without one).
 pub fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
     let Some(path) = file else {
-        return Ok(std::env::var("TOLLGATE_ADMIN_TOKEN")
+        let token = std::env::var("TOLLGATE_ADMIN_TOKEN")
             .ok()
             .map(|t| t.trim().to_owned())
-            .filter(|t| !t.is_empty()));
+            .filter(|t| !t.is_empty());
+        if let Some(t) = &token {
+            bearer_safe(t, "TOLLGATE_ADMIN_TOKEN")?;
+        }
+        return Ok(token);
     };
     let token = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the admin token file {}", path.display()))?;
@@ -40,7 +44,19 @@ pub fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
     if token.is_empty() {
         anyhow::bail!("the admin token file {} is empty", path.display());
     }
+    bearer_safe(token, &format!("the admin token file {}", path.display()))?;
     Ok(Some(token.to_owned()))
+}
+
+/// Refuses a token an `Authorization: Bearer` header cannot carry as it is (non-ASCII, a space,
+/// a second line): `serve` would start, and every client would then be refused.
+fn bearer_safe(token: &str, source: &str) -> anyhow::Result<()> {
+    if let Some(c) = token.chars().find(|c| !c.is_ascii_graphic()) {
+        anyhow::bail!(
+            "{source} holds {c:?}: an admin token is visible ASCII only, one line without spaces, as a Bearer header carries it"
+        );
+    }
+    Ok(())
 }
 
 /// Talks to one server's admin API.

@@ -482,6 +482,11 @@ async fn overrides_change_one_value_expire_and_survive_reloads() {
         (expired, "`expires_in` must be longer than zero"),
         (
             json!({"domain": "api", "rule": "per_tenant", "entries": [{"key": "tenant", "value": "acme"}],
+                   "requests_per_unit": 1, "reason": "launch\n2026-11-30T23:59:59Z INFO Override deleted id=1"}),
+            "holds a control character",
+        ),
+        (
+            json!({"domain": "api", "rule": "per_tenant", "entries": [{"key": "tenant", "value": "acme"}],
                    "requests_per_unit": 1, "expires_in": "1000000years"}),
             "`expires_in` may be at most 366 days",
         ),
@@ -631,6 +636,19 @@ async fn the_admin_api_refuses_a_missing_or_wrong_token_and_changes_nothing() {
     ]);
     assert_eq!(code, Some(2));
     assert!(stderr.contains("is empty"), "{stderr}");
+    // A token no Bearer header can carry would lock every client out: refused at start too.
+    for (name, text) in [("accented", "p\u{e4}ss\n"), ("two_lines", "line1\nline2\n")] {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).unwrap();
+        let (code, stderr) = refused(&[
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--admin-token-file",
+            file.to_str().unwrap(),
+        ]);
+        assert_eq!(code, Some(2), "{name}");
+        assert!(stderr.contains("visible ASCII only"), "{name}: {stderr}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -778,6 +796,17 @@ async fn a_large_policy_can_be_pushed_up_to_the_admin_limit() {
         .await
         .unwrap();
     assert_eq!(answer.status(), 413);
+    // A source over 16 MiB inside a body the admin API takes is refused like the file.
+    let body = json!({"sources": [{"name": "big.yaml", "text": padded(17 << 20)}]});
+    let answer = reqwest::Client::new()
+        .post(server.admin_url("/v1/admin/policy"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 400);
+    let error = answer.text().await.unwrap();
+    assert!(error.contains("larger than 16 MiB"), "{error}");
     let list = server.admin_json("/v1/admin/policy").await;
     assert_eq!(list["versions"].as_array().unwrap().len(), 2, "{list}");
 }

@@ -112,6 +112,14 @@ pub async fn set(State(state): State<AdminState>, Body(body): Body) -> Response 
             .iter()
             .map(|Object(e)| (e.key.clone(), e.value.clone()))
             .collect();
+        // The reason goes into the audit log's lines as it is: a line break there would forge
+        // the next one.
+        if body.reason.chars().any(char::is_control) {
+            return Err(format!(
+                "`reason` {:?} holds a control character (a line break, an escape)",
+                body.reason
+            ));
+        }
         let policy = limiter.policy();
         let rule = policy
             .rules()

@@ -155,6 +155,17 @@ pub(super) fn pushed_sources(body: &[u8]) -> Result<Vec<(String, String)>, Strin
             return Err(format!("two sources are named `{name}`"));
         }
     }
+    // As a file read from disk is: kept with 50 versions, a larger one only fills memory.
+    if let Some((name, text)) = sources
+        .iter()
+        .find(|(_, text)| text.len() as u64 > tollgate::policy::MAX_POLICY_FILE)
+    {
+        return Err(format!(
+            "source `{name}` is {} bytes, larger than {} MiB, which no policy file needs",
+            text.len(),
+            tollgate::policy::MAX_POLICY_FILE / (1024 * 1024)
+        ));
+    }
     Ok(sources)
 }
 
