@@ -89,8 +89,9 @@ pub struct ServeArgs {
     admin_token_file: Option<PathBuf>,
     /// How often the config path (and the gRPC TLS files) are checked for changes (content
     /// hash; survives editors' rename-and-replace and Kubernetes ConfigMap symlink swaps). `0s`
-    /// disables watching; SIGHUP and `POST /v1/admin/reload` still reload the policy.
-    #[arg(long, default_value = "1s", value_parser = any_duration, value_name = "DURATION")]
+    /// disables watching; SIGHUP and `POST /v1/admin/reload` still reload the policy. At least
+    /// 100ms.
+    #[arg(long, default_value = "1s", value_parser = watch_duration, value_name = "DURATION")]
     watch_interval: Duration,
     /// With a Redis store: how often a replica checks for a policy another replica published.
     #[arg(long, default_value = "500ms", value_parser = humantime_duration, value_name = "DURATION")]
@@ -166,6 +167,20 @@ fn any_duration(s: &str) -> Result<Duration, String> {
     }
     Ok(parsed)
 }
+
+/// `--watch-interval`: `0s` (no watching) or at least 100 ms: each check reads and hashes every
+/// policy and TLS file, and `1ns` kept most of a core busy doing it.
+fn watch_duration(s: &str) -> Result<Duration, String> {
+    let parsed = any_duration(s)?;
+    if !parsed.is_zero() && parsed < MIN_WATCH_INTERVAL {
+        return Err(format!(
+            "`{s}` is shorter than {MIN_WATCH_INTERVAL:?}: each check reads every watched file (0s turns watching off)"
+        ));
+    }
+    Ok(parsed)
+}
+
+const MIN_WATCH_INTERVAL: Duration = Duration::from_millis(100);
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
     let parsed = any_duration(s)?;

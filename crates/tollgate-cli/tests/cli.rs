@@ -334,3 +334,24 @@ fn output_into_a_closed_pipe_ends_quietly() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.is_empty(), "{stderr}");
 }
+
+/// A watch interval that would keep a core busy re-reading the policy files is refused; `0s`
+/// (no watching) is not.
+#[test]
+fn serve_refuses_a_watch_interval_under_100ms() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "good.yaml", GOOD);
+    let out = Command::new(binary())
+        .args([
+            "serve",
+            "--config",
+            path.to_str().unwrap(),
+            "--watch-interval",
+            "1ms",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("shorter than 100ms"), "{stderr}");
+}
