@@ -94,18 +94,40 @@ pub fn redact(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_owned();
     };
-    let rest = &url[scheme_end + 3..];
-    match (rest.rfind('@'), rest.find(':')) {
+    let (head, query) = match url.split_once('?') {
+        Some((head, query)) => (head, Some(query)),
+        None => (url, None),
+    };
+    let rest = &head[scheme_end + 3..];
+    let mut out = match (rest.rfind('@'), rest.find(':')) {
         (Some(at), Some(colon)) if colon < at => {
             format!(
                 "{}{}:***{}",
-                &url[..scheme_end + 3],
+                &head[..scheme_end + 3],
                 &rest[..colon],
                 &rest[at..]
             )
         }
-        _ => url.to_owned(),
+        _ => head.to_owned(),
+    };
+    // A password can come as a query parameter too (`?password=`).
+    if let Some(query) = query {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|param| match param.split_once('=') {
+                Some((name, _))
+                    if name.eq_ignore_ascii_case("password")
+                        || name.eq_ignore_ascii_case("pass") =>
+                {
+                    format!("{name}=***")
+                }
+                _ => param.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
     }
+    out
 }
 
 impl fmt::Debug for StoreUrl {
@@ -185,5 +207,11 @@ mod tests {
         assert!(!url.to_string().contains("secret"));
         let err = "redis://u:secret@a:1,b:2".parse::<StoreUrl>().unwrap_err();
         assert!(!err.to_string().contains("secret"));
+        // In the query too, and an `@` there is no end of a password.
+        assert_eq!(
+            redact("redis://u:p@h:1/0?password=secret&protocol=resp3&tag=a@b"),
+            "redis://u:***@h:1/0?password=***&protocol=resp3&tag=a@b"
+        );
+        assert_eq!(redact("redis://h:1?x=a@b"), "redis://h:1?x=a@b");
     }
 }
