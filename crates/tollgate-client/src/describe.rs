@@ -6,6 +6,7 @@ use axum::extract::ConnectInfo;
 use http::Request;
 use tollgate::limiter::{CheckRequest, MAX_DESCRIPTORS, MAX_FIELD_LEN, RequestDescriptor};
 use tollgate_server::headers::header_text;
+use tollgate_server::http::authorize::normalized_path;
 
 /// Derives the rate-limit request for an HTTP request; `None` lets it through unchecked.
 ///
@@ -99,7 +100,10 @@ impl Descriptors {
         self.source(Source::ClientIp, key.into())
     }
 
-    /// The request path as descriptor key `key`.
+    /// The request path as descriptor key `key`, normalized as the service's forward auth
+    /// does (`//login`, `/%6cogin` and `/./login` are `/login`; see
+    /// [`tollgate_server::http::authorize::normalized_path`]). Under axum's `Router::nest` it
+    /// is the path the nested router sees, without the prefix.
     pub fn path(self, key: impl Into<String>) -> Self {
         self.source(Source::Path, key.into())
     }
@@ -150,8 +154,10 @@ impl<B> Describe<B> for Descriptors {
                         .get::<ConnectInfo<SocketAddr>>()
                         .map(|c| c.0)
                         .or_else(|| request.extensions().get::<SocketAddr>().copied())
-                        .map(|addr| addr.ip().to_string()),
-                    Source::Path => Some(request.uri().path().to_owned()),
+                        // `::ffff:10.0.0.5` from a dual-stack listener is the IPv4 client
+                        // `10.0.0.5`, as the service and nginx name it.
+                        .map(|addr| addr.ip().to_canonical().to_string()),
+                    Source::Path => Some(normalized_path(request.uri().path())),
                     Source::Method => Some(request.method().as_str().to_owned()),
                     Source::User => request
                         .extensions()
@@ -190,6 +196,24 @@ mod tests {
             both.descriptors()[1].entries()[0],
             ("user".into(), "alice".into())
         );
+    }
+
+    /// The client IP of an IPv4 peer on a dual-stack listener (`::ffff:10.0.0.5`) is its IPv4
+    /// address, and the path is normalized, both as the service names them: the same client
+    /// and path get the same counter whichever way they reach it.
+    #[test]
+    fn client_ips_and_paths_are_named_as_the_service_names_them() {
+        let describe = Descriptors::new("api").client_ip("ip").path("path");
+        let mut request = Request::get("//a/./b/../%6cogin?x=1").body(()).unwrap();
+        let peer: SocketAddr = "[::ffff:10.0.0.5]:4000".parse().unwrap();
+        request.extensions_mut().insert(ConnectInfo(peer));
+        let described = describe.describe(&request).unwrap();
+        let values: Vec<&str> = described
+            .descriptors()
+            .iter()
+            .map(|d| d.entries()[0].1.as_str())
+            .collect();
+        assert_eq!(values, ["10.0.0.5", "/a/login"]);
     }
 
     /// A header value that is present is always limited: not visible ASCII, it is read

@@ -33,8 +33,8 @@ pub(crate) const FORWARDED: [&str; 8] = [
     headers::RETRY_AFTER,
 ];
 
-/// A client of a tollgate service's HTTP API. Cheap to clone; clones share one connection
-/// pool.
+/// A client of a tollgate service's HTTP API. Cheap to clone; clones share one pool of
+/// keep-alive connections (as many as there are decisions in flight).
 #[derive(Debug, Clone)]
 pub struct Remote {
     client: reqwest::Client,
@@ -48,17 +48,18 @@ impl Remote {
     /// proxy in front of it, verified against the system's roots or the PEM file
     /// `SSL_CERT_FILE` names). Each decision waits at most `timeout` (connecting included);
     /// past it, or when the service cannot be reached, `posture` answers.
-    pub fn http(
-        base_url: &str,
-        timeout: Duration,
-        posture: Posture,
-    ) -> Result<Self, reqwest::Error> {
+    ///
+    /// A URL that is not an absolute `http://` or `https://` one with a host is refused: it
+    /// would leave every decision to `posture`, looking like an outage.
+    pub fn http(base_url: &str, timeout: Duration, posture: Posture) -> Result<Self, BackendError> {
+        let (base_url, _) = service_url(base_url)?;
         let client = reqwest::Client::builder()
             .connect_timeout(timeout)
             // Under the service's `--http-read-timeout` (60s by default), which closes idle
             // connections: a pooled one is dropped here before the service closes it.
             .pool_idle_timeout(Duration::from_secs(50))
-            .build()?;
+            .build()
+            .map_err(|e| BackendError::Invalid(format!("cannot build the HTTP client: {e}")))?;
         Ok(Remote {
             client,
             check_url: format!("{}/v1/check", base_url.trim_end_matches('/')),
@@ -66,6 +67,29 @@ impl Remote {
             posture,
         })
     }
+}
+
+/// `url` with its scheme in lower case, and whether that is `https`; refused unless `url` is
+/// an absolute `http://` or `https://` URL with a host (`127.0.0.1:8080` without a scheme, a
+/// typo) rather than a client whose every decision falls to its posture.
+pub(crate) fn service_url(url: &str) -> Result<(String, bool), BackendError> {
+    let parsed = reqwest::Url::parse(url)
+        .map_err(|e| BackendError::Invalid(format!("`{url}` is not a service URL: {e}")))?;
+    let https = match parsed.scheme() {
+        "http" => false,
+        "https" => true,
+        other => {
+            return Err(BackendError::Invalid(format!(
+                "`{url}`: a service URL starts with http:// or https://, not {other}:"
+            )));
+        }
+    };
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(BackendError::Invalid(format!("`{url}` names no host")));
+    }
+    // The scheme parsed, so `url` holds "://" after it.
+    let rest = url.find("://").map_or("", |at| &url[at..]);
+    Ok((format!("{}{rest}", parsed.scheme()), https))
 }
 
 /// The binding limit's name, as the service put it in `RateLimit-Policy` (`"name";q=..;w=..`,
@@ -270,5 +294,32 @@ mod tests {
             wire_body(&request(vec![descriptor(&[])])),
             Ok(None)
         ));
+    }
+
+    /// A service URL without an http(s) scheme or a host is refused at construction: accepted,
+    /// every decision fell to the posture, looking like an outage. The scheme is read in any case.
+    #[test]
+    fn service_urls_are_checked_and_their_scheme_read_in_any_case() {
+        for bad in [
+            "127.0.0.1:8080",
+            "http://[::1",
+            "ftp://h:1",
+            "not a url",
+            "http://",
+        ] {
+            assert!(service_url(bad).is_err(), "{bad}");
+            assert!(
+                Remote::http(bad, Duration::from_secs(1), Posture::Open).is_err(),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            service_url("HTTPS://h:1/x").unwrap(),
+            ("https://h:1/x".to_owned(), true)
+        );
+        assert_eq!(
+            service_url("http://h:1").unwrap(),
+            ("http://h:1".to_owned(), false)
+        );
     }
 }

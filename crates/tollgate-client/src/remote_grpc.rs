@@ -14,7 +14,9 @@ use tollgate_server::headers;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::backend::{Backend, BackendError, Outcome, Verdict};
-use crate::remote::{FORWARDED, Posture, binding_name, fallback, refuse_limit_overrides};
+use crate::remote::{
+    FORWARDED, Posture, binding_name, fallback, refuse_limit_overrides, service_url,
+};
 
 /// A client of a tollgate service's gRPC API. Cheap to clone; clones share one connection.
 #[derive(Debug, Clone)]
@@ -32,10 +34,9 @@ impl RemoteGrpc {
     /// most `timeout`; past it, or when the service cannot be reached, `posture` answers. Call
     /// it inside a Tokio runtime: the channel starts its connection task there.
     pub fn new(url: &str, timeout: Duration, posture: Posture) -> Result<Self, BackendError> {
-        let tls = url
-            .starts_with("https://")
-            .then(|| ClientTlsConfig::new().with_native_roots());
-        Self::connect(url, tls, timeout, posture)
+        let (url, https) = service_url(url)?;
+        let tls = https.then(|| ClientTlsConfig::new().with_native_roots());
+        Self::connect(&url, tls, timeout, posture)
     }
 
     /// A client over TLS configured by `tls`: e.g. `ClientTlsConfig::new()` with
@@ -48,12 +49,13 @@ impl RemoteGrpc {
         posture: Posture,
     ) -> Result<Self, BackendError> {
         // Over any other scheme tonic would connect in plaintext and ignore `tls`.
-        if !url.starts_with("https://") {
+        let (url, https) = service_url(url)?;
+        if !https {
             return Err(BackendError::Invalid(format!(
                 "`{url}`: TLS needs an https:// URL"
             )));
         }
-        Self::connect(url, Some(tls), timeout, posture)
+        Self::connect(&url, Some(tls), timeout, posture)
     }
 
     fn connect(

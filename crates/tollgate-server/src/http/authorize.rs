@@ -73,7 +73,7 @@ impl Source {
 /// resolved and repeated slashes merged (RFC 3986 §6.2.2 and §5.2.4; nginx merges slashes too).
 /// Without it `//login`, `/%6cogin` or `/./login` would match no `/login` rule and go unlimited.
 /// Case and a trailing slash are kept: they may name other resources. Empty stays empty.
-fn normalized_path(target: &str) -> String {
+pub fn normalized_path(target: &str) -> String {
     let path = target.split(['?', '#']).next().unwrap_or_default();
     if path.is_empty() {
         return String::new();
