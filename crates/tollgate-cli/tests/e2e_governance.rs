@@ -526,12 +526,9 @@ async fn an_override_whose_rule_goes_is_listed_and_logged() {
     let server = Server::start_logged(&policy(&ab_c, &a_bc), &[]);
     let set = json!({"domain": "api", "rule": "a_b_c#2", "entries": [{"key": "a", "value": "b_c"}],
                      "requests_per_unit": 50});
-    let r = reqwest::Client::new()
-        .put(server.admin_url("/v1/admin/overrides"))
-        .json(&set)
-        .send()
-        .await
-        .unwrap();
+    let r = server
+        .admin_send(reqwest::Method::PUT, "/v1/admin/overrides", &set)
+        .await;
     assert_eq!(r.status(), 200);
     let applies =
         async || server.admin_json("/v1/admin/overrides").await["overrides"][0]["applies"].clone();
@@ -789,21 +786,15 @@ async fn a_large_policy_can_be_pushed_up_to_the_admin_limit() {
     assert!(err.contains("larger than 16 MiB"), "{err}");
     let text = padded(33 << 20);
     let body = json!({"sources": [{"name": "huge.yaml", "text": text}]});
-    let answer = reqwest::Client::new()
-        .post(server.admin_url("/v1/admin/policy"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let answer = server
+        .admin_send(reqwest::Method::POST, "/v1/admin/policy", &body)
+        .await;
     assert_eq!(answer.status(), 413);
     // A source over 16 MiB inside a body the admin API takes is refused like the file.
     let body = json!({"sources": [{"name": "big.yaml", "text": padded(17 << 20)}]});
-    let answer = reqwest::Client::new()
-        .post(server.admin_url("/v1/admin/policy"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let answer = server
+        .admin_send(reqwest::Method::POST, "/v1/admin/policy", &body)
+        .await;
     assert_eq!(answer.status(), 400);
     let error = answer.text().await.unwrap();
     assert!(error.contains("larger than 16 MiB"), "{error}");

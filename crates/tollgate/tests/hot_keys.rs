@@ -70,7 +70,12 @@ fn request(domain: &str, key: &str, value: &str, cost: u64) -> CheckRequest {
 
 /// Whether `limiter` admits one unit on descriptor `k=value` of domain `a`.
 async fn admits(limiter: &Limiter, value: &str) -> bool {
-    let answer = limiter.check(&request("a", "k", value, 1)).await.unwrap();
+    admits_on(limiter, "k", value).await
+}
+
+/// Whether `limiter` admits one unit on descriptor `key=value` of domain `a`.
+async fn admits_on(limiter: &Limiter, key: &str, value: &str) -> bool {
+    let answer = limiter.check(&request("a", key, value, 1)).await.unwrap();
     answer.allowed()
 }
 
@@ -532,13 +537,7 @@ async fn a_give_back_after_redis_lost_its_data_takes_nothing_from_the_new_counte
     ] {
         let (redis, _proxy, clock, limiter) = leased_behind_a_proxy(algorithm).await;
         // A lease of 10 reserved, 1 of it used.
-        assert!(
-            limiter
-                .check(&request("a", "tenant", "t1", 1))
-                .await
-                .unwrap()
-                .allowed()
-        );
+        assert!(admits_on(&limiter, "tenant", "t1").await);
         assert_eq!(redis.cli(&["FLUSHALL"]), "OK");
         clock.advance(Duration::from_millis(10));
         // A cost above the budget goes to Redis itself: the counter is made again.
@@ -573,13 +572,7 @@ async fn failed_lease_calls_are_counted() {
         let name = format!("tollgate_local_budget_store_failures_total{{op=\"{op}\"}}");
         metric_sample(&metrics, &name)
     };
-    assert!(
-        limiter
-            .check(&request("a", "tenant", "t1", 1))
-            .await
-            .unwrap()
-            .allowed()
-    );
+    assert!(admits_on(&limiter, "tenant", "t1").await);
     assert_eq!(failures("reserve").await, 0);
     clock.advance(Duration::from_secs(2));
     proxy.set_mode(Mode::Refuse);

@@ -143,6 +143,21 @@ impl Server {
         format!("http://{}{}", self.admin, path)
     }
 
+    /// `body` as JSON to the admin API's `path` with `method` (no token): the answer.
+    pub async fn admin_send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> reqwest::Response {
+        reqwest::Client::new()
+            .request(method, self.admin_url(path))
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
     /// `GET` on the admin API (no token), its JSON answer.
     pub async fn admin_json(&self, path: &str) -> serde_json::Value {
         reqwest::get(self.admin_url(path))
