@@ -129,11 +129,13 @@ pub(super) async fn maintain(router: Weak<ClusterRouter>) {
                 info!(primaries = ?now, joined = ?joined, "The Redis cluster's primaries changed");
                 let connections: Vec<_> =
                     joined.iter().filter_map(|p| r.connection(p).ok()).collect();
-                tokio::spawn(async move {
-                    if let Err(e) = super::load_scripts_on(connections).await {
-                        warn!(error = %e, "Could not load the decision scripts on a new primary");
-                    }
-                });
+                if !connections.is_empty() {
+                    tokio::spawn(async move {
+                        if let Err(e) = super::load_scripts_on(connections).await {
+                            warn!(error = %e, "Could not load the decision scripts on a new primary");
+                        }
+                    });
+                }
             }
             primaries = now;
         }
