@@ -413,6 +413,70 @@ fn slow_or_idle_http_clients_are_disconnected_after_the_read_timeout() {
     assert!(!closed_within(&mut silent, Duration::from_millis(1500)));
 }
 
+/// A body announced larger than the endpoint accepts is refused with `413` as soon as the
+/// headers are in, not after waiting `--http-read-timeout` for bytes that are never sent; a
+/// transfer coding other than chunked gets `501`. Both close the connection, since the body is
+/// left unread, and charge nothing. The admin API's limit is its own (2 × the policy file's).
+#[tokio::test]
+async fn a_body_that_cannot_be_read_is_refused_before_reading_it() {
+    use support::{read_until_closed, silent_client};
+    let within = Duration::from_secs(5);
+    let server = Server::start(POLICY);
+    let head = |path: &str, framing: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: tollgate\r\nContent-Type: application/json\r\n{framing}\r\n\r\n"
+        )
+    };
+    let cases = [
+        (
+            server.http,
+            head("/v1/check", "Content-Length: 65537"),
+            "413",
+            "at most 65536",
+        ),
+        (
+            server.http,
+            head("/json", "Content-Length: 99999999999"),
+            "413",
+            "99999999999 bytes",
+        ),
+        (
+            server.admin,
+            head("/v1/admin/policy", "Content-Length: 40000000"),
+            "413",
+            "40000000 bytes",
+        ),
+        (
+            server.http,
+            head("/v1/check", "Transfer-Encoding: gzip, chunked"),
+            "501",
+            "`gzip`",
+        ),
+    ];
+    for (addr, head, status, says) in cases {
+        let answer = read_until_closed(&mut silent_client(addr, head.as_bytes()), within)
+            .unwrap_or_else(|| panic!("no answer within {within:?} to {head}"));
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{head}: {answer}"
+        );
+        assert!(answer.contains("connection: close\r\n"), "{answer}");
+        assert!(answer.contains(says), "{head}: `{says}` in {answer}");
+    }
+
+    // Within the admin API's limit, a body over the decision API's is read: this one is
+    // malformed JSON, so 400.
+    let r = reqwest::Client::new()
+        .post(server.admin_url("/v1/admin/policy"))
+        .body(vec![b'x'; 100_000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = post(&server, "/v1/check", &check_body("user", "a", None)).await;
+    assert_eq!(header(&r, "x-ratelimit-remaining"), Some("2"));
+}
+
 /// On SIGTERM a connection with no request in flight closes at once, even one that sent half
 /// a request's headers: it does not hold the shutdown for `--shutdown-timeout`.
 #[test]

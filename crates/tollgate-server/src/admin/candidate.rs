@@ -51,7 +51,10 @@ fn report(state: &AdminState, candidate: &Candidate) -> Value {
 }
 
 /// `POST /v1/admin/policy/candidate`: the push body; validated like a push, then shadowed.
-pub async fn set(State(state): State<AdminState>, Body(body): Body) -> Response {
+pub async fn set(
+    State(state): State<AdminState>,
+    Body(body): Body<{ super::MAX_BODY }>,
+) -> Response {
     let sources = match pushed_sources(&body) {
         Ok(sources) => sources,
         Err(why) => return error_response(StatusCode::BAD_REQUEST, why),

@@ -78,7 +78,10 @@ pub async fn list(State(state): State<AdminState>) -> Json<Value> {
     Json(json!({ "overrides": list }))
 }
 
-pub async fn set(State(state): State<AdminState>, Body(body): Body) -> Response {
+pub async fn set(
+    State(state): State<AdminState>,
+    Body(body): Body<{ super::MAX_BODY }>,
+) -> Response {
     let body: SetBody = match from_body(&body) {
         Ok(b) => b,
         Err(e) => {

@@ -169,7 +169,10 @@ pub(super) fn pushed_sources(body: &[u8]) -> Result<Vec<(String, String)>, Strin
     Ok(sources)
 }
 
-pub async fn push(State(state): State<AdminState>, Body(body): Body) -> Response {
+pub async fn push(
+    State(state): State<AdminState>,
+    Body(body): Body<{ super::MAX_BODY }>,
+) -> Response {
     let sources = match pushed_sources(&body) {
         Ok(sources) => sources,
         Err(why) => return error_response(StatusCode::BAD_REQUEST, why),
@@ -184,7 +187,10 @@ pub struct RollbackBody {
     to: Option<u64>,
 }
 
-pub async fn rollback(State(state): State<AdminState>, Body(body): Body) -> Response {
+pub async fn rollback(
+    State(state): State<AdminState>,
+    Body(body): Body<{ super::MAX_BODY }>,
+) -> Response {
     let request: RollbackBody = if body.is_empty() {
         RollbackBody::default()
     } else {

@@ -82,19 +82,22 @@ pub fn allow_all_router() -> Router {
     json_fallbacks(router)
 }
 
-/// A request body, its rejections (over the size limit, unreadable, compressed) answered as
-/// JSON errors with their status, like every other error of the API, instead of axum's plain
-/// text.
+/// A request body of at most `LIMIT` bytes (the router's `DefaultBodyLimit`, which enforces it
+/// while the body streams in), its rejections answered as JSON errors with their status, like
+/// every other error of the API, instead of axum's plain text: `413` over the limit (at once
+/// when `Content-Length` announces it), `415` compressed, `501` in a transfer coding other than
+/// chunked, `408` too slow.
 #[derive(Debug)]
-pub(crate) struct Body(pub axum::body::Bytes);
+pub(crate) struct Body<const LIMIT: usize = MAX_BODY>(pub axum::body::Bytes);
 
-impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
+impl<S: Send + Sync, const LIMIT: usize> axum::extract::FromRequest<S> for Body<LIMIT> {
     type Rejection = Response;
 
     async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, Response> {
+        let version = request.version();
+        let headers = request.headers();
         // A compressed body would be read as JSON and fail there, with a misleading message.
-        if let Some(encoding) = request
-            .headers()
+        if let Some(encoding) = headers
             .get_all(axum::http::header::CONTENT_ENCODING)
             .iter()
             .find(|e| {
@@ -111,7 +114,42 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
                 ),
             ));
         }
-        let version = request.version();
+        // hyper decodes the chunked framing and passes any other coding through (RFC 9112
+        // 6.1: a server answers 501 to a transfer coding it does not understand).
+        if let Some(coding) = headers
+            .get_all(axum::http::header::TRANSFER_ENCODING)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .map(<[u8]>::trim_ascii)
+            .find(|c| !c.eq_ignore_ascii_case(b"chunked"))
+        {
+            return Err(with_body_unread(
+                error_response(
+                    StatusCode::NOT_IMPLEMENTED,
+                    format!(
+                        "Transfer-Encoding `{}` is not supported: send the body uncompressed, \
+                     with Content-Length or chunked",
+                        String::from_utf8_lossy(coding)
+                    ),
+                ),
+                version,
+            ));
+        }
+        // Refused before reading, rather than after waiting for a body that is too large.
+        if let Some(length) = headers
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&length| length > LIMIT as u64)
+        {
+            return Err(with_body_unread(
+                error_response(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("the body is {length} bytes; at most {LIMIT} are accepted"),
+                ),
+                version,
+            ));
+        }
         match axum::body::Bytes::from_request(request, state).await {
             Ok(bytes) => Ok(Body(bytes)),
             Err(e) if timed_out(&e) => Err(body_too_slow(version)),
@@ -120,14 +158,10 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for Body {
     }
 }
 
-/// `408` for a body that did not arrive within the listener's read timeout (`serve
-/// --http-read-timeout`). An HTTP/1 connection is closed after it: the rest of the body may
-/// still be on its way.
-pub fn body_too_slow(version: axum::http::Version) -> Response {
-    let mut response = error_response(
-        StatusCode::REQUEST_TIMEOUT,
-        "the request's body did not arrive in time (the server's read timeout)".into(),
-    );
+/// `response` with `Connection: close` over HTTP/1, for an answer given before the whole body
+/// was read: the rest of it may still be on its way, so the connection cannot carry another
+/// request (HTTP/2 does not allow the header; hyper resets the unread stream by itself).
+fn with_body_unread(mut response: Response, version: axum::http::Version) -> Response {
     if version <= axum::http::Version::HTTP_11 {
         response.headers_mut().insert(
             axum::http::header::CONNECTION,
@@ -135,6 +169,18 @@ pub fn body_too_slow(version: axum::http::Version) -> Response {
         );
     }
     response
+}
+
+/// `408` for a body that did not arrive within the listener's read timeout (`serve
+/// --http-read-timeout`); an HTTP/1 connection is closed after it.
+pub fn body_too_slow(version: axum::http::Version) -> Response {
+    with_body_unread(
+        error_response(
+            StatusCode::REQUEST_TIMEOUT,
+            "the request's body did not arrive in time (the server's read timeout)".into(),
+        ),
+        version,
+    )
 }
 
 /// Whether reading a body failed because the connection's read deadline passed (the listener
