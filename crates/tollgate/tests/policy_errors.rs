@@ -460,6 +460,8 @@ descriptors:
   - key: h
     replaces: [{name: me}]
     rate_limit: {unit: second, requests_per_unit: 5, replaces: [{name: me}]}
+  - key: g
+    rate_limit: {unit: second, requests_per_unit: 5, replaces: [{name: me}, {name: me}]}
 "
         ),
         [
@@ -467,6 +469,7 @@ descriptors:
             "t.yaml:6:15: `replaces` needs a `rate_limit` on the same descriptor",
             "t.yaml:8:65: `replaces` entry has no `name`",
             "t.yaml:11:64: `replaces` is given both on the descriptor and in its `rate_limit`; keep one",
+            "t.yaml:13:84: `replaces` names `me` twice",
         ]
     );
 }
@@ -688,6 +691,29 @@ fn charging_up_to_the_limit_is_checked_against_the_other_fields() {
         ),
         "t.yaml:4:43: `charge` has no meaning with `unlimited: true`"
     );
+}
+
+/// An unlimited rule never denies, so a `mode` other than enforce would promise what it cannot
+/// do (a soft overage, a shadow would-deny); envoy's `shadow_mode: true` beside it is accepted,
+/// as upstream does.
+#[test]
+fn a_mode_beside_unlimited_is_an_error() {
+    let rule = |fields: &str| {
+        format!(
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {{unlimited: true, {fields}}}\n"
+        )
+    };
+    for mode in ["soft", "shadow"] {
+        assert_eq!(
+            error(&rule(&format!("mode: {mode}"))),
+            format!(
+                "t.yaml:4:41: `mode: {mode}` has no meaning with `unlimited: true`: the rule never denies"
+            )
+        );
+    }
+    assert!(Policy::from_yaml("t.yaml", &rule("mode: enforce")).is_ok());
+    let envoy = "domain: a\ndescriptors:\n  - key: k\n    shadow_mode: true\n    rate_limit: {unlimited: true}\n";
+    assert!(Policy::from_yaml("t.yaml", envoy).is_ok());
 }
 
 /// A rule name must be printable where it shows: logs, metrics, `validate`, `tollgate top`.

@@ -365,6 +365,10 @@ impl<'f> SourceCompiler<'f> {
         let mut names = Vec::with_capacity(entries.len());
         for entry in entries {
             match entry.value.name.as_ref().filter(|n| !n.value.is_empty()) {
+                Some(name) if names.iter().any(|(seen, _)| *seen == name.value) => self.error(
+                    self.location(&name.referenced),
+                    format!("`replaces` names `{}` twice", name.value),
+                ),
                 Some(name) => names.push((name.value.clone(), self.location(&name.referenced))),
                 None => self.error(
                     self.location(&entry.referenced),
@@ -397,6 +401,15 @@ impl<'f> SourceCompiler<'f> {
                 return RuleMode::Enforce;
             }
         };
+        if parsed != RuleMode::Enforce && doc.unlimited.as_ref().is_some_and(|u| u.value) {
+            self.error(
+                at.clone(),
+                format!(
+                    "`mode: {}` has no meaning with `unlimited: true`: the rule never denies",
+                    mode.value
+                ),
+            );
+        }
         if shadow_mode && parsed != RuleMode::Shadow {
             self.error(
                 at,
