@@ -64,6 +64,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let json_logs = matches!(&cli.command, Command::Serve(args) if args.logs_json());
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
         Command::Check(args) => check::run(args),
@@ -75,6 +76,11 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // Under `--log-format json` every line on stderr is a JSON object, the last one too.
+        Err(e) if json_logs => {
+            tracing::error!(error = %format_args!("{e:#}"), "Stopped");
+            ExitCode::from(2)
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(2)

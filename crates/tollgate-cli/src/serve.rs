@@ -38,13 +38,16 @@ pub struct ServeArgs {
     grpc_addr: SocketAddr,
     /// Where counters live: `memory` (embedded, the default), `redis://[user:pass@]host:port[/db]`,
     /// `rediss://...` (TLS), or `redis+cluster://host:port[,host:port...]`.
+    // Read as text and parsed after start-up, not by clap, and the variable's value kept out
+    // of `--help`: clap would show a password in either.
     #[arg(
         long,
         default_value = "memory",
         value_name = "URL",
-        env = "TOLLGATE_STORE"
+        env = "TOLLGATE_STORE",
+        hide_env_values = true
     )]
-    store: StoreUrl,
+    store: String,
     /// Deadline of every Redis call; keep it well under Envoy's 20 ms request timeout.
     #[arg(long, default_value = "10ms", value_parser = humantime_duration, value_name = "DURATION")]
     store_timeout: Duration,
@@ -208,18 +211,19 @@ fn domain_name(s: &str) -> Result<String, String> {
 
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(&args.log_format);
+    // Parsed here rather than by clap, whose error would echo the URL, password and all.
+    let store: StoreUrl = args.store.parse().context("--store")?;
     let compiled = Policy::read_sources(&args.config)
         .and_then(|sources| Policy::from_sources(&sources).map(|policy| (sources, policy)));
     let (sources, policy) = match compiled {
         Ok(found) => found,
         Err(errors) => {
-            eprintln!("{errors}");
-            eprintln!(
+            let summary = format!(
                 "{}: {} problem(s); not starting",
                 args.config.display(),
                 errors.0.len()
             );
-            return Ok(ExitCode::FAILURE);
+            return Ok(not_starting(args.logs_json(), &errors, &summary));
         }
     };
     for rule in policy.rules() {
@@ -242,10 +246,29 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let stopped = runtime.block_on(serve(args, sources, policy));
+    let stopped = runtime.block_on(serve(args, store, sources, policy));
     // Whatever the drain left (a connection, a call to a hung store) is dropped, not awaited.
     runtime.shutdown_background();
     stopped
+}
+
+/// Says why the service does not start: `problems`, then `summary`, as plain lines on stderr,
+/// or as one JSON log line under `--log-format json` (where every line is a JSON object).
+fn not_starting(json: bool, problems: &dyn std::fmt::Display, summary: &str) -> ExitCode {
+    if json {
+        tracing::error!(problems = %problems, "{summary}");
+    } else {
+        eprintln!("{problems}");
+        eprintln!("{summary}");
+    }
+    ExitCode::FAILURE
+}
+
+impl ServeArgs {
+    /// Whether the logs are JSON (`--log-format json`).
+    pub fn logs_json(&self) -> bool {
+        self.log_format == "json"
+    }
 }
 
 pub(crate) fn init_logging(format: &str) {
@@ -277,6 +300,7 @@ fn admin_token(args: &ServeArgs) -> anyhow::Result<Option<String>> {
 
 async fn serve(
     args: ServeArgs,
+    store_url: StoreUrl,
     sources: Vec<(String, String)>,
     policy: Policy,
 ) -> anyhow::Result<ExitCode> {
@@ -315,17 +339,16 @@ async fn serve(
             humantime::format_duration(options.command_timeout)
         );
     }
-    let store = StoreBackend::open(&args.store, options, clock.clone())
+    let store = StoreBackend::open(&store_url, options, clock.clone())
         .await
-        .with_context(|| format!("cannot open the store {}", args.store))?;
+        .with_context(|| format!("cannot open the store {store_url}"))?;
     if let Err(problems) = store.check_policy(&policy) {
-        eprintln!("{problems}");
-        eprintln!(
+        let summary = format!(
             "{} rule(s) cannot run on the {} store; not starting",
             problems.0.len(),
             store.kind()
         );
-        return Ok(ExitCode::FAILURE);
+        return Ok(not_starting(args.logs_json(), &problems, &summary));
     }
     if let StoreBackend::Memory(_) = store {
         let budgeted = policy
@@ -341,11 +364,11 @@ async fn serve(
         }
     }
     match store.ready_within(args.store_connect_timeout).await {
-        Ok(()) => info!(store = %args.store, "Store ready"),
+        Ok(()) => info!(store = %store_url, "Store ready"),
         Err(e) => {
             // A TLS client waits for a TLS answer a plaintext server never sends: all it sees
             // is time running out.
-            let tls_silence = args.store.uses_tls() && e.to_string().contains("deadline");
+            let tls_silence = store_url.uses_tls() && e.to_string().contains("deadline");
             let hint = if tls_silence {
                 " (the URL asks for TLS: does the server speak it?)"
             } else {

@@ -113,6 +113,97 @@ fn serve_refuses_an_invalid_policy() {
     );
 }
 
+/// A store URL's password shows nowhere: not in `--help` (which shows environment values), not
+/// in the error for a mistyped URL, from the flag or the environment.
+#[test]
+fn a_store_password_never_shows() {
+    let help = Command::new(binary())
+        .args(["serve", "--help"])
+        .env("TOLLGATE_STORE", "redis://:hunter2@127.0.0.1:1")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("TOLLGATE_STORE"), "{help}");
+    assert!(!help.contains("hunter2"), "{help}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(&dir, "good.yaml", GOOD);
+    let serve = |flag: Option<&str>, env: Option<&str>| {
+        let mut command = Command::new(binary());
+        command
+            .args([
+                "serve",
+                "--http-addr",
+                "127.0.0.1:0",
+                "--grpc-addr",
+                "127.0.0.1:0",
+            ])
+            .arg("--config")
+            .arg(&path)
+            .args(flag.map(|url| ["--store", url]).into_iter().flatten())
+            .env_remove("TOLLGATE_STORE");
+        if let Some(url) = env {
+            command.env("TOLLGATE_STORE", url);
+        }
+        command.output().unwrap()
+    };
+    for out in [
+        serve(Some("memory://:hunter2@x"), None),
+        serve(None, Some("redis//:hunter2@127.0.0.1:6379")),
+    ] {
+        assert_eq!(out.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--store") && stderr.contains("***@"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
+}
+
+/// Under `--log-format json` every line on stderr is a JSON object, the reasons for not
+/// starting included: an invalid policy, a port in use.
+#[test]
+fn json_logs_say_why_serve_does_not_start_in_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = write(&dir, "bad.yaml", BAD);
+    let good = write(&dir, "good.yaml", GOOD);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    for (config, http, says) in [
+        (&bad, "127.0.0.1:0", "fortnight"),
+        (&good, taken.as_str(), "Address already in use"),
+    ] {
+        let out = Command::new(binary())
+            .args([
+                "serve",
+                "--log-format",
+                "json",
+                "--grpc-addr",
+                "127.0.0.1:0",
+            ])
+            .args([
+                "--admin-addr",
+                "127.0.0.1:0",
+                "--http-addr",
+                http,
+                "--config",
+            ])
+            .arg(config)
+            .output()
+            .unwrap();
+        assert_ne!(out.status.code(), Some(0));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<serde_json::Value> = stderr
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+            .collect();
+        let last = lines.last().unwrap();
+        assert_eq!(last["level"], "ERROR", "{stderr}");
+        assert!(last.to_string().contains(says), "{stderr}");
+    }
+}
+
 #[test]
 fn every_subcommand_has_help() {
     for sub in [

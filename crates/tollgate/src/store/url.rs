@@ -92,7 +92,12 @@ impl FromStr for StoreUrl {
 /// The URL with any password replaced by `***`, for logs and errors.
 pub fn redact(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
+        // Not a URL (a typo such as `redis//user:pass@host`): whatever comes before an `@`
+        // may be credentials.
+        return match url.rsplit_once('@') {
+            Some((_, host)) => format!("***@{host}"),
+            None => url.to_owned(),
+        };
     };
     let (head, query) = match url.split_once('?') {
         Some((head, query)) => (head, Some(query)),
@@ -213,5 +218,9 @@ mod tests {
             "redis://u:***@h:1/0?password=***&protocol=resp3&tag=a@b"
         );
         assert_eq!(redact("redis://h:1?x=a@b"), "redis://h:1?x=a@b");
+        // A mistyped scheme is no URL, but may still hold a password.
+        let err = "redis//:secret@h:1".parse::<StoreUrl>().unwrap_err();
+        assert!(!err.to_string().contains("secret"), "{err}");
+        assert_eq!(redact("memory"), "memory");
     }
 }
