@@ -166,6 +166,98 @@ async fn a_counter_in_a_migrating_slot_follows_the_ask_redirect() {
     assert!(cluster.cli(target, &["--scan"]).contains("migrating"));
 }
 
+/// Two counters of one request in one slot, caught by a migration between them: the old owner
+/// holds one and the importing node the other, so each answers `TRYAGAIN`. That is no failure
+/// of the node: the call is made again until the migration moves the rest, within the
+/// decision's deadline, and the node's breaker stays closed. Before, the request took its
+/// failure posture at once, and enough of them opened the old owner's breaker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_counters_split_by_a_migration_wait_for_it_to_finish() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = connect(&cluster, Duration::from_secs(2)).await;
+    let params = hourly(Algorithm::FixedWindow, 1_000);
+    let mut first_in_slot = std::collections::HashMap::new();
+    let (a, b) = (0u32..)
+        .map(|i| format!("pair-{i}"))
+        .find_map(|key| {
+            let slot = tollgate::store::redis::counter_slot(key.as_bytes());
+            first_in_slot
+                .insert(slot, key.clone())
+                .map(|other| (other, key))
+        })
+        .unwrap();
+    let both = |cost| {
+        [a.as_bytes(), b.as_bytes()].map(|key| Charge {
+            key,
+            params: &params,
+            cost,
+            enforce: true,
+        })
+    };
+    let decided = store.apply(&both(1)).await.unwrap();
+    assert_eq!((decided[0].remaining, decided[1].remaining), (999, 999));
+
+    let (owner, _, slot) = home_of_the_only_key(&cluster);
+    let target = other_primary(&cluster, owner);
+    let (owner_id, target_id) = (node_id(&cluster, owner), node_id(&cluster, target));
+    cluster.cli(
+        target,
+        &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &owner_id],
+    );
+    cluster.cli(
+        owner,
+        &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id],
+    );
+    let keys: Vec<String> = cluster
+        .cli(owner, &["--scan"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    let port = target.to_string();
+    let migrate = |key: &str| {
+        cluster.cli(
+            owner,
+            &["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", key],
+        )
+    };
+    migrate(&keys[0]);
+
+    let store = Arc::new(store);
+    let request = tokio::spawn({
+        let store = store.clone();
+        let (a, b, params) = (a.clone(), b.clone(), params);
+        async move {
+            let charges = [a.as_bytes(), b.as_bytes()].map(|key| Charge {
+                key,
+                params: &params,
+                cost: 1,
+                enforce: true,
+            });
+            store
+                .apply(&charges)
+                .await
+                .map(|d| (d[0].remaining, d[1].remaining))
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!request.is_finished(), "waits while the keys are split");
+    migrate(&keys[1]);
+    for port in cluster.primary_ports() {
+        cluster.cli(port, &["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
+    }
+    assert_eq!(request.await.unwrap().unwrap(), (998, 998));
+    let node = format!("127.0.0.1:{owner}");
+    assert!(
+        store
+            .breakers()
+            .iter()
+            .all(|(n, state)| *n != node || *state == BreakerState::Closed),
+        "{:?}",
+        store.breakers()
+    );
+}
+
 /// A slot moved to a node that then hangs: the old owner answers `MOVED`, and the timeouts
 /// that follow are the new owner's failures. Before, they were charged to the node that
 /// redirected, whose breaker opened and shed every other slot it serves.

@@ -269,6 +269,11 @@ async fn through<T>(
     answer
 }
 
+/// The Redis Cluster slot of the counter a limiter names `counter_key` (see [`slot`]).
+pub fn counter_slot(counter_key: &[u8]) -> u16 {
+    slot::redis_key(&mut Vec::new(), counter_key)
+}
+
 /// `MOVED` and `ASK` redirects followed within one call.
 const MAX_REDIRECTS: usize = 3;
 
@@ -419,6 +424,10 @@ impl RedisStore {
     /// redirects; its reply read as a `T` (DECIDE answers a list of integers, REFUND one
     /// integer). Each node called goes through its own breaker: a node that redirects answered,
     /// and a failure after a redirect is the failure of the node redirected to.
+    ///
+    /// A `TRYAGAIN` (keys of one call split between the two nodes of a migrating slot) is an
+    /// answer too: the call is made again from the slot's owner every millisecond, until the
+    /// migration has moved the rest or the caller's deadline (every caller has one) cuts it.
     async fn invoke_on_slot<T: redis::FromRedisValue>(
         &self,
         slot: u16,
@@ -426,9 +435,8 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         let (mut node, mut breaker) = self.owner_of(slot)?;
         let mut asking = false;
-        // During a failover the slot can move twice (old primary -> promoting replica): follow a
-        // few redirects, all within the decision's deadline.
-        for _ in 0..=MAX_REDIRECTS {
+        let mut redirects = 0;
+        loop {
             let call = async {
                 let mut connection = self.connection_to(&node)?;
                 let answer = if asking {
@@ -438,21 +446,43 @@ impl RedisStore {
                 };
                 match answer {
                     Ok(reply) => Ok(Ok(reply)),
+                    Err(e) if !matches!(self.connection, Connection::Cluster(_)) => {
+                        Err(store_error(e))
+                    }
                     // A redirect is an answer: the node is fine, the slot is elsewhere.
-                    Err(e) => match (e.redirect_node(), &self.connection) {
-                        (Some((to, moved_slot)), Connection::Cluster(_)) => {
+                    Err(e) => match e.redirect_node() {
+                        Some((to, moved_slot)) => {
                             let ask =
                                 e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask);
-                            Ok(Err((to.to_owned(), moved_slot, ask)))
+                            Ok(Err(Some((to.to_owned(), moved_slot, ask))))
                         }
-                        _ => Err(store_error(e)),
+                        None if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain) =>
+                        {
+                            Ok(Err(None))
+                        }
+                        None => Err(store_error(e)),
                     },
                 }
             };
             let (to, moved_slot, ask) = match through(&node, &breaker, call).await? {
                 Ok(reply) => return Ok(reply),
-                Err(redirect) => redirect,
+                Err(Some(redirect)) => redirect,
+                Err(None) => {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    (node, breaker) = self.owner_of(slot)?;
+                    asking = false;
+                    continue;
+                }
             };
+            // During a failover the slot can move twice (old primary -> promoting replica):
+            // follow a few redirects, all within the decision's deadline.
+            redirects += 1;
+            if redirects > MAX_REDIRECTS {
+                return Err(StoreError::Unavailable(format!(
+                    "slot {slot}: more than {MAX_REDIRECTS} redirects"
+                )));
+            }
             asking = ask;
             if !asking {
                 self.topology.moved(moved_slot, &to);
@@ -464,9 +494,6 @@ impl RedisStore {
             // migration ends with a `MOVED`.
             (node, breaker) = self.topology.owner(&to);
         }
-        Err(StoreError::Unavailable(format!(
-            "slot {slot}: more than {MAX_REDIRECTS} redirects"
-        )))
     }
 
     async fn run_decide(
