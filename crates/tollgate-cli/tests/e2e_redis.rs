@@ -725,3 +725,57 @@ fn a_tls_url_to_a_plaintext_redis_is_named_at_startup() {
     assert!(log.contains("Store not ready yet"), "{log}");
     assert!(log.contains("does the server speak it?"), "{log}");
 }
+
+/// A Redis that stops answering opens its breaker through timeouts, the commonest way, and the
+/// log says so (a warning; its closing is an `info` line). Before, a call cut by its deadline
+/// counted against the breaker without a word: the log had a "closed" line with no "open"
+/// before it.
+#[tokio::test]
+async fn a_breaker_opened_by_timeouts_is_logged() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let policy = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 500}\n";
+    let store = proxy.url();
+    let server = Server::start_logged(policy, &["--store", store.as_str()]);
+    let check = || async {
+        let body = serde_json::json!({
+            "domain": "d",
+            "descriptors": [{"entries": [{"key": "user", "value": "a"}]}],
+        });
+        let r = reqwest::Client::new()
+            .post(server.url("/v1/check"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        r.headers().contains_key("x-tollgate-degraded")
+    };
+    assert!(!check().await, "Redis answers");
+    let breaker = |state: u8| {
+        format!(
+            "tollgate_breaker_state{{node=\"{}\"}} {state}",
+            proxy.addr()
+        )
+    };
+    proxy.set_mode(Mode::Blackhole);
+    for _ in 0..20 {
+        assert!(check().await, "the posture answers");
+    }
+    assert!(server.metrics().await.contains(&breaker(2)), "open");
+    let opened = |log: &str| {
+        log.lines()
+            .any(|l| l.contains("Circuit breaker changed state") && l.contains("state=\"open\""))
+    };
+    assert!(opened(&server.log()), "{}", server.log());
+
+    proxy.set_mode(Mode::Pass);
+    let closed = async {
+        while check().await {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), closed)
+        .await
+        .expect("answers again");
+    assert!(server.metrics().await.contains(&breaker(0)), "closed");
+}

@@ -61,7 +61,7 @@ use self::topology::Topology;
 use super::url::StoreUrl;
 use super::{Charge, INLINE_CHARGES, Store, StoreError};
 use crate::clock::SharedClock;
-use crate::resilience::{Breaker, BreakerConfig, BreakerState};
+use crate::resilience::{Breaker, BreakerConfig, BreakerState, Permit};
 
 /// Connection and failure settings for the Redis backends.
 #[derive(Debug, Clone, Copy)]
@@ -258,15 +258,49 @@ async fn through<T>(
     let permit = breaker
         .try_call()
         .ok_or_else(|| StoreError::NotCalled(format!("circuit open for {node}")))?;
-    let answer = call.await;
-    let changed = match &answer {
-        Ok(_) | Err(StoreError::InvalidData(_)) => permit.succeeded(),
-        Err(_) => permit.failed(),
+    let mut permit = Logged {
+        node,
+        permit: Some(permit),
     };
-    if let Some(state) = changed {
-        info!(node = %node, state = state.name(), "Circuit breaker changed state");
-    }
+    let answer = call.await;
+    permit.record(matches!(answer, Ok(_) | Err(StoreError::InvalidData(_))));
     answer
+}
+
+/// A breaker's permit that logs the breaker opening or closing, also when the call it covers is
+/// dropped by its deadline (a timeout: the commonest way a breaker opens).
+struct Logged<'a> {
+    node: &'a str,
+    permit: Option<Permit>,
+}
+
+impl Logged<'_> {
+    fn record(&mut self, answered: bool) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let changed = if answered {
+            permit.succeeded()
+        } else {
+            permit.failed()
+        };
+        match changed {
+            // The store is lost for this node's slots: the failure postures answer.
+            Some(BreakerState::Open) => {
+                warn!(node = %self.node, state = "open", "Circuit breaker changed state");
+            }
+            Some(state) => {
+                info!(node = %self.node, state = state.name(), "Circuit breaker changed state");
+            }
+            None => {}
+        }
+    }
+}
+
+impl Drop for Logged<'_> {
+    fn drop(&mut self) {
+        self.record(false);
+    }
 }
 
 /// The Redis Cluster slot of the counter a limiter names `counter_key` (see [`slot`]).
