@@ -143,7 +143,7 @@ pub fn expect_ok((status, body): (u16, Value)) -> anyhow::Result<Value> {
     }
     let error = body["error"].as_str().unwrap_or("request failed");
     for problem in body["problems"].as_array().cloned().unwrap_or_default() {
-        eprintln!("{}", problem.as_str().unwrap_or_default());
+        crate::stdout::errln!("{}", problem.as_str().unwrap_or_default());
     }
     anyhow::bail!("server answered {status}: {error}")
 }

@@ -592,7 +592,7 @@ async fn progress(tally: Arc<Tally>, start: Instant) {
     loop {
         ticker.tick().await;
         let done = tally.done.load(Ordering::Relaxed);
-        eprintln!(
+        crate::stdout::errln!(
             "{:>5.1}s  {done} requests  {} req/s  {} errors",
             start.elapsed().as_secs_f64(),
             done - last,

@@ -82,7 +82,7 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            crate::stdout::errln!("error: {e:#}");
             ExitCode::from(2)
         }
     }

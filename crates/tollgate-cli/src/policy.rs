@@ -75,7 +75,7 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         PolicyCommand::Push { path, shadow } => {
             let sources = Policy::read_sources(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
             if let Err(errors) = Policy::from_sources(&sources) {
-                eprintln!("{errors}");
+                crate::stdout::errln!("{errors}");
                 bail!(
                     "{}: {} problem(s); nothing pushed",
                     path.display(),

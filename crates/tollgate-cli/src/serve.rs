@@ -258,8 +258,8 @@ fn not_starting(json: bool, problems: &dyn std::fmt::Display, summary: &str) -> 
     if json {
         tracing::error!(problems = %problems, "{summary}");
     } else {
-        eprintln!("{problems}");
-        eprintln!("{summary}");
+        crate::stdout::errln!("{problems}");
+        crate::stdout::errln!("{summary}");
     }
     ExitCode::FAILURE
 }

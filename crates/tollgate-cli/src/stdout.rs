@@ -1,5 +1,7 @@
-//! Command output on stdout. `print!` panics when the reader has gone (`tollgate validate p.yaml |
-//! head -1`); these end the process quietly instead, with status 0, as Unix tools do.
+//! Command output. `print!` and `eprint!` panic when the reader has gone (`tollgate validate
+//! p.yaml | head -1`, `2>&1 | head -1`): on stdout these end the process quietly instead, with
+//! status 0, as Unix tools do; on stderr a message that cannot be written is dropped, and the
+//! exit status still tells.
 
 use std::io::Write;
 
@@ -11,7 +13,7 @@ pub fn write(args: std::fmt::Arguments<'_>) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(0);
         }
-        eprintln!("error: cannot write to stdout: {e}");
+        errln!("error: cannot write to stdout: {e}");
         std::process::exit(2);
     }
 }
@@ -26,4 +28,14 @@ macro_rules! outln {
     ($($arg:tt)*) => { $crate::stdout::write(format_args!("{}\n", format_args!($($arg)*))) };
 }
 
-pub(crate) use {out, outln};
+/// Writes `args` to stderr; a failure to write is ignored (see the module docs).
+pub fn write_err(args: std::fmt::Arguments<'_>) {
+    let _ = std::io::stderr().lock().write_fmt(args);
+}
+
+/// `eprintln!` that does not panic when stderr is closed or full (see [`write_err`]).
+macro_rules! errln {
+    ($($arg:tt)*) => { $crate::stdout::write_err(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+pub(crate) use {errln, out, outln};

@@ -20,8 +20,8 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(errors) => {
-            eprintln!("{errors}");
-            eprintln!(
+            crate::stdout::errln!("{errors}");
+            crate::stdout::errln!(
                 "{}: {} problem(s) found",
                 args.path.display(),
                 errors.0.len()

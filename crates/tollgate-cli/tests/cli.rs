@@ -426,6 +426,42 @@ fn output_into_a_closed_pipe_ends_quietly() {
     assert!(stderr.is_empty(), "{stderr}");
 }
 
+/// Problems that cannot be written (stderr a closed pipe, `2>&1 | head -1`, or a full disk) still
+/// end with the command's own status, 1 for an invalid policy and 2 for an error, where
+/// `eprintln!` panicked (status 101).
+#[test]
+fn problems_into_a_closed_stderr_keep_the_exit_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = write(&dir, "bad.yaml", BAD);
+    for (args, status) in [
+        (vec!["validate", bad.to_str().unwrap()], 1),
+        (vec!["validate", "/nonexistent/policy.yaml"], 1),
+        (
+            vec![
+                "check",
+                "--domain",
+                "d",
+                "--descriptor",
+                "k",
+                "--addr",
+                "http://127.0.0.1:1",
+            ],
+            2,
+        ),
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = Command::new(binary())
+            .args(&args)
+            .stderr(full)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(status), "{args:?}");
+    }
+}
+
 /// A watch interval that would keep a core busy re-reading the policy files is refused; `0s`
 /// (no watching) is not.
 #[test]
