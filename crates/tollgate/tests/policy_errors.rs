@@ -599,10 +599,14 @@ descriptors:
   - {key: k, value: \"x\\ny\"}
 ",
     );
+    let garbles =
+        "holds control or bidirectional characters, which would garble logs, metrics and terminals";
     assert_eq!(
         lines,
         [
-            "t.yaml:4:5: duplicate descriptor `k` with value `x\\ny` at this level, first defined at t.yaml:3:5"
+            format!(r#"t.yaml:3:21: descriptor `value` "x\ny" {garbles}"#),
+            "t.yaml:4:5: duplicate descriptor `k` with value `x\\ny` at this level, first defined at t.yaml:3:5".to_owned(),
+            format!(r#"t.yaml:4:21: descriptor `value` "x\ny" {garbles}"#),
         ]
     );
 }
@@ -734,4 +738,46 @@ fn blank_or_unprintable_rule_names_are_errors() {
             "{name}"
         );
     }
+}
+
+/// A domain, a key or a value with control or bidirectional characters would reach the same
+/// places as a rule name (a derived name is made of keys and values): a value holding a newline
+/// could forge a log line, an escape sequence could repaint a terminal.
+#[test]
+fn unprintable_domains_keys_and_values_are_errors() {
+    let garbles =
+        "holds control or bidirectional characters, which would garble logs, metrics and terminals";
+    assert_eq!(
+        errors(
+            "domain: \"d\\ex\"
+descriptors:
+  - key: \"k\\u202E\"
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: k
+    value: \"x\\n2026-12-01T00:00:00Z WARN forged\"
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: k
+    value: \"tab\\tbed\"
+    descriptors:
+      - {key: \"a\\u0007\", rate_limit: {unit: second, requests_per_unit: 5}}
+"
+        ),
+        [
+            format!(r#"t.yaml:1:9: `domain` "d\u{{1b}}x" {garbles}"#),
+            format!(r#"t.yaml:3:10: descriptor `key` "k\u{{202e}}" {garbles}"#),
+            format!(
+                r#"t.yaml:6:12: descriptor `value` "x\n2026-12-01T00:00:00Z WARN forged" {garbles}"#
+            ),
+            format!(r#"t.yaml:9:12: descriptor `value` "tab\tbed" {garbles}"#),
+            format!(r#"t.yaml:11:15: descriptor `key` "a\u{{7}}" {garbles}"#),
+        ]
+    );
+    // Printable text from anywhere is fine.
+    assert!(
+        Policy::from_yaml(
+            "t.yaml",
+            "domain: été\ndescriptors:\n  - {key: 鍵, value: 'a b/c?d=e', rate_limit: {unit: second, requests_per_unit: 5}}\n"
+        )
+        .is_ok()
+    );
 }

@@ -16,6 +16,11 @@ use super::snapshot::DomainTable;
 use super::tree::{Level, Node, ValueMatch};
 use super::{Location, Policy, PolicyError, PolicyErrors, Rule, Unit};
 use crate::limiter::MAX_FIELD_LEN;
+
+/// Why a domain, key or value with control or bidirectional characters is refused (their text
+/// is shown before it).
+const GARBLES: &str =
+    "holds control or bidirectional characters, which would garble logs, metrics and terminals";
 use crate::resilience::Posture;
 
 /// Accumulates sources (one domain each) into one policy.
@@ -60,6 +65,13 @@ impl Compiler {
                     format!(
                         "`domain` is longer than {MAX_FIELD_LEN} bytes: no request could name it"
                     ),
+                );
+                None
+            }
+            Some(domain) if super::garbles(&domain.value) => {
+                source.error(
+                    source.location(&domain.referenced),
+                    format!("`domain` {:?} {GARBLES}", domain.value),
                 );
                 None
             }
@@ -188,8 +200,25 @@ impl<'f> SourceCompiler<'f> {
                     );
                     None
                 }
+                Some(key) if super::garbles(&key.value) => {
+                    self.error(
+                        self.location(&key.referenced),
+                        format!("descriptor `key` {:?} {GARBLES}", key.value),
+                    );
+                    None
+                }
                 Some(key) => Some(key.value.as_str()),
             };
+            if let Some(value) = descriptor
+                .value
+                .as_ref()
+                .filter(|v| super::garbles(&v.value))
+            {
+                self.error(
+                    self.location(&value.referenced),
+                    format!("descriptor `value` {:?} {GARBLES}", value.value),
+                );
+            }
             let value = descriptor
                 .value
                 .as_ref()
@@ -284,17 +313,10 @@ impl<'f> SourceCompiler<'f> {
                 // An empty name means no name, as in envoyproxy/ratelimit.
                 None => (self.derived_name(path), block.clone(), false),
             };
-        if explicit
-            && (name.trim().is_empty()
-                || name
-                    .chars()
-                    .any(|c| c.is_control() || super::is_bidi_control(c)))
-        {
+        if explicit && (name.trim().is_empty() || super::garbles(&name)) {
             self.error(
                 name_location.clone(),
-                format!(
-                    "rule name {name:?} is blank or holds control or bidirectional characters, which would garble logs, metrics and terminals"
-                ),
+                format!("rule name {name:?} is blank or {GARBLES}"),
             );
         }
 

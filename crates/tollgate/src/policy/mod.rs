@@ -28,3 +28,9 @@ pub use unit::{Unit, parse_period};
 pub(crate) fn is_bidi_control(c: char) -> bool {
     matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
+
+/// Whether `text` holds a control character or a bidirectional one: written to a log line, a
+/// metric label or a terminal, it could forge a line or hide what it says.
+pub(crate) fn garbles(text: &str) -> bool {
+    text.chars().any(|c| c.is_control() || is_bidi_control(c))
+}
