@@ -714,6 +714,42 @@ async fn a_blocked_descriptor_charges_nothing_while_the_store_is_down() {
     assert_eq!(local.iter().filter(|(r, _)| r.allowed()).count(), 2);
 }
 
+/// A cost its limit can never hold is answered as such while the store is down, as it would be
+/// with the store up: not let through by `open`, not a `503` with a retry from `closed`, and it
+/// charges nothing to a `local` share. Before, `open` admitted a cost of 2000 on a limit of 1000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_above_the_limit_is_refused_whatever_the_posture() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let limiter = limiter(&proxy.url()).await;
+    proxy.set_mode(Mode::Refuse);
+    for (key, cost) in [("open", 1001), ("closed", 2000), ("local", 9)] {
+        let r = limiter
+            .check(&request_of(&[(key, "x", cost)]))
+            .await
+            .unwrap();
+        assert!(!r.allowed(), "{key}");
+        assert!(!r.unavailable(), "{key}: a 429, not the outage's 503");
+        assert_eq!(r.retry_after(), None, "{key}: no retry will help");
+        assert_eq!(r.degraded(), None, "{key}: decided without the store");
+        assert!(r.statuses[0].cost_exceeds_capacity(), "{key}");
+    }
+    // Beside a cost that fits, on another limit: the request is denied, and the local share
+    // (2 of 8) was not charged for it.
+    let both = request_of(&[("local", "x", 1), ("open", "y", 1001)]);
+    assert!(!limiter.check(&both).await.unwrap().allowed());
+    let local = burst(&limiter, "local", "x", 3).await;
+    assert_eq!(local.iter().filter(|(r, _)| r.allowed()).count(), 2);
+    // A cost that fits still takes the posture.
+    let r = limiter
+        .check(&request_of(&[("open", "z", 1000)]))
+        .await
+        .unwrap();
+    assert!(r.allowed());
+    assert_eq!(r.degraded(), Some(Posture::Open));
+}
+
 /// `/readyz` and `/metrics` count the store's keys: against a server that never answers, that
 /// gives up within half a second even when decisions may wait 2 s, well inside a readiness
 /// probe's default 1 s timeout, so a hung Redis does not take every replica out of service.

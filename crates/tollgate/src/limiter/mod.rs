@@ -419,8 +419,26 @@ impl Limiter {
                 // this request rather than report what a posture decided.
                 let (postures, shares) = self.postures_and_shares(&live);
                 let live_only = charges.get(..live_charges).unwrap_or_default();
-                decisions = self.fallback.decide(live_only, &postures, &shares, charge);
-                Some(postures.into_iter().map(Some).collect())
+                // A cost its counter can never hold needs no store to be answered: refused as
+                // such, not let through by `open` nor sent to retry by `closed`, and nothing is
+                // charged to a `local` share for the request it denies.
+                let hopeless = |i: &usize| never_admitted(live_only, *i);
+                let any_hopeless = (0..live_only.len()).any(|i| hopeless(&i));
+                decisions =
+                    self.fallback
+                        .decide(live_only, &postures, &shares, charge && !any_hopeless);
+                let mut postures: SmallVec<[Option<Posture>; INLINE_CHARGES]> =
+                    postures.into_iter().map(Some).collect();
+                for i in (0..live_only.len().min(decisions.len())).filter(hopeless) {
+                    decisions[i] = Decision {
+                        verdict: Verdict::CostExceedsCapacity,
+                        retry_after: None,
+                        delay: Duration::ZERO,
+                        ..decisions[i]
+                    };
+                    postures[i] = None;
+                }
+                Some(postures)
             }
         };
 
@@ -809,6 +827,16 @@ fn exceeds_with_earlier(charges: &[Charge<'_>], i: usize) -> bool {
         .filter(|c| c.key == charge.key)
         .fold(0u64, |sum, c| sum.saturating_add(c.cost));
     earlier > 0 && earlier.saturating_add(charge.cost.max(1)) > charge.params.capacity()
+}
+
+/// Whether `charges[i]` can never be admitted: its cost alone, or with the charges before it
+/// on the same counter, is more than the counter can ever hold.
+fn never_admitted(charges: &[Charge<'_>], i: usize) -> bool {
+    let charge = &charges[i];
+    exceeds_with_earlier(charges, i)
+        || (charge.enforce
+            && !charge.params.charges_up_to_limit()
+            && charge.cost > charge.params.capacity())
 }
 
 /// Awaits a store call, timing it in `histogram` unless it never reached the store (refused by
