@@ -34,7 +34,7 @@ pub fn run(args: TopArgs) -> anyhow::Result<ExitCode> {
     let keys = body["keys"].as_array().cloned().unwrap_or_default();
     if keys.is_empty() {
         outln!(
-            "rule `{}` has denied nothing since the policy was loaded",
+            "rule `{}` has denied nothing since it was loaded",
             args.rule
         );
     }

@@ -107,26 +107,8 @@ impl RuleCounters {
     /// only go up while the process runs, whatever is reloaded, rolled back or adopted, and a
     /// decision still in flight under the old policy counts in the same place.
     pub fn continuing(policy: &Policy, previous_policy: &Policy, previous: &RuleCounters) -> Self {
-        let mut carried: HashMap<(&str, &str), &Slot> = HashMap::new();
-        for rule in previous_policy.rules() {
-            if let Some(slot) = previous.counts.get(rule.index) {
-                carried
-                    .entry((rule.domain.as_str(), rule.name.as_str()))
-                    .or_insert(slot);
-            }
-        }
         RuleCounters {
-            counts: policy
-                .rules()
-                .iter()
-                .map(|rule| {
-                    // Taken, so two rules of the new policy never share one slot.
-                    carried
-                        .remove(&(rule.domain.as_str(), rule.name.as_str()))
-                        .cloned()
-                        .unwrap_or_default()
-                })
-                .collect(),
+            counts: policy.carry_over(previous_policy, &previous.counts, Slot::default),
         }
     }
 

@@ -271,7 +271,8 @@ async fn outcomes_are_counted_per_rule() {
 }
 
 /// Prometheus counters only go up: a new policy continues each rule's counts by domain and
-/// name, whatever its limit now is; a rule under a new name starts from zero.
+/// name, whatever its limit now is; a rule under a new name starts from zero. Its top denied
+/// keys carry over the same way: after a rollback, `tollgate top` still says who was denied.
 #[tokio::test]
 async fn counts_continue_across_a_policy_change() {
     let (_clock, limiter) = limiter();
@@ -281,6 +282,22 @@ async fn counts_continue_across_a_policy_change() {
             .await
             .unwrap();
     }
+    for _ in 0..2 {
+        limiter
+            .check(&request(&[&[("ip", "10.0.0.1")]]))
+            .await
+            .unwrap();
+    }
+    let top = |rule: &str| {
+        limiter
+            .top_keys("api", rule, 5)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.key, e.count))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(top("per_user"), [("user=frank".to_owned(), 1)]);
+    assert_eq!(top("per_ip"), [("ip=10.0.0.1".to_owned(), 1)]);
     let changed = POLICY
         .replace("requests_per_unit: 2}", "requests_per_unit: 3}")
         .replace("name: per_ip,", "name: per_address,")
@@ -296,6 +313,8 @@ async fn counts_continue_across_a_policy_change() {
     assert_eq!(limiter.rule_count(rule("per_user"), Outcome::Allowed), 3);
     assert_eq!(limiter.rule_count(rule("per_user"), Outcome::Denied), 1);
     assert_eq!(limiter.rule_count(rule("per_address"), Outcome::Allowed), 1);
+    assert_eq!(top("per_user"), [("user=frank".to_owned(), 1)]);
+    assert!(top("per_address").is_empty(), "a new name starts afresh");
 }
 
 /// The HTTP and gRPC servers box each request's handler future, and `check`'s future is part of

@@ -60,8 +60,9 @@ const TOP_KEYS_PER_RULE: usize = 64;
 struct Snapshot {
     policy: Arc<Policy>,
     counters: RuleCounters,
-    /// Per rule: the keys it denied (or would have, in shadow and soft mode) most often.
-    top: Box<[TopKeys]>,
+    /// Per rule: the keys it denied (or would have, in shadow and soft mode) most often, since
+    /// the process started (carried over policy changes that keep the rule, as the counters).
+    top: Box<[Arc<TopKeys>]>,
 }
 
 /// Decides requests against the current policy using one store.
@@ -163,7 +164,11 @@ impl Limiter {
             Some(p) => RuleCounters::continuing(&policy, &p.policy, &p.counters),
             None => RuleCounters::for_policy(&policy),
         };
-        let top = top_keys_per_rule(&policy);
+        let fresh = || Arc::new(top_keys());
+        let top = match previous {
+            Some(p) => policy.carry_over(&p.policy, &p.top, fresh),
+            None => policy.rules().iter().map(|_| fresh()).collect(),
+        };
         Snapshot {
             policy: Arc::new(policy),
             counters,
@@ -171,8 +176,8 @@ impl Limiter {
         }
     }
 
-    /// The `n` keys `rule` (by domain and name) denied most often since the policy was
-    /// loaded, or `None` if no such rule runs.
+    /// The `n` keys `rule` (by domain and name) denied most often since the process started
+    /// (or since a policy change brought the rule in), or `None` if no such rule runs.
     pub fn top_keys(&self, domain: &str, rule: &str, n: usize) -> Option<Vec<TopEntry>> {
         let snapshot = self.snapshot.load();
         let rule = snapshot
@@ -900,18 +905,19 @@ impl Plan {
     }
 }
 
+/// One table of top denied keys per rule of `policy` (a shadow candidate's).
+fn top_keys_per_rule(policy: &Policy) -> Box<[TopKeys]> {
+    policy.rules().iter().map(|_| top_keys()).collect()
+}
+
+/// An empty table of one rule's top denied keys.
+fn top_keys() -> TopKeys {
+    TopKeys::new(TOP_KEYS_PER_RULE)
+}
+
 /// The mode of the rule behind `limit`; a caller-supplied limit enforces.
 fn mode_of(limit: &AppliedLimit) -> RuleMode {
     limit.rule().map_or(RuleMode::Enforce, |r| r.mode)
-}
-
-/// One table of top denied keys per rule of `policy`.
-fn top_keys_per_rule(policy: &Policy) -> Box<[TopKeys]> {
-    policy
-        .rules()
-        .iter()
-        .map(|_| TopKeys::new(TOP_KEYS_PER_RULE))
-        .collect()
 }
 
 /// Counts `outcome` of `rule` for `descriptor`: in the rule's counters (its checks' for a

@@ -71,6 +71,37 @@ impl Policy {
         &self.rules
     }
 
+    /// One item per rule of this policy: the item `previous` held (one per rule of
+    /// `previous_policy`) for the rule with the same domain and name, each taken at most once,
+    /// or `fresh()` for a rule new to this policy. What a rule has counted so carries over a
+    /// reload, a push or a rollback that keeps it.
+    pub fn carry_over<T: Clone>(
+        &self,
+        previous_policy: &Policy,
+        previous: &[T],
+        mut fresh: impl FnMut() -> T,
+    ) -> Box<[T]> {
+        let mut carried: std::collections::HashMap<(&str, &str), &T> =
+            std::collections::HashMap::new();
+        for rule in previous_policy.rules() {
+            if let Some(item) = previous.get(rule.index) {
+                carried
+                    .entry((rule.domain.as_str(), rule.name.as_str()))
+                    .or_insert(item);
+            }
+        }
+        self.rules
+            .iter()
+            .map(|rule| {
+                // Taken, so two rules of this policy never share one item.
+                carried
+                    .remove(&(rule.domain.as_str(), rule.name.as_str()))
+                    .cloned()
+                    .unwrap_or_else(&mut fresh)
+            })
+            .collect()
+    }
+
     /// The rule matched by one request descriptor, as envoyproxy/ratelimit matches it.
     ///
     /// Walks `entries` in order. At each level the child with the same key and exactly the
