@@ -308,9 +308,12 @@ async fn limit_overrides_from_the_request_apply() {
     assert_eq!(r.statuses[0].limit_remaining, 0);
 }
 
+/// Every malformed request is refused with what was wrong, charges nothing, and is counted in
+/// `tollgate_invalid_requests_total` and logged (at most once a second): with Envoy failing
+/// open on errors, a caller whose every request is invalid must not look like a quiet limiter.
 #[tokio::test]
 async fn invalid_requests_are_invalid_argument() {
-    let server = Server::start(POLICY);
+    let server = Server::start_logged(POLICY, &[]);
     let mut client = server.grpc_client().await;
     let cases = [
         (
@@ -359,6 +362,17 @@ async fn invalid_requests_are_invalid_argument() {
         r.get_ref().statuses[0].limit_remaining,
         4,
         "nothing was charged before"
+    );
+    let metrics = server.metrics().await;
+    assert!(
+        metrics.contains("tollgate_invalid_requests_total{transport=\"grpc\"} 6\n"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("tollgate_invalid_requests_total{transport=\"http\"} 0\n"));
+    let log = server.log();
+    assert!(
+        log.contains("Invalid request refused") && log.contains("transport=\"grpc\""),
+        "{log}"
     );
 }
 

@@ -135,6 +135,14 @@ async fn bad_input_is_a_400_that_names_the_problem_and_counts_nothing() {
     let r = post(&server, "/v1/check", &check_body("user", "a", None)).await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-ratelimit-remaining"), Some("2"));
+    // Each refusal is counted, and envoyproxy/ratelimit's `/json` counts too.
+    let r = post(&server, "/json", &serde_json::json!({"domain": "api"})).await;
+    assert_eq!(r.status(), 400);
+    let metrics = server.metrics().await;
+    assert!(
+        metrics.contains("tollgate_invalid_requests_total{transport=\"http\"} 12\n"),
+        "{metrics}"
+    );
 }
 
 /// The errors axum answers itself (a body over the limit, an unknown path, a wrong method) and

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tollgate::limiter::{
     AppliedLimit, CheckRequest, CheckResponse, Code, DescriptorStatus, LimitError, Limiter,
+    Transport,
 };
 use tollgate_core::{Algorithm, Decision, Params, Verdict};
 
@@ -20,6 +21,11 @@ pub trait Decide: Send + Sync + 'static {
         &self,
         request: &CheckRequest,
     ) -> impl Future<Output = Result<CheckResponse, LimitError>> + Send;
+
+    /// A request refused as invalid, over `over`, for `why`.
+    fn refused(&self, over: Transport, why: &dyn std::fmt::Display) {
+        let _ = (over, why);
+    }
 }
 
 impl Decide for Limiter {
@@ -28,6 +34,10 @@ impl Decide for Limiter {
         request: &CheckRequest,
     ) -> impl Future<Output = Result<CheckResponse, LimitError>> + Send {
         self.check(request)
+    }
+
+    fn refused(&self, over: Transport, why: &dyn std::fmt::Display) {
+        self.note_invalid(over, why);
     }
 }
 

@@ -10,6 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tollgate::limiter::Transport;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
@@ -66,8 +67,10 @@ impl<D: Decide> RateLimitService for RlsService<D> {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let check = decode_request(request.into_inner())
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let check = decode_request(request.into_inner()).map_err(|e| {
+            self.decider.refused(Transport::Grpc, &e);
+            Status::invalid_argument(e.to_string())
+        })?;
         match self.decider.decide(&check).await {
             Ok(decided) => {
                 let mut response = Response::new(encode_response(&decided, self.x_ratelimit));
@@ -82,7 +85,10 @@ impl<D: Decide> RateLimitService for RlsService<D> {
                 }
                 Ok(response)
             }
-            Err(e) => Err(Status::new(ErrorClass::of(&e).grpc_code(), e.to_string())),
+            Err(e) => {
+                self.decider.refused(Transport::Grpc, &e);
+                Err(Status::new(ErrorClass::of(&e).grpc_code(), e.to_string()))
+            }
         }
     }
 }

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tollgate::limiter::{
     CheckRequest, CheckResponse, Code, DescriptorStatus, InvalidRequest, LimitOverride,
-    RequestDescriptor, check_cost,
+    RequestDescriptor, Transport, check_cost,
 };
 use tollgate::resilience::Posture;
 use tollgate_core::Verdict;
@@ -197,7 +197,10 @@ pub(super) fn decode(body: &[u8]) -> Result<CheckRequest, String> {
 pub async fn check<D: Decide>(State(decider): State<Arc<D>>, Body(body): Body) -> Response {
     let request = match decode(&body) {
         Ok(r) => r,
-        Err(why) => return error_response(StatusCode::BAD_REQUEST, why),
+        Err(why) => {
+            decider.refused(Transport::Http, &why);
+            return error_response(StatusCode::BAD_REQUEST, why);
+        }
     };
     match decider.decide(&request).await {
         Ok(decided) => {
@@ -206,6 +209,9 @@ pub async fn check<D: Decide>(State(decider): State<Arc<D>>, Body(body): Body) -
             add_rate_limit_headers(response.headers_mut(), &decided);
             response
         }
-        Err(e) => limit_error_response(&e),
+        Err(e) => {
+            decider.refused(Transport::Http, &e);
+            limit_error_response(&e)
+        }
     }
 }

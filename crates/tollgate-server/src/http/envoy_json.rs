@@ -17,7 +17,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Value, json};
-use tollgate::limiter::Limiter;
+use tollgate::limiter::{CheckRequest, Limiter, Transport};
 
 use super::{Body, add_rate_limit_headers, decision_status, error_response, limit_error_response};
 use crate::grpc::{decode_request, encode_response};
@@ -239,20 +239,20 @@ fn proto_duration(seconds: i64, nanos: i32) -> String {
     }
 }
 
+/// A `/json` body as a request, or why it is not one (a `400`).
+fn decode(body: &[u8]) -> Result<CheckRequest, String> {
+    let json: JsonRequest = from_body(body)?;
+    let wire = RateLimitRequest::try_from(json).map_err(|e| format!("invalid request: {e}"))?;
+    decode_request(wire).map_err(|e| format!("invalid request: {e}"))
+}
+
 pub async fn check(State(limiter): State<Arc<Limiter>>, Body(body): Body) -> Response {
-    let json: JsonRequest = match from_body(&body) {
-        Ok(j) => j,
-        Err(e) => {
-            return error_response(StatusCode::BAD_REQUEST, e);
-        }
-    };
-    let wire = match RateLimitRequest::try_from(json) {
-        Ok(w) => w,
-        Err(e) => return error_response(StatusCode::BAD_REQUEST, format!("invalid request: {e}")),
-    };
-    let request = match decode_request(wire) {
+    let request = match decode(&body) {
         Ok(r) => r,
-        Err(e) => return error_response(StatusCode::BAD_REQUEST, format!("invalid request: {e}")),
+        Err(why) => {
+            limiter.note_invalid(Transport::Http, &why);
+            return error_response(StatusCode::BAD_REQUEST, why);
+        }
     };
     match limiter.check(&request).await {
         Ok(decided) => {
@@ -261,7 +261,10 @@ pub async fn check(State(limiter): State<Arc<Limiter>>, Body(body): Body) -> Res
             add_rate_limit_headers(response.headers_mut(), &decided);
             response
         }
-        Err(e) => limit_error_response(&e),
+        Err(e) => {
+            limiter.note_invalid(Transport::Http, &e);
+            limit_error_response(&e)
+        }
     }
 }
 

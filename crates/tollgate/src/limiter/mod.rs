@@ -52,6 +52,27 @@ pub enum LimitError {
     Invalid(#[from] InvalidRequest),
 }
 
+/// How a request reached the service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Envoy RLS v3 over gRPC.
+    Grpc,
+    /// The HTTP/JSON API.
+    Http,
+}
+
+impl Transport {
+    pub const ALL: [Transport; 2] = [Transport::Grpc, Transport::Http];
+
+    /// Its name in metrics and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Grpc => "grpc",
+            Transport::Http => "http",
+        }
+    }
+}
+
 /// Distinct keys remembered per rule for "top throttled keys".
 const TOP_KEYS_PER_RULE: usize = 64;
 
@@ -83,6 +104,10 @@ pub struct Limiter {
     fail_open: AtomicU64,
     /// When a store error was last logged (microseconds), so an outage cannot flood the log.
     last_error_log: AtomicU64,
+    /// Requests refused as invalid, per [`Transport`].
+    invalid: [AtomicU64; 2],
+    /// When an invalid request was last logged (microseconds).
+    last_invalid_log: AtomicU64,
     /// Remembered store denials (`None` when disabled); used with a Redis store only.
     prefilter: Option<prefilter::Prefilter>,
     /// Local budgets in use on this replica.
@@ -124,6 +149,8 @@ impl Limiter {
             store_errors: AtomicU64::new(0),
             fail_open: AtomicU64::new(0),
             last_error_log: AtomicU64::new(0),
+            invalid: Default::default(),
+            last_invalid_log: AtomicU64::new(0),
             prefilter: Some(prefilter::Prefilter::default()),
             leases: local_budget::Leases::default(),
             policy_epoch: AtomicU64::new(0),
@@ -672,19 +699,31 @@ impl Limiter {
 
     fn note_store_error(&self, error: &StoreError) {
         let errors = self.store_errors.fetch_add(1, Ordering::Relaxed) + 1;
-        // At most one line per second, however many requests fail.
-        let now = self.clock.now().as_micros();
-        let last = self.last_error_log.load(Ordering::Relaxed);
-        let due = now.saturating_sub(last) >= 1_000_000;
-        if due
-            && self
-                .last_error_log
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if self.log_due(&self.last_error_log) {
             // The total since the start, as `tollgate_store_errors_total` counts it.
             warn!(error = %error, errors_total = errors, "Store could not decide; failure postures answer");
         }
+    }
+
+    /// Counts a request refused as invalid (`400`, `INVALID_ARGUMENT`), which the decision
+    /// counters never see, and logs it at most once a second: a caller whose every request is
+    /// malformed (a misconfigured Envoy, which then fails open) shows in the metrics and the log.
+    pub fn note_invalid(&self, over: Transport, why: &dyn std::fmt::Display) {
+        let invalid = self.invalid[over as usize].fetch_add(1, Ordering::Relaxed) + 1;
+        if self.log_due(&self.last_invalid_log) {
+            warn!(transport = over.name(), error = %why, invalid_total = invalid, "Invalid request refused");
+        }
+    }
+
+    /// Whether a line rate-limited by `last` (when it was last written, in microseconds) is due:
+    /// at most one a second, however many events call for it.
+    fn log_due(&self, last: &AtomicU64) -> bool {
+        let now = self.clock.now().as_micros();
+        let then = last.load(Ordering::Relaxed);
+        now.saturating_sub(then) >= 1_000_000
+            && last
+                .compare_exchange(then, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Asks the store, timing the call in `tollgate_store_operation_duration_seconds` unless
@@ -739,6 +778,15 @@ impl Limiter {
         for (name, help, value) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
+        }
+        let name = "tollgate_invalid_requests_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Requests refused as invalid (HTTP 400, gRPC INVALID_ARGUMENT); nothing was counted for them.\n# TYPE {name} counter"
+        );
+        for over in Transport::ALL {
+            let count = self.invalid[over as usize].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}{{transport=\"{}\"}} {count}", over.name());
         }
         if let Some(prefilter) = self.prefilter() {
             let name = "tollgate_prefilter_entries";
