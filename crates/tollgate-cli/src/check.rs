@@ -31,7 +31,8 @@ pub struct CheckArgs {
 
 /// The `(key, value)` entries of a `--descriptor key=value[,key=value...]` argument (also
 /// `tollgate bench`'s, whose values are templates). A `,`, `=` or `\` inside a key or value is
-/// written `\,`, `\=` or `\\`, as `tollgate top` prints them.
+/// written `\,`, `\=` or `\\`, and any character may be written `\u{HEX}`, as `tollgate top`
+/// prints control characters: a key `top` lists can be pasted back.
 pub(crate) fn descriptor_entries(text: &str) -> anyhow::Result<Vec<(String, String)>> {
     let mut entries = Vec::new();
     let (mut key, mut field, mut in_value) = (String::new(), String::new(), false);
@@ -50,7 +51,8 @@ pub(crate) fn descriptor_entries(text: &str) -> anyhow::Result<Vec<(String, Stri
         match c {
             '\\' => match chars.next() {
                 Some(escaped @ ('\\' | ',' | '=')) => field.push(escaped),
-                _ => bail!("`\\` in `{text}` must come before `,`, `=` or `\\`"),
+                Some('u') => field.push(unicode_escape(&mut chars, text)?),
+                _ => bail!("`\\` in `{text}` must come before `,`, `=`, `\\` or `u{{HEX}}`"),
             },
             '=' if !in_value => {
                 key = std::mem::take(&mut field);
@@ -62,6 +64,27 @@ pub(crate) fn descriptor_entries(text: &str) -> anyhow::Result<Vec<(String, Stri
     }
     finish(&mut key, &mut field, &mut in_value)?;
     Ok(entries)
+}
+
+/// The character of a `\u{HEX}` escape, its `u` already read from `chars`.
+fn unicode_escape(chars: &mut std::str::Chars<'_>, text: &str) -> anyhow::Result<char> {
+    let rest = chars.as_str();
+    let digits = rest
+        .strip_prefix('{')
+        .and_then(|r| r.split_once('}'))
+        .map(|(digits, _)| digits)
+        .filter(|d| (1..=6).contains(&d.len()));
+    let Some(c) = digits
+        .and_then(|d| u32::from_str_radix(d, 16).ok())
+        .and_then(char::from_u32)
+    else {
+        bail!(
+            "`\\u` in `{text}` must be followed by `{{HEX}}`, a character's code (1 to 6 hex digits)"
+        );
+    };
+    let taken = digits.map_or(0, str::len) + 2;
+    *chars = rest[taken..].chars();
+    Ok(c)
 }
 
 fn parse_descriptor(text: &str, hits: u64) -> anyhow::Result<Value> {
@@ -219,6 +242,10 @@ mod tests {
             entries(r"user=a\,b,k\=ey=c\\d"),
             pairs(&[("user", "a,b"), ("k=ey", r"c\d")])
         );
+        assert_eq!(
+            entries(r"user=a\u{a}b\u{202e},k=\u{1F600}"),
+            pairs(&[("user", "a\nb\u{202e}"), ("k", "\u{1F600}")])
+        );
     }
 
     #[test]
@@ -228,6 +255,15 @@ mod tests {
         assert!(error("user=a,").contains("is not key=value"));
         assert!(error("=alice").contains("empty key"));
         assert!(error(r"user=a\b").contains("must come before"));
+        for bad in [
+            r"user=\u",
+            r"user=\u{}",
+            r"user=\u{d800}",
+            r"user=\u{1234567}",
+            r"u=\u{zz}",
+        ] {
+            assert!(error(bad).contains("followed by `{HEX}`"), "{bad}");
+        }
     }
 
     /// A rule in `shadow` or `soft` mode over its limit says so: the code alone (`OK`) hides it.
