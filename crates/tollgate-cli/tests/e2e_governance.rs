@@ -332,6 +332,61 @@ async fn push_list_diff_and_rollback_from_the_cli() {
     );
 }
 
+/// Two plain rollbacks sent at once go back two versions, as two sent one after the other do:
+/// both chose the version before the running one, so the second undid the first (or, racing
+/// closer, failed with a `409`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_rollbacks_at_once_step_back_one_version_each() {
+    let server = Server::start_with_args(V1, &["--watch-interval", "0s"]);
+    let first = server.admin_json("/v1/admin/policy").await["versions"][0]["hash"].clone();
+    let mut hashes = vec![first];
+    for n in 6..=9 {
+        let text = V1.replace(
+            "requests_per_unit: 5}",
+            &format!("requests_per_unit: {n}}}"),
+        );
+        let push = json!({"sources": [{"name": "policy.yaml", "text": text}]});
+        let r = server
+            .admin_send(reqwest::Method::POST, "/v1/admin/policy", &push)
+            .await;
+        assert_eq!(r.status(), 200);
+        hashes.push(r.json::<Value>().await.unwrap()["version"]["hash"].clone());
+    }
+    let plain = json!({});
+    let rollback = || server.admin_send(reqwest::Method::POST, "/v1/admin/policy/rollback", &plain);
+    let running = async || {
+        let list = server.admin_json("/v1/admin/policy").await;
+        let current = list["current"].clone();
+        let versions = list["versions"].as_array().unwrap().clone();
+        versions.into_iter().find(|v| v["seq"] == current).unwrap()["hash"].clone()
+    };
+    assert_eq!(running().await, hashes[4]);
+
+    let (a, b) = tokio::join!(rollback(), rollback());
+    for r in [a, b] {
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.json::<Value>().await.unwrap()["result"], "activated");
+    }
+    assert_eq!(running().await, hashes[2], "two versions back");
+    assert_eq!(
+        remaining(&server, "user", "u").await,
+        6,
+        "version 3's 7 a day"
+    );
+
+    for _ in 0..2 {
+        assert_eq!(rollback().await.status(), 200);
+    }
+    assert_eq!(
+        running().await,
+        hashes[0],
+        "two more in a row: the first version"
+    );
+    let r = rollback().await;
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("no earlier version"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_shows_the_binding_rule_and_charges_nothing() {
     let server = Server::start(V1);

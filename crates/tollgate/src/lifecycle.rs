@@ -64,6 +64,10 @@ pub struct PolicyVersion {
     pub sources: Vec<(String, String)>,
     /// Its rules, for listings.
     pub rules: usize,
+    /// For a version a rollback made, the version whose texts it restored: a plain rollback
+    /// from it steps back from there, so two in a row go back two versions instead of the
+    /// second undoing the first.
+    pub restored: Option<u64>,
 }
 
 impl PolicyVersion {
@@ -252,6 +256,7 @@ impl Lifecycle {
             accepted_at: limiter.clock().now(),
             sources,
             rules,
+            restored: None,
         });
         Lifecycle {
             limiter,
@@ -309,16 +314,29 @@ impl Lifecycle {
     }
 
     /// [`Lifecycle::activate`], only while version `expected` (when given) is the running one:
-    /// a caller that chose `sources` from what was running then (a rollback, a replica adopting
-    /// the shared policy) must not undo a version activated meanwhile.
+    /// a caller that chose `sources` from what was running then (a replica adopting the shared
+    /// policy) must not undo a version activated meanwhile.
     pub fn activate_over(
         &self,
         sources: Vec<(String, String)>,
         origin: Origin,
         expected: Option<u64>,
     ) -> Result<Activation, PolicyErrors> {
-        let result = self.try_activate(sources, origin, expected);
-        match &result {
+        let result = {
+            let mut current = self.current.lock();
+            if expected.is_some_and(|seq| seq != current.seq) {
+                Ok(Activation::Superseded(current.clone()))
+            } else {
+                self.swap_in(&mut current, sources, origin, None)
+            }
+        };
+        self.settle(&result, origin);
+        result
+    }
+
+    /// Counts, logs and publishes what an activation did, once `current` is unlocked.
+    fn settle(&self, result: &Result<Activation, PolicyErrors>, origin: Origin) {
+        match result {
             Ok(Activation::Activated(v)) => {
                 self.counts.succeed(&self.counts.activated);
                 info!(version = %v.label(), origin = origin.name(), rules = v.rules, "Policy activated");
@@ -349,20 +367,18 @@ impl Lifecycle {
                 }
             }
         }
-        result
     }
 
-    fn try_activate(
+    /// Makes `sources` the running policy unless they are its texts already; `current` is the
+    /// locked running version, which every activation holds from its choice to its swap.
+    fn swap_in(
         &self,
+        current: &mut Arc<PolicyVersion>,
         sources: Vec<(String, String)>,
         origin: Origin,
-        expected: Option<u64>,
+        restored: Option<u64>,
     ) -> Result<Activation, PolicyErrors> {
         let hash = sources_hash(&sources);
-        let mut current = self.current.lock();
-        if expected.is_some_and(|seq| seq != current.seq) {
-            return Ok(Activation::Superseded(current.clone()));
-        }
         // Rolling back to the texts that run is no change either: a new version would only
         // restart the top keys and the hot-key state.
         if current.hash == hash {
@@ -378,6 +394,7 @@ impl Lifecycle {
             accepted_at: self.limiter.clock().now(),
             rules: policy.rules().len(),
             sources,
+            restored,
         });
         self.limiter.replace_policy(policy);
         history.push(version.clone());
@@ -467,24 +484,37 @@ impl Lifecycle {
         Some(self.activate(sources, Origin::File))
     }
 
-    /// Returns to version `to`, or to the one before the running one.
+    /// Returns to version `to`, or to the one before the running one: for a version a rollback
+    /// made, the one before the version it restored, so plain rollbacks step back one version
+    /// each.
     pub fn rollback(&self, to: Option<u64>) -> Result<Activation, RollbackError> {
-        // Not under the history lock: activations take `current` first, then `history`.
-        let current = self.current().seq;
-        let target = {
-            let history = self.history.lock();
-            match to {
-                Some(seq) => history.iter().find(|v| v.seq == seq).cloned(),
-                None => history.iter().rev().find(|v| v.seq < current).cloned(),
-            }
+        // Chosen and activated under `current`'s lock, which every activation holds from its
+        // choice to its swap: two rollbacks at once end where two in a row do (each chose
+        // against the same running version, and the second undid the first or failed), and no
+        // push lands between a rollback's choice and its activation.
+        let result = {
+            let mut current = self.current.lock();
+            let target = {
+                let history = self.history.lock();
+                let back_from = current.restored.unwrap_or(current.seq);
+                match to {
+                    Some(seq) => history.iter().find(|v| v.seq == seq).cloned(),
+                    None => history.iter().rev().find(|v| v.seq < back_from).cloned(),
+                }
+            };
+            let target = target.ok_or(match to {
+                Some(seq) => RollbackError::NotKept(seq),
+                None => RollbackError::NoEarlier,
+            })?;
+            self.swap_in(
+                &mut current,
+                target.sources.clone(),
+                Origin::Rollback,
+                Some(target.seq),
+            )
         };
-        let target = target.ok_or(match to {
-            Some(seq) => RollbackError::NotKept(seq),
-            None => RollbackError::NoEarlier,
-        })?;
-        // Only over the version it was chosen against: a push landing meanwhile wins.
-        self.activate_over(target.sources.clone(), Origin::Rollback, Some(current))
-            .map_err(|e| RollbackError::Rejected(e.to_string()))
+        self.settle(&result, Origin::Rollback);
+        result.map_err(|e| RollbackError::Rejected(e.to_string()))
     }
 
     /// Appends the policy metrics in Prometheus text format.
@@ -821,6 +851,7 @@ mod tests {
             accepted_at: Timestamp::from_micros(0),
             sources: sources.to_vec(),
             rules: 0,
+            restored: None,
         };
         let changed = named(&[("./api.yaml", "domain: d\ndescriptors: [x]\n")]);
         let d = diff(&version(1, &file), &version(2, &changed));
@@ -1047,9 +1078,9 @@ mod tests {
         assert!(lines[1].contains("No such file"), "{}", lines[1]);
     }
 
-    /// A rollback chooses its target from the version running when it starts; a push landing
-    /// before it activates wins (it used to be undone), and rolling back to the running texts
-    /// is no new version.
+    /// An activation chosen against one version (a replica adopting the shared policy) changes
+    /// nothing once another runs: a push landing before it activates wins (it used to be
+    /// undone). Rolling back to the running texts is no new version.
     #[test]
     fn a_rollback_changes_only_what_it_chose_from() {
         let lifecycle = lifecycle();
@@ -1069,6 +1100,59 @@ mod tests {
         assert_eq!(lifecycle.versions().len(), versions, "no new version");
         let back = lifecycle.rollback(None).unwrap();
         assert!(matches!(back, Activation::Activated(ref v) if v.hash == sources_hash(&policy(2))));
+    }
+
+    /// Plain rollbacks step back one version each, whether made one after the other or all at
+    /// once: each used to choose the version before the running one, so a second undid the
+    /// first, and rollbacks made at once chose the same version (the later ones then failed).
+    #[test]
+    fn plain_rollbacks_step_back_one_version_each() {
+        let lifecycle = lifecycle();
+        for n in 2..=7 {
+            lifecycle.activate(policy(n), Origin::Push).unwrap();
+        }
+        let running = |lifecycle: &Lifecycle| lifecycle.current().hash.clone();
+        lifecycle.rollback(None).unwrap();
+        lifecycle.rollback(None).unwrap();
+        assert_eq!(
+            running(&lifecycle),
+            sources_hash(&policy(5)),
+            "two in a row"
+        );
+
+        let barrier = Arc::new(std::sync::Barrier::new(3));
+        let rollbacks: Vec<_> = (0..3)
+            .map(|_| {
+                let (lifecycle, barrier) = (lifecycle.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    lifecycle.rollback(None)
+                })
+            })
+            .collect();
+        for rollback in rollbacks {
+            let done = rollback.join().unwrap();
+            assert!(matches!(done, Ok(Activation::Activated(_))), "{done:?}");
+        }
+        assert_eq!(
+            running(&lifecycle),
+            sources_hash(&policy(2)),
+            "three at once"
+        );
+        lifecycle.rollback(None).unwrap();
+        assert_eq!(running(&lifecycle), sources_hash(&policy(1)));
+        assert_eq!(
+            lifecycle.rollback(None).unwrap_err(),
+            RollbackError::NoEarlier
+        );
+
+        // A version reached `--to` steps back from there; a push is stepped back from itself.
+        lifecycle.rollback(Some(4)).unwrap();
+        lifecycle.rollback(None).unwrap();
+        assert_eq!(running(&lifecycle), sources_hash(&policy(3)));
+        lifecycle.activate(policy(9), Origin::Push).unwrap();
+        lifecycle.rollback(None).unwrap();
+        assert_eq!(running(&lifecycle), sources_hash(&policy(3)));
     }
 
     /// A candidate whose texts become the running policy (promoted on another replica and

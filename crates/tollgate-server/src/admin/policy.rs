@@ -220,7 +220,7 @@ mod tests {
 
     use super::*;
 
-    /// A rollback that another activation overtook changed nothing, and says so with a `409`.
+    /// An activation another one overtook changed nothing, and says so with a `409`.
     #[test]
     fn an_overtaken_activation_is_a_conflict() {
         let version = Arc::new(PolicyVersion {
@@ -230,6 +230,7 @@ mod tests {
             accepted_at: Timestamp::from_micros(0),
             sources: Vec::new(),
             rules: 0,
+            restored: None,
         });
         let answer = |a: Activation| activation(Ok(a)).status();
         assert_eq!(
