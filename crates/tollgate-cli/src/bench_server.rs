@@ -59,6 +59,7 @@ async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
     let http_server = crate::http_listener::serve(
         http,
         tollgate_server::http::allow_all_router(),
+        crate::http_listener::Peer::Omitted,
         HTTP_READ_TIMEOUT,
         stop_rx.clone(),
     );

@@ -3,11 +3,13 @@
 //! client that sent half a request held its socket, and a task, for as long as it liked.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::pin::pin;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -22,11 +24,22 @@ use tracing::{debug, error, warn};
 use crate::idle_deadline::{IdleDeadline, Progress};
 use crate::serve::stopped;
 
+/// Whether a listener's requests carry their client's address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Peer {
+    /// Not given: the decision API's requests do no work for an address they never read.
+    Omitted,
+    /// As axum's [`ConnectInfo<SocketAddr>`] in each request's extensions: the admin API's
+    /// audit lines say who made each change.
+    Given,
+}
+
 /// Serves `router` on `listener` until `stop` says stop, then waits for the requests in flight
 /// (the caller bounds that wait) while idle connections close.
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
+    peer: Peer,
     read_timeout: Duration,
     stop: watch::Receiver<bool>,
 ) {
@@ -35,9 +48,9 @@ pub(crate) async fn serve(
     let (open, mut all_closed) = mpsc::channel::<()>(1);
     let mut stopped_listening = pin!(stopped(stop.clone()));
     loop {
-        let stream = tokio::select! {
+        let (stream, client) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     accept_failed(e).await;
                     continue;
@@ -55,6 +68,7 @@ pub(crate) async fn serve(
             router: router.clone(),
             progress: progress.clone(),
             limit: read_timeout,
+            client: (peer == Peer::Given).then_some(ConnectInfo(client)),
         };
         let connection = builder.serve_connection(io, service).into_owned();
         let (open, stop) = (open.clone(), stop.clone());
@@ -119,6 +133,8 @@ struct Marking {
     router: Router,
     progress: Progress,
     limit: Duration,
+    /// The connection's client, put into each request when the listener gives it ([`Peer`]).
+    client: Option<ConnectInfo<SocketAddr>>,
 }
 
 impl hyper::service::Service<http::Request<Incoming>> for Marking {
@@ -131,7 +147,11 @@ impl hyper::service::Service<http::Request<Incoming>> for Marking {
     fn call(&self, request: http::Request<Incoming>) -> Self::Future {
         let in_flight = self.progress.request();
         let multiplexed = request.version() == http::Version::HTTP_2;
-        let answer = self.router.clone().oneshot(request.map(Body::new));
+        let mut request = request.map(Body::new);
+        if let Some(client) = self.client {
+            request.extensions_mut().insert(client);
+        }
+        let answer = self.router.clone().oneshot(request);
         let limit = self.limit;
         Box::pin(async move {
             let answer = if multiplexed {

@@ -443,12 +443,14 @@ async fn serve(
     let http_server = http_listener::serve(
         http,
         tollgate_server::http::router_with_authorize(lifecycle.clone(), authorize),
+        http_listener::Peer::Omitted,
         args.http_read_timeout,
         stop_rx.clone(),
     );
     let admin_server = http_listener::serve(
         admin,
         tollgate_server::admin::router(lifecycle.clone(), token),
+        http_listener::Peer::Given,
         args.http_read_timeout,
         stop_rx.clone(),
     );

@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -610,6 +611,73 @@ async fn an_override_whose_rule_goes_is_listed_and_logged() {
     wait_for_version(&server, 3).await;
     assert_eq!(applies().await, true);
     assert_eq!(remaining(&server, "a", "b_c").await, 47);
+}
+
+/// Whether a line of `log` holds every one of `parts` and names `client` as the client.
+fn logged_from(log: &str, parts: &[&str], client: SocketAddr) -> bool {
+    let named = format!("client={client}");
+    log.lines().any(|line| {
+        parts.iter().all(|part| line.contains(part))
+            && line
+                .split(&named)
+                .nth(1)
+                .is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_digit()))
+    })
+}
+
+/// Every audit line of the admin API (push, rollback, reload, the candidate's set, promote and
+/// drop, an override's set and delete) names the client that made the change: the address of
+/// the admin connection it came on. They named no one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_audit_lines_name_the_client() {
+    let server = Server::start_logged_at("info", V1, &["--watch-interval", "0s"]);
+    let push = |n: u32| {
+        let text = V1.replace(
+            "requests_per_unit: 5}",
+            &format!("requests_per_unit: {n}}}"),
+        );
+        json!({"sources": [{"name": "policy.yaml", "text": text}]}).to_string()
+    };
+    let ok = |(status, answer, client): (u16, String, SocketAddr)| {
+        assert!((200..300).contains(&status), "{answer}");
+        (answer, client)
+    };
+    let mut made = Vec::new();
+    let (_, client) = ok(server.admin_raw("POST", "/v1/admin/policy", &push(6), None));
+    made.push((vec!["Policy activated", "origin=\"push\""], client));
+    let (_, client) = ok(server.admin_raw("POST", "/v1/admin/policy/rollback", "", None));
+    made.push((vec!["Policy activated", "origin=\"rollback\""], client));
+    std::fs::write(&server.config, V1.replace("5}", "9}")).unwrap();
+    let (_, client) = ok(server.admin_raw("POST", "/v1/admin/reload", "", None));
+    made.push((vec!["Policy activated", "origin=\"file\""], client));
+    let candidate = "/v1/admin/policy/candidate";
+    let (_, client) = ok(server.admin_raw("POST", candidate, &push(7), None));
+    made.push((vec!["Policy candidate shadowing"], client));
+    let (_, client) = ok(server.admin_raw("POST", "/v1/admin/policy/promote", "", None));
+    made.push((vec!["Policy candidate promoted"], client));
+    ok(server.admin_raw("POST", candidate, &push(8), None));
+    let (_, client) = ok(server.admin_raw("DELETE", candidate, "", None));
+    made.push((vec!["Policy candidate dropped"], client));
+    let set = json!({"domain": "api", "rule": "per_tenant", "entries": [{"key": "tenant", "value": "acme"}],
+                     "requests_per_unit": 30});
+    let (answer, client) =
+        ok(server.admin_raw("PUT", "/v1/admin/overrides", &set.to_string(), None));
+    made.push((vec!["Override set"], client));
+    let body = answer.split("\r\n\r\n").nth(1).unwrap();
+    let id = serde_json::from_str::<Value>(body).unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    let (_, client) =
+        ok(server.admin_raw("DELETE", &format!("/v1/admin/overrides/{id}"), "", None));
+    made.push((vec!["Override deleted"], client));
+
+    let log = server.log();
+    for (parts, client) in made {
+        assert!(
+            logged_from(&log, &parts, client),
+            "{parts:?} from {client}:\n{log}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

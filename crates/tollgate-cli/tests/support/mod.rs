@@ -79,11 +79,17 @@ impl Server {
     /// [`Server::start_with_args`], with the server's log (warnings and errors) kept for
     /// [`Server::log`].
     pub fn start_logged(policy: &str, args: &[&str]) -> Server {
+        Self::start_logged_at("warn", policy, args)
+    }
+
+    /// [`Server::start_logged`], logging at `level` (`RUST_LOG`): `info` keeps the admin API's
+    /// audit lines.
+    pub fn start_logged_at(level: &str, policy: &str, args: &[&str]) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("policy.yaml");
         std::fs::write(&path, policy).unwrap();
         let log = std::fs::File::create(dir.path().join(LOG)).unwrap();
-        Self::spawn(&path, args, dir, Stdio::from(log))
+        Self::spawn_at(level, &path, args, dir, Stdio::from(log))
     }
 
     /// What a server started with [`Server::start_logged`] has logged so far.
@@ -92,8 +98,19 @@ impl Server {
     }
 
     fn spawn(config: &Path, args: &[&str], dir: tempfile::TempDir, log: Stdio) -> Server {
+        Self::spawn_at("warn", config, args, dir, log)
+    }
+
+    fn spawn_at(
+        level: &str,
+        config: &Path,
+        args: &[&str],
+        dir: tempfile::TempDir,
+        log: Stdio,
+    ) -> Server {
         let mut command = Command::new(binary());
         command
+            .env("RUST_LOG", level)
             .args(["serve", "--config"])
             .arg(config)
             .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
@@ -166,6 +183,43 @@ impl Server {
             .json()
             .await
             .unwrap()
+    }
+
+    /// `METHOD path` with `body` (JSON, or empty) and, when given, `token` as its Bearer token,
+    /// to the admin API on a connection of its own: the answer's status and text, and the
+    /// connection's local address (the client address the server sees).
+    pub fn admin_raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: &str,
+        token: Option<&str>,
+    ) -> (u16, String, SocketAddr) {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(self.admin).unwrap();
+        let client = stream.local_addr().unwrap();
+        let auth = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\n{auth}Content-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.admin,
+            body.len()
+        )
+        .unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        let status = answer
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status line in {answer:?}"));
+        (status, answer, client)
     }
 
     /// Runs `tollgate policy ARGS` against this server's admin API; returns (exit code,
@@ -277,14 +331,13 @@ impl BenchServer {
     }
 }
 
-/// Spawns `command` (with `RUST_LOG=warn`) and reads the `NAME listening on ADDR` lines it
-/// prints, in the order of `names`.
+/// Spawns `command` (with `RUST_LOG=warn` unless it sets another) and reads the `NAME
+/// listening on ADDR` lines it prints, in the order of `names`.
 fn listening<const N: usize>(mut command: Command, names: [&str; N]) -> (Child, [SocketAddr; N]) {
-    let mut child = command
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    if !command.get_envs().any(|(name, _)| name == "RUST_LOG") {
+        command.env("RUST_LOG", "warn");
+    }
+    let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
     let stdout = child.stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
     let addrs = names.map(|name| {

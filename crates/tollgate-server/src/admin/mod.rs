@@ -26,10 +26,11 @@ mod overrides;
 mod policy;
 mod top;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{FromRequestParts, Request, State};
+use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
@@ -38,6 +39,7 @@ use axum::routing::{delete, get, post};
 use serde::de::DeserializeOwned;
 use tollgate::lifecycle::Lifecycle;
 use tollgate::policy::MAX_POLICY_FILE;
+use tracing::Instrument;
 
 use crate::http::{error_response, json_fallbacks};
 
@@ -76,7 +78,21 @@ pub fn router(lifecycle: Arc<Lifecycle>, token: Option<String>) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(state);
-    json_fallbacks(router)
+    json_fallbacks(router).layer(middleware::from_fn(in_client_span))
+}
+
+/// Handles an admin request inside a span naming its client (the peer address the listener
+/// put in the request, see [`ConnectInfo`]), so every line logged meanwhile — the audit lines
+/// of a push, a rollback, an override — says who made the change: `admin{client=ADDR}` in the
+/// text format, `"span": {"client": ADDR, ..}` in JSON.
+async fn in_client_span(request: Request, next: Next) -> Response {
+    // At warn, though it marks info lines too: a span is kept only where its own level is
+    // enabled, and a filter like `warn,tollgate::lifecycle=info` must still name the client.
+    let span = tracing::warn_span!("admin", client = tracing::field::Empty);
+    if let Some(ConnectInfo(client)) = request.extensions().get::<ConnectInfo<SocketAddr>>() {
+        span.record("client", tracing::field::display(client));
+    }
+    next.run(request).instrument(span).await
 }
 
 /// Largest admin request: a push of a policy file as large as `serve` reads
