@@ -567,6 +567,65 @@ async fn overrides_change_one_value_expire_and_survive_reloads() {
     assert_eq!(r.status(), 404);
 }
 
+/// An override's audit line says when it expires, and an override that expires is logged once
+/// (`Override expired`), however many requests and listings come after: it used to go
+/// without a word, and its set line did not say it would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_that_expires_is_logged_once() {
+    let server = Server::start_logged_at("info", V1, &["--sweep-interval", "100ms"]);
+    let set = async |value: &str, expiry: Value| {
+        let mut set = json!({"domain": "api", "rule": "per_tenant", "entries": [{"key": "tenant", "value": value}],
+                             "requests_per_unit": 30, "reason": "launch"});
+        if !expiry.is_null() {
+            set["expires_in"] = expiry;
+        }
+        server
+            .admin_send(reqwest::Method::PUT, "/v1/admin/overrides", &set)
+            .await
+    };
+    let r = set("acme", json!("1s")).await;
+    assert_eq!(r.status(), 200);
+    let id = r.json::<Value>().await.unwrap()["id"].as_u64().unwrap();
+    assert_eq!(set("globex", Value::Null).await.status(), 200);
+    let log = server.log();
+    let set_line = |value: &str| {
+        log.lines()
+            .find(|l| l.contains("Override set") && l.contains(value))
+            .unwrap_or_else(|| panic!("no set line for {value}:\n{log}"))
+            .to_owned()
+    };
+    let acme = set_line("acme");
+    assert!(acme.contains("expires_in=1s expires_at=20"), "{acme}");
+    let globex = set_line("globex");
+    assert!(
+        globex.contains("expires_in=never expires_at=never"),
+        "{globex}"
+    );
+
+    // Requests across the expiry (which pass over an expired override without a word): the
+    // sweeper notices it. Then more requests and listings.
+    let expired_line = format!("Override expired id={id}");
+    eventually(Duration::from_secs(5), "the expiry is logged", async || {
+        server.check("tenant", "acme").await;
+        server.log().contains(&expired_line)
+    })
+    .await;
+    for _ in 0..20 {
+        server.check("tenant", "acme").await;
+        server.admin_json("/v1/admin/overrides").await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = server.log();
+    let expired: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("Override expired"))
+        .collect();
+    assert_eq!(expired.len(), 1, "{log}");
+    assert!(expired[0].contains("rule=per_tenant"), "{log}");
+    let list = server.admin_json("/v1/admin/overrides").await;
+    assert_eq!(list["overrides"].as_array().unwrap().len(), 1, "{list}");
+}
+
 /// Two rules whose derived names collide are named `a_b_c` and `a_b_c#2` in file order: swapping
 /// them hands an override's rule name to the other rule. The override is kept, listed as
 /// applying to nothing and logged; swapped back, it applies again.

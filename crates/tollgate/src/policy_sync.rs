@@ -236,7 +236,8 @@ async fn carry_over_legacy(store: &RedisStore, lifecycle: &Lifecycle) -> bool {
                 count = list.len(),
                 "Carried over the overrides an earlier version shared"
             );
-            lifecycle.limiter().overrides().adopt(list);
+            let limiter = lifecycle.limiter();
+            limiter.overrides().adopt(list, limiter.clock().now());
         }
         Some(_) => {}
         None => warn!("The earlier version's shared overrides are unreadable; not carried over"),
@@ -439,7 +440,7 @@ fn adopt_overrides(lifecycle: &Lifecycle, shared: &SharedOverrides) {
     list.sort_by_key(|o| o.id);
     let overrides = lifecycle.limiter().overrides();
     let before = overrides.generation();
-    overrides.adopt(list);
+    overrides.adopt(list, lifecycle.limiter().clock().now());
     if overrides.generation() != before {
         info!(
             count = overrides.all().len(),

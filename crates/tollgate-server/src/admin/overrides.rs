@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tollgate::limiter::Override;
 use tollgate::policy::Policy;
+use tollgate_core::Timestamp;
 use tracing::info;
 
 use super::{AdminPath, AdminState};
@@ -63,6 +64,22 @@ fn describe(o: &Override, now_us: u64, policy: &Policy) -> Value {
         "expires_in_ms": o.expires_at.map(|at| at.as_micros().saturating_sub(now_us) / 1000),
         "reason": o.reason,
     })
+}
+
+/// An override's expiry for its audit line, as `(expires_in, expires_at)` set at `now`:
+/// `("2h", "2026-03-01T14:00:00Z")`, or `"never"` twice.
+fn expiry(o: &Override, now: Timestamp) -> (String, String) {
+    match o.expires_at {
+        Some(at) => {
+            let expires_in = humantime::format_duration(at.saturating_since(now)).to_string();
+            let wall = std::time::UNIX_EPOCH + std::time::Duration::from_micros(at.as_micros());
+            (
+                expires_in,
+                humantime::format_rfc3339_seconds(wall).to_string(),
+            )
+        }
+        None => ("never".into(), "never".into()),
+    }
 }
 
 pub async fn list(State(state): State<AdminState>) -> Json<Value> {
@@ -150,7 +167,8 @@ pub async fn set(
     match parse() {
         Ok(o) => {
             let id = limiter.overrides().set(o.clone());
-            info!(id, domain = %o.domain, rule = %o.rule, entries = ?o.entries, requests_per_unit = o.requests_per_unit, period = ?o.period, reason = %o.reason, "Override set");
+            let (expires_in, expires_at) = expiry(&o, now);
+            info!(id, domain = %o.domain, rule = %o.rule, entries = ?o.entries, requests_per_unit = o.requests_per_unit, period = ?o.period, expires_in = %expires_in, expires_at = %expires_at, reason = %o.reason, "Override set");
             let mut stored = o;
             stored.id = id;
             Json(describe(&stored, now.as_micros(), &limiter.policy())).into_response()

@@ -177,12 +177,14 @@ impl Limiter {
     }
 
     /// Drops expired counters from the in-process stores: the memory store, if that is the
-    /// store, and the `local` posture's. Redis expires its keys itself (every key has a TTL).
+    /// store, and the `local` posture's (Redis expires its keys itself: every key has a TTL);
+    /// and the runtime overrides that expired, each logged once.
     pub fn sweep_expired(&self) {
         if let StoreBackend::Memory(m) = &self.store {
             m.sweep_now();
         }
         self.local_store().sweep_now();
+        self.overrides.drop_expired(self.clock().now());
     }
 
     /// The snapshot of `policy`, its counters continuing those of `previous`.

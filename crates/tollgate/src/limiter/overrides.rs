@@ -13,6 +13,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tollgate_core::{Params, Timestamp};
+use tracing::info;
 
 use crate::policy::{Policy, Rule};
 
@@ -59,6 +60,11 @@ impl Override {
             .is_some_and(|rule| rule.name == self.rule)
     }
 
+    /// Whether it still applies at `now`.
+    fn live(&self, now: Timestamp) -> bool {
+        self.expires_at.is_none_or(|at| now < at)
+    }
+
     /// Whether `other` is for the same domain, rule and entries (and so replaced by this one).
     pub fn same_target(&self, other: &Override) -> bool {
         self.domain == other.domain && self.rule == other.rule && self.entries == other.entries
@@ -71,10 +77,7 @@ impl Override {
         entries: &[(String, String)],
         now: Timestamp,
     ) -> bool {
-        self.domain == domain
-            && self.rule == rule.name
-            && self.entries == entries
-            && self.expires_at.is_none_or(|at| now < at)
+        self.domain == domain && self.rule == rule.name && self.entries == entries && self.live(now)
     }
 }
 
@@ -205,32 +208,123 @@ impl Overrides {
     }
 
     /// Adopts `list`, every replica's overrides as shared; the local changes not yet shared are
-    /// applied over it, so none is lost.
-    pub fn adopt(&self, mut list: Vec<Override>) {
+    /// applied over it, so none is lost. Overrides expired at `now` are left out, and those this
+    /// replica held are logged as expired, as [`Overrides::drop_expired`] does.
+    pub fn adopt(&self, mut list: Vec<Override>, now: Timestamp) {
         let pending = self.pending.lock();
         for change in pending.iter() {
             change.apply(&mut list);
         }
-        if *self.list.load_full() != list {
+        list.retain(|o| o.live(now));
+        let held = self.list.load_full();
+        for o in held.iter().filter(|o| !o.live(now)) {
+            log_expired(o);
+        }
+        if *held != list {
             self.list.store(Arc::new(list));
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
     }
 
-    /// Every override still in force at `now` (expired ones are dropped).
-    pub fn list(&self, now: Timestamp) -> Vec<Override> {
-        let live = |o: &Override| o.expires_at.is_none_or(|at| now < at);
-        if self.list.load().iter().any(|o| !live(o)) {
-            let _writing = self.pending.lock();
-            let kept: Vec<Override> = self
-                .list
-                .load()
-                .iter()
-                .filter(|o| live(o))
-                .cloned()
-                .collect();
-            self.list.store(Arc::new(kept));
+    /// Drops the overrides expired at `now`, logging each (`Override expired`) as it goes: once
+    /// per override, however many requests it stopped applying to (they skip an expired one
+    /// without a word). The sweeper calls this every `--sweep-interval`.
+    pub fn drop_expired(&self, now: Timestamp) {
+        if self.list.load().iter().all(|o| o.live(now)) {
+            return;
         }
+        let _writing = self.pending.lock();
+        let (kept, expired): (Vec<Override>, Vec<Override>) =
+            self.list.load().iter().cloned().partition(|o| o.live(now));
+        if expired.is_empty() {
+            return;
+        }
+        self.list.store(Arc::new(kept));
+        for o in &expired {
+            log_expired(o);
+        }
+    }
+
+    /// Every override still in force at `now` (expired ones are dropped, see
+    /// [`Overrides::drop_expired`]).
+    pub fn list(&self, now: Timestamp) -> Vec<Override> {
+        self.drop_expired(now);
         self.list.load().iter().cloned().collect()
+    }
+}
+
+/// The audit line of an override that expired (set and delete are logged by the admin API).
+fn log_expired(o: &Override) {
+    info!(id = o.id, domain = %o.domain, rule = %o.rule, entries = ?o.entries,
+        reason = %o.reason, "Override expired");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An override that expires is logged once, whichever notices it first (the sweep, a
+    /// listing, an adoption of the shared list that still holds it), and an adoption does not
+    /// bring it back.
+    #[test]
+    fn an_expired_override_is_dropped_and_logged_once() {
+        #[derive(Clone, Default)]
+        struct Captured(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Captured {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let at = |s: u64| Timestamp::from_micros(s * 1_000_000);
+        let o = |value: &str, expires: Option<u64>| Override {
+            id: 0,
+            domain: "api".into(),
+            rule: "per_tenant".into(),
+            entries: vec![("tenant".into(), value.into())],
+            requests_per_unit: 30,
+            period: None,
+            expires_at: expires.map(at),
+            set_at: at(0),
+            reason: String::new(),
+        };
+        let overrides = Overrides::default();
+        let short = overrides.set(o("acme", Some(10)));
+        overrides.set(o("globex", None));
+        let shared = overrides.all();
+        let logs = Captured::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            overrides.drop_expired(at(9));
+            assert_eq!(overrides.list(at(9)).len(), 2, "not expired yet");
+            overrides.adopt(shared.clone(), at(11));
+            overrides.drop_expired(at(12));
+            assert_eq!(overrides.list(at(12)).len(), 1);
+            overrides.adopt(shared.clone(), at(13));
+            assert_eq!(
+                overrides.all().len(),
+                1,
+                "an adoption does not bring it back"
+            );
+        });
+        let text = String::from_utf8(logs.0.lock().clone()).unwrap();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("Override expired"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{text}");
+        assert!(lines[0].contains(&format!("id={short}")), "{text}");
+
+        let sweeping = Overrides::default();
+        sweeping.set(o("acme", Some(10)));
+        sweeping.drop_expired(at(10));
+        assert!(sweeping.all().is_empty(), "gone at its expiry");
     }
 }
