@@ -830,6 +830,34 @@ async fn the_admin_api_refuses_a_missing_or_wrong_token_and_changes_nothing() {
     }
 }
 
+/// With a token, a request without it gets `401` on any path, routed or not: an unknown path
+/// answered `404` and a known one asked with another method `405` before the token was
+/// checked, which mapped the API for anyone. With the token, those answers are as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_token_is_checked_before_routing() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret\n").unwrap();
+    let server = Server::start_with_args(V1, &["--admin-token-file", token_file.to_str().unwrap()]);
+    let requests = [
+        ("GET", "/", 404),
+        ("GET", "/v1/admin/nope", 404),
+        ("POST", "/v1/admin/policy/7/extra", 404),
+        ("DELETE", "/v1/admin/policy/rollback", 405),
+        ("PUT", "/v1/admin/policy", 405),
+        ("GET", "/v1/admin/policy", 200),
+    ];
+    for (method, path, authorized) in requests {
+        for token in [None, Some("wrong")] {
+            let (status, answer, _) = server.admin_raw(method, path, "", token);
+            assert_eq!(status, 401, "{method} {path} with {token:?}: {answer}");
+            assert!(answer.contains("missing or wrong admin token"), "{answer}");
+        }
+        let (status, answer, _) = server.admin_raw(method, path, "", Some("s3cret"));
+        assert_eq!(status, authorized, "{method} {path}: {answer}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn top_throttled_keys_and_the_metrics_families() {
     let server = Server::start(V1);

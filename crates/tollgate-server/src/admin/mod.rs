@@ -18,8 +18,9 @@
 //! | `DELETE /v1/admin/overrides/{id}` | remove one |
 //! | `GET /v1/admin/top?domain=D&rule=R&n=10` | the keys a rule denied most often |
 //!
-//! When a token is configured every request to these routes needs `Authorization: Bearer
-//! TOKEN`; a missing or wrong token gets `401` and changes nothing (an unknown path is `404`).
+//! When a token is configured every request needs `Authorization: Bearer TOKEN`; a missing or
+//! wrong token gets `401` and changes nothing, on any path: an unknown path is `404` (a known
+//! one asked with another method `405`) only for a caller with the token.
 
 mod candidate;
 mod overrides;
@@ -75,10 +76,13 @@ pub fn router(lifecycle: Arc<Lifecycle>, token: Option<String>) -> Router {
         )
         .route("/v1/admin/overrides/{id}", delete(overrides::delete))
         .route("/v1/admin/top", get(top::top))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
-        .with_state(state);
-    json_fallbacks(router).layer(middleware::from_fn(in_client_span))
+        .with_state(state.clone());
+    // The token is checked before routing: a `404` or `405` to a caller without it would
+    // map the API for them.
+    json_fallbacks(router)
+        .layer(middleware::from_fn_with_state(state, require_token))
+        .layer(middleware::from_fn(in_client_span))
 }
 
 /// Handles an admin request inside a span naming its client (the peer address the listener
