@@ -858,6 +858,71 @@ async fn the_admin_token_is_checked_before_routing() {
     }
 }
 
+/// Requests refused for their token are logged at warn with the client, method and path, never
+/// the token, and at most once a second: the next line counts those left out, so the lines
+/// account for every refusal. They were not logged at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_admin_requests_are_logged_at_most_once_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret\n").unwrap();
+    let server = Server::start_logged(V1, &["--admin-token-file", token_file.to_str().unwrap()]);
+    let began = tokio::time::Instant::now();
+    let (status, _, first) = server.admin_raw("GET", "/v1/admin/probe/0?token=hunter2", "", None);
+    assert_eq!(status, 401);
+    const FLOOD: u64 = 200;
+    for i in 1..FLOOD {
+        let token = (i % 2 == 0).then_some("hunter2-wrong");
+        let (status, _, _) = server.admin_raw("POST", &format!("/v1/admin/probe/{i}"), "", token);
+        assert_eq!(status, 401);
+    }
+    let flooded_for = began.elapsed();
+    let lines_at_most = flooded_for.as_secs() + 1;
+    // A second later, one more: logged, with the count of those before it left out.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, _, last) = server.admin_raw("DELETE", "/v1/admin/policy", "", Some("wrong"));
+    assert_eq!(status, 401);
+
+    let log = server.log();
+    assert!(
+        !log.contains("hunter2"),
+        "the token is never logged:\n{log}"
+    );
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("Admin request refused"))
+        .collect();
+    assert!(
+        (2..=lines_at_most + 1).contains(&(lines.len() as u64)),
+        "{} lines for {FLOOD} refusals in {flooded_for:?}, then one:\n{log}",
+        lines.len()
+    );
+    assert!(lines[0].contains(&format!("client={first}")), "{log}");
+    assert!(
+        lines[0].contains(r#"method=GET path="/v1/admin/probe/0" suppressed=0"#),
+        "{log}"
+    );
+    let last_line = lines[lines.len() - 1];
+    assert!(last_line.contains(&format!("client={last}")), "{log}");
+    assert!(
+        last_line.contains(r#"method=DELETE path="/v1/admin/policy""#),
+        "{log}"
+    );
+    let suppressed: u64 = lines
+        .iter()
+        .map(|l| {
+            let count = l.split("suppressed=").nth(1).unwrap();
+            count
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(lines.len() as u64 + suppressed, FLOOD + 1, "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn top_throttled_keys_and_the_metrics_families() {
     let server = Server::start(V1);
