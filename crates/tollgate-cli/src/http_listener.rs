@@ -27,7 +27,8 @@ use crate::serve::stopped;
 /// Whether a listener's requests carry their client's address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Peer {
-    /// Not given: the decision API's requests do no work for an address they never read.
+    /// Not given: the decision API never reads it, and each of its requests would pay for
+    /// putting it in (a map made for the extension).
     Omitted,
     /// As axum's [`ConnectInfo<SocketAddr>`] in each request's extensions: the admin API's
     /// audit lines say who made each change.
