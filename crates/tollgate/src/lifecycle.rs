@@ -412,6 +412,12 @@ impl Lifecycle {
         Ok(policy)
     }
 
+    /// The content hash of the policy files as last read (at start, or by a reload or the file
+    /// watcher), whatever version runs.
+    pub fn files_hash(&self) -> String {
+        self.files_seen.lock().clone()
+    }
+
     /// Re-reads the config path and activates it if it changed.
     pub fn reload(&self) -> Result<Activation, PolicyErrors> {
         let Some(path) = &self.config else {

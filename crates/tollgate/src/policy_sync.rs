@@ -58,6 +58,8 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
     let mut overrides_seen: Option<Stamp> = None;
     // A version activated here that could not be published yet.
     let mut unpublished: Option<u64> = None;
+    // Whether the shared policy is still to be read for the first time.
+    let mut first_look = true;
     // Whether the earlier version's list of overrides was looked for (once is enough).
     let mut legacy_read = false;
     let mut tick = tokio::time::interval(every);
@@ -69,7 +71,7 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
                 // another replica's document over a version set here and not yet published.
                 biased;
                 Some(version) = activated.recv() => {
-                    match publish_policy(store, &version).await {
+                    match publish_policy(store, &lifecycle, &version, rank(&version)).await {
                         Ok(Some(stamp)) => policy_seen = Some(stamp),
                         // A version accepted later is shared: the next check adopts it.
                         Ok(None) => policy_seen = None,
@@ -83,7 +85,8 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
                     }
                 }
                 _ = tick.tick() => {
-                    sync_policy(store, &lifecycle, &mut policy_seen, &mut unpublished).await;
+                    let policy = (&mut policy_seen, &mut unpublished, &mut first_look);
+                    sync_policy(store, &lifecycle, policy).await;
                     sync_overrides(store, &lifecycle, &mut overrides_seen, &mut legacy_read).await;
                 }
             }
@@ -98,18 +101,19 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
 }
 
 /// One check of the shared policy: publishes a version activated here that Redis missed, or
-/// adopts one another replica published.
+/// adopts one another replica published. At the first look, a replica still on the files it
+/// started with publishes them over the shared policy when the fleet's policy was made beside
+/// other files (see [`files_are_news`]).
 async fn sync_policy(
     store: &RedisStore,
     lifecycle: &Lifecycle,
-    seen: &mut Option<Stamp>,
-    unpublished: &mut Option<u64>,
+    (seen, unpublished, first_look): (&mut Option<Stamp>, &mut Option<u64>, &mut bool),
 ) {
     let current = lifecycle.current();
     // A version activated here whose publishing failed (Redis was unreachable) is published
     // now; Redis keeps the shared one if another replica's was accepted later.
     if unpublished.is_some_and(|seq| seq == current.seq) {
-        match publish_policy(store, &current).await {
+        match publish_policy(store, lifecycle, &current, rank(&current)).await {
             Ok(Some(stamp)) => {
                 *seen = Some(stamp);
                 *unpublished = None;
@@ -126,6 +130,21 @@ async fn sync_policy(
     let Ok(shared) = store.shared_policy().await else {
         return; // Redis unreachable: try again at the next tick
     };
+    let first = std::mem::take(first_look);
+    if let Some(shared) = &shared
+        && first
+        && current.seq == 1
+        && shared.hash != current.hash
+        && files_are_news(lifecycle, shared)
+    {
+        info!(version = %current.label(), shared_seq = shared.stamp.seq,
+            "This replica's policy files are not those the fleet's policy was made beside (a deploy changed them): publishing them as the fleet's policy");
+        let now = lifecycle.limiter().clock().now();
+        if let Ok(Some(stamp)) = publish_policy(store, lifecycle, &current, now).await {
+            *seen = Some(stamp);
+            return;
+        }
+    }
     // Seen before, and now gone or made again: Redis lost its data, counters included.
     if seen.is_some()
         && shared
@@ -144,7 +163,7 @@ async fn sync_policy(
         .as_ref()
         .is_none_or(|s| remade(seen.as_ref(), &s.stamp) && s.hash != current.hash)
     {
-        match publish_policy(store, &current).await {
+        match publish_policy(store, lifecycle, &current, rank(&current)).await {
             Ok(Some(stamp)) => *seen = Some(stamp),
             Ok(None) => {
                 if let Some(shared) = &shared {
@@ -245,20 +264,43 @@ async fn carry_over_legacy(store: &RedisStore, lifecycle: &Lifecycle) -> bool {
     true
 }
 
-/// Publishes `version`: its stamp, `None` if Redis kept a version accepted later, `Err` if
-/// Redis could not be asked.
-async fn publish_policy(store: &RedisStore, version: &PolicyVersion) -> Result<Option<Stamp>, ()> {
-    let doc = json!({
-        "origin": version.origin.name(),
-        "sources": version.sources.iter().map(|(n, t)| json!([n, t])).collect::<Vec<_>>(),
-    });
-    // The version a replica started with ranks below every version activated while running:
-    // a replica starting after Redis lost the shared policy must not undo the fleet's push.
-    let rank = if version.seq == 1 {
+/// Whether the shared policy was made beside policy files other than this replica's: its
+/// publisher's files (`files` in the document, the content hash of the files it had read)
+/// differ from the ones this replica started with. Then this replica's files are news to the
+/// fleet, as when a deploy changed them, and not a restart on the files the fleet already
+/// runs beside (where a push or a rollback made on top must survive). A document without the
+/// field (an earlier version's) is no news.
+fn files_are_news(lifecycle: &Lifecycle, shared: &SharedPolicy) -> bool {
+    serde_json::from_str::<Value>(&shared.doc)
+        .ok()
+        .and_then(|doc| doc["files"].as_str().map(str::to_owned))
+        .is_some_and(|files| files != lifecycle.files_hash())
+}
+
+/// Where `version` ranks against other publications: when it was accepted, except the version
+/// a replica started with, which ranks below every version activated while running (a replica
+/// starting after Redis lost the shared policy must not undo the fleet's push).
+fn rank(version: &PolicyVersion) -> Timestamp {
+    if version.seq == 1 {
         Timestamp::from_micros(0)
     } else {
         version.accepted_at
-    };
+    }
+}
+
+/// Publishes `version`, ranked at `rank`, with the hash of the files this replica last read:
+/// its stamp, `None` if Redis kept a version ranked later, `Err` if Redis could not be asked.
+async fn publish_policy(
+    store: &RedisStore,
+    lifecycle: &Lifecycle,
+    version: &PolicyVersion,
+    rank: Timestamp,
+) -> Result<Option<Stamp>, ()> {
+    let doc = json!({
+        "origin": version.origin.name(),
+        "sources": version.sources.iter().map(|(n, t)| json!([n, t])).collect::<Vec<_>>(),
+        "files": lifecycle.files_hash(),
+    });
     match store
         .publish_policy(&version.hash, &doc.to_string(), rank)
         .await

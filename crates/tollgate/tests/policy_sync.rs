@@ -35,6 +35,11 @@ struct Replica {
 
 impl Replica {
     async fn start(url: &str) -> Replica {
+        Self::start_on(url, POLICY).await
+    }
+
+    /// A replica whose policy file is `file`.
+    async fn start_on(url: &str, file: &str) -> Replica {
         let options = RedisOptions {
             command_timeout: Duration::from_millis(200),
             ..RedisOptions::default()
@@ -44,10 +49,10 @@ impl Replica {
                 .await
                 .unwrap();
         let limiter = Arc::new(Limiter::new(
-            Policy::from_yaml("p.yaml", POLICY).unwrap(),
+            Policy::from_yaml("p.yaml", file).unwrap(),
             store,
         ));
-        let sources = vec![("p.yaml".to_owned(), POLICY.to_owned())];
+        let sources = vec![("p.yaml".to_owned(), file.to_owned())];
         let lifecycle = Arc::new(Lifecycle::new(limiter, None, sources));
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(tollgate::policy_sync::run(
@@ -275,6 +280,27 @@ async fn a_replica_starting_after_redis_lost_everything_undoes_nothing() {
     .await;
     // The pushed version, not C's file.
     run_limit(&[&a, &b, &c], 40).await;
+}
+
+/// A replica that starts on the files the fleet's policy was made beside adopts that policy: a
+/// push made on top survives its restart. One that starts on files the fleet has not seen (a
+/// deploy changed them: a new ConfigMap, a rollout) makes them the fleet's policy, and the
+/// others adopt it. Before, every starting replica adopted the shared policy, so a rollout
+/// whose only change was the policy file never applied it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_on_new_files_brings_them_to_the_fleet() {
+    let redis = RedisServer::start();
+    let a = Replica::start(&redis.url()).await;
+    a.lifecycle.activate(policy(40), Origin::Push).unwrap();
+    run_limit(&[&a], 40).await;
+    let restarted = Replica::start(&redis.url()).await;
+    run_limit(&[&a, &restarted], 40).await;
+
+    let deployed = Replica::start_on(&redis.url(), &policy(70)[0].1).await;
+    run_limit(&[&a, &restarted, &deployed], 70).await;
+    // Once: the fleet then stays on it.
+    tokio::time::sleep(EVERY * 3).await;
+    run_limit(&[&a, &restarted, &deployed], 70).await;
 }
 
 /// A deletion stays: an older set for the same tenant, held by a replica that lost Redis and
