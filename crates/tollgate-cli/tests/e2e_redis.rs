@@ -779,3 +779,26 @@ async fn a_breaker_opened_by_timeouts_is_logged() {
         .expect("answers again");
     assert!(server.metrics().await.contains(&breaker(0)), "closed");
 }
+
+/// A replica that cannot read what the others share says so (at most every 10 s): pushes and
+/// overrides made elsewhere do not reach it meanwhile. Before, the failed reads were silent.
+#[tokio::test]
+async fn a_replica_that_cannot_read_the_shared_policy_says_so() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let policy = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 5}\n";
+    let store = proxy.url();
+    let args = ["--store", store.as_str(), "--policy-sync-interval", "50ms"];
+    let server = Server::start_logged(policy, &args);
+    proxy.set_mode(Mode::Refuse);
+    support::eventually(
+        Duration::from_secs(5),
+        "the failed read logged",
+        async || {
+            server
+                .log()
+                .contains("Could not read what the other replicas share")
+        },
+    )
+    .await;
+}

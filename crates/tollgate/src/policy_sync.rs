@@ -20,9 +20,10 @@ use crate::store::{RedisStore, SharedPolicy, StoreBackend};
 /// While Redis is away every check fails again: one warning per this long, not one per check.
 const RETRY_WARNING_EVERY: Duration = Duration::from_secs(10);
 
-/// When a failed publish, and a failed share, were last logged.
+/// When a failed publish, a failed share, and a failed read, were last logged.
 static LAST_PUBLISH_WARNING: RetryWarning = RetryWarning::new();
 static LAST_SHARE_WARNING: RetryWarning = RetryWarning::new();
+static LAST_READ_WARNING: RetryWarning = RetryWarning::new();
 
 /// When one kind of retry warning was last logged.
 struct RetryWarning(parking_lot::Mutex<Option<tokio::time::Instant>>);
@@ -127,8 +128,9 @@ async fn sync_policy(
     // A version activated here while the shared one is read is newer than it: the adoption
     // below only happens over `before`.
     let before = current.seq;
-    let Ok(shared) = store.shared_policy().await else {
-        return; // Redis unreachable: try again at the next tick
+    let shared = match store.shared_policy().await {
+        Ok(shared) => shared,
+        Err(e) => return read_failed("policy", &e), // try again at the next tick
     };
     let first = std::mem::take(first_look);
     if let Some(shared) = &shared
@@ -200,8 +202,9 @@ async fn sync_overrides(
         return;
     }
     // (Changes that could not be shared stay pending, and are kept over what is adopted.)
-    let Ok(shared) = store.shared_overrides().await else {
-        return;
+    let shared = match store.shared_overrides().await {
+        Ok(shared) => shared,
+        Err(e) => return read_failed("overrides", &e), // try again at the next tick
     };
     // Nothing shared (Redis lost it, or none was ever), or made again since this replica last
     // looked: whoever made it may have known only some of the overrides, so this replica adds
@@ -230,6 +233,14 @@ async fn sync_overrides(
     {
         *seen = Some(shared.stamp.clone());
         adopt_overrides(lifecycle, &shared);
+    }
+}
+
+/// A shared document that could not be read: changes made on other replicas do not arrive
+/// meanwhile, which is worth a line (once per [`RETRY_WARNING_EVERY`]).
+fn read_failed(what: &str, error: &crate::store::StoreError) {
+    if LAST_READ_WARNING.due() {
+        warn!(shared = what, error = %error, "Could not read what the other replicas share; trying again at every check");
     }
 }
 
