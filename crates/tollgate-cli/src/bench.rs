@@ -32,6 +32,7 @@ use hyper::body::Bytes;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
+use tollgate_server::headers::DEGRADED;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::stdout::{out, outln};
@@ -362,6 +363,9 @@ struct Tally {
     issued: AtomicU64,
     done: AtomicU64,
     ok: AtomicU64,
+    /// Of `ok`: allowed by a failure posture, not by the limiter (tollgate's
+    /// `x-tollgate-degraded`: the store did not answer).
+    degraded_ok: AtomicU64,
     over_limit: AtomicU64,
     errors: AtomicU64,
     first_error: OnceLock<String>,
@@ -372,15 +376,29 @@ struct Tally {
 
 #[derive(Debug, Clone, Copy)]
 enum Outcome {
-    Ok,
+    /// Allowed; `true` when a failure posture allowed it (the answer said it was degraded).
+    Ok {
+        degraded: bool,
+    },
     OverLimit,
     Error,
+}
+
+impl Outcome {
+    fn allowed(degraded: bool) -> Outcome {
+        Outcome::Ok { degraded }
+    }
 }
 
 impl Tally {
     fn count(&self, outcome: Outcome) {
         let counter = match outcome {
-            Outcome::Ok => &self.ok,
+            Outcome::Ok { degraded } => {
+                if degraded {
+                    self.degraded_ok.fetch_add(1, Ordering::Relaxed);
+                }
+                &self.ok
+            }
             Outcome::OverLimit => &self.over_limit,
             Outcome::Error => &self.errors,
         };
@@ -455,7 +473,12 @@ async fn connect_http(authority: &str) -> anyhow::Result<HttpConnection> {
 }
 
 /// Sends one `POST /v1/check` and drains the answer; the status code.
-async fn post_check(connection: &HttpConnection, body: String) -> anyhow::Result<StatusCode> {
+/// `POST /v1/check`: the answer's status, and whether it was degraded (tollgate's
+/// `x-tollgate-degraded`: a failure posture answered).
+async fn post_check(
+    connection: &HttpConnection,
+    body: String,
+) -> anyhow::Result<(StatusCode, bool)> {
     let request = http::Request::post("/v1/check")
         .header(header::HOST, connection.authority.as_str())
         .header(header::CONTENT_TYPE, "application/json")
@@ -472,9 +495,10 @@ async fn post_check(connection: &HttpConnection, body: String) -> anyhow::Result
     }
     let response = sender.send_request(request).await?;
     let status = response.status();
+    let degraded = response.headers().contains_key(DEGRADED);
     // Read to the end so the connection is ready for the next request.
     response.into_body().collect().await?;
-    Ok(status)
+    Ok((status, degraded))
 }
 
 async fn connect(plan: &Plan) -> anyhow::Result<Vec<Client>> {
@@ -516,8 +540,8 @@ async fn send(client: &mut Client, plan: &Plan, key: &str, tally: &Tally) -> Out
                 Ok(Err(status)) => {
                     tally.error(format!("grpc: {}: {}", status.code(), status.message()))
                 }
-                Ok(Ok(response)) => match response.into_inner().overall_code() {
-                    Code::Ok => Outcome::Ok,
+                Ok(Ok(response)) => match response.get_ref().overall_code() {
+                    Code::Ok => Outcome::allowed(response.metadata().contains_key(DEGRADED)),
                     Code::OverLimit => Outcome::OverLimit,
                     Code::Unknown => tally.error("grpc: overall_code UNKNOWN".into()),
                 },
@@ -529,9 +553,9 @@ async fn send(client: &mut Client, plan: &Plan, key: &str, tally: &Tally) -> Out
             match sent.await {
                 Err(_) => tally.error("http: request timed out".into()),
                 Ok(Err(e)) => tally.error(format!("http: {e:#}")),
-                Ok(Ok(StatusCode::OK)) => Outcome::Ok,
-                Ok(Ok(StatusCode::TOO_MANY_REQUESTS)) => Outcome::OverLimit,
-                Ok(Ok(other)) => tally.error(format!("http: status {}", other.as_u16())),
+                Ok(Ok((StatusCode::OK, degraded))) => Outcome::allowed(degraded),
+                Ok(Ok((StatusCode::TOO_MANY_REQUESTS, _))) => Outcome::OverLimit,
+                Ok(Ok((other, _))) => tally.error(format!("http: status {}", other.as_u16())),
             }
         }
     }
@@ -608,6 +632,7 @@ struct Report {
     elapsed: Duration,
     requests: u64,
     ok: u64,
+    degraded_ok: u64,
     over_limit: u64,
     errors: u64,
     first_error: Option<String>,
@@ -673,6 +698,7 @@ async fn run_plan(plan: Plan, show_progress: bool) -> anyhow::Result<Report> {
         elapsed,
         requests,
         ok: tally.ok.load(Ordering::Relaxed),
+        degraded_ok: tally.degraded_ok.load(Ordering::Relaxed),
         over_limit: tally.over_limit.load(Ordering::Relaxed),
         errors: tally.errors.load(Ordering::Relaxed),
         first_error: tally.first_error.get().cloned(),
@@ -689,6 +715,12 @@ impl Report {
         self.requests as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
     }
 
+    /// What `--verify` compares with the limit: the admissions the limiter decided, not those
+    /// a failure posture let through while the store did not answer (reported beside them).
+    fn admitted_by_the_limiter(&self) -> u64 {
+        self.ok - self.degraded_ok
+    }
+
     fn to_json(&self, args: &BenchArgs, protocol: Protocol, connections: usize) -> Value {
         let q = |p| micros(self.latency.quantile(p));
         let mut out = json!({
@@ -703,6 +735,7 @@ impl Report {
             "elapsed_s": self.elapsed.as_secs_f64(),
             "requests": self.requests,
             "ok": self.ok,
+            "degraded_ok": self.degraded_ok,
             "over_limit": self.over_limit,
             "errors": self.errors,
             "first_error": self.first_error,
@@ -718,8 +751,9 @@ impl Report {
         if let Some(limit) = args.verify {
             out["verify"] = json!({
                 "limit": limit,
-                "admitted": self.ok,
-                "passed": self.ok <= limit,
+                "admitted": self.admitted_by_the_limiter(),
+                "admitted_degraded": self.degraded_ok,
+                "passed": self.admitted_by_the_limiter() <= limit,
             });
         }
         out
@@ -732,7 +766,7 @@ impl Report {
         let mut out = format!(
             "{} requests in {:.2}s: {:.*} req/s\n\
              latency µs: p50 {}  p90 {}  p99 {}  p99.9 {}  max {:.1}\n\
-             OK {}  OVER_LIMIT {}  errors {}\n",
+             OK {}{}  OVER_LIMIT {}  errors {}\n",
             self.requests,
             self.elapsed.as_secs_f64(),
             places,
@@ -743,6 +777,10 @@ impl Report {
             q(0.999),
             micros(self.latency.max()),
             self.ok,
+            match self.degraded_ok {
+                0 => String::new(),
+                n => format!(" (of which {n} degraded: a failure posture answered)"),
+            },
             self.over_limit,
             self.errors,
         );
@@ -750,11 +788,17 @@ impl Report {
             out.push_str(&format!("first error: {e}\n"));
         }
         if let Some(limit) = args.verify {
-            let verdict = if self.ok <= limit { "ok" } else { "OVER" };
+            let admitted = self.admitted_by_the_limiter();
+            let verdict = if admitted <= limit { "ok" } else { "OVER" };
             out.push_str(&format!(
-                "verify: admitted {} of limit {limit}: {verdict}\n",
-                self.ok
+                "verify: admitted {admitted} of limit {limit}: {verdict}\n"
             ));
+            if self.degraded_ok > 0 {
+                out.push_str(&format!(
+                    "verify: {} more admitted by a failure posture (the store did not answer), not counted above\n",
+                    self.degraded_ok
+                ));
+            }
         }
         out
     }
@@ -775,7 +819,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     } else {
         out!("{}", report.render(&args));
     }
-    let verify_failed = args.verify.is_some_and(|limit| report.ok > limit);
+    let verify_failed = args
+        .verify
+        .is_some_and(|limit| report.admitted_by_the_limiter() > limit);
     let all_failed = report.requests > 0 && report.errors == report.requests;
     Ok(if verify_failed || all_failed {
         ExitCode::FAILURE

@@ -268,6 +268,50 @@ fn verify_fails_when_more_than_the_limit_is_admitted() {
     );
 }
 
+/// Admissions a failure posture made while the store did not answer are counted apart: they
+/// are not the limiter's, so `--verify` does not hold them against the algorithm (before,
+/// an `open` posture's answers read as an over-admission), and it says how many there were.
+#[test]
+fn verify_counts_admissions_of_a_failure_posture_apart() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let store = format!("redis://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let server = Server::start_with_args(POLICY, &["--store", &store]);
+    for target in [
+        format!("grpc://{}", server.grpc),
+        format!("http://{}", server.http),
+    ] {
+        let args = [
+            "--target",
+            &target,
+            "--domain",
+            "bench",
+            "--descriptor",
+            "daily=d{key}",
+            "--keys",
+            "1",
+            "--requests",
+            "20",
+            "--verify",
+            "10",
+        ];
+        let report = bench_json(&args);
+        assert_eq!(report["ok"], 20, "{report}");
+        assert_eq!(report["degraded_ok"], 20, "{report}");
+        assert_eq!(report["verify"]["admitted"], 0, "{report}");
+        assert_eq!(report["verify"]["admitted_degraded"], 20, "{report}");
+        assert_eq!(report["verify"]["passed"], true, "{report}");
+        let out = bench(&args);
+        assert_eq!(out.status.code(), Some(0));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("OK 20 (of which 20 degraded"), "{text}");
+        assert!(
+            text.contains("verify: 20 more admitted by a failure posture"),
+            "{text}"
+        );
+    }
+}
+
 #[test]
 fn requests_bound_stops_after_exactly_that_many() {
     let server = Server::start(POLICY);
