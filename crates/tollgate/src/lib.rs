@@ -28,6 +28,7 @@
 //! # }
 //! ```
 
+pub mod background;
 pub mod clock;
 mod fnv;
 pub mod lifecycle;

@@ -50,6 +50,7 @@ pub async fn readyz(State(limiter): State<Arc<Limiter>>) -> impl IntoResponse {
 pub async fn metrics(State(lifecycle): State<Arc<Lifecycle>>) -> impl IntoResponse {
     let mut text = lifecycle.limiter().render_metrics().await;
     lifecycle.render_metrics(&mut text);
+    tollgate::background::render_metrics(&mut text);
     (
         [(
             header::CONTENT_TYPE,
