@@ -70,7 +70,13 @@ impl Embedded {
             options.failure,
             clock,
         ));
-        tokio::spawn(maintain(Arc::downgrade(&limiter)));
+        let kept = Arc::downgrade(&limiter);
+        let alive = kept.clone();
+        tollgate::background::supervise(
+            "embedded_upkeep",
+            move || alive.strong_count() > 0,
+            move || maintain(kept.clone()),
+        );
         Ok(Self::from_limiter(limiter))
     }
 
@@ -85,9 +91,10 @@ impl Embedded {
     }
 }
 
-/// What `tollgate serve`'s sweeper does, for as long as the limiter lives: drops expired
+/// What `tollgate serve`'s sweeps do, for as long as the limiter lives: drops expired
 /// counters from the memory stores every second, and gives unused local budgets back to Redis
-/// (and forgets cleared denials) every 50 ms.
+/// (and forgets cleared denials) every 50 ms. Supervised: a panic is logged and counted, and
+/// the task started again (see [`tollgate::background`]).
 async fn maintain(limiter: Weak<Limiter>) {
     // Counters every second: every 20th hot-key sweep.
     const COUNTERS_EVERY: u32 = 20;

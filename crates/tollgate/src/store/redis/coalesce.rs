@@ -139,7 +139,24 @@ impl Coalescer {
     ) -> Self {
         let (jobs, queued) = mpsc::channel(queue.max(1));
         let stats = Arc::new(BatchStats::default());
-        let driver = tokio::spawn(drive(queued, connection, options, now, stats.clone()));
+        // Shared with every run of the driver, so that a run started again after a panic takes
+        // the same queue (the jobs of the batches the panic dropped get a store error).
+        let driving = Arc::new(Driving {
+            queued: Arc::new(tokio::sync::Mutex::new(queued)),
+            connection,
+            options,
+            now,
+            stats: stats.clone(),
+            outstanding: Arc::new(Semaphore::new(options.in_flight.max(1))),
+            script: Arc::new(redis::Script::new(script::DECIDE_BATCH_SCRIPT)),
+        });
+        // Dropping the coalescer aborts the driver; the queue closes with it.
+        let open = jobs.downgrade();
+        let driver = crate::background::supervise(
+            "redis_batcher",
+            move || open.strong_count() > 0,
+            move || drive(driving.clone()),
+        );
         Coalescer {
             jobs,
             driver,
@@ -184,15 +201,30 @@ impl Place<'_> {
     }
 }
 
-async fn drive(
-    mut queued: mpsc::Receiver<Job>,
+/// What every run of the driver shares.
+#[derive(Debug)]
+struct Driving {
+    queued: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>,
     connection: ConnectionManager,
     options: CoalesceOptions,
-    now_source: NowSource,
+    now: NowSource,
     stats: Arc<BatchStats>,
-) {
-    let script = Arc::new(redis::Script::new(script::DECIDE_BATCH_SCRIPT));
-    let outstanding = Arc::new(Semaphore::new(options.in_flight.max(1)));
+    /// Batches out at once.
+    outstanding: Arc<Semaphore>,
+    script: Arc<redis::Script>,
+}
+
+async fn drive(driving: Arc<Driving>) {
+    let Driving {
+        queued,
+        connection,
+        options,
+        now: now_source,
+        stats,
+        outstanding,
+        script,
+    } = driving.as_ref();
+    let mut queued = queued.clone().lock_owned().await;
     let max_batch = options.max_batch.max(1);
     loop {
         let Ok(permit) = outstanding.clone().acquire_owned().await else {

@@ -362,7 +362,13 @@ impl RedisStore {
                 }
                 let topology = Arc::new(Topology::cluster(options.breaker, clock));
                 let router = Arc::new(ClusterRouter::new(seeds.clone(), topology.clone(), options));
-                let task = tokio::spawn(cluster::maintain(Arc::downgrade(&router)));
+                let upkeep = Arc::downgrade(&router);
+                let alive = upkeep.clone();
+                let task = crate::background::supervise(
+                    "redis_cluster_upkeep",
+                    move || alive.strong_count() > 0,
+                    move || cluster::maintain(upkeep.clone()),
+                );
                 (Connection::Cluster(router), topology, Some(task))
             }
         };
