@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tollgate_core::Timestamp;
 use tracing::{info, warn};
@@ -46,23 +47,69 @@ impl RetryWarning {
 }
 
 /// Runs until `stop` turns true. Does nothing for the memory store.
-pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Receiver<bool>) {
+pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, stop: watch::Receiver<bool>) {
+    let state = Arc::new(tokio::sync::Mutex::new(SyncState::new(&lifecycle)));
+    resume(lifecycle, every, stop, state).await;
+}
+
+/// What the sync keeps from one check to the next: the subscriptions to this replica's own
+/// changes and what it last saw in Redis. Kept apart from a run, so that a run started again
+/// after a panic (see [`crate::background`]) resumes from it: with a new subscription, a
+/// version activated here meanwhile would be missed, and with nothing seen, the next check
+/// would adopt the shared version over one not published yet, as a replica does at its start.
+#[derive(Debug)]
+pub struct SyncState {
+    activated: UnboundedReceiver<Arc<PolicyVersion>>,
+    overridden: UnboundedReceiver<()>,
+    /// The stamp last seen in Redis for each document; `None` until Redis first answered. Any
+    /// other stamp is news: a Redis that lost the document (restarted without persistence,
+    /// failed over to an empty replica) makes it again under a new epoch.
+    policy_seen: Option<Stamp>,
+    overrides_seen: Option<Stamp>,
+    /// A version activated here that is not published yet.
+    unpublished: Option<u64>,
+    /// Whether the shared policy is still to be read for the first time.
+    first_look: bool,
+    /// Whether the earlier version's list of overrides was looked for (once is enough).
+    legacy_read: bool,
+}
+
+impl SyncState {
+    /// Subscribes to `lifecycle`'s activations and override changes (there is one subscriber:
+    /// a later one takes them over).
+    pub fn new(lifecycle: &Lifecycle) -> Self {
+        SyncState {
+            activated: lifecycle.subscribe(),
+            overridden: lifecycle.limiter().overrides().subscribe(),
+            policy_seen: None,
+            overrides_seen: None,
+            unpublished: None,
+            first_look: true,
+            legacy_read: false,
+        }
+    }
+}
+
+/// [`run`], from `state` (held by one run at a time).
+pub async fn resume(
+    lifecycle: Arc<Lifecycle>,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+    state: Arc<tokio::sync::Mutex<SyncState>>,
+) {
     let StoreBackend::Redis(store) = lifecycle.limiter().store() else {
         return;
     };
-    let mut activated = lifecycle.subscribe();
-    let mut overridden = lifecycle.limiter().overrides().subscribe();
-    // The stamp last seen in Redis for each document; `None` until Redis first answered. Any
-    // other stamp is news: a Redis that lost the document (restarted without persistence,
-    // failed over to an empty replica) makes it again under a new epoch.
-    let mut policy_seen: Option<Stamp> = None;
-    let mut overrides_seen: Option<Stamp> = None;
-    // A version activated here that could not be published yet.
-    let mut unpublished: Option<u64> = None;
-    // Whether the shared policy is still to be read for the first time.
-    let mut first_look = true;
-    // Whether the earlier version's list of overrides was looked for (once is enough).
-    let mut legacy_read = false;
+    let mut state = state.lock_owned().await;
+    let SyncState {
+        activated,
+        overridden,
+        policy_seen,
+        overrides_seen,
+        unpublished,
+        first_look,
+        legacy_read,
+    } = &mut *state;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let checks = async {
@@ -72,23 +119,32 @@ pub async fn run(lifecycle: Arc<Lifecycle>, every: Duration, mut stop: watch::Re
                 // another replica's document over a version set here and not yet published.
                 biased;
                 Some(version) = activated.recv() => {
+                    // Marked before it is tried, so that a run cut short meanwhile (a panic)
+                    // leaves it to be published at the next check.
+                    *unpublished = Some(version.seq);
                     match publish_policy(store, &lifecycle, &version, rank(&version)).await {
-                        Ok(Some(stamp)) => policy_seen = Some(stamp),
+                        Ok(Some(stamp)) => {
+                            *policy_seen = Some(stamp);
+                            *unpublished = None;
+                        }
                         // A version accepted later is shared: the next check adopts it.
-                        Ok(None) => policy_seen = None,
-                        Err(()) => unpublished = Some(version.seq),
+                        Ok(None) => {
+                            *policy_seen = None;
+                            *unpublished = None;
+                        }
+                        Err(()) => {}
                     }
                 }
                 Some(()) = overridden.recv() => {
                     let seen = overrides_seen.as_ref();
                     if let Ok(Some(stamp)) = share_overrides(store, &lifecycle, false, seen).await {
-                        overrides_seen = Some(stamp);
+                        *overrides_seen = Some(stamp);
                     }
                 }
                 _ = tick.tick() => {
-                    let policy = (&mut policy_seen, &mut unpublished, &mut first_look);
+                    let policy = (&mut *policy_seen, &mut *unpublished, &mut *first_look);
                     sync_policy(store, &lifecycle, policy).await;
-                    sync_overrides(store, &lifecycle, &mut overrides_seen, &mut legacy_read).await;
+                    sync_overrides(store, &lifecycle, overrides_seen, legacy_read).await;
                 }
             }
         }
