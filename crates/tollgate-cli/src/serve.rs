@@ -10,10 +10,12 @@ use anyhow::Context;
 use clap::Args;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tollgate::background::supervise;
 use tollgate::clock::SystemClock;
 use tollgate::lifecycle::Lifecycle;
 use tollgate::limiter::{FailureSettings, Limiter};
 use tollgate::policy::Policy;
+use tollgate::policy_sync::{self, SyncState};
 use tollgate::resilience::{BreakerConfig, Posture};
 use tollgate::store::{CoalesceOptions, RedisOptions, StoreBackend, StoreUrl};
 use tollgate_server::grpc::{HealthService, RlsService};
@@ -402,40 +404,43 @@ async fn serve(
 
     let (stop_tx, stop_rx) = watch::channel(false);
 
-    let sweeper = {
-        let limiter = limiter.clone();
-        let rx = stop_rx.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(args.sweep_interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut hot = tokio::time::interval(Limiter::HOT_KEY_SWEEP);
-            hot.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            // Leases and remembered denials exist on Redis only.
-            let hot_keys = matches!(limiter.store(), StoreBackend::Redis(_));
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => limiter.sweep_expired(),
-                    _ = hot.tick(), if hot_keys => {
-                        limiter.sweep_hot_keys().await;
-                    }
-                    _ = stopped(rx.clone()) => break,
-                }
-            }
-            limiter.release_local_budgets().await;
-        })
-    };
+    // The background duties, each supervised: a panic is logged and counted, and the duty
+    // starts again (see `tollgate::background`); each ends once the shutdown begins.
+    let redis = matches!(limiter.store(), StoreBackend::Redis(_));
+    let mut duties = Duties::new(&stop_rx);
+    duties.start("counter_sweep", {
+        let (limiter, stop) = (limiter.clone(), stop_rx.clone());
+        move || sweep_counters(limiter.clone(), args.sweep_interval, stop.clone())
+    });
+    // Leases and remembered denials exist on Redis only.
+    if redis {
+        duties.start("hot_key_sweep", {
+            let (limiter, stop) = (limiter.clone(), stop_rx.clone());
+            move || sweep_hot_keys(limiter.clone(), stop.clone())
+        });
+    }
+    // Shared by every run of the watcher: registered before anything was announced.
+    let hangup = Arc::new(tokio::sync::Mutex::new(hangup));
+    duties.start("policy_watcher", {
+        let (lifecycle, stop, every) = (lifecycle.clone(), stop_rx.clone(), args.watch_interval);
+        move || watch_policy(lifecycle.clone(), every, hangup.clone(), stop.clone())
+    });
+    if redis {
+        duties.start("policy_sync", {
+            let (lifecycle, stop) = (lifecycle.clone(), stop_rx.clone());
+            let every = args.policy_sync_interval;
+            // Kept across runs: a restarted sync publishes what was activated meanwhile.
+            let state = Arc::new(tokio::sync::Mutex::new(SyncState::new(&lifecycle)));
+            move || policy_sync::resume(lifecycle.clone(), every, stop.clone(), state.clone())
+        });
+    }
+    if let Some(tls) = tls.clone().filter(|_| !args.watch_interval.is_zero()) {
+        duties.start("grpc_tls_watcher", {
+            let (stop, every) = (stop_rx.clone(), args.watch_interval);
+            move || tls.clone().watch(every, stop.clone())
+        });
+    }
 
-    let reloader = tokio::spawn(watch_policy(
-        lifecycle.clone(),
-        args.watch_interval,
-        hangup,
-        stop_rx.clone(),
-    ));
-    let sync = tokio::spawn(tollgate::policy_sync::run(
-        lifecycle.clone(),
-        args.policy_sync_interval,
-        stop_rx.clone(),
-    ));
     let authorize = args
         .authorize_domain
         .clone()
@@ -473,7 +478,6 @@ async fn serve(
             stopped(stop_rx.clone()),
         )),
     };
-    let tls_watch = tls.map(|tls| tokio::spawn(tls.watch(args.watch_interval, stop_rx.clone())));
 
     let http_task = tokio::spawn(http_server);
     let admin_task = tokio::spawn(admin_server);
@@ -484,23 +488,81 @@ async fn serve(
         humantime::format_duration(args.shutdown_timeout)
     );
     let _ = stop_tx.send(true);
-    // The background tasks finish within the same deadline: on a hung Redis, giving local
+    // The background duties finish within the same deadline: on a hung Redis, giving local
     // budgets back waits as long as the store does (a policy sync is cut short at once).
     let finish = async {
         http_task.await?;
         join_server(grpc_task, "gRPC").await?;
         admin_task.await?;
-        let _ = sweeper.await;
-        let _ = reloader.await;
-        let _ = sync.await;
-        if let Some(watch) = tls_watch {
-            let _ = watch.await;
-        }
+        duties.finish().await;
         Ok(())
     };
     drain(finish, args.shutdown_timeout, &mut terminate).await?;
     info!("Stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `serve`'s background duties, each started under `tollgate::background::supervise` and
+/// wanted until the shutdown begins.
+struct Duties {
+    stop: watch::Receiver<bool>,
+    started: Vec<(&'static str, tokio::task::JoinHandle<()>)>,
+}
+
+impl Duties {
+    fn new(stop: &watch::Receiver<bool>) -> Self {
+        Duties {
+            stop: stop.clone(),
+            started: Vec::new(),
+        }
+    }
+
+    /// Starts the duty `run` makes, named `name` in logs and metrics.
+    fn start<R, F>(&mut self, name: &'static str, run: R)
+    where
+        R: FnMut() -> F + Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let stop = self.stop.clone();
+        // Also done once `serve` is gone (its sender with it).
+        let wanted = move || stop.has_changed().is_ok() && !*stop.borrow();
+        self.started.push((name, supervise(name, wanted, run)));
+    }
+
+    /// Waits for every duty to end (the shutdown has begun).
+    async fn finish(&mut self) {
+        for (_, duty) in &mut self.started {
+            let _ = duty.await;
+        }
+    }
+}
+
+/// Drops expired counters from the in-process stores every `every` until the shutdown begins.
+async fn sweep_counters(limiter: Arc<Limiter>, every: Duration, stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => limiter.sweep_expired(),
+            _ = stopped(stop.clone()) => return,
+        }
+    }
+}
+
+/// Gives unused local budgets back to Redis and forgets cleared denials every
+/// [`Limiter::HOT_KEY_SWEEP`]; once the shutdown begins, gives every budget back.
+async fn sweep_hot_keys(limiter: Arc<Limiter>, stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Limiter::HOT_KEY_SWEEP);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                limiter.sweep_hot_keys().await;
+            }
+            _ = stopped(stop.clone()) => break,
+        }
+    }
+    limiter.release_local_budgets().await;
 }
 
 /// Resolves once `rx` says stop: the servers' graceful-shutdown signal.
@@ -596,9 +658,11 @@ where
 async fn watch_policy(
     lifecycle: Arc<Lifecycle>,
     every: Duration,
-    mut hangup: Option<tokio::signal::unix::Signal>,
+    hangup: Arc<tokio::sync::Mutex<Option<tokio::signal::unix::Signal>>>,
     mut stop: watch::Receiver<bool>,
 ) {
+    // Held by one run at a time: a run that panicked let go of it.
+    let mut hangup = hangup.lock_owned().await;
     let mut tick = tokio::time::interval(if every.is_zero() {
         Duration::from_secs(3600)
     } else {
@@ -646,5 +710,34 @@ pub(crate) async fn shutdown_signal(term: &mut Option<tokio::signal::unix::Signa
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every long-lived task `serve` starts beside its servers goes through
+    /// `tollgate::background::supervise`, so that a panicking one is logged, counted and started
+    /// again rather than silently gone: the only tasks spawned here directly are the three
+    /// servers (gRPC with or without TLS), whose end the shutdown's drain waits for. The tasks
+    /// themselves are listed by name in `/metrics` (see the e2e tests' `supervised_tasks`).
+    #[test]
+    fn serve_starts_its_background_tasks_only_through_the_supervisor() {
+        let source = include_str!("serve.rs");
+        let code = source.split("#[cfg(test)]").next().unwrap();
+        let spawned: Vec<&str> = code
+            .lines()
+            .map(str::trim)
+            .filter(|line| line.contains("spawn"))
+            .collect();
+        assert_eq!(
+            spawned,
+            [
+                "Some(tls) => tokio::spawn(grpc_router.serve_with_incoming_shutdown(",
+                "None => tokio::spawn(grpc_router.serve_with_incoming_shutdown(",
+                "let http_task = tokio::spawn(http_server);",
+                "let admin_task = tokio::spawn(admin_server);",
+            ],
+            "a task spawned without `supervise`"
+        );
     }
 }

@@ -566,6 +566,11 @@ async fn grpc_over_mutual_tls_answers_only_clients_with_a_certificate() {
     assert!(plaintext.is_err(), "{plaintext:?}");
     let again = ask("https", Some(with_certificate)).await.unwrap();
     assert_eq!(remaining(again), 3, "the refused calls counted nothing");
+    // The TLS files' watcher is supervised too.
+    assert_eq!(
+        support::supervised_tasks(&server.metrics().await),
+        ["counter_sweep", "grpc_tls_watcher", "policy_watcher"]
+    );
 }
 
 /// Over TLS too, a client that completes its handshake and then sends nothing is disconnected

@@ -124,6 +124,17 @@ async fn three_replicas_on_a_cluster_admit_exactly_the_limit() {
     let ready = reqwest::get(servers[0].url("/readyz")).await.unwrap();
     let text = ready.text().await.unwrap();
     assert!(text.contains("store: redis cluster, "), "{text}");
+    // The slot map's upkeep too is supervised; a cluster does not batch decisions.
+    assert_eq!(
+        support::supervised_tasks(&servers[0].metrics().await),
+        [
+            "counter_sweep",
+            "hot_key_sweep",
+            "policy_sync",
+            "policy_watcher",
+            "redis_cluster_upkeep"
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,6 +160,17 @@ async fn a_flushed_script_cache_is_reloaded_without_a_failed_decision() {
             .expect("NOSCRIPT is absorbed");
         assert_eq!(r.get_ref().statuses[0].limit_remaining, 98 - 2 * round);
     }
+    // On a single Redis, the decisions' batcher is supervised beside `serve`'s own tasks.
+    assert_eq!(
+        support::supervised_tasks(&servers[0].metrics().await),
+        [
+            "counter_sweep",
+            "hot_key_sweep",
+            "policy_sync",
+            "policy_watcher",
+            "redis_batcher"
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

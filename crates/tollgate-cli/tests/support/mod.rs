@@ -307,6 +307,24 @@ pub async fn eventually(within: Duration, what: &str, mut done: impl AsyncFnMut(
     assert!(done().await, "{what} within {within:?}");
 }
 
+/// The background tasks a server's `/metrics` text lists as supervised, in name order: every
+/// long-lived task `serve` starts goes through the supervisor, which gives each a
+/// `tollgate_background_task_panics_total` series from its start. Panics if one has panicked.
+pub fn supervised_tasks(metrics: &str) -> Vec<String> {
+    let prefix = "tollgate_background_task_panics_total{task=\"";
+    let mut tasks: Vec<String> = metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix(prefix))
+        .map(|rest| {
+            let (task, count) = rest.split_once("\"} ").unwrap();
+            assert_eq!(count, "0", "{task} panicked: {metrics}");
+            task.to_owned()
+        })
+        .collect();
+    tasks.sort();
+    tasks
+}
+
 /// The value of header `name`, if the response has it.
 pub fn header<'a>(r: &'a reqwest::Response, name: &str) -> Option<&'a str> {
     r.headers().get(name).map(|v| v.to_str().unwrap())
