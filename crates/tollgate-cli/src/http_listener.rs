@@ -21,6 +21,7 @@ use tollgate_server::http::body_too_slow;
 use tower::ServiceExt;
 use tracing::{debug, error, warn};
 
+use crate::drain::{Gauge, Open};
 use crate::idle_deadline::{IdleDeadline, Progress};
 use crate::serve::stopped;
 
@@ -36,17 +37,19 @@ pub(crate) enum Peer {
 }
 
 /// Serves `router` on `listener` until `stop` says stop, then waits for the requests in flight
-/// (the caller bounds that wait) while idle connections close.
+/// (the caller bounds that wait) while idle connections close. `open` counts the connections
+/// and the requests in flight meanwhile.
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     peer: Peer,
     read_timeout: Duration,
     stop: watch::Receiver<bool>,
+    open: Open,
 ) {
     let builder = auto::Builder::new(TokioExecutor::new());
     // Every connection's task holds a clone; `recv` answers `None` once all have ended.
-    let (open, mut all_closed) = mpsc::channel::<()>(1);
+    let (tracked, mut all_closed) = mpsc::channel::<()>(1);
     let mut stopped_listening = pin!(stopped(stop.clone()));
     loop {
         let (stream, client) = tokio::select! {
@@ -70,11 +73,13 @@ pub(crate) async fn serve(
             progress: progress.clone(),
             limit: read_timeout,
             client: (peer == Peer::Given).then_some(ConnectInfo(client)),
+            requests: open.requests.clone(),
         };
         let connection = builder.serve_connection(io, service).into_owned();
-        let (open, stop) = (open.clone(), stop.clone());
+        let (tracked, stop) = (tracked.clone(), stop.clone());
+        let counted = open.connections.hold();
         tokio::spawn(async move {
-            let _open = open;
+            let _tracked = (tracked, counted);
             if let Err(e) = close_gracefully(connection, progress, stop).await {
                 debug!(error = %e, "HTTP connection ended with an error");
             }
@@ -84,7 +89,7 @@ pub(crate) async fn serve(
     // Every connection's task has seen `stop` too: those with no request in flight close
     // within `STOPPING_GRACE` (see `IdleDeadline`); requests in flight finish, within the
     // caller's bound.
-    drop(open);
+    drop(tracked);
     let _ = all_closed.recv().await;
 }
 
@@ -136,6 +141,8 @@ struct Marking {
     limit: Duration,
     /// The connection's client, put into each request when the listener gives it ([`Peer`]).
     client: Option<ConnectInfo<SocketAddr>>,
+    /// Every connection's requests in flight, for a shutdown's count.
+    requests: Gauge,
 }
 
 impl hyper::service::Service<http::Request<Incoming>> for Marking {
@@ -146,7 +153,7 @@ impl hyper::service::Service<http::Request<Incoming>> for Marking {
     >;
 
     fn call(&self, request: http::Request<Incoming>) -> Self::Future {
-        let in_flight = self.progress.request();
+        let in_flight = (self.progress.request(), self.requests.hold());
         let multiplexed = request.version() == http::Version::HTTP_2;
         let mut request = request.map(Body::new);
         if let Some(client) = self.client {

@@ -5,6 +5,7 @@ mod bench;
 mod bench_server;
 mod cert_validity;
 mod check;
+mod drain;
 mod first_bytes;
 mod grpc_tls;
 mod http_listener;

@@ -22,6 +22,7 @@ use tollgate_server::grpc::{HealthService, RlsService};
 use tollgate_server::http::authorize::{AuthorizeMapping, DescriptorMapping};
 use tracing::{info, warn};
 
+use crate::drain::{CUT_EXIT_CODE, Counted, Drained, Gauge, Open};
 use crate::first_bytes::FirstBytesWithin;
 use crate::grpc_tls::GrpcTlsArgs;
 use crate::http_listener;
@@ -445,12 +446,14 @@ async fn serve(
         .authorize_domain
         .clone()
         .map(|domain| AuthorizeMapping::new(domain, args.authorize_descriptor.clone()));
+    let (http_open, admin_open, grpc_open) = (Open::default(), Open::default(), Open::default());
     let http_server = http_listener::serve(
         http,
         tollgate_server::http::router_with_authorize(lifecycle.clone(), authorize),
         http_listener::Peer::Omitted,
         args.http_read_timeout,
         stop_rx.clone(),
+        http_open.clone(),
     );
     let admin_server = http_listener::serve(
         admin,
@@ -458,6 +461,7 @@ async fn serve(
         http_listener::Peer::Given,
         args.http_read_timeout,
         stop_rx.clone(),
+        admin_open.clone(),
     );
     let mut rls = RlsService::new(limiter.clone());
     if args.no_rls_x_ratelimit_headers {
@@ -470,11 +474,14 @@ async fn serve(
     let within = args.grpc_keepalive_timeout;
     let grpc_task = match &tls {
         Some(tls) => tokio::spawn(grpc_router.serve_with_incoming_shutdown(
-            preface_within(tls.clone().handshakes(accepted), within),
+            counted(
+                preface_within(tls.clone().handshakes(accepted), within),
+                &grpc_open.connections,
+            ),
             stopped(stop_rx.clone()),
         )),
         None => tokio::spawn(grpc_router.serve_with_incoming_shutdown(
-            preface_within(accepted, within),
+            counted(preface_within(accepted, within), &grpc_open.connections),
             stopped(stop_rx.clone()),
         )),
     };
@@ -497,9 +504,43 @@ async fn serve(
         duties.finish().await;
         Ok(())
     };
-    drain(finish, args.shutdown_timeout, &mut terminate).await?;
-    info!("Stopped");
-    Ok(ExitCode::SUCCESS)
+    let why = match drain(finish, args.shutdown_timeout, &mut terminate).await? {
+        Drained::Complete => {
+            info!("Stopped");
+            return Ok(ExitCode::SUCCESS);
+        }
+        Drained::TimedOut => format!(
+            "still finishing {} after it began",
+            humantime::format_duration(args.shutdown_timeout)
+        ),
+        Drained::SecondSignal => "a second stop signal".to_owned(),
+    };
+    // Counted before anything is dropped: what the exit cuts.
+    let unfinished = duties.unfinished();
+    let tasks = if unfinished.is_empty() {
+        String::new()
+    } else {
+        // A hung store holding the local budgets' give-back, mostly.
+        format!(
+            ", and the background tasks {} unfinished",
+            unfinished.join(", ")
+        )
+    };
+    let open = [&http_open, &admin_open, &grpc_open];
+    let connections: usize = open.iter().map(|o| o.connections.get()).sum();
+    let requests: usize = open.iter().map(|o| o.requests.get()).sum();
+    warn!(
+        connections,
+        requests,
+        http_connections = http_open.connections.get(),
+        http_requests = http_open.requests.get(),
+        admin_connections = admin_open.connections.get(),
+        admin_requests = admin_open.requests.get(),
+        grpc_connections = grpc_open.connections.get(),
+        exit_code = CUT_EXIT_CODE,
+        "Shutdown drain cut ({why}): closing {connections} connection(s) still open, with {requests} HTTP request(s) in flight{tasks}; exiting with status {CUT_EXIT_CODE}"
+    );
+    Ok(ExitCode::from(CUT_EXIT_CODE))
 }
 
 /// `serve`'s background duties, each started under `tollgate::background::supervise` and
@@ -534,6 +575,15 @@ impl Duties {
         for (_, duty) in &mut self.started {
             let _ = duty.await;
         }
+    }
+
+    /// The duties that have not ended.
+    fn unfinished(&self) -> Vec<&'static str> {
+        self.started
+            .iter()
+            .filter(|(_, duty)| !duty.is_finished())
+            .map(|(name, _)| *name)
+            .collect()
     }
 }
 
@@ -585,21 +635,18 @@ pub(crate) async fn join_server<E: std::fmt::Display>(
 /// connections, then the background tasks) for at most `limit` or until a second SIGTERM or
 /// Ctrl-C. What is still open then is dropped when the process exits: a caller that never
 /// answers HTTP/2's goodbye (or never finishes sending a request), or a hung store, must not
-/// keep a replica from stopping.
+/// keep a replica from stopping. Says whether `work` finished, and what cut it if not (the
+/// caller logs it).
 pub(crate) async fn drain(
     work: impl Future<Output = anyhow::Result<()>>,
     limit: Duration,
     terminate: &mut Option<tokio::signal::unix::Signal>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Drained> {
     tokio::select! {
-        done = work => return done,
-        _ = tokio::time::sleep(limit) => warn!(
-            "Still finishing {} after the shutdown began (connections open, or the store not answering); stopping now",
-            humantime::format_duration(limit)
-        ),
-        _ = shutdown_signal(terminate) => warn!("Second stop signal: stopping now"),
+        done = work => done.map(|()| Drained::Complete),
+        _ = tokio::time::sleep(limit) => Ok(Drained::TimedOut),
+        _ = shutdown_signal(terminate) => Ok(Drained::SecondSignal),
     }
-    Ok(())
 }
 
 /// A gRPC server pinging connections idle for `keepalive` (none when zero) and closing those
@@ -639,6 +686,19 @@ pub(crate) fn grpc_accepted(
     listener: TcpListener,
 ) -> impl futures_util::Stream<Item = std::io::Result<tokio::net::TcpStream>> + Send + 'static {
     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
+/// `connections`, each counted in `open` for as long as the server keeps it.
+fn counted<IO, S>(
+    connections: S,
+    open: &Gauge,
+) -> impl futures_util::Stream<Item = std::io::Result<Counted<IO>>> + Send + 'static
+where
+    S: futures_util::Stream<Item = std::io::Result<IO>> + Send + 'static,
+{
+    use futures_util::StreamExt;
+    let open = open.clone();
+    connections.map(move |accepted| accepted.map(|io| Counted::new(io, &open)))
 }
 
 /// `connections` (plaintext, or after their TLS handshake), each of which must send HTTP/2's

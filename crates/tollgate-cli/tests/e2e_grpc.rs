@@ -489,7 +489,8 @@ async fn the_grpc_health_service_serves_until_shutdown() {
     let last = watch.message().await.unwrap().unwrap();
     assert_eq!(last.status(), ServingStatus::NotServing);
     assert!(watch.message().await.unwrap().is_none(), "the stream ends");
-    let status = server.stop();
+    // A complete drain: status 0.
+    let status = server.exited();
     assert!(status.success(), "exit status {status:?}");
 }
 
@@ -498,8 +499,9 @@ const HTTP2_HELLO: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x0
 
 /// A gRPC caller that opens an HTTP/2 connection and goes silent never acknowledges the
 /// server's goodbye: on SIGTERM the server waits for it `--shutdown-timeout`, then closes it and
-/// exits, instead of waiting forever. (Half an HTTP request no longer holds the shutdown: see
-/// `half_a_request_does_not_hold_the_shutdown` in e2e_http.rs.)
+/// exits, instead of waiting forever; with status 3, since the drain was cut. (Half an HTTP
+/// request no longer holds the shutdown: see `half_a_request_does_not_hold_the_shutdown` in
+/// e2e_http.rs.)
 #[tokio::test]
 async fn silent_connections_hold_the_shutdown_for_its_timeout_only() {
     let server = Server::start_with_args(POLICY, &["--shutdown-timeout", "1500ms"]);
@@ -511,21 +513,25 @@ async fn silent_connections_hold_the_shutdown_for_its_timeout_only() {
     let began = tokio::time::Instant::now();
     let status = server.stop();
     let took = began.elapsed();
-    assert!(status.success(), "exit status {status:?}");
+    assert_eq!(status.code(), Some(3), "exit status {status:?}");
     assert!(
         took >= Duration::from_millis(1500),
         "the drain waited for the silent caller: {took:?}"
     );
 }
 
-/// A second SIGTERM ends the drain at once, whatever the timeout.
+/// A second SIGTERM ends the drain at once, whatever the timeout; the drain was cut, so the
+/// exit status is 3.
 #[tokio::test]
 async fn a_second_signal_stops_without_waiting_for_the_drain() {
     let server = Server::start_with_args(POLICY, &["--shutdown-timeout", "1h"]);
-    let _h2 = support::silent_client(server.grpc, HTTP2_HELLO);
+    let mut h2 = support::silent_client(server.grpc, HTTP2_HELLO);
+    // Served, not still in the accept queue: the server's SETTINGS frame came back.
+    h2.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    std::io::Read::read_exact(&mut h2, &mut [0u8; 9]).unwrap();
     server.begin_shutdown().await;
     let status = server.stop();
-    assert!(status.success(), "exit status {status:?}");
+    assert_eq!(status.code(), Some(3), "exit status {status:?}");
 }
 
 /// `--grpc-tls-cert`/`--grpc-tls-key` serve gRPC over TLS, and `--grpc-tls-client-ca` asks every

@@ -517,6 +517,54 @@ fn half_a_request_does_not_hold_the_shutdown() {
     );
 }
 
+/// A request still in flight when `--shutdown-timeout` runs out is cut, and so is a gRPC caller
+/// that never acknowledges the server's goodbye: the process exits 3, not 0 as after a complete
+/// drain (see `requests_in_flight_at_sigterm_are_answered`), and its warning says what it cut.
+#[test]
+fn a_drain_cut_by_the_timeout_exits_3_and_says_what_it_cut() {
+    let mut server = Server::start_logged(POLICY, &["--shutdown-timeout", "1s"]);
+    // The preface and an empty SETTINGS frame, then nothing; served, not still in the accept
+    // queue, once the server's SETTINGS frame came back.
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    let mut grpc = support::silent_client(server.grpc, &hello);
+    grpc.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    std::io::Read::read_exact(&mut grpc, &mut [0u8; 9]).unwrap();
+    // Headers and half the body: in flight, its body awaited for `--http-read-timeout` (60 s).
+    let body = check_body("user", "held", None).to_string();
+    let request = format!(
+        "POST /v1/check HTTP/1.1\r\nHost: tollgate\r\nContent-Length: {}\r\n\r\n{}",
+        body.len(),
+        &body[..body.len() / 2]
+    );
+    let _http = support::silent_client(server.http, request.as_bytes());
+    std::thread::sleep(Duration::from_millis(500));
+    let began = tokio::time::Instant::now();
+    let status = server.terminate();
+    let took = began.elapsed();
+    assert_eq!(status.code(), Some(3), "{status:?}");
+    assert!(
+        took >= Duration::from_secs(1),
+        "waited the timeout: {took:?}"
+    );
+    let log = server.log();
+    let cut = log
+        .lines()
+        .find(|line| line.contains("Shutdown drain cut"))
+        .unwrap_or_else(|| panic!("no warning of the cut in {log}"));
+    for says in [
+        "WARN",
+        "connections=2 ",
+        "http_connections=1 ",
+        "http_requests=1 ",
+        "admin_connections=0 ",
+        "grpc_connections=1 ",
+        "exit_code=3",
+    ] {
+        assert!(cut.contains(says), "`{says}` in {cut}");
+    }
+}
+
 /// An HTTP/2 (prior knowledge) connection left idle past `--http-read-timeout` is closed with
 /// a GOAWAY without error, not a bare close: the client learns that nothing it sent was left
 /// unprocessed.
@@ -705,6 +753,7 @@ async fn requests_in_flight_at_sigterm_are_answered() {
     let body = answer.into_body().collect().await.unwrap().to_bytes();
     let decided: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(decided["allowed"], true, "{decided}");
-    let status = server.stop();
+    // Both answered: the drain completes, status 0.
+    let status = server.exited();
     assert!(status.success(), "{status:?}");
 }

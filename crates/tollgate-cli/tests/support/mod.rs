@@ -270,11 +270,22 @@ impl Server {
         self.terminate()
     }
 
-    fn terminate(&mut self) -> std::process::ExitStatus {
+    /// [`Server::stop`], keeping the server (for [`Server::log`]).
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(self.child.id().to_string())
             .status();
+        self.exit_status()
+    }
+
+    /// Waits for the exit status of a server already told to stop ([`Server::begin_shutdown`]),
+    /// without a second signal (which would cut its drain short).
+    pub fn exited(mut self) -> std::process::ExitStatus {
+        self.exit_status()
+    }
+
+    fn exit_status(&mut self) -> std::process::ExitStatus {
         for _ in 0..100 {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;

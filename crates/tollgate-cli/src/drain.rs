@@ -1,0 +1,143 @@
+//! What a shutdown's drain waits for, counted: the connections each listener still has open and
+//! the HTTP requests still in flight, so that a drain cut short by `--shutdown-timeout` (or a
+//! second signal) can say what it cut.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tonic::transport::server::Connected;
+
+/// How `serve` exits when the drain was cut: connections (or a give-back to a hung store) were
+/// still open when `--shutdown-timeout` ran out or a second signal came. A complete drain exits
+/// 0; 1 and 2 are taken by a refused start (an invalid policy, other errors).
+pub(crate) const CUT_EXIT_CODE: u8 = 3;
+
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Drained {
+    /// Everything finished within the timeout.
+    Complete,
+    /// The timeout ran out first.
+    TimedOut,
+    /// A second signal came first.
+    SecondSignal,
+}
+
+/// How many of something are open now: each [`Held`] counts one until it is dropped.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Gauge(Arc<AtomicUsize>);
+
+impl Gauge {
+    /// Counts one more until the returned guard is dropped.
+    pub fn hold(&self) -> Held {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Held(self.0.clone())
+    }
+
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// One counted in a [`Gauge`].
+#[derive(Debug)]
+pub(crate) struct Held(Arc<AtomicUsize>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What one listener has open.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Open {
+    pub connections: Gauge,
+    /// Requests whose answer is not ready yet (counted on the HTTP listeners only).
+    pub requests: Gauge,
+}
+
+/// `io`, counted in a [`Gauge`] for as long as the server keeps it.
+#[derive(Debug)]
+pub(crate) struct Counted<IO> {
+    io: IO,
+    _held: Held,
+}
+
+impl<IO> Counted<IO> {
+    pub fn new(io: IO, gauge: &Gauge) -> Self {
+        Counted {
+            io,
+            _held: gauge.hold(),
+        }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bytes: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, bytes)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl<IO: Connected> Connected for Counted<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gauge_counts_what_is_held() {
+        let gauge = Gauge::default();
+        let one = gauge.hold();
+        let two = gauge.clone().hold();
+        assert_eq!(gauge.get(), 2);
+        drop(one);
+        assert_eq!(gauge.get(), 1);
+        drop(two);
+        assert_eq!(gauge.get(), 0);
+    }
+}
