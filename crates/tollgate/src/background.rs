@@ -67,7 +67,8 @@ where
     tokio::spawn(async move {
         loop {
             // In this task, not a task of its own: aborting the supervisor must stop the run.
-            let ended = AssertUnwindSafe(run()).catch_unwind().await;
+            // Making the future is inside the catch too.
+            let ended = AssertUnwindSafe(async { run().await }).catch_unwind().await;
             let wanted = still_wanted();
             match ended {
                 Ok(()) if !wanted => {
@@ -286,6 +287,26 @@ mod tests {
             .unwrap();
         assert_eq!(runs.load(Ordering::SeqCst), 3);
         assert_eq!(series(RESTARTS, "test_ends"), Some(2));
+    }
+
+    /// A panic while making the task's future is caught like one while running it.
+    #[tokio::test(start_paused = true)]
+    async fn a_panic_making_the_task_is_caught_too() {
+        let runs = Arc::new(AtomicU32::new(0));
+        let task = supervise("test_panics_making", || true, {
+            let runs = runs.clone();
+            move || {
+                if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                    panic!("before the future");
+                }
+                std::future::pending::<()>()
+            }
+        });
+        tokio::time::sleep(RESTART_PAUSE * 3).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        assert_eq!(series(PANICS, "test_panics_making"), Some(1));
+        assert!(!task.is_finished());
+        task.abort();
     }
 
     /// A panic while the task is no longer wanted (during a shutdown) is counted, and the task
