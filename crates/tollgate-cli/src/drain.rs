@@ -11,6 +11,8 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 
+use crate::idle_deadline::Progress;
+
 /// How `serve` exits when the drain was cut: connections (or a give-back to a hung store) were
 /// still open when `--shutdown-timeout` ran out or a second signal came. A complete drain exits
 /// 0; 1 and 2 are taken by a refused start (an invalid policy, other errors).
@@ -58,7 +60,55 @@ impl Drop for Held {
 pub(crate) struct Open {
     pub connections: Gauge,
     /// Requests whose answer is not ready yet (counted on the HTTP listeners only).
-    pub requests: Gauge,
+    pub requests: InFlight,
+}
+
+/// The HTTP requests in flight on a listener's connections, summed when asked from each open
+/// connection's own count ([`Progress`]): a request pays for no counter shared between threads,
+/// only a connection for its entry here.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct InFlight(Arc<std::sync::Mutex<Connections>>);
+
+#[derive(Debug, Default)]
+struct Connections {
+    next: u64,
+    open: std::collections::HashMap<u64, Progress>,
+}
+
+impl InFlight {
+    /// Counts `progress`'s requests until the returned guard is dropped (the connection ended).
+    pub fn track(&self, progress: &Progress) -> Tracked {
+        let mut connections = self.connections();
+        let id = connections.next;
+        connections.next += 1;
+        connections.open.insert(id, progress.clone());
+        Tracked(self.clone(), id)
+    }
+
+    pub fn get(&self) -> usize {
+        self.connections()
+            .open
+            .values()
+            .map(Progress::in_flight)
+            .sum()
+    }
+
+    fn connections(&self) -> std::sync::MutexGuard<'_, Connections> {
+        // Nothing is left half-done under the lock: a panic elsewhere does not spoil it.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A connection counted in an [`InFlight`].
+#[derive(Debug)]
+pub(crate) struct Tracked(InFlight, u64);
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.0.connections().open.remove(&self.1);
+    }
 }
 
 /// `io`, counted in a [`Gauge`] for as long as the server keeps it.
@@ -139,5 +189,21 @@ mod tests {
         assert_eq!(gauge.get(), 1);
         drop(two);
         assert_eq!(gauge.get(), 0);
+    }
+
+    #[test]
+    fn in_flight_sums_the_open_connections_requests() {
+        let in_flight = InFlight::default();
+        let (a, b) = (Progress::new(), Progress::new());
+        let tracked = (in_flight.track(&a), in_flight.track(&b));
+        let requests = (a.request(), b.request(), b.request());
+        assert_eq!(in_flight.get(), 3);
+        drop(requests.2);
+        assert_eq!(in_flight.get(), 2);
+        // A connection that ended counts no more, whatever it held.
+        drop(tracked.1);
+        assert_eq!(in_flight.get(), 1);
+        drop(tracked.0);
+        assert_eq!(in_flight.get(), 0);
     }
 }

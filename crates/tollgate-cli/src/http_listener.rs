@@ -21,7 +21,7 @@ use tollgate_server::http::body_too_slow;
 use tower::ServiceExt;
 use tracing::{debug, error, warn};
 
-use crate::drain::{Gauge, Open};
+use crate::drain::Open;
 use crate::idle_deadline::{IdleDeadline, Progress};
 use crate::serve::stopped;
 
@@ -73,11 +73,10 @@ pub(crate) async fn serve(
             progress: progress.clone(),
             limit: read_timeout,
             client: (peer == Peer::Given).then_some(ConnectInfo(client)),
-            requests: open.requests.clone(),
         };
         let connection = builder.serve_connection(io, service).into_owned();
         let (tracked, stop) = (tracked.clone(), stop.clone());
-        let counted = open.connections.hold();
+        let counted = (open.connections.hold(), open.requests.track(&progress));
         tokio::spawn(async move {
             let _tracked = (tracked, counted);
             if let Err(e) = close_gracefully(connection, progress, stop).await {
@@ -141,8 +140,6 @@ struct Marking {
     limit: Duration,
     /// The connection's client, put into each request when the listener gives it ([`Peer`]).
     client: Option<ConnectInfo<SocketAddr>>,
-    /// Every connection's requests in flight, for a shutdown's count.
-    requests: Gauge,
 }
 
 impl hyper::service::Service<http::Request<Incoming>> for Marking {
@@ -153,7 +150,7 @@ impl hyper::service::Service<http::Request<Incoming>> for Marking {
     >;
 
     fn call(&self, request: http::Request<Incoming>) -> Self::Future {
-        let in_flight = (self.progress.request(), self.requests.hold());
+        let in_flight = self.progress.request();
         let multiplexed = request.version() == http::Version::HTTP_2;
         let mut request = request.map(Body::new);
         if let Some(client) = self.client {

@@ -89,7 +89,12 @@ impl Progress {
     }
 
     fn idle(&self) -> bool {
-        self.shared.in_flight.load(Ordering::Relaxed) == 0
+        self.in_flight() == 0
+    }
+
+    /// The connection's requests whose answer is not ready yet.
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::Relaxed)
     }
 
     fn deadline(&self, limit: Duration) -> Instant {
