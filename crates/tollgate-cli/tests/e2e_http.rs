@@ -435,10 +435,13 @@ fn slow_or_idle_http_clients_are_disconnected_after_the_read_timeout() {
     assert!(!closed_within(&mut silent, Duration::from_millis(1500)));
 }
 
-/// A body announced larger than the endpoint accepts is refused with `413` as soon as the
+/// A body announced larger than the endpoint accepts, by a client that waits for `100
+/// Continue` before sending it (curl, for large bodies), is refused with `413` as soon as the
 /// headers are in, not after waiting `--http-read-timeout` for bytes that are never sent; a
 /// transfer coding other than chunked gets `501`. Both close the connection, since the body is
 /// left unread, and charge nothing. The admin API's limit is its own (2 × the policy file's).
+/// (A client that sends a body too large anyway is read up to the limit and answered `413`:
+/// `every_error_is_json`, and the admin API's in `e2e_governance`.)
 #[tokio::test]
 async fn a_body_that_cannot_be_read_is_refused_before_reading_it() {
     use support::{read_until_closed, silent_client};
@@ -446,7 +449,7 @@ async fn a_body_that_cannot_be_read_is_refused_before_reading_it() {
     let server = Server::start(POLICY);
     let head = |path: &str, framing: &str| {
         format!(
-            "POST {path} HTTP/1.1\r\nHost: tollgate\r\nContent-Type: application/json\r\n{framing}\r\n\r\n"
+            "POST {path} HTTP/1.1\r\nHost: tollgate\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n{framing}\r\n\r\n"
         )
     };
     let cases = [

@@ -84,9 +84,9 @@ pub fn allow_all_router() -> Router {
 
 /// A request body of at most `LIMIT` bytes (the router's `DefaultBodyLimit`, which enforces it
 /// while the body streams in), its rejections answered as JSON errors with their status, like
-/// every other error of the API, instead of axum's plain text: `413` over the limit (at once
-/// when `Content-Length` announces it), `415` compressed, `501` in a transfer coding other than
-/// chunked, `408` too slow.
+/// every other error of the API, instead of axum's plain text: `413` over the limit (before the
+/// body is sent when the client waits for `100 Continue`), `415` compressed, `501` in a transfer
+/// coding other than chunked, `408` too slow.
 #[derive(Debug)]
 pub(crate) struct Body<const LIMIT: usize = MAX_BODY>(pub axum::body::Bytes);
 
@@ -135,12 +135,18 @@ impl<S: Send + Sync, const LIMIT: usize> axum::extract::FromRequest<S> for Body<
                 version,
             ));
         }
-        // Refused before reading, rather than after waiting for a body that is too large.
+        // A client that waits for `100 Continue` before sending the body (curl does for large
+        // ones) is refused before it sends it. One that sends it anyway is read up to the
+        // limit: answered while it is still writing a body too large for the sockets' buffers,
+        // it would meet a closed connection instead of the answer.
+        let waits_to_send = headers
+            .get(axum::http::header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         if let Some(length) = headers
             .get(axum::http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok())
-            .filter(|&length| length > LIMIT as u64)
+            .filter(|&length| waits_to_send && length > LIMIT as u64)
         {
             return Err(with_body_unread(
                 error_response(
