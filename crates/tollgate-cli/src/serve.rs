@@ -129,6 +129,11 @@ pub struct ServeArgs {
     /// How often expired counters are dropped from the in-memory store.
     #[arg(long, default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
     sweep_interval: Duration,
+    /// Most keys the in-memory store holds (about 150 bytes each, more for a sliding log's):
+    /// past it a request that needs a new key takes its failure posture, so a flood of new
+    /// keys cannot grow the process until it is killed.
+    #[arg(long, default_value_t = DEFAULT_MEMORY_MAX_KEYS, value_parser = positive::<usize>, value_name = "N")]
+    memory_max_keys: usize,
     /// On SIGTERM or Ctrl-C, how long requests in flight may take to finish before the
     /// connections still open are closed (a client that never answers the server's goodbye
     /// would otherwise hold the shutdown forever). A second signal stops at once. The exit
@@ -198,6 +203,9 @@ fn humantime_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// A count that must be at least 1.
+/// `--memory-max-keys`' default: about 1.5 GB of GCRA or fixed-window counters.
+const DEFAULT_MEMORY_MAX_KEYS: usize = 10_000_000;
+
 pub(crate) fn positive<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, String> {
     match s.parse::<T>() {
         Ok(n) if n >= T::from(1) => Ok(n),
@@ -343,9 +351,15 @@ async fn serve(
             humantime::format_duration(options.command_timeout)
         );
     }
-    let store = StoreBackend::open(&store_url, options, clock.clone())
+    let store = match StoreBackend::open(&store_url, options, clock.clone())
         .await
-        .with_context(|| format!("cannot open the store {store_url}"))?;
+        .with_context(|| format!("cannot open the store {store_url}"))?
+    {
+        StoreBackend::Memory(memory) => {
+            StoreBackend::Memory(memory.with_max_keys(args.memory_max_keys))
+        }
+        redis => redis,
+    };
     if let Err(problems) = store.check_policy(&policy) {
         let summary = format!(
             "{} rule(s) cannot run on the {} store; not starting",

@@ -502,6 +502,33 @@ async fn a_body_that_cannot_be_read_is_refused_before_reading_it() {
     assert_eq!(header(&r, "x-ratelimit-remaining"), Some("2"));
 }
 
+/// `--memory-max-keys`: past it, a request for a new key takes its failure posture (`open`
+/// here: allowed, marked degraded, counted as a store error) while the keys held are decided
+/// as before, so a flood of new keys cannot grow the process without end.
+#[tokio::test]
+async fn a_full_memory_store_answers_new_keys_by_the_posture() {
+    let server = Server::start_with_args(POLICY, &["--memory-max-keys", "2"]);
+    for user in ["a", "b"] {
+        let r = post(&server, "/v1/check", &check_body("user", user, None)).await;
+        assert_eq!(header(&r, "x-ratelimit-remaining"), Some("2"), "{user}");
+    }
+    let r = post(&server, "/v1/check", &check_body("user", "c", None)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-tollgate-degraded"), Some("open"));
+    let r = post(&server, "/v1/check", &check_body("user", "a", None)).await;
+    assert_eq!(header(&r, "x-ratelimit-remaining"), Some("1"));
+    assert_eq!(header(&r, "x-tollgate-degraded"), None);
+    let metrics = server.metrics().await;
+    assert!(
+        metrics.contains("tollgate_store_keys{store=\"memory\"} 2\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tollgate_store_errors_total 1\n"),
+        "{metrics}"
+    );
+}
+
 /// On SIGTERM a connection with no request in flight closes at once, even one that sent half
 /// a request's headers: it does not hold the shutdown for `--shutdown-timeout`.
 #[test]

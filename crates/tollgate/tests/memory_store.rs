@@ -147,3 +147,47 @@ async fn a_denied_request_on_a_new_key_stores_nothing() {
     assert_eq!(d[0].verdict, Verdict::CostExceedsCapacity);
     assert_eq!(store.len(), 0);
 }
+
+/// A store that holds its most keys refuses a request that needs a new one, charging nothing
+/// (not even the keys it already holds), and goes on deciding the keys it has; room comes back
+/// as keys expire and are swept.
+#[tokio::test]
+async fn a_full_store_refuses_new_keys_and_keeps_deciding_the_others() {
+    let (clock, store) = store();
+    let store = store.with_max_keys(2);
+    let minute = params(Algorithm::FixedWindow, 10, Duration::from_secs(60));
+    for key in ["a", "b"] {
+        assert!(store.apply(&[charge(key, &minute, 1)]).await.unwrap()[0].is_allowed());
+    }
+    let full = store.apply(&[charge("c", &minute, 1)]).await.unwrap_err();
+    assert!(
+        matches!(&full, tollgate::store::StoreError::NotCalled(why) if why.contains("--memory-max-keys")),
+        "{full}"
+    );
+    // Beside a held key, the new one still cannot be added, and the held one is not charged.
+    assert!(
+        store
+            .apply(&[charge("a", &minute, 1), charge("c", &minute, 1)])
+            .await
+            .is_err()
+    );
+    let a = store.apply(&[charge("a", &minute, 1)]).await.unwrap();
+    assert_eq!(a[0].remaining, 8, "charged once before, once now");
+    // A look needs no room, and a key twice in one request is one key.
+    assert!(store.peek(&[charge("c", &minute, 1)]).await.is_ok());
+    assert_eq!(store.len(), 2);
+
+    clock.advance(Duration::from_secs(61));
+    assert_eq!(store.sweep_now(), 2);
+    assert_eq!(store.len(), 0);
+    let decided = store
+        .apply(&[
+            charge("c", &minute, 1),
+            charge("c", &minute, 1),
+            charge("d", &minute, 1),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(decided[1].remaining, 8);
+    assert_eq!(store.len(), 2);
+}

@@ -92,7 +92,9 @@ impl Fallback {
         if closed {
             self.local.decide_denied(&local_charges, &mut decided);
         } else {
-            self.local.decide(&local_charges, commit, &mut decided);
+            // The local shares' store has no key cap (it holds only the keys of an outage):
+            // it is never full.
+            let _held = self.local.decide(&local_charges, commit, &mut decided);
         }
         let mut local = decided.into_iter();
         charges

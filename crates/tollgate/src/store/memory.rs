@@ -4,11 +4,14 @@
 //! ascending order (so two requests never deadlock), every charge is decided, and the transitions
 //! are committed only if the request is admitted. Every entry carries the instant its state
 //! becomes equivalent to an empty one; [`MemoryStore::sweep`] drops entries past it, so memory is
-//! bounded by live keys.
+//! bounded by live keys, and those by [`MemoryStore::with_max_keys`]: a flood of new keys (one
+//! per client address, say) is refused past it, as Redis refuses writes at `maxmemory`, rather
+//! than growing the process until it is killed.
 
 use std::borrow::Cow;
 use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
@@ -204,16 +207,31 @@ pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     clock: SharedClock,
+    /// Entries held, live or not yet swept.
+    entries: AtomicUsize,
+    /// Most entries held: a request that needs a new one past it is refused.
+    max_keys: usize,
 }
 
 impl MemoryStore {
-    /// An empty store reading time from `clock`.
+    /// An empty store reading time from `clock`, with no limit on its keys.
     pub fn new(clock: SharedClock) -> Self {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
             hasher: RandomState::new(),
             clock,
+            entries: AtomicUsize::new(0),
+            max_keys: usize::MAX,
         }
+    }
+
+    /// This store, holding at most about `max` keys (concurrent requests may each add theirs
+    /// past it, a few at most): a request whose charge needs a key more is refused with
+    /// [`StoreError::NotCalled`], charging nothing, and its limits take their failure
+    /// postures; keys already held are decided as usual, and room comes back as keys expire.
+    pub fn with_max_keys(mut self, max: usize) -> Self {
+        self.max_keys = max;
+        self
     }
 
     fn hash(&self, key: &[u8]) -> u64 {
@@ -233,14 +251,16 @@ impl MemoryStore {
             let mut table = shard.lock();
             let before = table.len();
             table.retain(|slot| slot.expires_at > now);
-            removed += before - table.len();
+            let gone = before - table.len();
+            self.entries.fetch_sub(gone, Ordering::Relaxed);
+            removed += gone;
         }
         removed
     }
 
     /// Number of entries, live or not yet swept.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        self.entries.load(Ordering::Relaxed)
     }
 
     /// Whether the store holds no entry.
@@ -256,15 +276,25 @@ impl MemoryStore {
     /// Decides `charges` into `decisions` (empty) and, when `commit` and the request is
     /// admitted, commits them. Up to [`INLINE_CHARGES`] charges on existing keys, nothing is
     /// allocated.
-    pub(crate) fn decide(&self, charges: &[Charge<'_>], commit: bool, decisions: &mut Decisions) {
-        self.decide_unless(false, charges, commit, decisions);
+    ///
+    /// A commit that needs more keys than the store may hold ([`MemoryStore::with_max_keys`])
+    /// changes nothing and answers [`StoreError::NotCalled`], `decisions` filled as for a
+    /// look.
+    pub(crate) fn decide(
+        &self,
+        charges: &[Charge<'_>],
+        commit: bool,
+        decisions: &mut Decisions,
+    ) -> Result<(), StoreError> {
+        self.decide_unless(false, charges, commit, decisions)
     }
 
     /// [`MemoryStore::decide`] for a request a limit outside `charges` denies: nothing is
     /// committed, and the allowed charges answer as they stand, as in a request one of them
     /// denies.
     pub(crate) fn decide_denied(&self, charges: &[Charge<'_>], decisions: &mut Decisions) {
-        self.decide_unless(true, charges, false, decisions);
+        // Nothing is committed, so no key is added: never full.
+        let _looked = self.decide_unless(true, charges, false, decisions);
     }
 
     fn decide_unless(
@@ -273,7 +303,7 @@ impl MemoryStore {
         charges: &[Charge<'_>],
         commit: bool,
         decisions: &mut Decisions,
-    ) {
+    ) -> Result<(), StoreError> {
         let now = self.clock.now();
         let hashes: SmallVec<[u64; INLINE_CHARGES]> =
             charges.iter().map(|c| self.hash(c.key)).collect();
@@ -290,9 +320,15 @@ impl MemoryStore {
         }
 
         let mut transitions: SmallVec<[Transition; INLINE_CHARGES]> = SmallVec::new();
+        // Keys this request would add to the store.
+        let mut new_keys = 0;
         for (i, charge) in charges.iter().enumerate() {
-            let stored = stored_state(&guards[shard_ids[i]], hashes[i], charge);
+            let held = held_slot(&guards[shard_ids[i]], hashes[i], charge);
             let repeated = charges[..i].iter().any(|c| c.key == charge.key);
+            if held.is_none() && !repeated {
+                new_keys += 1;
+            }
+            let stored = state_of(held, charge);
             let (decision, transition) = if repeated {
                 // The same counter twice in one request: decide against the state the earlier
                 // charges of this request leave behind.
@@ -319,7 +355,13 @@ impl MemoryStore {
                     decisions[i] = as_is(charge.params, &stored, now);
                 }
             }
-            return;
+            return Ok(());
+        }
+        if commit && new_keys > 0 && self.len().saturating_add(new_keys) > self.max_keys {
+            return Err(StoreError::NotCalled(format!(
+                "the memory store holds its most keys ({}, --memory-max-keys): a request that needs a new one takes its failure postures until keys expire",
+                self.max_keys
+            )));
         }
         if commit {
             for (i, (charge, transition)) in charges.iter().zip(transitions).enumerate() {
@@ -340,31 +382,43 @@ impl MemoryStore {
                     state: Stored::from(state),
                 };
                 table.insert_unique(hash, Box::new(slot), |slot| self.hash(&slot.key));
+                self.entries.fetch_add(1, Ordering::Relaxed);
             }
         }
+        Ok(())
     }
 }
 
 /// The state `table` holds for `charge`'s key (`hash`), or an empty one.
 fn stored_state<'a>(table: &'a Shard, hash: u64, charge: &Charge<'_>) -> Cow<'a, State> {
+    state_of(held_slot(table, hash, charge), charge)
+}
+
+/// The slot `table` holds for `charge`'s key (`hash`).
+fn held_slot<'a>(table: &'a Shard, hash: u64, charge: &Charge<'_>) -> Option<&'a Slot> {
     table
         .find(hash, |slot| *slot.key == *charge.key)
-        .map_or_else(
-            || Cow::Owned(State::empty(charge.params)),
-            |slot| slot.state.load(),
-        )
+        .map(|slot| &**slot)
+}
+
+/// The state of `held`, or an empty one for `charge`'s limit.
+fn state_of<'a>(held: Option<&'a Slot>, charge: &Charge<'_>) -> Cow<'a, State> {
+    held.map_or_else(
+        || Cow::Owned(State::empty(charge.params)),
+        |slot| slot.state.load(),
+    )
 }
 
 impl Store for MemoryStore {
     async fn apply(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
         let mut decisions = Decisions::new();
-        self.decide(charges, true, &mut decisions);
+        self.decide(charges, true, &mut decisions)?;
         Ok(decisions.into_vec())
     }
 
     async fn peek(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
         let mut decisions = Decisions::new();
-        self.decide(charges, false, &mut decisions);
+        self.decide(charges, false, &mut decisions)?;
         Ok(decisions.into_vec())
     }
 

@@ -225,10 +225,7 @@ impl StoreBackend {
         // The Redis futures are boxed: inline they would make every caller's future, and every
         // move of it, over a kilobyte larger, memory store included.
         let answer = match (self, commit) {
-            (StoreBackend::Memory(m), _) => {
-                m.decide(charges, commit, decisions);
-                return Ok(());
-            }
+            (StoreBackend::Memory(m), _) => return m.decide(charges, commit, decisions),
             (StoreBackend::Redis(r), true) => Box::pin(r.apply(charges)).await,
             (StoreBackend::Redis(r), false) => Box::pin(r.peek(charges)).await,
         };
