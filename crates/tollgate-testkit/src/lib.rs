@@ -38,6 +38,7 @@
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
 
 mod binary;
+mod captured;
 mod cluster;
 mod deadline;
 mod node;
@@ -49,6 +50,7 @@ mod server;
 mod slot;
 
 pub use binary::{redis_binary, redis_cli_binary};
+pub use captured::CapturedLogs;
 pub use cluster::{
     ClusterNode, DEFAULT_CLUSTER_TIMEOUT, NodeRole, RedisCluster, RedisClusterBuilder,
 };

@@ -1043,22 +1043,11 @@ mod tests {
     /// holding invalid UTF-8 does not leave the first cause as the last word in the log.
     #[test]
     fn a_new_reason_the_files_cannot_be_read_is_logged_again() {
-        #[derive(Clone, Default)]
-        struct Captured(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Captured {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("p.yaml");
         std::fs::write(&file, &policy(1)[0].1).unwrap();
         let lifecycle = lifecycle_reading(Some(file.clone()));
-        let logs = Captured::default();
+        let logs = tollgate_testkit::CapturedLogs::default();
         let writer = logs.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
@@ -1074,7 +1063,7 @@ mod tests {
                 assert!(lifecycle.reload_if_files_changed().is_none());
             }
         });
-        let text = String::from_utf8(logs.0.lock().clone()).unwrap();
+        let text = logs.text();
         let lines: Vec<&str> = text
             .lines()
             .filter(|l| l.contains("Cannot read the policy files"))

@@ -9,25 +9,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use tokio::sync::Notify;
 use tollgate::background::{PANICS, RESTART_PAUSE, render_metrics, supervise};
 
-/// Log lines written to memory.
-#[derive(Clone, Default)]
-struct Captured(Arc<parking_lot::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// A panic is logged at error, once, with the task's name and the panic's message, and says
 /// when the task starts again; the task's second run is then under way.
 #[tokio::test(start_paused = true)]
 async fn a_panicking_task_is_logged_at_error_with_its_name_and_message() {
-    let logs = Captured::default();
+    let logs = tollgate_testkit::CapturedLogs::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_ansi(false)
@@ -51,7 +37,7 @@ async fn a_panicking_task_is_logged_at_error_with_its_name_and_message() {
         }
     });
     second_run.notified().await;
-    let text = String::from_utf8(logs.0.lock().clone()).unwrap();
+    let text = logs.text();
     let logged: Vec<&str> = text.lines().filter(|l| l.contains("panicked")).collect();
     assert_eq!(logged.len(), 1, "{text}");
     let expected = format!(

@@ -268,17 +268,6 @@ mod tests {
     /// bring it back.
     #[test]
     fn an_expired_override_is_dropped_and_logged_once() {
-        #[derive(Clone, Default)]
-        struct Captured(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Captured {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
         let at = |s: u64| Timestamp::from_micros(s * 1_000_000);
         let o = |value: &str, expires: Option<u64>| Override {
             id: 0,
@@ -295,7 +284,7 @@ mod tests {
         let short = overrides.set(o("acme", Some(10)));
         overrides.set(o("globex", None));
         let shared = overrides.all();
-        let logs = Captured::default();
+        let logs = tollgate_testkit::CapturedLogs::default();
         let writer = logs.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
@@ -314,7 +303,7 @@ mod tests {
                 "an adoption does not bring it back"
             );
         });
-        let text = String::from_utf8(logs.0.lock().clone()).unwrap();
+        let text = logs.text();
         let lines: Vec<&str> = text
             .lines()
             .filter(|l| l.contains("Override expired"))
