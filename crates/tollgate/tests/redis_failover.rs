@@ -145,15 +145,7 @@ async fn a_counter_in_a_migrating_slot_follows_the_ask_redirect() {
 
     let (owner, key, slot) = home_of_the_only_key(&cluster);
     let target = other_primary(&cluster, owner);
-    let (owner_id, target_id) = (node_id(&cluster, owner), node_id(&cluster, target));
-    cluster.cli(
-        target,
-        &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &owner_id],
-    );
-    cluster.cli(
-        owner,
-        &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id],
-    );
+    begin_migration(&cluster, &slot, owner, target);
     let port = target.to_string();
     cluster.cli(
         owner,
@@ -199,15 +191,7 @@ async fn two_counters_split_by_a_migration_wait_for_it_to_finish() {
 
     let (owner, _, slot) = home_of_the_only_key(&cluster);
     let target = other_primary(&cluster, owner);
-    let (owner_id, target_id) = (node_id(&cluster, owner), node_id(&cluster, target));
-    cluster.cli(
-        target,
-        &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &owner_id],
-    );
-    cluster.cli(
-        owner,
-        &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id],
-    );
+    let target_id = begin_migration(&cluster, &slot, owner, target);
     let keys: Vec<String> = cluster
         .cli(owner, &["--scan"])
         .lines()
@@ -393,6 +377,21 @@ fn other_primary(cluster: &RedisCluster, port: u16) -> u16 {
         .into_iter()
         .find(|p| *p != port)
         .expect("another primary")
+}
+
+/// Starts moving `slot` from `owner` to `target` (importing there, migrating here), as a
+/// resharding tool does before it moves the keys; returns the target's node id.
+fn begin_migration(cluster: &RedisCluster, slot: &str, owner: u16, target: u16) -> String {
+    let (owner_id, target_id) = (node_id(cluster, owner), node_id(cluster, target));
+    cluster.cli(
+        target,
+        &["CLUSTER", "SETSLOT", slot, "IMPORTING", &owner_id],
+    );
+    cluster.cli(
+        owner,
+        &["CLUSTER", "SETSLOT", slot, "MIGRATING", &target_id],
+    );
+    target_id
 }
 
 fn node_id(cluster: &RedisCluster, port: u16) -> String {
