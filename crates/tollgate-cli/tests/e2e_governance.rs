@@ -480,10 +480,25 @@ async fn a_soft_limit_allows_and_marks_the_overage() {
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["statuses"][0]["soft_exceeded"], true);
     assert_eq!(body["soft_delay_ms"], delay);
+    // A cost above the limit never fits: no wait is suggested, even on a used-up key.
+    let over = json!({"domain": "api", "descriptors": [
+        {"entries": [{"key": "burst", "value": "b"}], "hits_addend": 1000}
+    ]});
+    let r = reqwest::Client::new()
+        .post(server.url("/v1/check"))
+        .json(&over)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-tollgate-soft-exceeded"], "0");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["statuses"][0]["reason"], "cost_exceeds_capacity");
+    assert_eq!(body["soft_delay_ms"], 0, "{body}");
     let text = server.metrics().await;
     assert!(
         text.contains(
-            r#"tollgate_decisions_total{domain="api",rule="soft_burst",outcome="soft_exceeded"} 1"#
+            r#"tollgate_decisions_total{domain="api",rule="soft_burst",outcome="soft_exceeded"} 2"#
         ),
         "{text}"
     );

@@ -203,10 +203,11 @@ impl CheckResponse {
         self.statuses
             .iter()
             .filter(|s| s.soft_exceeded)
-            .map(|s| {
-                s.decision
-                    .and_then(|d| d.retry_after.or(Some(d.reset_after)))
-                    .unwrap_or_default()
+            .map(|s| match s.decision {
+                // No wait makes a cost larger than the limit fit.
+                Some(d) if d.verdict == Verdict::CostExceedsCapacity => Duration::ZERO,
+                Some(d) => d.retry_after.unwrap_or(d.reset_after),
+                None => Duration::ZERO,
             })
             .max()
     }
