@@ -300,7 +300,7 @@ struct Reference {
 impl Reference {
     fn decide(&mut self, charges: &[Charge], now: u64, commit: bool) -> Answer {
         let at = Timestamp::from_micros(now);
-        let mut decisions = Vec::new();
+        let mut decisions: Vec<(Decision, u64)> = Vec::new();
         let mut transitions: Vec<Transition> = Vec::new();
         for (i, charge) in charges.iter().enumerate() {
             let stored = self.states.get(&charge.key).map(|(s, _)| s);
@@ -308,14 +308,30 @@ impl Reference {
             let mut state = stored
                 .cloned()
                 .unwrap_or_else(|| State::empty(&charge.params));
+            // Earlier charges on this key that were denied: their costs count in a denial's
+            // retry, since the request fits only once they fit too.
+            let mut denied_before = 0;
             if repeated {
-                for (prev, t) in charges[..i].iter().zip(&transitions) {
+                for ((prev, t), (d, _)) in charges[..i].iter().zip(&transitions).zip(&decisions) {
                     if prev.key == charge.key {
                         state.apply(t.clone());
+                        if d.verdict == Verdict::Denied && !prev.params.charges_up_to_limit() {
+                            denied_before += prev.cost;
+                        }
                     }
                 }
             }
-            let (decision, transition) = decide_or_check(&charge.params, &state, at, charge.cost);
+            let (mut decision, transition) =
+                decide_or_check(&charge.params, &state, at, charge.cost);
+            if decision.verdict == Verdict::Denied
+                && denied_before > 0
+                && charge.cost > 0
+                && !charge.params.charges_up_to_limit()
+            {
+                let together = denied_before + charge.cost;
+                let whole = decide_or_check(&charge.params, &state, at, together).0;
+                decision.retry_after = decision.retry_after.max(whole.retry_after);
+            }
             // The units it takes: the whole units it leaves fewer than there were.
             let before = decide(&charge.params, &state, at, 0).0.remaining;
             let charged = match transition {

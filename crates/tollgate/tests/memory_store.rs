@@ -191,3 +191,27 @@ async fn a_full_store_refuses_new_keys_and_keeps_deciding_the_others() {
     assert_eq!(decided[1].remaining, 8);
     assert_eq!(store.len(), 2);
 }
+
+/// The same counter twice in one request, both denied: the request fits only once both do, so
+/// the later charge's retry is the wait for the two together, and retrying after the longer
+/// retry is admitted. (Each used to give the wait for its own cost, so a client retrying then
+/// was denied again.)
+#[tokio::test]
+async fn a_counter_charged_twice_retries_for_both_charges() {
+    let (clock, store) = store();
+    // One token back a second, six at most.
+    let bucket = Params::new(Algorithm::TokenBucket, 4, Duration::from_secs(4), Some(6)).unwrap();
+    assert!(store.apply(&[charge("k", &bucket, 6)]).await.unwrap()[0].is_allowed());
+    let twice = [charge("k", &bucket, 1), charge("k", &bucket, 1)];
+    let denied = store.apply(&twice).await.unwrap();
+    assert_eq!(denied[0].retry_after, Some(Duration::from_secs(1)));
+    assert_eq!(denied[1].retry_after, Some(Duration::from_secs(2)));
+
+    clock.advance(Duration::from_secs(1));
+    let still = store.apply(&twice).await.unwrap();
+    assert!(!still[1].is_allowed(), "one token is back, two are needed");
+    assert_eq!(still[1].retry_after, Some(Duration::from_secs(1)));
+    clock.advance(Duration::from_secs(1));
+    let admitted = store.apply(&twice).await.unwrap();
+    assert!(admitted.iter().all(|d| d.is_allowed()), "{admitted:?}");
+}

@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
-use tollgate_core::{Decision, Params, State, Timestamp, Transition, as_is, decide_or_check};
+use tollgate_core::{
+    Decision, Params, State, Timestamp, Transition, Verdict, as_is, decide_or_check,
+};
 
 use super::{Charge, Decisions, INLINE_CHARGES, Store, StoreError, admitted};
 use crate::clock::SharedClock;
@@ -333,12 +335,33 @@ impl MemoryStore {
                 // The same counter twice in one request: decide against the state the earlier
                 // charges of this request leave behind.
                 let mut scratch = stored.into_owned();
-                for (prev, t) in charges[..i].iter().zip(&transitions) {
+                // What the earlier ones that were denied would have taken: nothing was applied
+                // for them, but the request fits only once they fit too.
+                let mut denied_before = 0u64;
+                for ((prev, t), d) in charges[..i].iter().zip(&transitions).zip(&decisions[..]) {
                     if prev.key == charge.key {
                         scratch.apply(Transition::clone(t));
+                        if d.verdict == Verdict::Denied && !prev.params.charges_up_to_limit() {
+                            denied_before = denied_before.saturating_add(prev.cost);
+                        }
                     }
                 }
-                decide_or_check(charge.params, &scratch, now, charge.cost)
+                let (mut decision, transition) =
+                    decide_or_check(charge.params, &scratch, now, charge.cost);
+                if decision.verdict == Verdict::Denied
+                    && denied_before > 0
+                    && charge.cost > 0
+                    && !charge.params.charges_up_to_limit()
+                {
+                    // Its retry is the wait for all of them, as a client retrying the whole
+                    // request needs (the script's decide.lua does the same).
+                    let together = denied_before.saturating_add(charge.cost);
+                    let (whole, _) = decide_or_check(charge.params, &scratch, now, together);
+                    if whole.retry_after > decision.retry_after {
+                        decision.retry_after = whole.retry_after;
+                    }
+                }
+                (decision, transition)
             } else {
                 decide_or_check(charge.params, &stored, now, charge.cost)
             };

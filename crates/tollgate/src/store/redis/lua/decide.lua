@@ -89,6 +89,18 @@ local function decide_request(first, n, arg, commit, now)
         end
       end
     end
+    if verdict == 1 and cost > 0 and flags < 2 then
+      -- Denied: when earlier charges of this request on the same key were denied too (and so
+      -- applied nothing), the request fits only once all of them do, so the retry is the wait
+      -- for their sum (as the memory store answers).
+      if c.denied then
+        local _, _, _, whole = decide_charge(c, alg, now, limit, period, burst, cost + c.denied)
+        if whole > retry then
+          retry = whole
+        end
+      end
+      c.denied = (c.denied or 0) + cost
+    end
     if nx and alg == 2 then
       sliding_window_log_apply(c, period, cost)
     elseif nx then
