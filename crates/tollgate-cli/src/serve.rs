@@ -667,11 +667,21 @@ pub(crate) async fn drain(
 /// A gRPC server pinging connections idle for `keepalive` (none when zero) and closing those
 /// that do not answer within `timeout` (shared with `bench-server`, so the ceiling runs the
 /// same stack).
+/// The gRPC server's settings: keepalive pings every `keepalive` (none for 0), answered
+/// within `timeout`, and at most [`GRPC_MAX_STREAMS`] requests in flight per connection: one
+/// connection opening streams it never finished held them all (about 8 KB each; 200 000 took
+/// 1.8 GB in two seconds) for as long as it answered the pings. (No per-request timeout: a
+/// timer per request costs the decision path about a microsecond.)
 pub(crate) fn grpc_server(keepalive: Duration, timeout: Duration) -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .http2_keepalive_interval((!keepalive.is_zero()).then_some(keepalive))
         .http2_keepalive_timeout(Some(timeout))
+        .max_concurrent_streams(GRPC_MAX_STREAMS)
 }
+
+/// Requests in flight per gRPC connection (HTTP/2's `SETTINGS_MAX_CONCURRENT_STREAMS`): a
+/// client with more opens another connection, as Envoy's connection pool does.
+pub(crate) const GRPC_MAX_STREAMS: u32 = 1024;
 
 /// How many connections the kernel may hold for a listener before it is accepting them (it
 /// caps this at `net.core.somaxconn`). std's 128 overflowed when a few hundred clients

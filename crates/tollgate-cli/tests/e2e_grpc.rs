@@ -376,6 +376,42 @@ async fn invalid_requests_are_invalid_argument() {
     );
 }
 
+/// What one gRPC client may hold: at most 1024 requests in flight per connection (HTTP/2's
+/// `SETTINGS_MAX_CONCURRENT_STREAMS`; none was announced, and one connection held 200 000
+/// unfinished streams, 1.8 GB), and messages of at most 256 KiB, decided up to there.
+#[tokio::test]
+async fn a_grpc_client_is_bounded_in_streams_and_message_size() {
+    let server = Server::start(POLICY);
+    let tcp = tokio::net::TcpStream::connect(server.grpc).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut announced = usize::MAX;
+    for _ in 0..100 {
+        announced = client.current_max_send_streams();
+        if announced != usize::MAX {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(announced, 1024);
+
+    let mut grpc = server.grpc_client().await;
+    let with_value = |bytes: usize| {
+        let value = "v".repeat(bytes);
+        request(vec![(&[("user", value.as_str())], None)], 1)
+    };
+    let decided = grpc
+        .should_rate_limit(with_value(200 * 1024))
+        .await
+        .unwrap();
+    assert_eq!(decided.get_ref().statuses[0].limit_remaining, 4);
+    let refused = grpc
+        .should_rate_limit(with_value(300 * 1024))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused:?}");
+}
+
 /// Envoy sends a descriptor without entries when a `request_headers` action with
 /// `skip_if_absent` finds no header. It matches nothing and is answered `OK` (as by
 /// envoyproxy/ratelimit); an error would make Envoy pass the request unlimited on every other

@@ -57,9 +57,15 @@ impl<D: Decide> RlsService<D> {
 
     /// The tonic server wrapper, ready to add to a router.
     pub fn into_server(self) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(self)
+        RateLimitServiceServer::new(self).max_decoding_message_size(MAX_MESSAGE)
     }
 }
+
+/// Largest request message accepted (`RESOURCE_EXHAUSTED` past it). Envoy takes descriptor
+/// values from requests whose headers it limits to 60 KiB by default, so this leaves room; and
+/// a message of empty repeated fields decodes into about 64 times its size before any limit on
+/// descriptors can be checked (4 MiB took 266 MB).
+pub const MAX_MESSAGE: usize = 256 * 1024;
 
 #[tonic::async_trait]
 impl<D: Decide> RateLimitService for RlsService<D> {
