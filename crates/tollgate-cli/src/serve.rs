@@ -392,7 +392,7 @@ async fn serve(
             } else {
                 ""
             };
-            warn!(store = %args.store, error = %e, "Store not ready yet{hint}; serving with the failure posture and trying again in the background")
+            warn!(store = %store_url, error = %e, "Store not ready yet{hint}; serving with the failure posture and trying again in the background")
         }
     }
     let settings = FailureSettings {

@@ -159,6 +159,14 @@ fn a_store_password_never_shows() {
         );
         assert!(!stderr.contains("hunter2"), "{stderr}");
     }
+    // Nor in the warnings of a server whose Redis is not there.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://:hunter2@{}", closed.local_addr().unwrap());
+    drop(closed);
+    let server = Server::start_logged(GOOD, &["--store", &url]);
+    let log = server.log();
+    assert!(log.contains("Store not ready yet"), "{log}");
+    assert!(!log.contains("hunter2"), "{log}");
 }
 
 /// Under `--log-format json` every line on stderr is a JSON object, the reasons for not
