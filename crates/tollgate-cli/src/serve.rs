@@ -50,7 +50,7 @@ pub struct ServeArgs {
         env = "TOLLGATE_STORE",
         hide_env_values = true
     )]
-    store: String,
+    store: StoreText,
     /// Deadline of every Redis call; keep it well under Envoy's 20 ms request timeout.
     #[arg(long, default_value = "10ms", value_parser = humantime_duration, value_name = "DURATION")]
     store_timeout: Duration,
@@ -224,7 +224,7 @@ fn domain_name(s: &str) -> Result<String, String> {
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(&args.log_format);
     // Parsed here rather than by clap, whose error would echo the URL, password and all.
-    let store: StoreUrl = args.store.parse().context("--store")?;
+    let store: StoreUrl = args.store.0.parse().context("--store")?;
     let compiled = Policy::read_sources(&args.config)
         .and_then(|sources| Policy::from_sources(&sources).map(|policy| (sources, policy)));
     let (sources, policy) = match compiled {
@@ -262,6 +262,31 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // Whatever the drain left (a connection, a call to a hung store) is dropped, not awaited.
     runtime.shutdown_background();
     stopped
+}
+
+/// `--store` as given, read by clap without a check (its error would echo a password): shown,
+/// it is redacted, so no log line can print the password by mistake.
+#[derive(Clone)]
+struct StoreText(String);
+
+impl std::fmt::Debug for StoreText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+impl std::str::FromStr for StoreText {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(StoreText(s.to_owned()))
+    }
+}
+
+impl std::fmt::Display for StoreText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&tollgate::store::redact(&self.0))
+    }
 }
 
 /// Says why the service does not start: `problems`, then `summary`, as plain lines on stderr,
