@@ -131,7 +131,8 @@ pub struct ServeArgs {
     sweep_interval: Duration,
     /// Most keys the in-memory store holds (about 150 bytes each, more for a sliding log's):
     /// past it a request that needs a new key takes its failure posture, so a flood of new
-    /// keys cannot grow the process until it is killed.
+    /// keys cannot grow the process until it is killed. The `local` posture's store holds as
+    /// many at most; past that, a new key is allowed uncounted.
     #[arg(long, default_value_t = DEFAULT_MEMORY_MAX_KEYS, value_parser = positive::<usize>, value_name = "N")]
     memory_max_keys: usize,
     /// On SIGTERM or Ctrl-C, how long requests in flight may take to finish before the
@@ -423,6 +424,7 @@ async fn serve(
     let settings = FailureSettings {
         posture: args.on_store_error,
         local_share: args.local_share,
+        local_max_keys: args.memory_max_keys,
         ..FailureSettings::default()
     };
     let limiter = Arc::new(

@@ -529,6 +529,45 @@ async fn a_full_memory_store_answers_new_keys_by_the_posture() {
     );
 }
 
+/// The `local` posture's store has the same cap: a full store sends new keys to it, and it
+/// must not then grow without end. Past its cap, a new key is allowed uncounted, as by `open`;
+/// the keys it holds are still counted.
+#[tokio::test]
+async fn the_local_postures_store_is_capped_too() {
+    let args = ["--memory-max-keys", "2", "--on-store-error", "local"];
+    let server = Server::start_with_args(POLICY, &args);
+    let check = |user: &'static str| {
+        let body = check_body("user", user, None);
+        let server = &server;
+        async move { post(server, "/v1/check", &body).await }
+    };
+    for user in ["a", "b"] {
+        assert_eq!(header(&check(user).await, "x-tollgate-degraded"), None);
+    }
+    // Counted locally: 3 a day each.
+    for user in ["c", "d"] {
+        let r = check(user).await;
+        assert_eq!(header(&r, "x-tollgate-degraded"), Some("local"));
+        assert_eq!(header(&r, "x-ratelimit-remaining"), Some("2"));
+    }
+    // Past the local store's cap: never counted, never denied.
+    for _ in 0..4 {
+        let r = check("e").await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-ratelimit-remaining"), Some("2"));
+    }
+    // The held keys still are.
+    assert_eq!(
+        header(&check("c").await, "x-ratelimit-remaining"),
+        Some("1")
+    );
+    assert_eq!(
+        header(&check("c").await, "x-ratelimit-remaining"),
+        Some("0")
+    );
+    assert_eq!(check("c").await.status(), 429);
+}
+
 /// On SIGTERM a connection with no request in flight closes at once, even one that sent half
 /// a request's headers: it does not hold the shutdown for `--shutdown-timeout`.
 #[test]

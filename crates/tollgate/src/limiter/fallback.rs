@@ -24,6 +24,11 @@ pub struct FailureSettings {
     pub local_share: f64,
     /// `Retry-After` given with a denial because the limiter is unavailable.
     pub unavailable_retry_after: Duration,
+    /// Most keys the `local` posture's store holds: past it a new key's request is allowed
+    /// uncounted, as by `open`. A flood of new keys can make the postures answer (a store at
+    /// its own cap, see [`crate::store::MemoryStore::with_max_keys`]): it must not then grow
+    /// this store without end either.
+    pub local_max_keys: usize,
 }
 
 impl Default for FailureSettings {
@@ -32,6 +37,7 @@ impl Default for FailureSettings {
             posture: Posture::Open,
             local_share: 1.0,
             unavailable_retry_after: Duration::from_secs(1),
+            local_max_keys: usize::MAX,
         }
     }
 }
@@ -47,7 +53,7 @@ impl Fallback {
     pub fn new(settings: FailureSettings, clock: SharedClock) -> Self {
         Fallback {
             settings,
-            local: MemoryStore::new(clock),
+            local: MemoryStore::new(clock).with_max_keys(settings.local_max_keys),
         }
     }
 
@@ -92,8 +98,8 @@ impl Fallback {
         if closed {
             self.local.decide_denied(&local_charges, &mut decided);
         } else {
-            // The local shares' store has no key cap (it holds only the keys of an outage):
-            // it is never full.
+            // Full (`local_max_keys`), it charges nothing and its answers are those of a look:
+            // a new key is allowed uncounted.
             let _held = self.local.decide(&local_charges, commit, &mut decided);
         }
         let mut local = decided.into_iter();
