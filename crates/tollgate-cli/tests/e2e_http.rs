@@ -518,13 +518,26 @@ async fn a_full_memory_store_answers_new_keys_by_the_posture() {
     let r = post(&server, "/v1/check", &check_body("user", "a", None)).await;
     assert_eq!(header(&r, "x-ratelimit-remaining"), Some("1"));
     assert_eq!(header(&r, "x-tollgate-degraded"), None);
+    // Beside a new key, a held one is still counted, and still denies: a client rotating
+    // the value of one descriptor does not lift the limit of another.
+    let both = |user: &str| {
+        json!({"domain": "api", "descriptors": [
+            {"entries": [{"key": "user", "value": "a"}]},
+            {"entries": [{"key": "user", "value": user}]}
+        ]})
+    };
+    let r = post(&server, "/v1/check", &both("y")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-tollgate-degraded"), Some("open"));
+    let r = post(&server, "/v1/check", &both("z")).await;
+    assert_eq!(r.status(), 429, "user a has used its 3");
     let metrics = server.metrics().await;
     assert!(
         metrics.contains("tollgate_store_keys{store=\"memory\"} 2\n"),
         "{metrics}"
     );
     assert!(
-        metrics.contains("tollgate_store_errors_total 1\n"),
+        metrics.contains("tollgate_store_errors_total 2\n"),
         "{metrics}"
     );
 }

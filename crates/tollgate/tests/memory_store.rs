@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::clock::ManualClock;
-use tollgate::store::{Charge, MemoryStore, Store};
+use tollgate::store::{Charge, MemoryStore, Store, StoreError};
 use tollgate_core::{Algorithm, Params, Timestamp, Verdict};
 
 fn params(algorithm: Algorithm, limit: u64, period: Duration) -> Params {
@@ -160,21 +160,24 @@ async fn a_full_store_refuses_new_keys_and_keeps_deciding_the_others() {
         assert!(store.apply(&[charge(key, &minute, 1)]).await.unwrap()[0].is_allowed());
     }
     let full = store.apply(&[charge("c", &minute, 1)]).await.unwrap_err();
-    assert!(
-        matches!(&full, tollgate::store::StoreError::NotCalled(why) if why.contains("--memory-max-keys")),
-        "{full}"
-    );
-    // Beside a held key, the new one still cannot be added, and the held one is not charged.
-    assert!(
-        store
-            .apply(&[charge("a", &minute, 1), charge("c", &minute, 1)])
-            .await
-            .is_err()
-    );
+    assert!(full.to_string().contains("--memory-max-keys"), "{full}");
+    // Beside a held key, the new one cannot be added: the held one is decided as it stands
+    // (charged by the limiter once the posture has answered for the new one), the new one not.
+    let partly = store
+        .apply(&[charge("a", &minute, 1), charge("c", &minute, 1)])
+        .await
+        .unwrap_err();
+    let StoreError::Partly { decided, .. } = partly else {
+        panic!("{partly}")
+    };
+    assert_eq!(decided.len(), 2);
+    assert_eq!(decided[0].map(|d| d.remaining), Some(9), "as it stands");
+    assert!(decided[1].is_none());
     let a = store.apply(&[charge("a", &minute, 1)]).await.unwrap();
     assert_eq!(a[0].remaining, 8, "charged once before, once now");
-    // A look needs no room, and a key twice in one request is one key.
+    // A look, or a check of a new key, needs no room; a key twice in one request is one key.
     assert!(store.peek(&[charge("c", &minute, 1)]).await.is_ok());
+    assert!(store.apply(&[charge("c", &minute, 0)]).await.is_ok());
     assert_eq!(store.len(), 2);
 
     clock.advance(Duration::from_secs(61));

@@ -400,31 +400,29 @@ impl Limiter {
             self.decide_with_budgets(&live, &charges, live_charges, at, charge, &mut decisions)
                 .await
         };
-        // A cluster primary down under part of the request: the postures answer for its
-        // limits alone (not with a candidate or local budgets in the call: they take the
-        // postures for the whole request, as any other store failure).
-        let answer = match (answer, &self.store) {
-            (
-                Err(StoreError::Partly {
-                    decided,
-                    cause,
-                    deadline,
-                }),
-                StoreBackend::Redis(redis),
-            ) if shadow.is_none()
+        // A cluster primary down under part of the request, or a full memory store and a
+        // limit on a key it does not hold: the postures answer for those limits alone (not
+        // with a candidate or local budgets in the call: they take the postures for the whole
+        // request, as any other store failure).
+        let answer = match answer {
+            Err(StoreError::Partly {
+                decided,
+                cause,
+                deadline,
+            }) if shadow.is_none()
                 && decided.len() == charges.len()
                 && !hot_keys::has_budgets(&live, live_charges) =>
             {
                 let partly = (decided, deadline);
                 let answer = self
-                    .decide_partly(redis, &live, &charges, partly, charge, &mut decisions)
+                    .decide_partly(&live, &charges, partly, charge, &mut decisions)
                     .await;
                 if charge && answer.is_ok() {
                     self.note_store_error(&cause);
                 }
                 answer.map(Some)
             }
-            (answer, _) => answer.map(|()| None),
+            answer => answer.map(|()| None),
         };
         let postures = match answer {
             Ok(Some(degraded)) => Some(degraded),

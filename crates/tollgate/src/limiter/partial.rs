@@ -1,10 +1,11 @@
-//! A request whose counters span Redis Cluster primaries, some of which could not answer: the
-//! failure postures answer for the limits on those alone, and Redis decides the others.
+//! A request the store could decide only in part: its counters span Redis Cluster primaries,
+//! some of which could not answer, or the memory store is full and some of its counters are
+//! new. The failure postures answer for those limits alone, and the store decides the others.
 //!
 //! The request is still all-or-nothing: it is admitted only when every enforced limit allows
-//! it, whether Redis decided the limit or a posture did; then the limits Redis decided are
-//! charged in one more call within the request's deadline, and the `local` postures' shares
-//! after it. Otherwise nothing is charged anywhere.
+//! it, whether the store decided the limit or a posture did; then the limits the store decided
+//! are charged in one more call within the request's deadline, and the `local` postures'
+//! shares after it. Otherwise nothing is charged anywhere.
 
 use smallvec::SmallVec;
 use tokio::time::Instant;
@@ -12,7 +13,7 @@ use tollgate_core::{Decision, Verdict};
 
 use super::{Limiter, Plan, timed_store_call};
 use crate::resilience::Posture;
-use crate::store::{Charge, Decisions, INLINE_CHARGES, RedisStore, StoreError};
+use crate::store::{Charge, Decisions, INLINE_CHARGES, StoreError};
 
 /// Per charge: the posture that answered for it, `None` where the store decided.
 pub(super) type Degraded = SmallVec<[Option<Posture>; INLINE_CHARGES]>;
@@ -24,7 +25,6 @@ impl Limiter {
     /// fails: the postures then answer for the whole request.
     pub(super) async fn decide_partly(
         &self,
-        redis: &RedisStore,
         live: &Plan,
         charges: &[Charge<'_>],
         (decided, deadline): (Vec<Option<Decision>>, Instant),
@@ -63,7 +63,7 @@ impl Limiter {
                 .filter(|&i| decided[i].is_some())
                 .map(|i| charges[i])
                 .collect();
-            let call = redis.apply_before(&healthy, deadline);
+            let call = self.store.apply_before(&healthy, deadline);
             let answer = timed_store_call(&self.store_latency[0], call).await?;
             // A concurrent request may have taken the last of a quota since the first look. (The
             // `local` shares are charged after Redis: one taken meanwhile on this replica leaves

@@ -322,14 +322,12 @@ impl MemoryStore {
         }
 
         let mut transitions: SmallVec<[Transition; INLINE_CHARGES]> = SmallVec::new();
-        // Keys this request would add to the store.
-        let mut new_keys = 0;
+        // Per charge, whether the store holds its key.
+        let mut held_keys: SmallVec<[bool; INLINE_CHARGES]> = SmallVec::new();
         for (i, charge) in charges.iter().enumerate() {
             let held = held_slot(&guards[shard_ids[i]], hashes[i], charge);
+            held_keys.push(held.is_some());
             let repeated = charges[..i].iter().any(|c| c.key == charge.key);
-            if held.is_none() && !repeated {
-                new_keys += 1;
-            }
             let stored = state_of(held, charge);
             let (decision, transition) = if repeated {
                 // The same counter twice in one request: decide against the state the earlier
@@ -380,11 +378,40 @@ impl MemoryStore {
             }
             return Ok(());
         }
+        // A charge that needs a key the store does not hold yet: one that changes its counter
+        // (not a check), the first such on its key.
+        let needs_key = |i: usize| {
+            !held_keys[i]
+                && transitions[i] != Transition::Keep
+                && !(0..i)
+                    .any(|j| charges[j].key == charges[i].key && transitions[j] != Transition::Keep)
+        };
+        let new_keys = (0..charges.len()).filter(|&i| needs_key(i)).count();
         if commit && new_keys > 0 && self.len().saturating_add(new_keys) > self.max_keys {
-            return Err(StoreError::NotCalled(format!(
-                "the memory store holds its most keys ({}, --memory-max-keys): a request that needs a new one takes its failure postures until keys expire",
-                self.max_keys
-            )));
+            // The limits on held keys are decided as usual (their figures as they stand: the
+            // limiter charges them once the postures have answered for the others).
+            let decided = (0..charges.len())
+                .map(|i| {
+                    let on_new_key = !held_keys[i] && transitions[i] != Transition::Keep;
+                    (!on_new_key).then(|| {
+                        if decisions[i].is_allowed() && transitions[i] != Transition::Keep {
+                            let stored =
+                                stored_state(&guards[shard_ids[i]], hashes[i], &charges[i]);
+                            as_is(charges[i].params, &stored, now)
+                        } else {
+                            decisions[i]
+                        }
+                    })
+                })
+                .collect();
+            return Err(StoreError::Partly {
+                decided,
+                cause: Box::new(StoreError::NotCalled(format!(
+                    "the memory store holds its most keys ({}, --memory-max-keys): a limit on a new key takes its failure posture until keys expire",
+                    self.max_keys
+                ))),
+                deadline: tokio::time::Instant::now(),
+            });
         }
         if commit {
             for (i, (charge, transition)) in charges.iter().zip(transitions).enumerate() {

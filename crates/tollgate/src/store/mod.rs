@@ -55,11 +55,12 @@ pub enum StoreError {
     /// The store's settings cannot work (see [`RedisOptions::check`]).
     #[error("invalid store settings: {0}")]
     InvalidOptions(String),
-    /// Some of a request's counters live on Redis Cluster nodes that could not answer
-    /// (`cause`); the others were decided without charging anything: `decided[i]` is charge
-    /// `i`'s decision as it stands, `None` where its node failed. The limiter lets the failure
-    /// postures answer for those charges alone and charges the others
-    /// ([`RedisStore::apply_before`] `deadline`, the request's).
+    /// Some of a request's counters could not be decided (`cause`): they live on Redis
+    /// Cluster nodes that could not answer, or are new to a memory store at its most keys.
+    /// The others were decided without charging anything: `decided[i]` is charge `i`'s
+    /// decision as it stands, `None` where it could not be decided. The limiter lets the
+    /// failure postures answer for those charges alone and charges the others
+    /// ([`StoreBackend::apply_before`] `deadline`, the request's).
     #[error("{cause}")]
     Partly {
         decided: Vec<Option<Decision>>,
@@ -231,6 +232,19 @@ impl StoreBackend {
         };
         decisions.extend(answer?);
         Ok(())
+    }
+
+    /// [`Store::apply`] within `deadline`: the charges a request's [`StoreError::Partly`]
+    /// answer left to make (the memory store answers at once).
+    pub async fn apply_before(
+        &self,
+        charges: &[Charge<'_>],
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<Decision>, StoreError> {
+        match self {
+            StoreBackend::Memory(m) => m.apply(charges).await,
+            StoreBackend::Redis(r) => r.apply_before(charges, deadline).await,
+        }
     }
 
     /// Checks that this store can decide a limit exactly (Redis scripts work on doubles).
