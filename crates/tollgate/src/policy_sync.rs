@@ -188,21 +188,28 @@ async fn sync_policy(
         Ok(shared) => shared,
         Err(e) => return read_failed("policy", &e), // try again at the next tick
     };
-    let first = std::mem::take(first_look);
     if let Some(shared) = &shared
-        && first
+        && *first_look
         && current.seq == 1
         && shared.hash != current.hash
         && files_are_news(lifecycle, shared)
     {
-        info!(version = %current.label(), shared_seq = shared.stamp.seq,
-            "This replica's policy files are not those the fleet's policy was made beside (a deploy changed them): publishing them as the fleet's policy");
         let now = lifecycle.limiter().clock().now();
-        if let Ok(Some(stamp)) = publish_policy(store, lifecycle, &current, now).await {
-            *seen = Some(stamp);
-            return;
+        match publish_policy(store, lifecycle, &current, now).await {
+            Ok(Some(stamp)) => {
+                info!(version = %current.label(), replaced_shared_seq = shared.stamp.seq,
+                    "This replica's policy files are not those the fleet's policy was made beside (a deploy changed them): published them as the fleet's policy");
+                *seen = Some(stamp);
+                *first_look = false;
+                return;
+            }
+            // A version accepted later is shared: adopted below.
+            Ok(None) => {}
+            // Not adopted over the new files meanwhile: tried again at the next check.
+            Err(()) => return,
         }
     }
+    *first_look = false;
     // Seen before, and now gone or made again: Redis lost its data, counters included.
     if seen.is_some()
         && shared
