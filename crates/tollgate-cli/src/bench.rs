@@ -363,8 +363,8 @@ struct Tally {
     issued: AtomicU64,
     done: AtomicU64,
     ok: AtomicU64,
-    /// Of `ok`: allowed by a failure posture, not by the limiter (tollgate's
-    /// `x-tollgate-degraded`: the store did not answer).
+    /// Of `ok`: allowed by the `open` failure posture, counted by nothing (tollgate's
+    /// `x-tollgate-degraded: open`: the store did not answer).
     degraded_ok: AtomicU64,
     over_limit: AtomicU64,
     errors: AtomicU64,
@@ -376,7 +376,7 @@ struct Tally {
 
 #[derive(Debug, Clone, Copy)]
 enum Outcome {
-    /// Allowed; `true` when a failure posture allowed it (the answer said it was degraded).
+    /// Allowed; `true` when the `open` failure posture allowed it, counting nothing.
     Ok {
         degraded: bool,
     },
@@ -473,6 +473,12 @@ async fn connect_http(authority: &str) -> anyhow::Result<HttpConnection> {
 }
 
 /// Sends one `POST /v1/check` and drains the answer; the status code.
+/// Whether an answer's `x-tollgate-degraded` says the `open` posture allowed it: counted by
+/// nothing. (A `local` posture's answer is tollgate's own count, held against `--verify`.)
+fn open_posture(degraded: Option<&[u8]>) -> bool {
+    degraded == Some(b"open")
+}
+
 /// `POST /v1/check`: the answer's status, and whether it was degraded (tollgate's
 /// `x-tollgate-degraded`: a failure posture answered).
 async fn post_check(
@@ -495,7 +501,7 @@ async fn post_check(
     }
     let response = sender.send_request(request).await?;
     let status = response.status();
-    let degraded = response.headers().contains_key(DEGRADED);
+    let degraded = open_posture(response.headers().get(DEGRADED).map(|v| v.as_bytes()));
     // Read to the end so the connection is ready for the next request.
     response.into_body().collect().await?;
     Ok((status, degraded))
@@ -541,7 +547,9 @@ async fn send(client: &mut Client, plan: &Plan, key: &str, tally: &Tally) -> Out
                     tally.error(format!("grpc: {}: {}", status.code(), status.message()))
                 }
                 Ok(Ok(response)) => match response.get_ref().overall_code() {
-                    Code::Ok => Outcome::allowed(response.metadata().contains_key(DEGRADED)),
+                    Code::Ok => Outcome::allowed(open_posture(
+                        response.metadata().get(DEGRADED).map(|v| v.as_bytes()),
+                    )),
                     Code::OverLimit => Outcome::OverLimit,
                     Code::Unknown => tally.error("grpc: overall_code UNKNOWN".into()),
                 },
@@ -779,7 +787,7 @@ impl Report {
             self.ok,
             match self.degraded_ok {
                 0 => String::new(),
-                n => format!(" (of which {n} degraded: a failure posture answered)"),
+                n => format!(" (of which {n} degraded: the open posture answered)"),
             },
             self.over_limit,
             self.errors,
@@ -795,7 +803,7 @@ impl Report {
             ));
             if self.degraded_ok > 0 {
                 out.push_str(&format!(
-                    "verify: {} more admitted by a failure posture (the store did not answer), not counted above\n",
+                    "verify: {} more admitted by the open posture (the store did not answer), not counted above\n",
                     self.degraded_ok
                 ));
             }

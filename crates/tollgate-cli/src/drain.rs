@@ -67,7 +67,7 @@ pub(crate) struct Open {
 /// connection's own count ([`Progress`]): a request pays for no counter shared between threads,
 /// only a connection for its entry here.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct InFlight(Arc<std::sync::Mutex<Connections>>);
+pub(crate) struct InFlight(Arc<parking_lot::Mutex<Connections>>);
 
 #[derive(Debug, Default)]
 struct Connections {
@@ -93,11 +93,8 @@ impl InFlight {
             .sum()
     }
 
-    fn connections(&self) -> std::sync::MutexGuard<'_, Connections> {
-        // Nothing is left half-done under the lock: a panic elsewhere does not spoil it.
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn connections(&self) -> parking_lot::MutexGuard<'_, Connections> {
+        self.0.lock()
     }
 }
 

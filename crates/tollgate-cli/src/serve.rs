@@ -203,10 +203,10 @@ fn humantime_duration(s: &str) -> Result<Duration, String> {
     Ok(parsed)
 }
 
-/// A count that must be at least 1.
 /// `--memory-max-keys`' default: about 1.5 GB of GCRA or fixed-window counters.
 const DEFAULT_MEMORY_MAX_KEYS: usize = 10_000_000;
 
+/// A count that must be at least 1.
 pub(crate) fn positive<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, String> {
     match s.parse::<T>() {
         Ok(n) if n >= T::from(1) => Ok(n),
@@ -691,11 +691,9 @@ pub(crate) async fn drain(
     }
 }
 
-/// A gRPC server pinging connections idle for `keepalive` (none when zero) and closing those
-/// that do not answer within `timeout` (shared with `bench-server`, so the ceiling runs the
-/// same stack).
-/// The gRPC server's settings: keepalive pings every `keepalive` (none for 0), answered
-/// within `timeout`, and at most [`GRPC_MAX_STREAMS`] requests in flight per connection: one
+/// The gRPC server's settings (shared with `bench-server`, so the ceiling runs the same
+/// stack): keepalive pings every `keepalive` (none for 0), answered within `timeout`, and at
+/// most [`GRPC_MAX_STREAMS`] requests in flight per connection: one
 /// connection opening streams it never finished held them all (about 8 KB each; 200 000 took
 /// 1.8 GB in two seconds) for as long as it answered the pings. (No per-request timeout: a
 /// timer per request costs the decision path about a microsecond.)

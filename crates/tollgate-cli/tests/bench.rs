@@ -268,9 +268,10 @@ fn verify_fails_when_more_than_the_limit_is_admitted() {
     );
 }
 
-/// Admissions a failure posture made while the store did not answer are counted apart: they
+/// Admissions the `open` posture made while the store did not answer are counted apart: they
 /// are not the limiter's, so `--verify` does not hold them against the algorithm (before,
-/// an `open` posture's answers read as an over-admission), and it says how many there were.
+/// they read as an over-admission), and it says how many there were. (A `local` posture's
+/// admissions are tollgate's own count, and held against it.)
 #[test]
 fn verify_counts_admissions_of_a_failure_posture_apart() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -306,7 +307,7 @@ fn verify_counts_admissions_of_a_failure_posture_apart() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("OK 20 (of which 20 degraded"), "{text}");
         assert!(
-            text.contains("verify: 20 more admitted by a failure posture"),
+            text.contains("verify: 20 more admitted by the open posture"),
             "{text}"
         );
     }

@@ -61,7 +61,7 @@ impl<D: Decide> RlsService<D> {
     }
 }
 
-/// Largest request message accepted (`RESOURCE_EXHAUSTED` past it). Envoy takes descriptor
+/// Largest request message accepted (`OUT_OF_RANGE` past it). Envoy takes descriptor
 /// values from requests whose headers it limits to 60 KiB by default, so this leaves room; and
 /// a message of empty repeated fields decodes into about 64 times its size before any limit on
 /// descriptors can be checked (4 MiB took 266 MB).

@@ -144,9 +144,10 @@ impl<S: Send + Sync, const LIMIT: usize> axum::extract::FromRequest<S> for Body<
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         if let Some(length) = headers
             .get(axum::http::header::CONTENT_LENGTH)
+            .filter(|_| waits_to_send)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok())
-            .filter(|&length| waits_to_send && length > LIMIT as u64)
+            .filter(|&length| length > LIMIT as u64)
         {
             return Err(with_body_unread(
                 error_response(

@@ -510,8 +510,10 @@ impl RedisStore {
                 Err(Some(redirect)) => redirect,
                 Err(None) => {
                     tokio::time::sleep(Duration::from_millis(1)).await;
+                    // From the owner again: an `ASK` that led to the `TRYAGAIN` is no
+                    // redirect followed too many.
                     (node, breaker) = self.owner_of(slot)?;
-                    asking = false;
+                    (asking, redirects) = (false, 0);
                     continue;
                 }
             };
