@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-/// A writer that keeps what is written, shared by its clones: hand a clone to a log
-/// subscriber (`tracing_subscriber::fmt().with_writer(move || logs.clone())`) and read the
+/// A writer that keeps what is written, shared by its clones: log through
+/// [`CapturedLogs::subscriber`] (or hand a clone to a subscriber of your own) and read the
 /// lines with [`CapturedLogs::text`].
 ///
 /// ```
@@ -18,6 +18,16 @@ use std::sync::Arc;
 pub struct CapturedLogs(Arc<parking_lot::Mutex<Vec<u8>>>);
 
 impl CapturedLogs {
+    /// A `tracing` subscriber writing plain text lines here (install it with
+    /// `tracing::subscriber::with_default` or `set_default`).
+    pub fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + use<> {
+        let writer = self.clone();
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish()
+    }
+
     /// Everything written so far, as text (invalid UTF-8 replaced).
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock()).into_owned()

@@ -1048,11 +1048,7 @@ mod tests {
         std::fs::write(&file, &policy(1)[0].1).unwrap();
         let lifecycle = lifecycle_reading(Some(file.clone()));
         let logs = tollgate_testkit::CapturedLogs::default();
-        let writer = logs.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
+        let subscriber = logs.subscriber();
         tracing::subscriber::with_default(subscriber, || {
             std::fs::write(&file, b"domain: \xff\n").unwrap();
             for _ in 0..3 {

@@ -14,11 +14,7 @@ use tollgate::background::{PANICS, RESTART_PAUSE, render_metrics, supervise};
 #[tokio::test(start_paused = true)]
 async fn a_panicking_task_is_logged_at_error_with_its_name_and_message() {
     let logs = tollgate_testkit::CapturedLogs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let subscriber = logs.subscriber();
     // The test's runtime has one thread: the supervisor logs on it.
     let _logging = tracing::subscriber::set_default(subscriber);
     let runs = Arc::new(AtomicU32::new(0));

@@ -285,11 +285,7 @@ mod tests {
         overrides.set(o("globex", None));
         let shared = overrides.all();
         let logs = tollgate_testkit::CapturedLogs::default();
-        let writer = logs.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
+        let subscriber = logs.subscriber();
         tracing::subscriber::with_default(subscriber, || {
             overrides.drop_expired(at(9));
             assert_eq!(overrides.list(at(9)).len(), 2, "not expired yet");
