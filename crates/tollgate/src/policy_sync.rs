@@ -15,35 +15,21 @@ use tracing::{info, warn};
 
 use crate::lifecycle::{Activation, Lifecycle, Origin, PolicyVersion};
 use crate::limiter::{Override, OverrideChange};
+use crate::observe::Throttle;
 use crate::store::redis::{SharedOverride, SharedOverrideChange, SharedOverrides, Stamp};
 use crate::store::{RedisStore, SharedPolicy, StoreBackend};
 
 /// While Redis is away every check fails again: one warning per this long, not one per check.
 const RETRY_WARNING_EVERY: Duration = Duration::from_secs(10);
 
-/// When a failed publish, a failed share, and a failed read, were last logged.
-static LAST_PUBLISH_WARNING: RetryWarning = RetryWarning::new();
-static LAST_SHARE_WARNING: RetryWarning = RetryWarning::new();
-static LAST_READ_WARNING: RetryWarning = RetryWarning::new();
+/// Failed publishes, shares and reads are each logged once per [`RETRY_WARNING_EVERY`].
+static LAST_PUBLISH_WARNING: Throttle = Throttle::new(RETRY_WARNING_EVERY);
+static LAST_SHARE_WARNING: Throttle = Throttle::new(RETRY_WARNING_EVERY);
+static LAST_READ_WARNING: Throttle = Throttle::new(RETRY_WARNING_EVERY);
 
-/// When one kind of retry warning was last logged.
-struct RetryWarning(parking_lot::Mutex<Option<tokio::time::Instant>>);
-
-impl RetryWarning {
-    const fn new() -> Self {
-        RetryWarning(parking_lot::const_mutex(None))
-    }
-
-    /// Whether this warning may be logged now (see [`RETRY_WARNING_EVERY`]).
-    fn due(&self) -> bool {
-        let now = tokio::time::Instant::now();
-        let mut last = self.0.lock();
-        let due = last.is_none_or(|at| now.duration_since(at) >= RETRY_WARNING_EVERY);
-        if due {
-            *last = Some(now);
-        }
-        due
-    }
+/// Whether a warning `throttle` holds may be logged now.
+fn due(throttle: &Throttle) -> bool {
+    throttle.note(tokio::time::Instant::now()).is_some()
 }
 
 /// Runs until `stop` turns true. Does nothing for the memory store.
@@ -302,7 +288,7 @@ async fn sync_overrides(
 /// A shared document that could not be read: changes made on other replicas do not arrive
 /// meanwhile, which is worth a line (once per [`RETRY_WARNING_EVERY`]).
 fn read_failed(what: &str, error: &crate::store::StoreError) {
-    if LAST_READ_WARNING.due() {
+    if due(&LAST_READ_WARNING) {
         warn!(shared = what, error = %error, "Could not read what the other replicas share; trying again at every check");
     }
 }
@@ -388,7 +374,7 @@ async fn publish_policy(
             Ok(None)
         }
         Err(e) => {
-            if LAST_PUBLISH_WARNING.due() {
+            if due(&LAST_PUBLISH_WARNING) {
                 warn!(version = %version.label(), error = %e, "Could not publish the policy; trying again at every check");
             }
             Err(())
@@ -526,7 +512,7 @@ async fn share_overrides(
             Ok(Some(shared.stamp))
         }
         Err(e) => {
-            if LAST_SHARE_WARNING.due() {
+            if due(&LAST_SHARE_WARNING) {
                 warn!(error = %e, "Could not share the overrides; trying again at every check");
             }
             overrides.keep_pending(pending);

@@ -38,10 +38,10 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
-use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tollgate::lifecycle::Lifecycle;
+use tollgate::observe::Throttle;
 use tollgate::policy::MAX_POLICY_FILE;
 use tracing::{Instrument, warn};
 
@@ -52,42 +52,20 @@ use crate::http::{error_response, json_fallbacks};
 pub struct AdminState {
     lifecycle: Arc<Lifecycle>,
     token: Option<Arc<str>>,
-    refusals: Arc<Mutex<Refusals>>,
+    /// Requests refused for their token, logged at most once per [`REFUSALS_LOGGED_EVERY`].
+    refusals: Arc<Throttle>,
 }
 
 /// Requests refused for their token are logged at most once per this long: a flood of them
 /// must not flood the log.
 const REFUSALS_LOGGED_EVERY: Duration = Duration::from_secs(1);
 
-/// When a refused request was last logged, and how many were refused since without a line.
-#[derive(Debug, Default)]
-struct Refusals {
-    last_logged: Option<Instant>,
-    suppressed: u64,
-}
-
-impl Refusals {
-    /// Counts a refusal at `now`. `Some(suppressed)` when it is to be logged: the refusals
-    /// since the last line that were not logged.
-    fn note(&mut self, now: Instant) -> Option<u64> {
-        if self
-            .last_logged
-            .is_some_and(|at| now.duration_since(at) < REFUSALS_LOGGED_EVERY)
-        {
-            self.suppressed += 1;
-            return None;
-        }
-        self.last_logged = Some(now);
-        Some(std::mem::take(&mut self.suppressed))
-    }
-}
-
 /// The admin routes. `token`, when given, is required on every request.
 pub fn router(lifecycle: Arc<Lifecycle>, token: Option<String>) -> Router {
     let state = AdminState {
         lifecycle,
         token: token.map(Into::into),
-        refusals: Arc::default(),
+        refusals: Arc::new(Throttle::new(REFUSALS_LOGGED_EVERY)),
     };
     let router = Router::new()
         .route("/v1/admin/policy", get(policy::list).post(policy::push))
@@ -181,7 +159,7 @@ async fn require_token(State(state): State<AdminState>, request: Request, next: 
             .and_then(|v| v.to_str().ok())
             .and_then(bearer_token);
         if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), expected.as_bytes())) {
-            let due = state.refusals.lock().note(Instant::now());
+            let due = state.refusals.note(Instant::now());
             // The path without its query, which may hold anything (a token, even); the client
             // is in the span around this request.
             if let Some(suppressed) = due {
@@ -215,26 +193,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
-    use tokio::time::Instant;
-
-    /// One line a second at most, the next one counting those left out.
-    #[test]
-    fn refusals_are_logged_once_a_second_with_a_count_of_the_rest() {
-        let mut refusals = super::Refusals::default();
-        let start = Instant::now();
-        let at = |ms: u64| start + Duration::from_millis(ms);
-        assert_eq!(refusals.note(at(0)), Some(0));
-        for ms in [1, 10, 500, 999] {
-            assert_eq!(refusals.note(at(ms)), None, "{ms} ms");
-        }
-        assert_eq!(refusals.note(at(1000)), Some(4));
-        assert_eq!(refusals.note(at(1500)), None);
-        assert_eq!(refusals.note(at(5000)), Some(1));
-        assert_eq!(refusals.note(at(6000)), Some(0));
-    }
-
     #[test]
     fn token_comparison() {
         assert!(super::constant_time_eq(b"secret", b"secret"));

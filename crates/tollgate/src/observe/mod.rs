@@ -3,9 +3,12 @@
 //! * [`Histogram`]: fixed-bucket latency histograms for the hot path, rendered for Prometheus.
 //! * [`TopKeys`]: the most frequent keys of a stream (e.g. the most throttled clients of a rule)
 //!   in a fixed-size table, so client keys never become metric labels.
+//! * [`Throttle`]: a log line at most once per interval, with a count of those held back.
 
 mod histogram;
+mod throttle;
 mod top_keys;
 
 pub use histogram::Histogram;
+pub use throttle::Throttle;
 pub use top_keys::{MAX_CAPACITY, MAX_KEY_BYTES, TopEntry, TopKeys};
