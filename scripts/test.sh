@@ -10,6 +10,9 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# The docs are built with this mdBook (`cargo info mdbook` for the latest).
+MDBOOK_VERSION=0.5.4
+
 # That cache only grows: every change of a dependency, a flag or the toolchain leaves the old
 # artifacts behind (it had reached 65 GB and filled a disk). Past CACHE_MAX_GB (30), start
 # afresh: one full build, rather than a full disk.
@@ -67,6 +70,25 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/interop/requirements.txt
 export TOLLGATE_PYTHON="$venv/bin/python"
+
+step "mdbook $MDBOOK_VERSION (builds docs/; from crates.io, without the server, watcher and search)"
+if command -v mdbook >/dev/null && mdbook --version | grep -qx "mdbook v$MDBOOK_VERSION"; then
+  mdbook=mdbook
+else
+  # Its own target dir: the build cache above is the workspace's, and this is built once.
+  mdbook_build="$(mktemp -d)"
+  cargo install mdbook --version "$MDBOOK_VERSION" --locked --no-default-features \
+    --target-dir "$mdbook_build" --quiet
+  rm -rf "$mdbook_build"
+  mdbook="$(command -v mdbook || echo "${CARGO_HOME:-$HOME/.cargo}/bin/mdbook")"
+fi
+"$mdbook" --version
+
+step "docs: the link checker's tests, the link check, then mdbook build"
+python3 scripts/test_check_links.py
+python3 scripts/check-links.py
+# Output into the build cache, outside the clone (a relative --dest-dir is read from docs/).
+"$mdbook" build docs --dest-dir "$(realpath -m "$CARGO_TARGET_DIR")/book"
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
