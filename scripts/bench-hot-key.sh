@@ -177,7 +177,7 @@ for r in rows:
     # plus what the rate refills during the run for GCRA.
     elapsed = r["elapsed_s"]
     exact = 20000 + (int(20000 / 3600 * elapsed) if "gcra" in r["name"] else 0)
-    # docs/local-budgets.md: 0 for a fixed window, R*s for the sliding algorithms,
+    # docs/hot-keys.md: 0 for a fixed window, R*s for the sliding algorithms,
     # min(R*s, rate*ttl) for GCRA (ttl 100 ms).
     if "fixed" in r["name"]:
         bound = 0
