@@ -90,6 +90,31 @@ python3 scripts/check-links.py
 # Output into the build cache, outside the clone (a relative --dest-dir is read from docs/).
 "$mdbook" build docs --dest-dir "$(realpath -m "$CARGO_TARGET_DIR")/book"
 
+# --- deploy: Prometheus (begin) -------------------------------------------------------------
+step "prometheus and promtool (alert rules' unit tests; the dashboard test runs a real Prometheus)"
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+  # Debian starts a system Prometheus on port 9090 (tollgate's admin default) after
+  # installing; the test runs its own on a free port. Deny service starts for the install, as
+  # for nginx above.
+  policy=/usr/sbin/policy-rc.d
+  saved=""
+  if [ -e "$policy" ]; then saved="$(mktemp)"; $sudo cp -p "$policy" "$saved"; fi
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+  $sudo chmod 755 "$policy"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq prometheus >/dev/null || install_failed=1
+  if [ -n "$saved" ]; then $sudo mv "$saved" "$policy"; else $sudo rm -f "$policy"; fi
+  if [ -n "${install_failed:-}" ]; then echo "apt-get install prometheus failed" >&2; exit 1; fi
+  $sudo service prometheus stop >/dev/null 2>&1 || true
+fi
+promtool --version | head -1
+
+step "promtool check rules and test rules (deploy/prometheus)"
+promtool check rules deploy/prometheus/alerts.yaml
+(cd deploy/prometheus && promtool test rules alerts.test.yaml)
+# --- deploy: Prometheus (end) ---------------------------------------------------------------
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
