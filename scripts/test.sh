@@ -123,3 +123,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
 cargo test --workspace --locked
+
+# --- deploy: container, Kubernetes, systemd files (begin) -----------------------------------
+step "container file: structure, and its command run as its USER (scripts/check-container.py)"
+cargo build -p tollgate-cli --bin tollgate --locked
+python3 scripts/check-container.py "$CARGO_TARGET_DIR/debug/tollgate"
+# --- deploy: container, Kubernetes, systemd files (end) -------------------------------------
