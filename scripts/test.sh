@@ -128,4 +128,11 @@ cargo test --workspace --locked
 step "container file: structure, and its command run as its USER (scripts/check-container.py)"
 cargo build -p tollgate-cli --bin tollgate --locked
 python3 scripts/check-container.py "$CARGO_TARGET_DIR/debug/tollgate"
+
+step "Kubernetes files: kubectl kustomize, kubernetes-validate, checks (scripts/check-kubernetes.py)"
+deploy_venv=/var/tmp/tollgate-deploy-venv
+if [ ! -x "$deploy_venv/bin/python" ]; then python3 -m venv "$deploy_venv"; fi
+"$deploy_venv/bin/python" -m pip install --quiet --disable-pip-version-check -r deploy/kubernetes/requirements.txt
+"$deploy_venv/bin/python" scripts/check-kubernetes.py "$deploy_venv/bin/kubectl" \
+  "$deploy_venv/bin/kubernetes-validate" "$CARGO_TARGET_DIR/debug/tollgate"
 # --- deploy: container, Kubernetes, systemd files (end) -------------------------------------
