@@ -135,4 +135,12 @@ if [ ! -x "$deploy_venv/bin/python" ]; then python3 -m venv "$deploy_venv"; fi
 "$deploy_venv/bin/python" -m pip install --quiet --disable-pip-version-check -r deploy/kubernetes/requirements.txt
 "$deploy_venv/bin/python" scripts/check-kubernetes.py "$deploy_venv/bin/kubectl" \
   "$deploy_venv/bin/kubernetes-validate" "$CARGO_TARGET_DIR/debug/tollgate"
+
+step "systemd unit: systemd-analyze verify and security, ExecStart run (scripts/check-systemd.sh)"
+if ! command -v systemd-analyze >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq systemd >/dev/null
+fi
+scripts/check-systemd.sh "$CARGO_TARGET_DIR/debug/tollgate"
 # --- deploy: container, Kubernetes, systemd files (end) -------------------------------------
