@@ -19,8 +19,10 @@ use tollgate_testkit::RedisServer;
 
 const DASHBOARD: &str = include_str!("../../../deploy/grafana/tollgate.json");
 
-/// Grafana's `$__rate_interval` for a 1 s scrape interval: four scrape intervals.
-const RATE_INTERVAL: &str = "4s";
+/// Grafana's `$__rate_interval`: the larger of `$__interval` plus the scrape interval and four
+/// scrape intervals. With 1 s scrapes that is 4 s on the shortest ranges; 10 s here (a 9 s
+/// step), so that a scrape a loaded machine delays still leaves two samples in each window.
+const RATE_INTERVAL: &str = "10s";
 
 /// An enforced rule counted per value, a shadow rule and a soft rule, each with a limit the
 /// traffic below goes over.
@@ -307,10 +309,10 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         async move { traffic(&server, stop).await }
     });
 
-    // Ten scrapes of tollgate under traffic.
+    // Fifteen scrapes of tollgate under traffic: more than a rate window.
     eventually(
-        Duration::from_secs(60),
-        "ten scrapes of tollgate with traffic",
+        Duration::from_secs(90),
+        "fifteen scrapes of tollgate with traffic",
         async || {
             let data = prometheus
                 .query("count_over_time(tollgate_requests_total{job=\"tollgate\"}[30s])")
@@ -318,7 +320,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
                 .unwrap();
             by_label(&data, "job")
                 .first()
-                .is_some_and(|(_, n)| *n >= 10.0)
+                .is_some_and(|(_, n)| *n >= 15.0)
         },
     )
     .await;
