@@ -14,13 +14,23 @@ subPath) and its policy passes `tollgate validate`; the Service, PodDisruptionBu
 ServiceMonitor select the pods and name ports that exist; a store URL names a Service of the
 render; the Envoy example's rate-limit cluster is the tollgate Service's gRPC port and its
 domain is one the policy has.
+
+Then the base's pod is run as the kubelet would run it, as far as that goes without a
+cluster (as root; in a network namespace of its own, for the fixed ports): the image's entry
+point with the Deployment's args and env, as the pod's runAsUser, the ConfigMap laid out as a
+ConfigMap volume is (`..data` symlink swap); its readiness and liveness probes must answer
+200, and after the ConfigMap is swapped for an edited policy, the running policy must change.
 """
 
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.error
+import urllib.request
 
 import yaml
 
@@ -203,7 +213,127 @@ def check_render(name, docs, tollgate):
         )
 
 
+def pod_spec(docs, tollgate):
+    """What running the tollgate pod of `docs` needs, for `run_pod`."""
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "tollgate")
+    pod = deployment["spec"]["template"]["spec"]
+    container = next(c for c in pod["containers"] if c["name"] == "tollgate")
+    mount = container["volumeMounts"][0]
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == volume["configMap"]["name"])
+    probes = {
+        probe: container[probe]["httpGet"]["path"] for probe in ("readinessProbe", "livenessProbe")
+    }
+    return {
+        "args": container["args"],
+        "env": {e["name"]: e["value"] for e in container.get("env", []) if "value" in e},
+        "uid": pod["securityContext"]["runAsUser"],
+        "gid": pod["securityContext"].get("runAsGroup", pod["securityContext"]["runAsUser"]),
+        "mount": mount["mountPath"],
+        "data": configmap["data"],
+        "probes": probes,
+        "tollgate": os.path.abspath(tollgate),
+        "entrypoint": os.path.join(ROOT, "deploy/container/entrypoint.sh"),
+    }
+
+
+def lay_out_configmap(top, data, generation):
+    """A ConfigMap volume as the kubelet writes it: the files in a timestamped directory,
+    `..data` linking to it, each key linking into `..data`; a new generation swaps `..data`."""
+    gen = os.path.join(top, f"..2026_01_01_00_00_0{generation}.000")
+    os.makedirs(gen)
+    for key, text in data.items():
+        with open(os.path.join(gen, key), "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(os.path.join(gen, key), 0o644)
+    os.chmod(gen, 0o755)
+    os.symlink(os.path.basename(gen), os.path.join(top, "..data_tmp"))
+    os.rename(os.path.join(top, "..data_tmp"), os.path.join(top, "..data"))
+    for key in data:
+        link = os.path.join(top, key)
+        if not os.path.islink(link):
+            os.symlink(os.path.join("..data", key), link)
+
+
+def http_get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return None, ""
+
+
+def running_hash(port):
+    _, text = http_get(f"http://127.0.0.1:{port}/metrics")
+    m = re.search(r'^tollgate_policy_version\{hash="([^"]+)"\}', text, re.M)
+    return m.group(1) if m else None
+
+
+def run_pod(spec):
+    """Inside the network namespace: runs the pod's command, probes it, swaps its ConfigMap."""
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    with tempfile.TemporaryDirectory() as top:
+        os.chmod(top, 0o755)
+        mount = os.path.join(top, spec["mount"].lstrip("/"))
+        os.makedirs(mount)
+        for dirpath, _, _ in os.walk(top):
+            os.chmod(dirpath, 0o755)
+        lay_out_configmap(mount, spec["data"], 1)
+        bin_dir = os.path.join(top, "bin")
+        os.makedirs(bin_dir)
+        os.chmod(bin_dir, 0o755)
+        for source, name in ((spec["tollgate"], "tollgate"), (spec["entrypoint"], "tollgate-entrypoint")):
+            subprocess.run(["cp", source, os.path.join(bin_dir, name)], check=True)
+            os.chmod(os.path.join(bin_dir, name), 0o755)
+        args = [a.replace(spec["mount"], mount, 1) if a.startswith(spec["mount"] + "/") else a for a in spec["args"]]
+        http_port = int(args[args.index("--http-addr") + 1].rsplit(":", 1)[1])
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOLLGATE_")}
+        env.update(spec["env"], PATH=f"{bin_dir}:/usr/bin:/bin", HOME="/nonexistent")
+        process = subprocess.Popen(
+            ["setpriv", f"--reuid={spec['uid']}", f"--regid={spec['gid']}", "--clear-groups", "--",
+             os.path.join(bin_dir, "tollgate-entrypoint"), *args],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            for _ in range(100):
+                if http_get(f"http://127.0.0.1:{http_port}/healthz")[0] == 200 or process.poll() is not None:
+                    break
+                time.sleep(0.1)
+            for probe, path in spec["probes"].items():
+                status, body = http_get(f"http://127.0.0.1:{http_port}{path}")
+                check(status == 200, f"pod: {probe} GET {path} answers {status} ({body.splitlines()[0] if body else ''})")
+            before = running_hash(http_port)
+            check(before is not None, f"pod: runs policy {before} as uid {spec['uid']}")
+            key = next(iter(spec["data"]))
+            edited = dict(spec["data"])
+            edited[key] = spec["data"][key] + "  # edited\n  - key: check_kubernetes\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
+            lay_out_configmap(mount, edited, 2)
+            after = before
+            for _ in range(100):
+                after = running_hash(http_port)
+                if after not in (None, before):
+                    break
+                time.sleep(0.1)
+            check(after not in (None, before), f"pod: the ConfigMap's ..data swap is reloaded (policy {before} -> {after})")
+            check(process.poll() is None, "pod: still running")
+        finally:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+            if failures:
+                print(process.stderr.read(), file=sys.stderr)
+    return 1 if failures else 0
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--run-pod":
+        with open(sys.argv[2], encoding="utf-8") as f:
+            return run_pod(json.load(f))
     if len(sys.argv) != 4:
         print(__doc__, file=sys.stderr)
         return 2
@@ -225,6 +355,15 @@ def main():
             f"{kustomization}: kubernetes-validate --strict passes {len(builtin)} built-in resources{': ' + checked.stdout + checked.stderr if checked.returncode else ''}",
         )
         check_render(kustomization, docs, tollgate)
+        if kustomization == KUSTOMIZATIONS[0] and not failures:
+            if os.geteuid() != 0:
+                check(False, "running the pod needs root (setpriv, unshare)")
+                continue
+            with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+                json.dump(pod_spec(docs, tollgate), f)
+                f.flush()
+                run = subprocess.run(["unshare", "--net", "--", sys.executable, os.path.abspath(__file__), "--run-pod", f.name])
+            check(run.returncode == 0, f"{kustomization}: the pod ran, answered its probes and reloaded its ConfigMap")
     if failures:
         print(f"{len(failures)} Kubernetes check(s) failed")
         return 1
