@@ -6,7 +6,8 @@ Usage: scripts/check-container.py TOLLGATE_BINARY   (as root: see below)
 Structure: a build stage and a runtime stage that copies the binary from it; the runtime
 stage's USER is numeric and not root; EXPOSE lists exactly the ports of `tollgate serve`'s
 default addresses (read from the binary's --help); every COPY source from the build context
-exists and is not excluded by .dockerignore; /bin/ratelimit links to the copied binary;
+exists and is not excluded by .dockerignore, and the build stage's alone make a workspace whose
+lock file needs no change (`cargo metadata --locked`); /bin/ratelimit links to the copied binary;
 ENTRYPOINT and CMD are exec (JSON) form.
 
 Run: the runtime stage's exact ENTRYPOINT + CMD, with each path the Dockerfile copies into the
@@ -116,6 +117,38 @@ def default_ports(binary):
     return ports
 
 
+def check_build_context(build):
+    """The build stage's COPY sources alone form a workspace whose lock file needs no change
+    (`cargo metadata --locked` on a copy of just them): the image's `cargo build
+    --locked` sees every manifest and crate it needs."""
+    with tempfile.TemporaryDirectory() as context:
+        for keyword, rest in build["body"]:
+            if keyword != "COPY":
+                continue
+            source_stage, sources, dest = copy_args(rest)
+            if source_stage is not None:
+                continue
+            for source in sources:
+                local = os.path.join(ROOT, source)
+                # `COPY a b ./` puts a and b in the work dir; `COPY crates crates` makes crates.
+                into_dir = dest.endswith("/") or dest == "."
+                target = os.path.join(context, dest, os.path.basename(source)) if into_dir else os.path.join(context, dest)
+                if os.path.isdir(local):
+                    shutil.copytree(local, target, ignore=shutil.ignore_patterns("target"))
+                elif os.path.exists(local):
+                    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+                    shutil.copy2(local, target)
+        run = subprocess.run(
+            ["cargo", "metadata", "--locked", "--format-version", "1"],
+            cwd=context, capture_output=True, text=True,
+        )
+        if run.returncode != 0:
+            fail(f"the build stage's sources do not form a locked workspace: {run.stderr.strip()}")
+        else:
+            members = len(json.loads(run.stdout)["workspace_members"])
+            ok(f"the build stage's COPY sources: a locked workspace of {members} crates")
+
+
 def check_structure(binary):
     parsed = instructions(DOCKERFILE)
     all_stages = stages(parsed)
@@ -168,6 +201,7 @@ def check_structure(binary):
                     ok(f"COPY source {source} exists")
                 if stage is runtime and len(sources) == 1 and not dest.endswith("/"):
                     files[dest] = local
+    check_build_context(all_stages[0])
     binary_dest = next((d for d, l in files.items() if l == os.path.abspath(binary)), None)
     if binary_dest is None:
         fail("the runtime stage does not copy the tollgate binary from the build stage")
