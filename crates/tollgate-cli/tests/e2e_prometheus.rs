@@ -18,6 +18,7 @@ use support::{Server, descriptor, eventually};
 use tollgate_testkit::RedisServer;
 
 const DASHBOARD: &str = include_str!("../../../deploy/grafana/tollgate.json");
+const ALERTS: &str = include_str!("../../../deploy/prometheus/alerts.yaml");
 
 /// Grafana's `$__rate_interval`: the larger of `$__interval` plus the scrape interval and four
 /// scrape intervals. With 1 s scrapes that is 4 s on the shortest ranges; 10 s here (a 9 s
@@ -69,8 +70,8 @@ fn prometheus_binary() -> PathBuf {
     })
 }
 
-/// A Prometheus scraping `target` every second, on a free loopback port and a data directory
-/// of its own; killed when dropped.
+/// A Prometheus scraping `target` every second and evaluating deploy/prometheus/alerts.yaml
+/// every second, on a free loopback port and a data directory of its own; killed when dropped.
 struct Prometheus {
     child: Child,
     url: String,
@@ -81,10 +82,12 @@ impl Prometheus {
     async fn start(target: std::net::SocketAddr) -> Prometheus {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("prometheus.yml");
+        std::fs::write(dir.path().join("alerts.yaml"), ALERTS).unwrap();
         std::fs::write(
             &config,
             format!(
                 "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+                 rule_files: [alerts.yaml]\n\
                  scrape_configs:\n  - job_name: tollgate\n    static_configs: [{{targets: [\"{target}\"]}}]\n"
             ),
         )
@@ -139,6 +142,32 @@ impl Prometheus {
         } else {
             Err(format!("{}: {}", answer["errorType"], answer["error"]))
         }
+    }
+
+    /// Every alerting rule loaded: (name, state, health, last error).
+    async fn alerts(&self) -> Vec<(String, String, String, String)> {
+        let answer: Value = reqwest::get(format!("{}/api/v1/rules?type=alert", self.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(answer["status"], "success", "{answer}");
+        let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
+        answer["data"]["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().unwrap().iter())
+            .map(|r| {
+                (
+                    text(&r["name"]),
+                    text(&r["state"]),
+                    text(&r["health"]),
+                    text(&r["lastError"]),
+                )
+            })
+            .collect()
     }
 
     /// The values of `label` on series matching `selector` (Grafana's `label_values`).
@@ -402,6 +431,104 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         "the candidate, enforced, would deny per_user: {candidate}"
     );
 
+    // The alerts, evaluated on the same scrapes: every rule evaluates without error, and on a
+    // healthy store nothing about the store, breakers, fail-open or reloads is even pending.
+    let alerts = prometheus.alerts().await;
+    assert_eq!(alerts.len(), 9, "{alerts:?}");
+    for (name, state, health, error) in &alerts {
+        assert_eq!(health, "ok", "{name}: {error}");
+        let quiet = [
+            "TollgateStoreUnreachable",
+            "TollgateBreakerOpen",
+            "TollgateFailOpen",
+            "TollgatePolicyReloadFailing",
+            "TollgateDenyRateJumpAfterPolicyChange",
+        ];
+        if quiet.contains(&name.as_str()) {
+            assert_eq!(state, "inactive", "{name} on a healthy tollgate");
+        }
+    }
+    // Over 1 invalid request a second, counted over the alert's 5 minutes (Prometheus has
+    // seen less than a minute: 500 on each transport make more than 1.5 a second on each),
+    // and the alert is pending.
+    let mut grpc = server.grpc_client().await;
+    let http = reqwest::Client::new();
+    for _ in 0..500 {
+        let r = http
+            .post(server.url("/v1/check"))
+            .header("content-type", "application/json")
+            .body("{not json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        let empty = RateLimitRequest {
+            domain: String::new(),
+            descriptors: vec![descriptor(&[("user", "x")])],
+            hits_addend: 1,
+        };
+        grpc.should_rate_limit(empty).await.unwrap_err();
+    }
+    eventually(
+        Duration::from_secs(30),
+        "TollgateInvalidRequests pending",
+        async || {
+            prometheus
+                .alerts()
+                .await
+                .iter()
+                .any(|(name, state, _, _)| name == "TollgateInvalidRequests" && state == "pending")
+        },
+    )
+    .await;
+
     stop.store(true, Ordering::Relaxed);
     sender.await.unwrap();
+}
+
+/// What Grafana needs of the file beyond the queries: unique panel ids, targets with distinct
+/// refIds on the `$datasource` variable, panels inside the 24-column grid and not on top of
+/// each other, and the variables the queries use.
+#[test]
+fn the_dashboard_is_laid_out_for_grafana() {
+    let dashboard: Value = serde_json::from_str(DASHBOARD).expect("tollgate.json is JSON");
+    let panels = dashboard["panels"].as_array().unwrap();
+    let mut ids = std::collections::BTreeSet::new();
+    let mut cells = std::collections::BTreeMap::new();
+    for panel in panels {
+        let title = panel["title"].as_str().unwrap();
+        assert!(
+            ids.insert(panel["id"].as_u64().unwrap()),
+            "{title}: id used twice"
+        );
+        let grid = &panel["gridPos"];
+        let [x, y, w, h] = ["x", "y", "w", "h"].map(|k| grid[k].as_u64().unwrap());
+        assert!(
+            x + w <= 24 && w > 0 && h > 0,
+            "{title}: outside the grid {grid}"
+        );
+        for cell in (x..x + w).flat_map(|cx| (y..y + h).map(move |cy| (cx, cy))) {
+            if let Some(other) = cells.insert(cell, title) {
+                panic!("{title} overlaps {other} at {cell:?}");
+            }
+        }
+        if panel["type"] == "row" {
+            continue;
+        }
+        assert_eq!(panel["datasource"]["uid"], "${datasource}", "{title}");
+        let targets = panel["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{title}: no query");
+        let refs: std::collections::BTreeSet<_> = targets
+            .iter()
+            .map(|t| t["refId"].as_str().unwrap())
+            .collect();
+        assert_eq!(refs.len(), targets.len(), "{title}: refIds repeat");
+    }
+    let variables: Vec<_> = dashboard["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(variables, ["datasource", "domain", "rule"]);
 }
