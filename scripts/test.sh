@@ -126,6 +126,13 @@ cargo test --workspace --locked
 
 # --- deploy: container, Kubernetes, systemd files (begin) -----------------------------------
 step "container file: structure, and its command run as its USER (scripts/check-container.py)"
+# The checks run commands in network namespaces of their own (ip, ss from iproute2) and ask
+# them for /healthz (curl).
+if ! command -v ip >/dev/null || ! command -v ss >/dev/null || ! command -v curl >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq iproute2 curl >/dev/null
+fi
 cargo build -p tollgate-cli --bin tollgate --locked
 python3 scripts/check-container.py "$CARGO_TARGET_DIR/debug/tollgate"
 
