@@ -49,6 +49,7 @@ mod algorithm;
 mod decision;
 mod params;
 mod scaled;
+mod sliding_log;
 mod state;
 mod time;
 
@@ -62,6 +63,7 @@ pub mod token_bucket;
 pub use algorithm::{Algorithm, UnknownAlgorithm};
 pub use decision::{Decision, Verdict};
 pub use params::{MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD, MIN_PERIOD, Params, ParamsError};
+pub use sliding_log::SlidingLog;
 pub use state::{State, Transition};
 pub use time::Timestamp;
 
@@ -152,7 +154,6 @@ pub fn decide_or_check(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
     use std::time::Duration;
 
     use super::*;
@@ -165,7 +166,7 @@ mod tests {
             Params::new(Algorithm::SlidingWindowLog, 1, Duration::from_secs(1), None).unwrap();
         let now = Timestamp::from_micros(10_000_000);
         let full = State::SlidingWindowLog {
-            entries: VecDeque::from([(now, 2)]),
+            log: SlidingLog::from_entries([(now, 2)]),
         };
         assert!(!decide(&params, &full, now, 0).0.is_allowed());
         let figures = as_is(&params, &full, now);

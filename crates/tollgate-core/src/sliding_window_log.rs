@@ -6,31 +6,51 @@
 //! at the same time, so the log never holds more than `limit` entries. On denial, `retry_after`
 //! is when enough of the oldest entries have expired for `c` to fit; `reset_after` is when the
 //! newest entry expires (zero for an empty log). No rounding is involved.
+//!
+//! The log is a [`SlidingLog`]: a decision reads O(log n) of its entries (two binary searches,
+//! see [`probes`]), whatever its length.
 
 use std::time::Duration;
 
 use crate::scaled::{micros, saturate};
-use crate::{Decision, Params, State, Timestamp, Transition};
+use crate::{Decision, Params, SlidingLog, State, Timestamp, Transition};
 
 /// Decides one request; see the [module documentation](self).
 pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Decision, Transition) {
+    decide_counting(params, state, now, cost, &mut 0)
+}
+
+/// How many log entries [`decide`] reads to decide this request: at most about
+/// `2 * log2(entries) + 2`, the two binary searches (the live entries, then on denial the one
+/// whose expiry frees enough).
+pub fn probes(params: &Params, state: &State, now: Timestamp, cost: u64) -> u32 {
+    let mut probes = 0;
+    decide_counting(params, state, now, cost, &mut probes);
+    probes
+}
+
+fn decide_counting(
+    params: &Params,
+    state: &State,
+    now: Timestamp,
+    cost: u64,
+    probes: &mut u32,
+) -> (Decision, Transition) {
+    const EMPTY: SlidingLog = SlidingLog::new();
     let limit = params.limit();
     let period = u128::from(params.period_micros());
     let now_micros = u128::from(now.as_micros());
-    let entries = match state {
-        State::SlidingWindowLog { entries } => Some(entries),
-        _ => None,
+    let log = match state {
+        State::SlidingWindowLog { log } => log,
+        _ => &EMPTY,
     };
-    // Entries still counting, as (expiry, cost), oldest first.
-    let live = || {
-        entries
-            .into_iter()
-            .flatten()
-            .map(|&(time, cost)| (u128::from(time.as_micros()) + period, cost))
-            .filter(|&(expiry, cost)| expiry > now_micros && cost > 0)
-    };
-    let used = live().fold(0u64, |used, (_, cost)| used.saturating_add(cost));
-    let newest_expiry = live().map(|(expiry, _)| expiry).max();
+    // Entries still counting have `time + period > now`: a suffix of the sorted log.
+    let first = log.first_from((now_micros + 1).saturating_sub(period), probes);
+    let used = log.cost_from(first);
+    let newest_expiry = (first < log.len())
+        .then(|| log.newest())
+        .flatten()
+        .map(|newest| u128::from(newest.as_micros()) + period);
     let until = |expiry: Option<u128>| {
         expiry.map_or(Duration::ZERO, |expiry| {
             micros(expiry.saturating_sub(now_micros))
@@ -60,28 +80,22 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
         };
         return (decision, transition);
     }
-    // Free the oldest entries until `cost` fits. The log is sorted, so the entry that frees
-    // enough expires last among those; `need <= used` because `cost <= limit`.
+    // The oldest live entries must expire until `cost` fits: the first by which their cost
+    // reaches `need` expires last among them (`need <= used` because `cost <= limit`).
     let need = charged - limit;
-    let mut freed = 0u64;
-    let mut retry_at = newest_expiry;
-    for (expiry, cost) in live() {
-        freed = freed.saturating_add(cost);
-        if freed >= need {
-            retry_at = Some(expiry);
-            break;
-        }
-    }
+    let retry_at = log
+        .reaching(first, need, probes)
+        .map(|at| u128::from(at.as_micros()) + period)
+        .or(newest_expiry);
     let decision = Decision::denied(limit, remaining, until(newest_expiry), until(retry_at));
     (decision, Transition::Keep)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
     use std::time::Duration;
 
-    use crate::{Algorithm, Params, State, Timestamp, Verdict, decide};
+    use crate::{Algorithm, Params, SlidingLog, State, Timestamp, Verdict, decide};
 
     fn at(millis: u64) -> Timestamp {
         Timestamp::from_micros(millis * 1_000)
@@ -110,7 +124,70 @@ mod tests {
         assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 0));
         assert_eq!(allowed.reset_after, Duration::from_secs(1));
         state.apply(transition);
-        let expected = VecDeque::from([(at(400), 1), (at(1_000), 2)]);
-        assert_eq!(state, State::SlidingWindowLog { entries: expected });
+        let expected = SlidingLog::from_entries([(at(400), 1), (at(1_000), 2)]);
+        assert_eq!(state, State::SlidingWindowLog { log: expected });
+    }
+}
+
+#[cfg(test)]
+mod cost {
+    use std::time::Duration;
+
+    use crate::{Algorithm, MAX_LOG_LIMIT, Params, State, Timestamp, Transition, decide};
+
+    use super::probes;
+
+    /// A full log of `MAX_LOG_LIMIT` entries (one per microsecond) under a one-second period.
+    fn full() -> (Params, State, Timestamp) {
+        let params = Params::new(
+            Algorithm::SlidingWindowLog,
+            MAX_LOG_LIMIT,
+            Duration::from_secs(1),
+            None,
+        )
+        .unwrap();
+        let mut state = State::empty(&params);
+        let start = 10_000_000;
+        for i in 0..MAX_LOG_LIMIT {
+            let now = Timestamp::from_micros(start + i);
+            let (decision, transition) = decide(&params, &state, now, 1);
+            assert!(decision.is_allowed());
+            state.apply(transition);
+        }
+        (params, state, Timestamp::from_micros(start + MAX_LOG_LIMIT))
+    }
+
+    /// Deciding on a full log reads O(log n) entries, denied or allowed, and an append that
+    /// evicts keeps the log at its limit: the cost of a decision does not grow with the log.
+    #[test]
+    fn a_decision_on_a_full_log_reads_logarithmically_many_entries() {
+        let (params, state, now) = full();
+        let State::SlidingWindowLog { log } = &state else {
+            panic!("a log")
+        };
+        assert_eq!(log.len() as u64, MAX_LOG_LIMIT);
+        let bound = 2 * (MAX_LOG_LIMIT as f64).log2().ceil() as u32 + 2;
+        for cost in [0, 1, 7, MAX_LOG_LIMIT] {
+            let (decision, _) = decide(&params, &state, now, cost);
+            let read = probes(&params, &state, now, cost);
+            assert!(read <= bound, "cost {cost}: {read} probes > {bound}");
+            if cost > 0 {
+                // Exactly when the `cost` oldest entries (one per µs) have expired: the newest of them
+                // is `cost - 1` µs after the first.
+                assert_eq!(
+                    decision.retry_after,
+                    Some(Duration::from_micros(1_000_000 - MAX_LOG_LIMIT + cost - 1))
+                );
+            }
+        }
+        // A second later every entry has expired: allowed, and the append evicts them all.
+        let later = Timestamp::from_micros(now.as_micros() + 1_000_000);
+        assert!(probes(&params, &state, later, 1) <= bound);
+        let (allowed, transition) = decide(&params, &state, later, 1);
+        assert!(allowed.is_allowed());
+        let mut state = state;
+        state.apply(transition);
+        assert!(matches!(&state, State::SlidingWindowLog { log } if log.len() == 1));
+        assert_ne!(Transition::Keep, decide(&params, &state, later, 1).1);
     }
 }

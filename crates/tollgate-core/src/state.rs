@@ -1,8 +1,7 @@
-use std::collections::VecDeque;
 use std::num::NonZeroU64;
 
 use crate::scaled::{div_ceil, instant, rescale_down, rescale_up};
-use crate::{Algorithm, Params, Timestamp};
+use crate::{Algorithm, Params, SlidingLog, Timestamp};
 
 /// Stored state of one key. Which variant is used depends on the limit's algorithm.
 ///
@@ -41,10 +40,10 @@ pub enum State {
         /// Cost admitted in that window.
         count: u64,
     },
-    /// Admitted requests `(time, cost)`, oldest first; never more than `limit` entries.
+    /// The cost admitted at each instant, oldest first; never more than `limit` entries.
     SlidingWindowLog {
-        /// `(admission time, cost)`, sorted by time; every cost is at least 1.
-        entries: VecDeque<(Timestamp, u64)>,
+        /// One entry per instant, with running sums (see [`SlidingLog`]).
+        log: SlidingLog,
     },
     /// Counts of the window `window` and of the one before it.
     SlidingWindowCounter {
@@ -120,7 +119,7 @@ impl State {
                 count: 0,
             },
             Algorithm::SlidingWindowLog => State::SlidingWindowLog {
-                entries: VecDeque::new(),
+                log: SlidingLog::new(),
             },
             Algorithm::SlidingWindowCounter => State::SlidingWindowCounter {
                 window: 0,
@@ -216,21 +215,11 @@ impl State {
             } => {
                 if !matches!(self, State::SlidingWindowLog { .. }) {
                     *self = State::SlidingWindowLog {
-                        entries: VecDeque::new(),
+                        log: SlidingLog::new(),
                     };
                 }
-                if let State::SlidingWindowLog { entries } = self {
-                    while entries
-                        .front()
-                        .is_some_and(|&(time, _)| time < evict_before)
-                    {
-                        entries.pop_front();
-                    }
-                    if cost > 0 {
-                        // Appends at the back unless the clock went backwards.
-                        let at_index = entries.partition_point(|&(time, _)| time <= at);
-                        entries.insert(at_index, (at, cost));
-                    }
+                if let State::SlidingWindowLog { log } = self {
+                    log.append(evict_before, at, cost);
                 }
             }
         }
@@ -259,12 +248,9 @@ impl State {
                     instant((u128::from(*window) + 1) * period)
                 }
             }
-            State::SlidingWindowLog { entries } => entries
-                .iter()
-                .filter(|&&(_, cost)| cost > 0)
-                .map(|&(time, _)| instant(u128::from(time.as_micros()) + period))
-                .max()
-                .unwrap_or(Timestamp::EPOCH),
+            State::SlidingWindowLog { log } => log.newest().map_or(Timestamp::EPOCH, |newest| {
+                instant(u128::from(newest.as_micros()) + period)
+            }),
             State::SlidingWindowCounter {
                 window,
                 current,
@@ -321,7 +307,6 @@ fn instant_under(at: u128, scale: NonZeroU64, tolerance: u64, params: &Params) -
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
     use std::time::Duration;
 
     use super::*;
@@ -351,7 +336,7 @@ mod tests {
     #[test]
     fn log_append_evicts_expired_entries_and_keeps_order() {
         let mut log = State::SlidingWindowLog {
-            entries: VecDeque::from([(t(100), 1), (t(200), 1), (t(300), 1)]),
+            log: SlidingLog::from_entries([(t(100), 1), (t(200), 1), (t(300), 1)]),
         };
         log.apply(Transition::LogAppend {
             evict_before: t(200),
@@ -363,8 +348,8 @@ mod tests {
             at: t(400),
             cost: 0,
         });
-        let expected = VecDeque::from([(t(200), 1), (t(250), 2), (t(300), 1)]);
-        assert_eq!(log, State::SlidingWindowLog { entries: expected });
+        let expected = SlidingLog::from_entries([(t(200), 1), (t(250), 2), (t(300), 1)]);
+        assert_eq!(log, State::SlidingWindowLog { log: expected });
         assert_eq!(
             log.expires_at(&params(Algorithm::SlidingWindowLog)),
             t(10_300)
@@ -386,7 +371,7 @@ mod tests {
         assert_eq!(
             state,
             State::SlidingWindowLog {
-                entries: VecDeque::from([(t(5), 1)])
+                log: SlidingLog::from_entries([(t(5), 1)])
             }
         );
     }

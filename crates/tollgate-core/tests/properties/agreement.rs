@@ -24,15 +24,15 @@ fn agree(params: &Params, start: u64, steps: &[Step], model: &mut dyn Model) {
         );
         let changed = transition != Transition::Keep;
         state.apply(transition);
-        if let State::SlidingWindowLog { entries } = &state {
+        if let State::SlidingWindowLog { log } = &state {
             assert!(
-                entries.len() as u64 <= params.limit(),
+                log.len() as u64 <= params.limit(),
                 "log grew past the limit"
             );
             if changed {
                 let period = params.period_micros();
                 assert!(
-                    entries.iter().all(|&(at, _)| at.as_micros() + period > now),
+                    log.iter().all(|(at, _)| at.as_micros() + period > now),
                     "an expired entry survived an append"
                 );
             }

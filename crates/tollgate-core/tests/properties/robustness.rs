@@ -2,14 +2,13 @@
 //! from an older policy (another limit, burst or algorithm) or from a store, and the clock may
 //! be anywhere in `u64` microseconds.
 
-use std::collections::VecDeque;
 use std::num::NonZeroU64;
 use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate_core::{
-    Algorithm, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD, MIN_PERIOD, Params, State, Timestamp,
-    Transition, Verdict, decide,
+    Algorithm, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD, MIN_PERIOD, Params, SlidingLog, State,
+    Timestamp, Transition, Verdict, decide,
 };
 
 use crate::support::config;
@@ -80,11 +79,8 @@ fn state_of(algorithm: Algorithm) -> BoxedStrategy<State> {
                 extreme_u64(),
             );
             proptest::collection::vec(entry, 0..8)
-                .prop_map(|mut entries| {
-                    entries.sort();
-                    State::SlidingWindowLog {
-                        entries: VecDeque::from(entries),
-                    }
+                .prop_map(|entries| State::SlidingWindowLog {
+                    log: SlidingLog::from_entries(entries),
                 })
                 .boxed()
         }
