@@ -14,7 +14,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -26,8 +26,8 @@ use tollgate::store::redis::script::{
     algorithm_code, fits_lua,
 };
 use tollgate_core::{
-    Algorithm, Decision, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD, Params, State, Timestamp,
-    Transition, Verdict, decide, decide_or_check,
+    Algorithm, Decision, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD, Params, SlidingLog, State,
+    Timestamp, Transition, Verdict, decide, decide_or_check,
 };
 use tollgate_testkit::RedisServer;
 
@@ -475,24 +475,7 @@ fn refund_state(state: &mut State, params: &Params, now: u64, cost: u64) -> bool
             *t = t.saturating_sub(u128::from(cost) * p).max(floor);
             true
         }
-        State::SlidingWindowLog { entries } => {
-            let mut left = cost;
-            let before = entries.clone();
-            for j in (0..entries.len()).rev() {
-                if left == 0 {
-                    break;
-                }
-                let (time, c) = entries[j];
-                if time.as_micros() != now {
-                    continue;
-                }
-                let taken = c.min(left);
-                entries[j].1 = c - taken;
-                left -= taken;
-            }
-            entries.retain(|&(_, c)| c > 0);
-            *entries != before
-        }
+        State::SlidingWindowLog { log } => log.take_back(Timestamp::from_micros(now), cost),
     }
 }
 
@@ -1345,10 +1328,7 @@ fn sliding_log_rebases_its_running_sums() {
     let _: i64 = redis.cmd(&["PEXPIREAT", &key, &((now + 1_000_000) / 1000).to_string()]);
     let mut reference = Reference::default();
     let state = State::SlidingWindowLog {
-        entries: entries
-            .iter()
-            .map(|&(t, c)| (Timestamp::from_micros(t), c))
-            .collect::<VecDeque<_>>(),
+        log: SlidingLog::from_entries(entries.iter().map(|&(t, c)| (Timestamp::from_micros(t), c))),
     };
     let expires = state.expires_at(&params);
     reference.states.insert(key.clone(), (state, expires));

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::clock::ManualClock;
+use tollgate::clock::{Clock, ManualClock};
 use tollgate::store::{Charge, MemoryStore, Store, StoreError};
 use tollgate_core::{Algorithm, Params, Timestamp, Verdict};
 
@@ -217,4 +217,42 @@ async fn a_counter_charged_twice_retries_for_both_charges() {
     clock.advance(Duration::from_secs(1));
     let admitted = store.apply(&twice).await.unwrap();
     assert!(admitted.iter().all(|d| d.is_allowed()), "{admitted:?}");
+}
+
+/// A sliding log filled to its most entries, then charged 64 times in one request, decides in
+/// O(log n) reads a charge (see `tollgate_core::sliding_window_log::probes`), and its neighbours
+/// are decided as on a store without it: the same answers, one after the other.
+#[tokio::test]
+async fn the_neighbours_of_a_full_sliding_log_are_decided_as_before() {
+    use tollgate_core::MAX_LOG_LIMIT;
+    let (clock, store) = store();
+    let log = params(
+        Algorithm::SlidingWindowLog,
+        MAX_LOG_LIMIT,
+        Duration::from_secs(1),
+    );
+    for _ in 0..MAX_LOG_LIMIT {
+        clock.advance(Duration::from_micros(1));
+        let d = store.apply(&[charge("full", &log, 1)]).await.unwrap();
+        assert!(d[0].is_allowed());
+    }
+    let hot: Vec<Charge<'_>> = (0..64).map(|_| charge("full", &log, 1)).collect();
+    let denied = store.apply(&hot).await.unwrap();
+    assert!(denied.iter().all(|d| d.verdict == Verdict::Denied));
+    // The oldest entry went in a microsecond after the start, a second before it expires.
+    let oldest_expires = 1_000_000 + 1 - MAX_LOG_LIMIT;
+    assert_eq!(
+        denied[0].retry_after,
+        Some(Duration::from_micros(oldest_expires))
+    );
+
+    let (fresh_clock, fresh) = self::store();
+    fresh_clock.set(clock.now());
+    let neighbour = params(Algorithm::SlidingWindowLog, 3, Duration::from_secs(1));
+    for n in 0..5 {
+        let key = format!("neighbour-{}", n % 2);
+        let here = store.apply(&[charge(&key, &neighbour, 1)]).await.unwrap();
+        let there = fresh.apply(&[charge(&key, &neighbour, 1)]).await.unwrap();
+        assert_eq!(here, there, "request {n} on {key}");
+    }
 }
