@@ -10,7 +10,6 @@ use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -18,7 +17,6 @@ use parking_lot::{Condvar, Mutex};
 use rustix::net::sockopt::set_socket_linger;
 
 use super::mode::Mode;
-use super::shared::Shared;
 use crate::deadline::Deadline;
 
 /// The most one read takes from a socket.
@@ -30,6 +28,17 @@ const QUEUE_LIMIT: usize = 4 * 1024 * 1024;
 
 /// How long one blocked write waits before the writer checks whether its link is closing.
 const WRITE_POLL: Duration = Duration::from_millis(50);
+
+/// What a link tells the proxy that holds it (the proxy's shared state, which imports this
+/// module for its map of links: the dependency runs one way).
+pub(super) trait Owner: Send + Sync + 'static {
+    /// The port the proxy listens on, for the names of the link's threads.
+    fn port(&self) -> u16;
+    /// Counts `bytes` forwarded, in either direction.
+    fn forwarded(&self, bytes: u64);
+    /// Removes the link `id`, whose threads have all ended; dropping it closes its sockets.
+    fn forget(&self, id: u64);
+}
 
 /// How a link's sockets are closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,7 +219,7 @@ impl Link {
 
     /// Forwards `direction`'s queue to its destination as the mode allows, until end-of-file, an
     /// error or the link closes.
-    fn write_loop(&self, direction: Direction, shared: &Shared) {
+    fn write_loop(&self, direction: Direction, owner: &impl Owner) {
         let destination = self.destination(direction);
         loop {
             let item = {
@@ -232,7 +241,7 @@ impl Link {
             self.changed.notify_all();
             match item.event {
                 Event::Data(bytes) => {
-                    if self.write_all(destination, &bytes, shared).is_err() {
+                    if self.write_all(destination, &bytes, owner).is_err() {
                         self.close(Close::Reset);
                         return;
                     }
@@ -254,7 +263,7 @@ impl Link {
         &self,
         mut destination: &TcpStream,
         bytes: &[u8],
-        shared: &Shared,
+        owner: &impl Owner,
     ) -> io::Result<()> {
         let mut rest = bytes;
         while !rest.is_empty() {
@@ -262,7 +271,7 @@ impl Link {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => {
                     rest = &rest[n..];
-                    shared.forwarded.fetch_add(n as u64, Ordering::Relaxed);
+                    owner.forwarded(n as u64);
                 }
                 Err(error)
                     if matches!(
@@ -355,22 +364,22 @@ impl Queue {
 
 /// Counts one thread holding a link; the last one to let go removes the link from the proxy, which
 /// closes its sockets.
-struct Holder {
+struct Holder<O: Owner> {
     link: Arc<Link>,
-    shared: Arc<Shared>,
+    owner: Arc<O>,
 }
 
-impl Holder {
-    fn new(link: &Arc<Link>, shared: &Arc<Shared>) -> Self {
+impl<O: Owner> Holder<O> {
+    fn new(link: &Arc<Link>, owner: &Arc<O>) -> Self {
         link.state.lock().threads += 1;
         Self {
             link: Arc::clone(link),
-            shared: Arc::clone(shared),
+            owner: Arc::clone(owner),
         }
     }
 }
 
-impl Drop for Holder {
+impl<O: Owner> Drop for Holder<O> {
     fn drop(&mut self) {
         let last = {
             let mut state = self.link.state.lock();
@@ -378,16 +387,16 @@ impl Drop for Holder {
             state.threads == 0
         };
         if last {
-            self.shared.forget(self.link.id);
+            self.owner.forget(self.link.id);
         }
     }
 }
 
 /// Starts the link's four threads, named `proxy-PORT-` and a role (`ru` reads towards the
 /// upstream, `wu` writes to it, `rc` and `wc` likewise towards the client).
-pub(super) fn spawn(link: &Arc<Link>, shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
+pub(super) fn spawn<O: Owner>(link: &Arc<Link>, owner: &Arc<O>) -> Vec<JoinHandle<()>> {
     // Holds the link while its threads start, so that one ending early does not remove it.
-    let _setup = Holder::new(link, shared);
+    let _setup = Holder::new(link, owner);
     let roles = [
         ("ru", Direction::ToUpstream, true),
         ("wu", Direction::ToUpstream, false),
@@ -396,14 +405,14 @@ pub(super) fn spawn(link: &Arc<Link>, shared: &Arc<Shared>) -> Vec<JoinHandle<()
     ];
     let mut handles = Vec::with_capacity(roles.len());
     for (role, direction, reads) in roles {
-        let holder = Holder::new(link, shared);
+        let holder = Holder::new(link, owner);
         let spawned = thread::Builder::new()
-            .name(format!("proxy-{}-{role}", shared.port))
+            .name(format!("proxy-{}-{role}", owner.port()))
             .spawn(move || {
                 if reads {
                     holder.link.read_loop(direction);
                 } else {
-                    holder.link.write_loop(direction, &holder.shared);
+                    holder.link.write_loop(direction, &*holder.owner);
                 }
             });
         match spawned {

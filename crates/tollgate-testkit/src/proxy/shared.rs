@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
 
-use super::link::Link;
+use super::link::{Link, Owner};
 use super::mode::Mode;
 
 /// One proxy's state.
@@ -66,9 +66,18 @@ impl Shared {
             forwarded: AtomicU64::new(0),
         }
     }
+}
 
-    /// Removes a link whose threads have all ended; dropping it closes its sockets.
-    pub(super) fn forget(&self, link: u64) {
+impl Owner for Shared {
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn forwarded(&self, bytes: u64) {
+        self.forwarded.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn forget(&self, link: u64) {
         let removed = self.control.lock().links.remove(&link);
         self.changed.notify_all();
         drop(removed);
