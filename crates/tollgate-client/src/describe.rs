@@ -4,9 +4,10 @@ use std::net::SocketAddr;
 
 use axum::extract::ConnectInfo;
 use http::Request;
-use tollgate::limiter::{CheckRequest, MAX_DESCRIPTORS, MAX_FIELD_LEN, RequestDescriptor};
-use tollgate_server::headers::header_text;
-use tollgate_server::http::authorize::normalized_path;
+use tollgate::limiter::headers::descriptor_value;
+use tollgate::limiter::{
+    CheckRequest, MAX_DESCRIPTORS, MAX_FIELD_LEN, RequestDescriptor, normalized_path,
+};
 
 /// Derives the rate-limit request for an HTTP request; `None` lets it through unchecked.
 ///
@@ -102,7 +103,7 @@ impl Descriptors {
 
     /// The request path as descriptor key `key`, normalized as the service's forward auth
     /// does (`//login`, `/%6cogin` and `/./login` are `/login`; see
-    /// [`tollgate_server::http::authorize::normalized_path`]). Under axum's `Router::nest` it
+    /// [`tollgate::limiter::normalized_path`]). Under axum's `Router::nest` it
     /// is the path the nested router sees, without the prefix.
     pub fn path(self, key: impl Into<String>) -> Self {
         self.source(Source::Path, key.into())
@@ -148,7 +149,9 @@ impl<B> Describe<B> for Descriptors {
             .iter()
             .filter_map(|(source, key)| {
                 let value = match source {
-                    Source::Header(name) => header_text(request.headers(), name),
+                    Source::Header(name) => {
+                        descriptor_value(request.headers().get(name).map(|v| v.as_bytes()))
+                    }
                     Source::ClientIp => request
                         .extensions()
                         .get::<ConnectInfo<SocketAddr>>()

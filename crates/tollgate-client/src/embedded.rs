@@ -4,10 +4,10 @@ use std::path::Path;
 use std::sync::{Arc, Weak};
 
 use tollgate::clock::SystemClock;
+use tollgate::limiter::headers::rate_limit_headers;
 use tollgate::limiter::{CheckRequest, CheckResponse, FailureSettings, LimitError, Limiter};
 use tollgate::policy::{Policy, PolicyErrors};
 use tollgate::store::{RedisOptions, StoreBackend, StoreError, StoreUrl};
-use tollgate_server::headers::rate_limit_headers;
 
 use crate::backend::{Backend, BackendError, Outcome, Verdict};
 

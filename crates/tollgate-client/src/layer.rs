@@ -8,10 +8,9 @@ use std::task::{Context, Poll};
 
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
-use tollgate_server::headers;
 use tower::{Layer, Service};
 
-use tollgate::limiter::{CheckRequest, MAX_COST};
+use tollgate::limiter::{CheckRequest, MAX_COST, headers};
 
 use crate::backend::{Backend, BackendError, Outcome, Verdict};
 use crate::describe::Describe;

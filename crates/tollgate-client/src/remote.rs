@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-use tollgate::limiter::CheckRequest;
-use tollgate_server::headers;
-use tollgate_server::http::MAX_BODY;
+use tollgate::limiter::{CheckRequest, MAX_BODY, headers};
 
 use crate::backend::{Backend, BackendError, Outcome, Verdict};
 

@@ -9,8 +9,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::google::protobuf::UInt64Value;
-use tollgate::limiter::CheckRequest;
-use tollgate_server::headers;
+use tollgate::limiter::{CheckRequest, headers};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::backend::{Backend, BackendError, Outcome, Verdict};

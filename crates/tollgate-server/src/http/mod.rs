@@ -30,8 +30,9 @@ use tollgate::limiter::{CheckResponse, LimitError, Limiter};
 use crate::headers::each_rate_limit_header;
 use crate::{AllowAll, ErrorClass};
 
-/// Largest accepted request body (the remote client checks it before sending).
-pub const MAX_BODY: usize = 64 * 1024;
+/// Largest accepted request body (defined beside the request it carries, so that the remote
+/// client checks it before sending without depending on this crate).
+pub use tollgate::limiter::MAX_BODY;
 
 use self::authorize::{AuthorizeMapping, AuthorizeState};
 

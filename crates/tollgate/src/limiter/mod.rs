@@ -2,6 +2,7 @@
 
 mod candidate;
 mod fallback;
+pub mod headers;
 mod hot_keys;
 mod keyed_shards;
 mod keys;
@@ -29,8 +30,8 @@ pub use candidate::{CANDIDATE_DECISIONS, Candidate, RuleReport};
 pub use fallback::FailureSettings;
 pub use overrides::{Override, OverrideChange, Overrides};
 pub use request::{
-    CheckRequest, InvalidRequest, LimitOverride, MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES,
-    MAX_FIELD_LEN, RequestDescriptor, check_cost,
+    CheckRequest, InvalidRequest, LimitOverride, MAX_BODY, MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES,
+    MAX_FIELD_LEN, RequestDescriptor, check_cost, normalized_path,
 };
 pub use response::{AppliedLimit, CheckResponse, Code, DescriptorStatus, Statuses};
 

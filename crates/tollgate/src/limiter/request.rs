@@ -5,6 +5,14 @@ use std::time::Duration;
 
 use tollgate_core::{Algorithm, Params};
 
+mod path;
+
+pub use path::normalized_path;
+
+/// Largest request body, in bytes, the service's HTTP API accepts for one decision (a remote
+/// client checks it before sending).
+pub const MAX_BODY: usize = 64 * 1024;
+
 /// Largest cost (`hits_addend`) one descriptor may carry.
 pub const MAX_COST: u64 = 1_000_000_000;
 /// Most descriptors in one request.
