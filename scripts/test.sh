@@ -121,6 +121,12 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+# Each tollgate-client feature builds alone (an embedded user compiles no gRPC or HTTP client).
+for feature in embedded remote-http remote-grpc; do
+  step "cargo check -p tollgate-client --no-default-features --features $feature"
+  cargo check -p tollgate-client --locked --no-default-features --features "$feature"
+done
+
 step "python3 -m unittest: the tests of scripts/check-layers.py"
 python3 -m unittest discover -s scripts -p 'test_*.py'
 

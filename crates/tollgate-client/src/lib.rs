@@ -32,23 +32,50 @@
 //! assert!(second.headers().contains_key("retry-after"));
 //! # });
 //! ```
+//!
+//! # Features
+//!
+//! Each way of deciding is a Cargo feature, all three on by default; the middleware
+//! ([`RateLimitLayer`], [`Descriptors`], the [`Backend`] trait) is always there. Turn the
+//! default off to compile only what you use: `tollgate-client = { version = "0.1",
+//! default-features = false, features = ["embedded"] }` builds no gRPC or HTTP client.
+//!
+//! | feature | brings | extra dependencies |
+//! |---|---|---|
+//! | `embedded` | `Embedded`, `Options`, `OpenError`, `verdict`: the limiter in-process | none |
+//! | `remote-http` | `Remote`, `Posture`: a client of the service's HTTP API | `reqwest`, `serde`, `url` |
+//! | `remote-grpc` | `RemoteGrpc`, `Posture`, `tls`: a client of its gRPC API | `tonic`, `envoy-types`, `url` |
+//!
+//! Every feature depends on the `tollgate` crate (the request and response types, and the
+//! limiter itself), and the doc example above needs `embedded`.
 
 mod backend;
 mod describe;
+#[cfg(feature = "embedded")]
 mod embedded;
 mod layer;
+#[cfg(any(feature = "remote-http", feature = "remote-grpc"))]
 mod remote;
+#[cfg(feature = "remote-grpc")]
 mod remote_grpc;
+#[cfg(feature = "remote-http")]
+mod remote_http;
 
 pub use backend::{Backend, BackendError, Outcome, Verdict};
 pub use describe::{AuthenticatedUser, Describe, Descriptors};
+#[cfg(feature = "embedded")]
 pub use embedded::{Embedded, OpenError, Options, verdict};
 pub use layer::{Cost, RateLimit, RateLimitLayer};
-pub use remote::{Posture, Remote};
+#[cfg(any(feature = "remote-http", feature = "remote-grpc"))]
+pub use remote::Posture;
+#[cfg(feature = "remote-grpc")]
 pub use remote_grpc::RemoteGrpc;
+#[cfg(feature = "remote-http")]
+pub use remote_http::Remote;
 
 /// TLS settings of [`RemoteGrpc::with_tls`] (tonic's, re-exported so that callers need not
 /// depend on the same tonic version).
+#[cfg(feature = "remote-grpc")]
 pub mod tls {
     pub use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 }
