@@ -12,7 +12,8 @@ For each crate, the file-level import graph of its src/ is built from
 each module lives; declaring a child is not importing it (a child's `use super::Item;` is not a
 cycle, but the parent's `use child::Thing;` back is).
 A path is resolved to the file that holds it: the longest prefix that names a module file, then,
-when the next name is re-exported there by a `pub use`, the file it was re-exported from.
+when the next name is re-exported there by a named `pub use` (not a glob), the file it was
+re-exported from.
 Comments, string and character literals are not read, and neither is code under `#[cfg(test)]`
 (a test module's `use super::*;` is its own file, and tests may reach any layer to build what
 they check). `#[path]` attributes are not followed.
