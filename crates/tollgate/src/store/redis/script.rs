@@ -2,7 +2,7 @@
 //!
 //! Each algorithm of `tollgate-core` has one Lua twin in `lua/` that gives identical decisions
 //! (verdict, remaining, reset_after, retry_after, delay, in integer microseconds) for any
-//! sequence of requests; `tests/lua_twin.rs` checks that on a real `redis-server`. The files are
+//! sequence of requests; `tests/store/lua_twin.rs` checks that on a real `redis-server`. The files are
 //! concatenated at compile time: helpers first (`exact.lua`), then the twins, the per-key state
 //! (`state.lua`), then the one-request decision (`decide.lua`) and a driver (`decide_one.lua`,
 //! `decide_batch.lua` or `refund.lua`).

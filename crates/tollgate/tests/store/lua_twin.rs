@@ -687,7 +687,7 @@ fn start() -> impl Strategy<Value = u64> {
 #[test]
 fn shared_vectors_decide_like_the_core() {
     let mut redis = Redis::start();
-    let text = include_str!("fixtures/lua_twin_vectors.txt");
+    let text = include_str!("../fixtures/lua_twin_vectors.txt");
     let mut count = 0;
     for line in text.lines().map(str::trim) {
         if line.is_empty() || line.starts_with('#') {
@@ -1366,7 +1366,7 @@ end
 return out";
     let script = Script::new(&format!(
         "{}{BODY}",
-        include_str!("../src/store/redis/lua/exact.lua")
+        include_str!("../../src/store/redis/lua/exact.lua")
     ));
     let special = |max: u64| {
         prop_oneof![

@@ -3,7 +3,7 @@
 //! variables substituted as Grafana would, parses and returns data.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;
@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 use support::{Server, descriptor, eventually};
 use tollgate_testkit::RedisServer;
 
-const DASHBOARD: &str = include_str!("../../../deploy/grafana/tollgate.json");
-const ALERTS: &str = include_str!("../../../deploy/prometheus/alerts.yaml");
+const DASHBOARD: &str = include_str!("../../../../deploy/grafana/tollgate.json");
+const ALERTS: &str = include_str!("../../../../deploy/prometheus/alerts.yaml");
 
 /// Grafana's `$__rate_interval`: the larger of `$__interval` plus the scrape interval and four
 /// scrape intervals. With 1 s scrapes that is 4 s on the shortest ranges; 10 s here (a 9 s

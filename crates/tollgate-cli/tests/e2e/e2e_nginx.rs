@@ -2,7 +2,7 @@
 //! the built binary's `/v1/authorize` before every request (config: `examples/nginx/nginx.conf`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

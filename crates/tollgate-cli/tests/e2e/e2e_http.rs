@@ -1,7 +1,7 @@
 //! The HTTP API over a real socket against the built binary.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! `candidate --drop` — against the built binary over real sockets.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use serde_json::{Value, json};
 use support::Server;

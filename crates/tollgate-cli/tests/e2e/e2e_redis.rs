@@ -1,7 +1,7 @@
 //! The binary on shared Redis state: several replicas, one quota.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,7 +1,7 @@
 //! `tollgate-client`'s remote client against the real binary, directly and under the layer.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! never a silent skip.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::process::Command;

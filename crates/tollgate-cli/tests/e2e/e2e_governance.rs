@@ -2,7 +2,7 @@
 //! overrides and the admin token — against the built binary over real sockets.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::process::Command;

@@ -526,7 +526,7 @@ descriptors:
 
 #[test]
 fn all_errors_of_a_file_are_reported_in_order() {
-    let text = include_str!("fixtures/many_errors.yaml");
+    let text = include_str!("../fixtures/many_errors.yaml");
     let errors = Policy::from_yaml("many_errors.yaml", text).unwrap_err();
     let lines: Vec<String> = errors.to_string().lines().map(str::to_owned).collect();
     let period_error = humantime::parse_duration("soon").unwrap_err();

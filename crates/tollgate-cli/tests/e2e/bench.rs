@@ -1,7 +1,7 @@
 //! `tollgate bench` against a real `tollgate serve` (memory store) over both protocols.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::process::{Command, Output};
 

@@ -1,7 +1,7 @@
 //! The binary's subcommands as a user runs them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 

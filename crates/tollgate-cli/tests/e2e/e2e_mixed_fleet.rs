@@ -2,7 +2,7 @@
 //! process share one Redis and one policy, so they enforce one quota together.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,7 +1,7 @@
 //! Envoy RLS v3 over a real gRPC socket against the built binary, with tonic's client.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,7 @@
+//! The client crate: the embedded limiter's upkeep, the tower layer, remote clients.
+//!
+//! One test binary for all of them: each links the whole stack once, not once a file.
+
+mod embedded_upkeep;
+mod layer;
+mod remote_unreachable;
