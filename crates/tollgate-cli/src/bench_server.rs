@@ -45,8 +45,8 @@ pub fn run(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
 async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
     let mut terminate =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    let http = crate::serve::listen(args.http_addr, "HTTP")?;
-    let grpc = crate::serve::listen(args.grpc_addr, "gRPC")?;
+    let http = tollgate_server::listen::bind(args.http_addr, "HTTP")?;
+    let grpc = tollgate_server::listen::bind(args.grpc_addr, "gRPC")?;
     // The same lines as `serve`, so scripts and tests find ports chosen with `:0`.
     println!("http listening on {}", http.local_addr()?);
     println!("grpc listening on {}", grpc.local_addr()?);
@@ -55,19 +55,22 @@ async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
     );
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = crate::serve::stopped;
-    let http_server = crate::http_listener::serve(
+    let stopped = tollgate_server::listen::stopped;
+    let http_server = tollgate_server::listen::serve_http(
         http,
         tollgate_server::http::allow_all_router(),
-        crate::http_listener::Peer::Omitted,
+        tollgate_server::listen::Peer::Omitted,
         HTTP_READ_TIMEOUT,
         stop_rx.clone(),
-        crate::drain::Open::default(),
+        tollgate_server::listen::Open::default(),
     );
-    let grpc_server = crate::serve::grpc_server(KEEPALIVE, KEEPALIVE_TIMEOUT)
+    let grpc_server = tollgate_server::listen::grpc_server(KEEPALIVE, KEEPALIVE_TIMEOUT)
         .add_service(RlsService::new(Arc::new(AllowAll::default())).into_server())
         .serve_with_incoming_shutdown(
-            crate::serve::preface_within(crate::serve::grpc_accepted(grpc), KEEPALIVE_TIMEOUT),
+            tollgate_server::listen::preface_within(
+                tollgate_server::listen::grpc_accepted(grpc),
+                KEEPALIVE_TIMEOUT,
+            ),
             stopped(stop_rx.clone()),
         );
     let http_task = tokio::spawn(http_server);
@@ -82,7 +85,7 @@ async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
     };
     // A benchmarking aid: a cut drain is logged, and the exit status stays 0.
     let drained = crate::serve::drain(work, DRAIN_LIMIT, &mut terminate).await?;
-    if drained != crate::drain::Drained::Complete {
+    if drained != tollgate_server::listen::Drained::Complete {
         warn!(?drained, "Stopping now, with connections still open");
     }
     Ok(ExitCode::SUCCESS)

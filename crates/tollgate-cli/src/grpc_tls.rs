@@ -1,32 +1,12 @@
-//! TLS on the gRPC port: `serve --grpc-tls-cert/--grpc-tls-key`, with `--grpc-tls-client-ca`
-//! for mutual TLS (what envoyproxy/ratelimit's `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`,
-//! `GRPC_SERVER_TLS_KEY` and `GRPC_CLIENT_TLS_CACERT` set).
-//!
-//! The handshake is ours (rustls through tokio-rustls, as tonic's own), so that the files can
-//! be read again while serving: [`ServingTls::watch`] checks them every `--watch-interval` and
-//! serves a changed, valid set to new connections (a renewed certificate needs no restart); a
-//! set that does not load is logged and the one in use stays. A served certificate (or one of
-//! its chain) that has expired, or is not valid yet, is logged at the start and when it comes
-//! to pass: clients refuse it, and the server's log is where an operator looks first.
+//! `serve`'s gRPC TLS flags: `--grpc-tls-cert/--grpc-tls-key`, with `--grpc-tls-client-ca` for
+//! mutual TLS. What they serve, and how the files are watched, is
+//! [`tollgate_server::listen::ServingTls`]'s.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::path::PathBuf;
+use std::sync::Arc;
 
-use anyhow::Context;
 use clap::Args;
-use futures_util::{Stream, StreamExt};
-use tokio::sync::watch;
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio_rustls::rustls::server::WebPkiClientVerifier;
-use tokio_rustls::rustls::{RootCertStore, ServerConfig};
-use tokio_rustls::server::TlsStream;
-use tollgate::clock::{Clock, SystemClock};
-use tracing::{debug, info, warn};
-
-use crate::cert_validity::Validity;
+use tollgate_server::listen::{ServingTls, TlsFile, TlsFiles};
 
 #[derive(Debug, Clone, Args)]
 pub struct GrpcTlsArgs {
@@ -44,32 +24,14 @@ pub struct GrpcTlsArgs {
     grpc_tls_client_ca: Option<PathBuf>,
 }
 
-/// How long a client may take over the TLS handshake before its connection is closed.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The files' contents: what a reload compares.
-type Contents = Vec<Vec<u8>>;
-
-/// What a load makes of the files: their contents, the settings, and the validity of the
-/// served certificate when it could be read.
-type Loaded = (Contents, Arc<ServerConfig>, Option<Validity>);
-
 impl GrpcTlsArgs {
     /// The TLS the gRPC port serves, or `None` for plaintext. The files are read and checked
     /// here, so a missing or malformed one stops the start with its flag and path.
     pub fn serving(&self) -> anyhow::Result<Option<Arc<ServingTls>>> {
-        if self.grpc_tls_cert.is_none() {
+        let Some(files) = self.files()? else {
             return Ok(None);
-        }
-        let tls = ServingTls {
-            args: self.clone(),
-            current: Mutex::new(self.load()?),
-            clock: SystemClock::new(),
         };
-        if let Some(problem) = tls.certificate_problem() {
-            tls.warn_certificate(&problem);
-        }
-        Ok(Some(Arc::new(tls)))
+        Ok(Some(ServingTls::load(files)?))
     }
 
     /// `true` when clients must present a certificate.
@@ -77,195 +39,23 @@ impl GrpcTlsArgs {
         self.grpc_tls_client_ca.is_some()
     }
 
-    /// Reads the files and makes the server's TLS settings from them.
-    fn load(&self) -> anyhow::Result<Loaded> {
-        let (Some(cert), Some(key)) = (&self.grpc_tls_cert, &self.grpc_tls_key) else {
-            anyhow::bail!("--grpc-tls-cert and --grpc-tls-key go together");
+    /// The files given, each named by its flag; `None` without `--grpc-tls-cert`.
+    fn files(&self) -> anyhow::Result<Option<TlsFiles>> {
+        let file = |path: &PathBuf, name| TlsFile {
+            path: path.clone(),
+            name,
         };
-        let chain_pem = read_pem(cert, "CERTIFICATE", "--grpc-tls-cert")?;
-        let key_pem = read_pem(key, "PRIVATE KEY", "--grpc-tls-key")?;
-        if String::from_utf8_lossy(&key_pem).contains("ENCRYPTED") {
-            anyhow::bail!(
-                "--grpc-tls-key: {} is encrypted; give the key unencrypted (e.g. `openssl pkey -in KEY -out KEY.plain`)",
-                key.display()
-            );
+        match (&self.grpc_tls_cert, &self.grpc_tls_key) {
+            (None, _) => Ok(None),
+            (Some(cert), Some(key)) => Ok(Some(TlsFiles {
+                cert: file(cert, "--grpc-tls-cert"),
+                key: file(key, "--grpc-tls-key"),
+                client_ca: self
+                    .grpc_tls_client_ca
+                    .as_ref()
+                    .map(|ca| file(ca, "--grpc-tls-client-ca")),
+            })),
+            (Some(_), None) => anyhow::bail!("--grpc-tls-cert and --grpc-tls-key go together"),
         }
-        let chain = certificates(&chain_pem, cert, "--grpc-tls-cert")?;
-        let validity = Validity::of_chain(chain.iter().map(|der| der.as_ref()));
-        let private = PrivateKeyDer::from_pem_slice(&key_pem)
-            .map_err(|e| anyhow::anyhow!("--grpc-tls-key: {}: {e}", key.display()))?;
-        let builder = ServerConfig::builder();
-        let mut contents = vec![chain_pem, key_pem];
-        let builder = match &self.grpc_tls_client_ca {
-            None => builder.with_no_client_auth(),
-            Some(ca) => {
-                let ca_pem = read_pem(ca, "CERTIFICATE", "--grpc-tls-client-ca")?;
-                let mut roots = RootCertStore::empty();
-                roots.add_parsable_certificates(certificates(&ca_pem, ca, "--grpc-tls-client-ca")?);
-                contents.push(ca_pem);
-                let verifier = WebPkiClientVerifier::builder(roots.into())
-                    .build()
-                    .with_context(|| format!("--grpc-tls-client-ca: {}", ca.display()))?;
-                builder.with_client_cert_verifier(verifier)
-            }
-        };
-        let mut config = builder.with_single_cert(chain, private).context(
-            "--grpc-tls-cert and --grpc-tls-key do not make a TLS identity (the key must be the first certificate's: the server's own, before any intermediate)",
-        )?;
-        config.alpn_protocols = vec![b"h2".to_vec()];
-        Ok((contents, Arc::new(config), validity))
-    }
-}
-
-/// The certificates of the PEM text `pem`, read from `path` given with `flag`.
-fn certificates(
-    pem: &[u8],
-    path: &Path,
-    flag: &str,
-) -> anyhow::Result<Vec<CertificateDer<'static>>> {
-    CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| anyhow::anyhow!("{flag}: {}: {e}", path.display()))
-}
-
-/// The contents of the PEM file at `path` given with `flag`, which must hold a block whose
-/// label ends with `label` (`CERTIFICATE`, `PRIVATE KEY`: PKCS#8, RSA or EC keys alike).
-fn read_pem(path: &Path, label: &str, flag: &str) -> anyhow::Result<Vec<u8>> {
-    let pem =
-        std::fs::read(path).with_context(|| format!("{flag}: cannot read {}", path.display()))?;
-    let text = String::from_utf8_lossy(&pem);
-    let has_block = text.lines().any(|line| {
-        line.strip_prefix("-----BEGIN ")
-            .and_then(|rest| rest.strip_suffix("-----"))
-            .is_some_and(|found| found.ends_with(label))
-    });
-    if !has_block {
-        anyhow::bail!("{flag}: {} holds no PEM `{label}` block", path.display());
-    }
-    Ok(pem)
-}
-
-/// The TLS settings the gRPC port serves, and the files they came from.
-pub struct ServingTls {
-    args: GrpcTlsArgs,
-    current: Mutex<Loaded>,
-    clock: SystemClock,
-}
-
-impl ServingTls {
-    fn current(&self) -> std::sync::MutexGuard<'_, Loaded> {
-        self.current.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn config(&self) -> Arc<ServerConfig> {
-        self.current().1.clone()
-    }
-
-    /// Reads the files again; serves them to new connections when they changed and load.
-    /// Returns whether they were taken, or why not.
-    pub fn reload(&self) -> anyhow::Result<bool> {
-        let loaded = self.args.load()?;
-        let mut current = self.current();
-        if current.0 == loaded.0 {
-            return Ok(false);
-        }
-        *current = loaded;
-        Ok(true)
-    }
-
-    /// What is wrong with the served chain's validity now, if anything.
-    fn certificate_problem(&self) -> Option<String> {
-        let validity = self.current().2?;
-        let now = self.clock.now().as_micros() / 1_000_000;
-        validity.problem(i64::try_from(now).unwrap_or(i64::MAX))
-    }
-
-    fn warn_certificate(&self, problem: &str) {
-        let path = self.args.grpc_tls_cert.as_deref().unwrap_or(Path::new(""));
-        warn!(
-            certificate = %path.display(),
-            "The gRPC TLS certificate chain served {problem}: clients that check it refuse the handshake until it is renewed"
-        );
-    }
-
-    /// Checks the files every `every` until `stop`; a failure is logged when it first happens
-    /// or its reason changes, not at every check.
-    pub async fn watch(self: Arc<Self>, every: Duration, mut stop: watch::Receiver<bool>) {
-        if every.is_zero() {
-            return;
-        }
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_failure = None;
-        // Told at the start already (`serving`).
-        let mut last_problem = self.certificate_problem();
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.wait_for(|s| *s) => return,
-            }
-            match self.reload() {
-                Ok(true) => {
-                    info!("gRPC TLS files changed: serving them to new connections");
-                    last_failure = None;
-                }
-                Ok(false) => {
-                    if last_failure.take().is_some() {
-                        info!("gRPC TLS files load again, unchanged: still serving them");
-                    }
-                }
-                Err(e) => {
-                    let reason = format!("{e:#}");
-                    if last_failure.as_ref() != Some(&reason) {
-                        warn!(error = %reason, "gRPC TLS files do not load; still serving the ones loaded before");
-                        last_failure = Some(reason);
-                    }
-                }
-            }
-            let problem = self.certificate_problem();
-            if problem != last_problem {
-                match &problem {
-                    Some(problem) => self.warn_certificate(problem),
-                    None => info!("The gRPC TLS certificate chain served is valid now"),
-                }
-                last_problem = problem;
-            }
-        }
-    }
-
-    /// `accepted` connections after their TLS handshake, each within [`HANDSHAKE_TIMEOUT`] and
-    /// all at once (a slow client delays no other); a failed handshake is dropped, logged at
-    /// `debug`.
-    pub fn handshakes<IO, S>(
-        self: Arc<Self>,
-        accepted: S,
-    ) -> impl Stream<Item = std::io::Result<TlsStream<IO>>> + Send + 'static
-    where
-        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-        S: Stream<Item = std::io::Result<IO>> + Send + 'static,
-    {
-        accepted
-            .flat_map_unordered(None, move |accepted| {
-                let acceptor = TlsAcceptor::from(self.config());
-                futures_util::stream::once(async move {
-                    let io = match accepted {
-                        Ok(io) => io,
-                        Err(e) => return Some(Err(e)),
-                    };
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
-                        Ok(Ok(tls)) => Some(Ok(tls)),
-                        Ok(Err(e)) => {
-                            debug!(error = %e, "gRPC TLS handshake failed");
-                            None
-                        }
-                        Err(_) => {
-                            debug!("gRPC TLS handshake timed out");
-                            None
-                        }
-                    }
-                })
-                .boxed()
-            })
-            .filter_map(std::future::ready)
     }
 }

@@ -3,13 +3,8 @@
 mod admin_client;
 mod bench;
 mod bench_server;
-mod cert_validity;
 mod check;
-mod drain;
-mod first_bytes;
 mod grpc_tls;
-mod http_listener;
-mod idle_deadline;
 mod policy;
 mod serve;
 mod stdout;

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tollgate::background::supervise;
 use tollgate::clock::SystemClock;
@@ -20,12 +19,18 @@ use tollgate::resilience::{BreakerConfig, Posture};
 use tollgate::store::{CoalesceOptions, RedisOptions, StoreBackend, StoreUrl};
 use tollgate_server::grpc::{HealthService, RlsService};
 use tollgate_server::http::authorize::{AuthorizeMapping, DescriptorMapping};
+use tollgate_server::listen::{
+    Drained, Open, Peer, bind, counted, grpc_accepted, grpc_server, preface_within, serve_http,
+    stopped,
+};
 use tracing::{info, warn};
 
-use crate::drain::{CUT_EXIT_CODE, Counted, Drained, Gauge, Open};
-use crate::first_bytes::FirstBytesWithin;
 use crate::grpc_tls::GrpcTlsArgs;
-use crate::http_listener;
+
+/// How `serve` exits when the drain was cut: connections (or a give-back to a hung store) were
+/// still open when `--shutdown-timeout` ran out or a second signal came. A complete drain exits
+/// 0; 1 and 2 are taken by a refused start (an invalid policy, other errors).
+const CUT_EXIT_CODE: u8 = 3;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -432,9 +437,9 @@ async fn serve(
             .with_prefilter(!args.no_prefilter),
     );
 
-    let http = listen(args.http_addr, "HTTP")?;
-    let grpc = listen(args.grpc_addr, "gRPC")?;
-    let admin = listen(args.admin_addr, "the admin API")?;
+    let http = bind(args.http_addr, "HTTP")?;
+    let grpc = bind(args.grpc_addr, "gRPC")?;
+    let admin = bind(args.admin_addr, "the admin API")?;
     // Printed on stdout, one line each, so scripts and tests can find ports chosen with `:0`.
     println!("http listening on {}", http.local_addr()?);
     println!("grpc listening on {}", grpc.local_addr()?);
@@ -489,18 +494,18 @@ async fn serve(
         .clone()
         .map(|domain| AuthorizeMapping::new(domain, args.authorize_descriptor.clone()));
     let (http_open, admin_open, grpc_open) = (Open::default(), Open::default(), Open::default());
-    let http_server = http_listener::serve(
+    let http_server = serve_http(
         http,
         tollgate_server::http::router_with_authorize(lifecycle.clone(), authorize),
-        http_listener::Peer::Omitted,
+        Peer::Omitted,
         args.http_read_timeout,
         stop_rx.clone(),
         http_open.clone(),
     );
-    let admin_server = http_listener::serve(
+    let admin_server = serve_http(
         admin,
         tollgate_server::admin::router(lifecycle.clone(), token),
-        http_listener::Peer::Given,
+        Peer::Given,
         args.http_read_timeout,
         stop_rx.clone(),
         admin_open.clone(),
@@ -657,11 +662,6 @@ async fn sweep_hot_keys(limiter: Arc<Limiter>, stop: watch::Receiver<bool>) {
     limiter.release_local_budgets().await;
 }
 
-/// Resolves once `rx` says stop: the servers' graceful-shutdown signal.
-pub(crate) async fn stopped(mut rx: watch::Receiver<bool>) {
-    let _ = rx.wait_for(|stop| *stop).await;
-}
-
 /// Waits for a server's task and logs an error it stopped with.
 pub(crate) async fn join_server<E: std::fmt::Display>(
     task: tokio::task::JoinHandle<Result<(), E>>,
@@ -689,79 +689,6 @@ pub(crate) async fn drain(
         _ = tokio::time::sleep(limit) => Ok(Drained::TimedOut),
         _ = shutdown_signal(terminate) => Ok(Drained::SecondSignal),
     }
-}
-
-/// The gRPC server's settings (shared with `bench-server`, so the ceiling runs the same
-/// stack): keepalive pings every `keepalive` (none for 0), answered within `timeout`, and at
-/// most [`GRPC_MAX_STREAMS`] requests in flight per connection: one
-/// connection opening streams it never finished held them all (about 8 KB each; 200 000 took
-/// 1.8 GB in two seconds) for as long as it answered the pings. (No per-request timeout: a
-/// timer per request costs the decision path about a microsecond.)
-pub(crate) fn grpc_server(keepalive: Duration, timeout: Duration) -> tonic::transport::Server {
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval((!keepalive.is_zero()).then_some(keepalive))
-        .http2_keepalive_timeout(Some(timeout))
-        .max_concurrent_streams(GRPC_MAX_STREAMS)
-}
-
-/// Requests in flight per gRPC connection (HTTP/2's `SETTINGS_MAX_CONCURRENT_STREAMS`): a
-/// client with more opens another connection, as Envoy's connection pool does.
-pub(crate) const GRPC_MAX_STREAMS: u32 = 1024;
-
-/// How many connections the kernel may hold for a listener before it is accepting them (it
-/// caps this at `net.core.somaxconn`). std's 128 overflowed when a few hundred clients
-/// connected at once, and a client whose SYN was dropped waited a second to try again.
-const LISTEN_BACKLOG: u32 = 4096;
-
-/// Binds `addr` for `what`; the error names both.
-pub(crate) fn listen(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
-    let bound = || {
-        let socket = if addr.is_ipv4() {
-            tokio::net::TcpSocket::new_v4()
-        } else {
-            tokio::net::TcpSocket::new_v6()
-        }?;
-        // As std's bind does: a restarted server may take its port back at once.
-        socket.set_reuseaddr(true)?;
-        socket.bind(addr)?;
-        socket.listen(LISTEN_BACKLOG)
-    };
-    bound().with_context(|| format!("cannot listen on {addr} for {what}"))
-}
-
-/// The gRPC listener's connections, `TCP_NODELAY` set on each: without it an HTTP/2 answer
-/// written in several small frames waits on Nagle's algorithm for the caller's delayed ACK
-/// (gRPC latencies of 1-2 ms at low load and a 40 ms tail).
-pub(crate) fn grpc_accepted(
-    listener: TcpListener,
-) -> impl futures_util::Stream<Item = std::io::Result<tokio::net::TcpStream>> + Send + 'static {
-    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
-}
-
-/// `connections`, each counted in `open` for as long as the server keeps it.
-fn counted<IO, S>(
-    connections: S,
-    open: &Gauge,
-) -> impl futures_util::Stream<Item = std::io::Result<Counted<IO>>> + Send + 'static
-where
-    S: futures_util::Stream<Item = std::io::Result<IO>> + Send + 'static,
-{
-    use futures_util::StreamExt;
-    let open = open.clone();
-    connections.map(move |accepted| accepted.map(|io| Counted::new(io, &open)))
-}
-
-/// `connections` (plaintext, or after their TLS handshake), each of which must send HTTP/2's
-/// preface `within` (see [`FirstBytesWithin`]).
-pub(crate) fn preface_within<IO, S>(
-    connections: S,
-    within: Duration,
-) -> impl futures_util::Stream<Item = std::io::Result<FirstBytesWithin<IO>>> + Send + 'static
-where
-    S: futures_util::Stream<Item = std::io::Result<IO>> + Send + 'static,
-{
-    use futures_util::StreamExt;
-    connections.map(move |accepted| accepted.map(|io| FirstBytesWithin::new(io, within)))
 }
 
 /// Reloads the policy on SIGHUP and whenever the config path's contents change.

@@ -6,6 +6,8 @@
 //!   `/v1/authorize` (nginx forward auth), `POST /v1/explain` (no charge), health and Prometheus
 //!   metrics.
 //! - [`admin`]: the admin API (policy versions, candidates, overrides, top keys).
+//! - [`listen`]: the listeners that serve them, with the connection hardening (read deadlines,
+//!   keepalive, HTTP/2 preface deadline, TLS, drain counts).
 //!
 //! Both decision paths are generic over [`Decide`]: the [`tollgate::limiter::Limiter`] in
 //! `tollgate serve`, [`AllowAll`] in the no-op `tollgate bench-server` that benchmarks compare
@@ -18,6 +20,7 @@ pub mod grpc;
 pub mod headers;
 pub mod http;
 mod json_object;
+pub mod listen;
 mod units;
 
 pub use decide::{AllowAll, Decide};

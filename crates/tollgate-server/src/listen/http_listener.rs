@@ -1,5 +1,5 @@
-//! The HTTP listeners (`serve`'s API and admin API, `bench-server`'s API): hyper, with the
-//! read deadline axum's `serve` does not set (see [`crate::idle_deadline`]). Without it a
+//! The HTTP listener (`serve`'s API and admin API, `bench-server`'s API): hyper, with the
+//! read deadline axum's `serve` does not set (see [`super::idle_deadline`]). Without it a
 //! client that sent half a request held its socket, and a task, for as long as it liked.
 
 use std::convert::Infallible;
@@ -17,17 +17,17 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
-use tollgate_server::http::body_too_slow;
 use tower::ServiceExt;
 use tracing::{debug, error, warn};
 
-use crate::drain::Open;
-use crate::idle_deadline::{IdleDeadline, Progress};
-use crate::serve::stopped;
+use super::drain::Open;
+use super::idle_deadline::{IdleDeadline, Progress};
+use super::stop::stopped;
+use crate::http::body_too_slow;
 
 /// Whether a listener's requests carry their client's address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Peer {
+pub enum Peer {
     /// Not given: the decision API never reads it, and each of its requests would pay for
     /// putting it in (a map made for the extension).
     Omitted,
@@ -39,7 +39,7 @@ pub(crate) enum Peer {
 /// Serves `router` on `listener` until `stop` says stop, then waits for the requests in flight
 /// (the caller bounds that wait) while idle connections close. `open` counts the connections
 /// and the requests in flight meanwhile.
-pub(crate) async fn serve(
+pub async fn serve(
     listener: TcpListener,
     router: Router,
     peer: Peer,
@@ -142,16 +142,16 @@ struct Marking {
     client: Option<ConnectInfo<SocketAddr>>,
 }
 
-impl hyper::service::Service<http::Request<Incoming>> for Marking {
+impl hyper::service::Service<axum::http::Request<Incoming>> for Marking {
     type Response = Response;
     type Error = Infallible;
     type Future = std::pin::Pin<
         Box<dyn std::future::Future<Output = Result<Response, Infallible>> + Send + 'static>,
     >;
 
-    fn call(&self, request: http::Request<Incoming>) -> Self::Future {
+    fn call(&self, request: axum::http::Request<Incoming>) -> Self::Future {
         let in_flight = self.progress.request();
-        let multiplexed = request.version() == http::Version::HTTP_2;
+        let multiplexed = request.version() == axum::http::Version::HTTP_2;
         let mut request = request.map(Body::new);
         if let Some(client) = self.client {
             request.extensions_mut().insert(client);
@@ -162,7 +162,7 @@ impl hyper::service::Service<http::Request<Incoming>> for Marking {
             let answer = if multiplexed {
                 tokio::time::timeout(limit, answer)
                     .await
-                    .unwrap_or_else(|_| Ok(body_too_slow(http::Version::HTTP_2)))
+                    .unwrap_or_else(|_| Ok(body_too_slow(axum::http::Version::HTTP_2)))
             } else {
                 answer.await
             };

@@ -1,26 +1,16 @@
 //! What a shutdown's drain waits for, counted: the connections each listener still has open and
-//! the HTTP requests still in flight, so that a drain cut short by `--shutdown-timeout` (or a
-//! second signal) can say what it cut.
+//! the HTTP requests still in flight, so that a drain cut short (`serve`'s `--shutdown-timeout`,
+//! or a second signal) can say what it cut.
 
-use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tonic::transport::server::Connected;
-
-use crate::idle_deadline::Progress;
-
-/// How `serve` exits when the drain was cut: connections (or a give-back to a hung store) were
-/// still open when `--shutdown-timeout` ran out or a second signal came. A complete drain exits
-/// 0; 1 and 2 are taken by a refused start (an invalid policy, other errors).
-pub(crate) const CUT_EXIT_CODE: u8 = 3;
+use super::idle_deadline::Progress;
+use super::watched::{Watch, Watched};
 
 /// How a drain ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Drained {
+pub enum Drained {
     /// Everything finished within the timeout.
     Complete,
     /// The timeout ran out first.
@@ -31,7 +21,7 @@ pub(crate) enum Drained {
 
 /// How many of something are open now: each [`Held`] counts one until it is dropped.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Gauge(Arc<AtomicUsize>);
+pub struct Gauge(Arc<AtomicUsize>);
 
 impl Gauge {
     /// Counts one more until the returned guard is dropped.
@@ -40,6 +30,7 @@ impl Gauge {
         Held(self.0.clone())
     }
 
+    /// How many are held now.
     pub fn get(&self) -> usize {
         self.0.load(Ordering::Relaxed)
     }
@@ -47,7 +38,7 @@ impl Gauge {
 
 /// One counted in a [`Gauge`].
 #[derive(Debug)]
-pub(crate) struct Held(Arc<AtomicUsize>);
+pub struct Held(Arc<AtomicUsize>);
 
 impl Drop for Held {
     fn drop(&mut self) {
@@ -57,7 +48,8 @@ impl Drop for Held {
 
 /// What one listener has open.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Open {
+pub struct Open {
+    /// Connections accepted and not closed yet.
     pub connections: Gauge,
     /// Requests whose answer is not ready yet (counted on the HTTP listeners only).
     pub requests: InFlight,
@@ -67,7 +59,7 @@ pub(crate) struct Open {
 /// connection's own count ([`Progress`]): a request pays for no counter shared between threads,
 /// only a connection for its entry here.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct InFlight(Arc<parking_lot::Mutex<Connections>>);
+pub struct InFlight(Arc<parking_lot::Mutex<Connections>>);
 
 #[derive(Debug, Default)]
 struct Connections {
@@ -85,6 +77,7 @@ impl InFlight {
         Tracked(self.clone(), id)
     }
 
+    /// How many requests are in flight now.
     pub fn get(&self) -> usize {
         self.connections()
             .open
@@ -100,7 +93,7 @@ impl InFlight {
 
 /// A connection counted in an [`InFlight`].
 #[derive(Debug)]
-pub(crate) struct Tracked(InFlight, u64);
+pub struct Tracked(InFlight, u64);
 
 impl Drop for Tracked {
     fn drop(&mut self) {
@@ -109,68 +102,17 @@ impl Drop for Tracked {
 }
 
 /// `io`, counted in a [`Gauge`] for as long as the server keeps it.
-#[derive(Debug)]
-pub(crate) struct Counted<IO> {
-    io: IO,
-    _held: Held,
-}
+pub type Counted<IO> = Watched<IO, Held>;
 
 impl<IO> Counted<IO> {
+    /// `io`, counted in `gauge` until it is dropped.
     pub fn new(io: IO, gauge: &Gauge) -> Self {
-        Counted {
-            io,
-            _held: gauge.hold(),
-        }
+        Watched::around(io, gauge.hold())
     }
 }
 
-impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Counted<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bytes: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, bytes)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
-
-impl<IO: Connected> Connected for Counted<IO> {
-    type ConnectInfo = IO::ConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
-    }
-}
+/// A counted connection passes everything through.
+impl Watch for Held {}
 
 #[cfg(test)]
 mod tests {

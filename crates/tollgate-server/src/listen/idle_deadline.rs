@@ -27,9 +27,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
+
+use super::watched::{Watch, Watched};
 
 /// When a connection last made progress, how many of its requests are in flight, and whether
 /// it is closing; shared by its socket, its service and its task.
@@ -50,7 +51,14 @@ struct Shared {
     idle_expired: Notify,
 }
 
+impl Default for Progress {
+    fn default() -> Self {
+        Progress::new()
+    }
+}
+
 impl Progress {
+    /// A connection that opened now.
     pub fn new() -> Self {
         Progress {
             opened: Instant::now(),
@@ -66,10 +74,10 @@ impl Progress {
 
     /// A request whose headers just came in: progress, and in flight until the returned guard
     /// is dropped (its answer ready, or the request abandoned), which marks progress again.
-    pub fn request(&self) -> InFlight {
+    pub fn request(&self) -> InFlightRequest {
         self.mark();
         self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight(self.clone())
+        InFlightRequest(self.clone())
     }
 
     /// The listener is stopping: once no request is in flight, the connection gets
@@ -108,9 +116,9 @@ impl Progress {
 
 /// A request in flight on a connection (see [`Progress::request`]).
 #[derive(Debug)]
-pub struct InFlight(Progress);
+pub struct InFlightRequest(Progress);
 
-impl Drop for InFlight {
+impl Drop for InFlightRequest {
     fn drop(&mut self) {
         self.0.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.0.mark();
@@ -119,9 +127,11 @@ impl Drop for InFlight {
 
 /// `io`, whose reads and writes ask the connection to close once waiting past `limit` after the
 /// last [`Progress`], and fail with `TimedOut` [`STOPPING_GRACE`] later.
+pub type IdleDeadline<IO> = Watched<IO, Idle>;
+
+/// What an [`IdleDeadline`] keeps: the connection's progress, its limit and its one timer.
 #[derive(Debug)]
-pub struct IdleDeadline<IO> {
-    io: IO,
+pub struct Idle {
     progress: Progress,
     limit: Duration,
     timer: Pin<Box<Sleep>>,
@@ -138,18 +148,23 @@ pub struct IdleDeadline<IO> {
 pub const STOPPING_GRACE: Duration = Duration::from_millis(500);
 
 impl<IO> IdleDeadline<IO> {
+    /// `io`, closed once it has waited `limit` past `progress`'s last mark.
     pub fn new(io: IO, progress: Progress, limit: Duration) -> Self {
         let timer = Box::pin(tokio::time::sleep_until(progress.deadline(limit)));
-        IdleDeadline {
+        Watched::around(
             io,
-            progress,
-            limit,
-            timer,
-            asked_to_close: false,
-            write_waited: false,
-        }
+            Idle {
+                progress,
+                limit,
+                timer,
+                asked_to_close: false,
+                write_waited: false,
+            },
+        )
     }
+}
 
+impl Idle {
     /// For an operation that would wait: `TimedOut` if the deadline has passed, else
     /// `Pending` with the timer set to wake the task at the deadline. An idle connection is
     /// asked to close at the limit and has [`STOPPING_GRACE`] more to do it. Once the listener
@@ -198,70 +213,48 @@ impl<IO> IdleDeadline<IO> {
         self.write_waited = true;
         self.waiting(cx)
     }
-
-    /// A write's result. One that goes through after a write had to wait is progress: the
-    /// client is reading an answer larger than the socket's buffers. Other writes are not (an
-    /// HTTP/2 client's pings and settings would otherwise keep an idle connection forever).
-    fn wrote(&mut self, written: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
-        if let Poll::Ready(Ok(n)) = written
-            && n > 0
-            && std::mem::take(&mut self.write_waited)
-        {
-            self.progress.mark();
-        }
-        written
-    }
 }
 
-impl<IO: AsyncRead + Unpin> AsyncRead for IdleDeadline<IO> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
+impl Watch for Idle {
+    fn read(
+        &mut self,
         cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
+        read: Poll<io::Result<()>>,
+        _came: usize,
     ) -> Poll<io::Result<()>> {
-        match Pin::new(&mut self.io).poll_read(cx, buf) {
+        match read {
             Poll::Pending => self.waiting(cx),
             ready => ready,
         }
     }
-}
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for IdleDeadline<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
+    /// A write's result. One that goes through after a write had to wait is progress: the
+    /// client is reading an answer larger than the socket's buffers. Other writes are not (an
+    /// HTTP/2 client's pings and settings would otherwise keep an idle connection forever).
+    fn wrote(
+        &mut self,
         cx: &mut Context<'_>,
-        bytes: &[u8],
+        written: Poll<io::Result<usize>>,
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.io).poll_write(cx, bytes) {
+        match written {
             Poll::Pending => self.write_waiting(cx),
-            ready => self.wrote(ready),
-        }
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match Pin::new(&mut self.io).poll_flush(cx) {
-            Poll::Pending => self.write_waiting(cx),
+            Poll::Ready(Ok(n)) if n > 0 && std::mem::take(&mut self.write_waited) => {
+                self.progress.mark();
+                written
+            }
             ready => ready,
         }
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
+    fn flushed(
+        &mut self,
         cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.io).poll_write_vectored(cx, bufs) {
+        flushed: Poll<io::Result<()>>,
+    ) -> Poll<io::Result<()>> {
+        match flushed {
             Poll::Pending => self.write_waiting(cx),
-            ready => self.wrote(ready),
+            ready => ready,
         }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
     }
 }
 

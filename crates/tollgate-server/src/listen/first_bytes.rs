@@ -11,17 +11,19 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
-use tonic::transport::server::Connected;
+
+use super::watched::{Watch, Watched};
 
 /// The length of HTTP/2's client connection preface (`PRI * HTTP/2.0...`).
 const PREFACE: usize = 24;
 
 /// `io`, whose first [`PREFACE`] bytes must come within the deadline.
+pub type FirstBytesWithin<IO> = Watched<IO, Preface>;
+
+/// What a [`FirstBytesWithin`] keeps: the deadline, and how many bytes are still to come.
 #[derive(Debug)]
-pub struct FirstBytesWithin<IO> {
-    io: IO,
+pub struct Preface {
     /// `None` once the first bytes came.
     deadline: Option<Pin<Box<Sleep>>>,
     /// How many of them are still to come.
@@ -29,29 +31,30 @@ pub struct FirstBytesWithin<IO> {
 }
 
 impl<IO> FirstBytesWithin<IO> {
+    /// `io`, whose client must send HTTP/2's preface `within`.
     pub fn new(io: IO, within: Duration) -> Self {
-        FirstBytesWithin {
+        Watched::around(
             io,
-            deadline: Some(Box::pin(tokio::time::sleep(within))),
-            awaited: PREFACE,
-        }
+            Preface {
+                deadline: Some(Box::pin(tokio::time::sleep(within))),
+                awaited: PREFACE,
+            },
+        )
     }
 }
 
-impl<IO: AsyncRead + Unpin> AsyncRead for FirstBytesWithin<IO> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
+impl Watch for Preface {
+    fn read(
+        &mut self,
         cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
+        read: Poll<io::Result<()>>,
+        came: usize,
     ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let read = Pin::new(&mut self.io).poll_read(cx, buf);
         let Some(deadline) = self.deadline.as_mut() else {
             return read;
         };
         match read {
             Poll::Ready(Ok(())) => {
-                let came = buf.filled().len() - before;
                 self.awaited = self.awaited.saturating_sub(came);
                 if self.awaited == 0 {
                     self.deadline = None;
@@ -66,43 +69,5 @@ impl<IO: AsyncRead + Unpin> AsyncRead for FirstBytesWithin<IO> {
             }
             other => other,
         }
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for FirstBytesWithin<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bytes: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, bytes)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-}
-
-impl<IO: Connected> Connected for FirstBytesWithin<IO> {
-    type ConnectInfo = IO::ConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
     }
 }
