@@ -14,8 +14,8 @@
 //! against.
 
 pub mod admin;
+mod api_error;
 mod decide;
-mod error_map;
 pub mod grpc;
 pub mod headers;
 pub mod http;
@@ -23,5 +23,5 @@ mod json_object;
 pub mod listen;
 mod units;
 
+pub use api_error::{ApiError, ErrorKind};
 pub use decide::{AllowAll, Decide};
-pub use error_map::ErrorClass;

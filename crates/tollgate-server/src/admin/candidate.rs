@@ -1,102 +1,117 @@
 //! The shadow candidate over the admin API: set one, read what it would have denied, promote or
 //! drop it.
+//!
+//! The bodies' fields are declared in alphabetical order, the order in which they have always
+//! been written.
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde::Serialize;
 use tollgate::limiter::Candidate;
 
 use super::AdminState;
-use super::policy::{activation, pushed_sources};
-use crate::http::{Body, error_response};
+use super::policy::{Activated, activation, invalid_policy, pushed_sources};
+use super::top::TopKey;
+use crate::ApiError;
+use crate::http::Body;
 
 /// Top keys listed per rule in a report.
 const TOP_KEYS: usize = 5;
 
-fn no_candidate() -> Response {
-    error_response(
-        StatusCode::NOT_FOUND,
-        "no candidate policy is shadowing".into(),
-    )
+fn no_candidate() -> ApiError {
+    ApiError::not_found("no candidate policy is shadowing")
 }
 
-fn report(state: &AdminState, candidate: &Candidate) -> Value {
+/// What the candidate would have decided since it started shadowing.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    files: Vec<String>,
+    hash: String,
+    rules: Vec<RuleReport>,
+    shadowing_for_ms: u64,
+    started_at_us: u64,
+}
+
+/// One candidate rule's counts.
+#[derive(Debug, Serialize)]
+pub struct RuleReport {
+    allowed: u64,
+    domain: String,
+    mode: &'static str,
+    name: String,
+    top_keys: Vec<TopKey>,
+    would_deny: u64,
+}
+
+fn report(state: &AdminState, candidate: &Candidate) -> Report {
     let now = state.lifecycle.limiter().clock().now();
     let started = candidate.started_at();
-    let rules: Vec<Value> = candidate
+    let rules = candidate
         .report(TOP_KEYS)
         .iter()
-        .map(|r| {
-            json!({
-                "domain": r.domain,
-                "name": r.name,
-                "mode": r.mode.name(),
-                "allowed": r.allowed,
-                "would_deny": r.would_deny,
-                "top_keys": r.top.iter()
-                    .map(|e| json!({"key": e.key, "count": e.count, "error": e.error}))
-                    .collect::<Vec<_>>(),
-            })
+        .map(|r| RuleReport {
+            allowed: r.allowed,
+            domain: r.domain.clone(),
+            mode: r.mode.name(),
+            name: r.name.clone(),
+            top_keys: r.top.iter().map(TopKey::from).collect(),
+            would_deny: r.would_deny,
         })
         .collect();
-    json!({
-        "hash": candidate.hash(),
-        "started_at_us": started.as_micros(),
-        "shadowing_for_ms": now.as_micros().saturating_sub(started.as_micros()) / 1000,
-        "files": candidate.sources().iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
-        "rules": rules,
-    })
+    Report {
+        files: candidate.sources().iter().map(|(n, _)| n.clone()).collect(),
+        hash: candidate.hash().to_owned(),
+        rules,
+        shadowing_for_ms: now.as_micros().saturating_sub(started.as_micros()) / 1000,
+        started_at_us: started.as_micros(),
+    }
 }
 
 /// `POST /v1/admin/policy/candidate`: the push body; validated like a push, then shadowed.
 pub async fn set(
     State(state): State<AdminState>,
     Body(body): Body<{ super::MAX_BODY }>,
-) -> Response {
-    let sources = match pushed_sources(&body) {
-        Ok(sources) => sources,
-        Err(why) => return error_response(StatusCode::BAD_REQUEST, why),
-    };
+) -> Result<Json<Report>, ApiError> {
+    let sources = pushed_sources(&body).map_err(ApiError::invalid)?;
     match state.lifecycle.set_candidate(sources) {
-        Ok(candidate) => Json(report(&state, &candidate)).into_response(),
-        Err(errors) => (
-            StatusCode::BAD_REQUEST,
-            Json(json!({
-                "error": "invalid policy; the shadow candidate is unchanged",
-                "problems": errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            })),
-        )
-            .into_response(),
+        Ok(candidate) => Ok(Json(report(&state, &candidate))),
+        Err(errors) => Err(invalid_policy("the shadow candidate is unchanged", &errors)),
     }
 }
 
 /// `GET /v1/admin/policy/candidate`: what each candidate rule would have decided.
-pub async fn show(State(state): State<AdminState>) -> Response {
-    match state.lifecycle.limiter().candidate() {
-        Some(candidate) => Json(report(&state, &candidate)).into_response(),
-        None => no_candidate(),
-    }
+pub async fn show(State(state): State<AdminState>) -> Result<Json<Report>, ApiError> {
+    let candidate = state
+        .lifecycle
+        .limiter()
+        .candidate()
+        .ok_or_else(no_candidate)?;
+    Ok(Json(report(&state, &candidate)))
 }
 
 /// `POST /v1/admin/policy/promote`: the candidate becomes the running policy.
-pub async fn promote(State(state): State<AdminState>) -> Response {
+pub async fn promote(State(state): State<AdminState>) -> Result<Json<Activated>, ApiError> {
     if state.lifecycle.limiter().candidate().is_none() {
-        return no_candidate();
+        return Err(no_candidate());
     }
     match state.lifecycle.promote() {
         Ok(a) => activation(Ok(a)),
-        Err(why) => error_response(StatusCode::BAD_REQUEST, why),
+        Err(why) => Err(ApiError::invalid(why)),
     }
 }
 
+/// What a dropped candidate was.
+#[derive(Debug, Serialize)]
+pub struct Dropped {
+    hash: String,
+    result: &'static str,
+}
+
 /// `DELETE /v1/admin/policy/candidate`: stop shadowing.
-pub async fn remove(State(state): State<AdminState>) -> Response {
-    match state.lifecycle.drop_candidate() {
-        Some(candidate) => {
-            Json(json!({"result": "dropped", "hash": candidate.hash()})).into_response()
-        }
-        None => no_candidate(),
-    }
+pub async fn remove(State(state): State<AdminState>) -> Result<Json<Dropped>, ApiError> {
+    let candidate = state.lifecycle.drop_candidate().ok_or_else(no_candidate)?;
+    Ok(Json(Dropped {
+        hash: candidate.hash().to_owned(),
+        result: "dropped",
+    }))
 }

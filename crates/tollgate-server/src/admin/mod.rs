@@ -33,8 +33,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
+use axum::http::header;
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -45,7 +45,8 @@ use tollgate::observe::Throttle;
 use tollgate::policy::MAX_POLICY_FILE;
 use tracing::{Instrument, warn};
 
-use crate::http::{error_response, json_fallbacks};
+use crate::ApiError;
+use crate::http::json_fallbacks;
 
 /// What admin handlers share.
 #[derive(Debug, Clone)]
@@ -126,12 +127,12 @@ where
     S: Send + Sync,
     T: DeserializeOwned + Send,
 {
-    type Rejection = Response;
+    type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         match axum::extract::Path::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Path(value)) => Ok(AdminPath(value)),
-            Err(e) => Err(error_response(StatusCode::BAD_REQUEST, e.body_text())),
+            Err(e) => Err(ApiError::invalid(e.body_text())),
         }
     }
 }
@@ -141,12 +142,12 @@ where
     S: Send + Sync,
     T: DeserializeOwned,
 {
-    type Rejection = Response;
+    type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(value)) => Ok(AdminQuery(value)),
-            Err(e) => Err(error_response(StatusCode::BAD_REQUEST, e.body_text())),
+            Err(e) => Err(ApiError::invalid(e.body_text())),
         }
     }
 }
@@ -166,12 +167,7 @@ async fn require_token(State(state): State<AdminState>, request: Request, next: 
                 warn!(method = %request.method(), path = request.uri().path(), suppressed,
                     "Admin request refused: missing or wrong token");
             }
-            return (
-                StatusCode::UNAUTHORIZED,
-                [(header::WWW_AUTHENTICATE, "Bearer")],
-                axum::Json(serde_json::json!({"error": "missing or wrong admin token"})),
-            )
-                .into_response();
+            return ApiError::unauthorized("missing or wrong admin token").into_response();
         }
     }
     next.run(request).await

@@ -5,22 +5,24 @@
 //!   "requests_per_unit": 1000, "period": "1m", "expires_in": "2h", "reason": "launch day"}`
 //! (`period`, `expires_in` and `reason` optional) gives that descriptor a different limit on the
 //! same counter. Every change is logged for audit.
+//!
+//! The bodies' fields are declared in alphabetical order, the order in which they have always
+//! been written.
 
 use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use tollgate::limiter::Override;
 use tollgate::policy::Policy;
 use tollgate_core::Timestamp;
 use tracing::info;
 
 use super::{AdminPath, AdminState};
-use crate::http::{Body, error_response};
+use crate::ApiError;
+use crate::http::Body;
 use crate::json_object::{Object, from_body};
 
 /// Longest `expires_in` taken.
@@ -52,18 +54,48 @@ fn duration(field: &str, text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("invalid `{field}` `{text}`: {e}"))
 }
 
-fn describe(o: &Override, now_us: u64, policy: &Policy) -> Value {
-    json!({
-        "applies": o.applies_under(policy),
-        "id": o.id,
-        "domain": o.domain,
-        "rule": o.rule,
-        "entries": o.entries.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>(),
-        "requests_per_unit": o.requests_per_unit,
-        "period_ms": o.period.map(|p| p.as_millis() as u64),
-        "expires_in_ms": o.expires_at.map(|at| at.as_micros().saturating_sub(now_us) / 1000),
-        "reason": o.reason,
-    })
+/// An override, as listed.
+#[derive(Debug, Serialize)]
+pub struct Described {
+    applies: bool,
+    domain: String,
+    entries: Vec<DescribedEntry>,
+    expires_in_ms: Option<u64>,
+    id: u64,
+    period_ms: Option<u64>,
+    reason: String,
+    requests_per_unit: u64,
+    rule: String,
+}
+
+/// One descriptor entry of an override.
+#[derive(Debug, Serialize)]
+pub struct DescribedEntry {
+    key: String,
+    value: String,
+}
+
+fn describe(o: &Override, now_us: u64, policy: &Policy) -> Described {
+    Described {
+        applies: o.applies_under(policy),
+        domain: o.domain.clone(),
+        entries: o
+            .entries
+            .iter()
+            .map(|(key, value)| DescribedEntry {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        expires_in_ms: o
+            .expires_at
+            .map(|at| at.as_micros().saturating_sub(now_us) / 1000),
+        id: o.id,
+        period_ms: o.period.map(|p| p.as_millis() as u64),
+        reason: o.reason.clone(),
+        requests_per_unit: o.requests_per_unit,
+        rule: o.rule.clone(),
+    }
 }
 
 /// An override's expiry for its audit line, as `(expires_in, expires_at)` set at `now`:
@@ -82,29 +114,30 @@ fn expiry(o: &Override, now: Timestamp) -> (String, String) {
     }
 }
 
-pub async fn list(State(state): State<AdminState>) -> Json<Value> {
+/// The overrides in force.
+#[derive(Debug, Serialize)]
+pub struct Overrides {
+    overrides: Vec<Described>,
+}
+
+pub async fn list(State(state): State<AdminState>) -> Json<Overrides> {
     let limiter = state.lifecycle.limiter();
     let now = limiter.clock().now();
     let policy = limiter.policy();
-    let list: Vec<Value> = limiter
+    let overrides = limiter
         .overrides()
         .list(now)
         .iter()
         .map(|o| describe(o, now.as_micros(), &policy))
         .collect();
-    Json(json!({ "overrides": list }))
+    Json(Overrides { overrides })
 }
 
 pub async fn set(
     State(state): State<AdminState>,
     Body(body): Body<{ super::MAX_BODY }>,
-) -> Response {
-    let body: SetBody = match from_body(&body) {
-        Ok(b) => b,
-        Err(e) => {
-            return error_response(StatusCode::BAD_REQUEST, e);
-        }
-    };
+) -> Result<Json<Described>, ApiError> {
+    let body: SetBody = from_body(&body).map_err(ApiError::invalid)?;
     let limiter = state.lifecycle.limiter();
     let now = limiter.clock().now();
     let parse = || -> Result<Override, String> {
@@ -171,19 +204,22 @@ pub async fn set(
             info!(id, domain = %o.domain, rule = %o.rule, entries = ?o.entries, requests_per_unit = o.requests_per_unit, period = ?o.period, expires_in = %expires_in, expires_at = %expires_at, reason = %o.reason, "Override set");
             let mut stored = o;
             stored.id = id;
-            Json(describe(&stored, now.as_micros(), &limiter.policy())).into_response()
+            Ok(Json(describe(&stored, now.as_micros(), &limiter.policy())))
         }
-        Err(why) => error_response(StatusCode::BAD_REQUEST, format!("invalid override: {why}")),
+        Err(why) => Err(ApiError::invalid(format!("invalid override: {why}"))),
     }
 }
 
-pub async fn delete(State(state): State<AdminState>, AdminPath(id): AdminPath<u64>) -> Response {
+pub async fn delete(
+    State(state): State<AdminState>,
+    AdminPath(id): AdminPath<u64>,
+) -> Result<StatusCode, ApiError> {
     let limiter = state.lifecycle.limiter();
     match limiter.overrides().delete(id, limiter.clock().now()) {
         Some(o) => {
             info!(id, domain = %o.domain, rule = %o.rule, entries = ?o.entries, "Override deleted");
-            StatusCode::NO_CONTENT.into_response()
+            Ok(StatusCode::NO_CONTENT)
         }
-        None => error_response(StatusCode::NOT_FOUND, format!("no override {id}")),
+        None => Err(ApiError::not_found(format!("no override {id}"))),
     }
 }

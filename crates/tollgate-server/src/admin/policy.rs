@@ -1,89 +1,160 @@
 //! Policy versions over the admin API.
+//!
+//! The bodies' fields are declared in alphabetical order, the order in which they have always
+//! been written.
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use tollgate::lifecycle::{Activation, Origin, PolicyVersion, RollbackError, diff as version_diff};
 use tollgate::policy::PolicyErrors;
 
 use super::{AdminPath, AdminQuery, AdminState};
-use crate::http::{Body, error_response};
+use crate::ApiError;
+use crate::http::Body;
 use crate::json_object::{Object, from_body};
 
-fn summary(v: &PolicyVersion, current: u64) -> Value {
-    json!({
-        "seq": v.seq,
-        "hash": v.hash,
-        "version": v.label(),
-        "origin": v.origin.name(),
-        "accepted_at_us": v.accepted_at.as_micros(),
-        "rules": v.rules,
-        "files": v.sources.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
-        "current": v.seq == current,
-    })
+/// One kept version, as listed.
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    accepted_at_us: u64,
+    current: bool,
+    files: Vec<String>,
+    hash: String,
+    origin: &'static str,
+    rules: usize,
+    seq: u64,
+    version: String,
 }
 
-pub(super) fn activation(result: Result<Activation, PolicyErrors>) -> Response {
-    match result {
-        Ok(a) => {
-            let (status, v) = match &a {
-                Activation::Activated(v) => ("activated", v),
-                Activation::Unchanged(v) => ("unchanged", v),
-                Activation::Superseded(v) => {
-                    return (
-                        StatusCode::CONFLICT,
-                        Json(json!({
-                            "error": format!(
-                                "version {} became the running one meanwhile; nothing changed, \
-                                 try again",
-                                v.label()
-                            ),
-                            "version": summary(v, v.seq),
-                        })),
-                    )
-                        .into_response();
-                }
-            };
-            Json(json!({"result": status, "version": summary(v, v.seq)})).into_response()
-        }
-        Err(errors) => (
-            StatusCode::BAD_REQUEST,
-            Json(json!({
-                "error": "invalid policy; the running policy is unchanged",
-                "problems": errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            })),
-        )
-            .into_response(),
+fn summary(v: &PolicyVersion, current: u64) -> Summary {
+    Summary {
+        accepted_at_us: v.accepted_at.as_micros(),
+        current: v.seq == current,
+        files: v.sources.iter().map(|(n, _)| n.clone()).collect(),
+        hash: v.hash.clone(),
+        origin: v.origin.name(),
+        rules: v.rules,
+        seq: v.seq,
+        version: v.label(),
     }
 }
 
-pub async fn list(State(state): State<AdminState>) -> Json<Value> {
+/// What an activation did: `activated` or `unchanged`, and the version running now.
+#[derive(Debug, Serialize)]
+pub struct Activated {
+    result: &'static str,
+    version: Summary,
+}
+
+/// The answer to a push, a reload, a rollback or a promotion: `409` when another activation
+/// overtook it, `400` with every problem when the policy is invalid.
+pub(super) fn activation(
+    result: Result<Activation, PolicyErrors>,
+) -> Result<Json<Activated>, ApiError> {
+    let (result, v) = match &result {
+        Ok(Activation::Activated(v)) => ("activated", v),
+        Ok(Activation::Unchanged(v)) => ("unchanged", v),
+        Ok(Activation::Superseded(v)) => {
+            return Err(ApiError::conflict(format!(
+                "version {} became the running one meanwhile; nothing changed, \
+                                 try again",
+                v.label()
+            ))
+            .with_detail("version", summary(v, v.seq)));
+        }
+        Err(errors) => return Err(invalid_policy("the running policy is unchanged", errors)),
+    };
+    Ok(Json(Activated {
+        result,
+        version: summary(v, v.seq),
+    }))
+}
+
+/// `400` for an invalid policy, with every problem; `unchanged` says what was kept.
+pub(super) fn invalid_policy(unchanged: &str, errors: &PolicyErrors) -> ApiError {
+    ApiError::invalid(format!("invalid policy; {unchanged}")).with_detail(
+        "problems",
+        errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+    )
+}
+
+/// `GET /v1/admin/policy`: the kept versions.
+#[derive(Debug, Serialize)]
+pub struct Versions {
+    current: u64,
+    versions: Vec<Summary>,
+}
+
+pub async fn list(State(state): State<AdminState>) -> Json<Versions> {
     let current = state.lifecycle.current().seq;
-    let versions: Vec<Value> = state
+    let versions = state
         .lifecycle
         .versions()
         .iter()
         .map(|v| summary(v, current))
         .collect();
-    Json(json!({ "current": current, "versions": versions }))
+    Json(Versions { current, versions })
 }
 
-pub async fn show(State(state): State<AdminState>, AdminPath(seq): AdminPath<u64>) -> Response {
-    match state.lifecycle.version(seq) {
-        Some(v) => {
-            let mut body = summary(&v, state.lifecycle.current().seq);
-            body["sources"] = v
-                .sources
-                .iter()
-                .map(|(name, text)| json!({"name": name, "text": text}))
-                .collect();
-            Json(body).into_response()
-        }
-        None => error_response(StatusCode::NOT_FOUND, format!("no kept version {seq}")),
-    }
+/// One version with its source texts.
+#[derive(Debug, Serialize)]
+pub struct Shown {
+    accepted_at_us: u64,
+    current: bool,
+    files: Vec<String>,
+    hash: String,
+    origin: &'static str,
+    rules: usize,
+    seq: u64,
+    sources: Vec<Source>,
+    version: String,
+}
+
+/// A policy file's name and text.
+#[derive(Debug, Serialize)]
+pub struct Source {
+    name: String,
+    text: String,
+}
+
+pub async fn show(
+    State(state): State<AdminState>,
+    AdminPath(seq): AdminPath<u64>,
+) -> Result<Json<Shown>, ApiError> {
+    let v = state
+        .lifecycle
+        .version(seq)
+        .ok_or_else(|| ApiError::not_found(format!("no kept version {seq}")))?;
+    let Summary {
+        accepted_at_us,
+        current,
+        files,
+        hash,
+        origin,
+        rules,
+        seq,
+        version,
+    } = summary(&v, state.lifecycle.current().seq);
+    let sources = v
+        .sources
+        .iter()
+        .map(|(name, text)| Source {
+            name: name.clone(),
+            text: text.clone(),
+        })
+        .collect();
+    Ok(Json(Shown {
+        accepted_at_us,
+        current,
+        files,
+        hash,
+        origin,
+        rules,
+        seq,
+        sources,
+        version,
+    }))
 }
 
 #[derive(Debug, Deserialize)]
@@ -95,7 +166,7 @@ pub struct DiffQuery {
 pub async fn diff(
     State(state): State<AdminState>,
     AdminQuery(q): AdminQuery<DiffQuery>,
-) -> Response {
+) -> Result<String, ApiError> {
     let lifecycle = &state.lifecycle;
     let to = q.to.unwrap_or_else(|| lifecycle.current().seq);
     match (lifecycle.version(q.from), lifecycle.version(to)) {
@@ -103,16 +174,13 @@ pub async fn diff(
         // decisions must not wait behind it.
         (Some(a), Some(b)) => match tokio::task::spawn_blocking(move || version_diff(&a, &b)).await
         {
-            Ok(text) => text.into_response(),
-            Err(e) => error_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("the diff failed: {e}"),
-            ),
+            Ok(text) => Ok(text),
+            Err(e) => Err(ApiError::internal(format!("the diff failed: {e}"))),
         },
-        (a, _) => error_response(
-            StatusCode::NOT_FOUND,
-            format!("no kept version {}", if a.is_none() { q.from } else { to }),
-        ),
+        (a, _) => Err(ApiError::not_found(format!(
+            "no kept version {}",
+            if a.is_none() { q.from } else { to }
+        ))),
     }
 }
 
@@ -172,11 +240,8 @@ pub(super) fn pushed_sources(body: &[u8]) -> Result<Vec<(String, String)>, Strin
 pub async fn push(
     State(state): State<AdminState>,
     Body(body): Body<{ super::MAX_BODY }>,
-) -> Response {
-    let sources = match pushed_sources(&body) {
-        Ok(sources) => sources,
-        Err(why) => return error_response(StatusCode::BAD_REQUEST, why),
-    };
+) -> Result<Json<Activated>, ApiError> {
+    let sources = pushed_sources(&body).map_err(ApiError::invalid)?;
     let lifecycle = state.lifecycle.clone();
     activation(lifecycle.activate(sources, Origin::Push))
 }
@@ -190,25 +255,20 @@ pub struct RollbackBody {
 pub async fn rollback(
     State(state): State<AdminState>,
     Body(body): Body<{ super::MAX_BODY }>,
-) -> Response {
+) -> Result<Json<Activated>, ApiError> {
     let request: RollbackBody = if body.is_empty() {
         RollbackBody::default()
     } else {
-        match from_body(&body) {
-            Ok(r) => r,
-            Err(e) => {
-                return error_response(StatusCode::BAD_REQUEST, e);
-            }
-        }
+        from_body(&body).map_err(ApiError::invalid)?
     };
     match state.lifecycle.rollback(request.to) {
         Ok(a) => activation(Ok(a)),
-        Err(e @ RollbackError::NotKept(_)) => error_response(StatusCode::NOT_FOUND, e.to_string()),
-        Err(e) => error_response(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e @ RollbackError::NotKept(_)) => Err(ApiError::not_found(e.to_string())),
+        Err(e) => Err(ApiError::invalid(e.to_string())),
     }
 }
 
-pub async fn reload(State(state): State<AdminState>) -> Response {
+pub async fn reload(State(state): State<AdminState>) -> Result<Json<Activated>, ApiError> {
     activation(state.lifecycle.reload())
 }
 
@@ -232,11 +292,15 @@ mod tests {
             rules: 0,
             restored: None,
         });
-        let answer = |a: Activation| activation(Ok(a)).status();
+        let answer =
+            |a: Activation| axum::response::IntoResponse::into_response(activation(Ok(a))).status();
         assert_eq!(
             answer(Activation::Superseded(version.clone())),
-            StatusCode::CONFLICT
+            axum::http::StatusCode::CONFLICT
         );
-        assert_eq!(answer(Activation::Unchanged(version)), StatusCode::OK);
+        assert_eq!(
+            answer(Activation::Unchanged(version)),
+            axum::http::StatusCode::OK
+        );
     }
 }

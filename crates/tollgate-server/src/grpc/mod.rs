@@ -15,7 +15,7 @@ use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
 use crate::headers::{DEGRADED, SOFT_EXCEEDED, ceil_ms};
-use crate::{Decide, ErrorClass};
+use crate::{ApiError, Decide};
 
 pub use decode::decode_request;
 pub use encode::encode_response;
@@ -75,7 +75,7 @@ impl<D: Decide> RateLimitService for RlsService<D> {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let check = decode_request(request.into_inner()).map_err(|e| {
             self.decider.refused(Transport::Grpc, &e);
-            Status::invalid_argument(e.to_string())
+            Status::from(ApiError::invalid(e.to_string()))
         })?;
         match self.decider.decide(&check).await {
             Ok(decided) => {
@@ -93,7 +93,7 @@ impl<D: Decide> RateLimitService for RlsService<D> {
             }
             Err(e) => {
                 self.decider.refused(Transport::Grpc, &e);
-                Err(Status::new(ErrorClass::of(&e).grpc_code(), e.to_string()))
+                Err(ApiError::from(&e).into())
             }
         }
     }

@@ -8,7 +8,6 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tollgate::limiter::{
@@ -18,7 +17,8 @@ use tollgate::limiter::{
 use tollgate::resilience::Posture;
 use tollgate_core::Verdict;
 
-use super::{Body, add_rate_limit_headers, decision_status, error_response, limit_error_response};
+use super::{Body, add_rate_limit_headers, decision_status};
+use crate::ApiError;
 use crate::Decide;
 use crate::headers::ceil_ms;
 use crate::json_object::{Object, from_body};
@@ -199,7 +199,7 @@ pub async fn check<D: Decide>(State(decider): State<Arc<D>>, Body(body): Body) -
         Ok(r) => r,
         Err(why) => {
             decider.refused(Transport::Http, &why);
-            return error_response(StatusCode::BAD_REQUEST, why);
+            return ApiError::invalid(why).into_response();
         }
     };
     match decider.decide(&request).await {
@@ -211,7 +211,7 @@ pub async fn check<D: Decide>(State(decider): State<Arc<D>>, Body(body): Body) -
         }
         Err(e) => {
             decider.refused(Transport::Http, &e);
-            limit_error_response(&e)
+            ApiError::from(&e).into_response()
         }
     }
 }

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
@@ -19,7 +18,8 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Value, json};
 use tollgate::limiter::{CheckRequest, Limiter, Transport};
 
-use super::{Body, add_rate_limit_headers, decision_status, error_response, limit_error_response};
+use super::{Body, add_rate_limit_headers, decision_status};
+use crate::ApiError;
 use crate::grpc::{decode_request, encode_response};
 use crate::json_object::{Object, from_body};
 use crate::units::{unit_from_name, unit_name};
@@ -251,7 +251,7 @@ pub async fn check(State(limiter): State<Arc<Limiter>>, Body(body): Body) -> Res
         Ok(r) => r,
         Err(why) => {
             limiter.note_invalid(Transport::Http, &why);
-            return error_response(StatusCode::BAD_REQUEST, why);
+            return ApiError::invalid(why).into_response();
         }
     };
     match limiter.check(&request).await {
@@ -263,7 +263,7 @@ pub async fn check(State(limiter): State<Arc<Limiter>>, Body(body): Body) -> Res
         }
         Err(e) => {
             limiter.note_invalid(Transport::Http, &e);
-            limit_error_response(&e)
+            ApiError::from(&e).into_response()
         }
     }
 }

@@ -6,24 +6,23 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tollgate::limiter::{AppliedLimit, Limiter};
 
+use super::Body;
 use super::check::{code_name, decode};
-use super::{Body, error_response, limit_error_response};
+use crate::ApiError;
 use crate::headers::ceil_ms;
 
-pub async fn explain(State(limiter): State<Arc<Limiter>>, Body(body): Body) -> Response {
+pub async fn explain(
+    State(limiter): State<Arc<Limiter>>,
+    Body(body): Body,
+) -> Result<Json<Value>, ApiError> {
     let request = match decode(&body) {
         Ok(r) => r,
-        Err(why) => return error_response(StatusCode::BAD_REQUEST, why),
+        Err(why) => return Err(ApiError::invalid(why)),
     };
-    let answer = match limiter.explain(&request).await {
-        Ok(a) => a,
-        Err(e) => return limit_error_response(&e),
-    };
+    let answer = limiter.explain(&request).await?;
     let binding = answer.binding_index();
     let policy = limiter.policy();
     let statuses: Vec<Value> = answer
@@ -85,10 +84,9 @@ pub async fn explain(State(limiter): State<Arc<Limiter>>, Body(body): Body) -> R
             v
         })
         .collect();
-    Json(json!({
+    Ok(Json(json!({
         "would_allow": answer.allowed(),
         "overall_code": code_name(answer.overall),
         "statuses": statuses,
-    }))
-    .into_response()
+    })))
 }

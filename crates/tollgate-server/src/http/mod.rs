@@ -23,12 +23,11 @@ use axum::Router;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
-use serde::Serialize;
 use tollgate::lifecycle::Lifecycle;
-use tollgate::limiter::{CheckResponse, LimitError, Limiter};
+use tollgate::limiter::{CheckResponse, Limiter};
 
 use crate::headers::each_rate_limit_header;
-use crate::{AllowAll, ErrorClass};
+use crate::{AllowAll, ApiError};
 
 /// Largest accepted request body (defined beside the request it carries, so that the remote
 /// client checks it before sending without depending on this crate).
@@ -107,13 +106,11 @@ impl<S: Send + Sync, const LIMIT: usize> axum::extract::FromRequest<S> for Body<
                 !coding.is_empty() && !coding.eq_ignore_ascii_case(b"identity")
             })
         {
-            return Err(error_response(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                format!(
-                    "Content-Encoding `{}` is not supported: send the body uncompressed",
-                    String::from_utf8_lossy(encoding.as_bytes())
-                ),
-            ));
+            return Err(ApiError::unsupported_encoding(format!(
+                "Content-Encoding `{}` is not supported: send the body uncompressed",
+                String::from_utf8_lossy(encoding.as_bytes())
+            ))
+            .into_response());
         }
         // hyper decodes the chunked framing and passes any other coding through (RFC 9112
         // 6.1: a server answers 501 to a transfer coding it does not understand).
@@ -125,14 +122,11 @@ impl<S: Send + Sync, const LIMIT: usize> axum::extract::FromRequest<S> for Body<
             .find(|c| !c.eq_ignore_ascii_case(b"chunked"))
         {
             return Err(with_body_unread(
-                error_response(
-                    StatusCode::NOT_IMPLEMENTED,
-                    format!(
-                        "Transfer-Encoding `{}` is not supported: send the body uncompressed, \
+                ApiError::not_implemented(format!(
+                    "Transfer-Encoding `{}` is not supported: send the body uncompressed, \
                      with Content-Length or chunked",
-                        String::from_utf8_lossy(coding)
-                    ),
-                ),
+                    String::from_utf8_lossy(coding)
+                )),
                 version,
             ));
         }
@@ -151,17 +145,16 @@ impl<S: Send + Sync, const LIMIT: usize> axum::extract::FromRequest<S> for Body<
             .filter(|&length| length > LIMIT as u64)
         {
             return Err(with_body_unread(
-                error_response(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("the body is {length} bytes; at most {LIMIT} are accepted"),
-                ),
+                ApiError::too_large(format!(
+                    "the body is {length} bytes; at most {LIMIT} are accepted"
+                )),
                 version,
             ));
         }
         match axum::body::Bytes::from_request(request, state).await {
             Ok(bytes) => Ok(Body(bytes)),
             Err(e) if timed_out(&e) => Err(body_too_slow(version)),
-            Err(e) => Err(error_response(e.status(), e.body_text())),
+            Err(e) => Err(ApiError::with_status(e.status(), e.body_text()).into_response()),
         }
     }
 }
@@ -169,7 +162,8 @@ impl<S: Send + Sync, const LIMIT: usize> axum::extract::FromRequest<S> for Body<
 /// `response` with `Connection: close` over HTTP/1, for an answer given before the whole body
 /// was read: the rest of it may still be on its way, so the connection cannot carry another
 /// request (HTTP/2 does not allow the header; hyper resets the unread stream by itself).
-fn with_body_unread(mut response: Response, version: axum::http::Version) -> Response {
+fn with_body_unread(error: ApiError, version: axum::http::Version) -> Response {
+    let mut response = error.into_response();
     if version <= axum::http::Version::HTTP_11 {
         response.headers_mut().insert(
             axum::http::header::CONNECTION,
@@ -183,10 +177,7 @@ fn with_body_unread(mut response: Response, version: axum::http::Version) -> Res
 /// --http-read-timeout`); an HTTP/1 connection is closed after it.
 pub fn body_too_slow(version: axum::http::Version) -> Response {
     with_body_unread(
-        error_response(
-            StatusCode::REQUEST_TIMEOUT,
-            "the request's body did not arrive in time (the server's read timeout)".into(),
-        ),
+        ApiError::too_slow("the request's body did not arrive in time (the server's read timeout)"),
         version,
     )
 }
@@ -209,28 +200,10 @@ fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
 /// The JSON answers for an unknown path (`404`) and a method a path does not take (`405`).
 pub(crate) fn json_fallbacks(router: Router) -> Router {
     router
-        .fallback(|| async { error_response(StatusCode::NOT_FOUND, "no such endpoint".into()) })
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async {
-            error_response(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "this endpoint does not take that method".into(),
-            )
+            ApiError::method_not_allowed("this endpoint does not take that method")
         })
-}
-
-/// A JSON error body: `{"error": "..."}`.
-#[derive(Debug, Serialize)]
-struct ErrorBody {
-    error: String,
-}
-
-/// An error response with the status from the shared error table.
-pub(crate) fn error_response(status: StatusCode, message: String) -> Response {
-    (status, axum::Json(ErrorBody { error: message })).into_response()
-}
-
-pub(crate) fn limit_error_response(error: &LimitError) -> Response {
-    error_response(ErrorClass::of(error).http_status(), error.to_string())
 }
 
 /// Adds the rate-limit headers of `decided` to `headers`.
