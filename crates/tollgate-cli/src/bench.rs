@@ -6,9 +6,12 @@
 //! loop a request sent late because the previous answer came late is measured from its
 //! scheduled start, so a slow server is not hidden by the generator falling behind.
 
+mod clock;
 mod histogram;
 mod keys;
 mod pacer;
+
+use self::clock::now;
 
 use std::fmt::Write as _;
 use std::io::IsTerminal;
@@ -426,12 +429,6 @@ impl Tally {
         }
         issued < n
     }
-}
-
-/// The one place the tool reads a clock: it measures wall time, it decides nothing.
-#[allow(clippy::disallowed_methods)]
-fn now() -> Instant {
-    Instant::now()
 }
 
 /// One HTTP/1.1 keep-alive socket, reopened when the server has closed it. HTTP/1.1 has no

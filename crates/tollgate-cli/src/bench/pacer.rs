@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::now;
+use super::clock::now;
 
 /// The pacer re-checks whether the run was stopped at least this often.
 const MAX_NAP: Duration = Duration::from_millis(10);

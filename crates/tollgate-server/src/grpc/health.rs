@@ -9,17 +9,12 @@
 
 use std::pin::Pin;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use futures_util::Stream;
 use tokio::sync::watch;
-use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
-
-use super::RlsService;
-use crate::AllowAll;
 
 /// The health service; `stopping` turns `true` when the process starts its shutdown.
 #[derive(Debug, Clone)]
@@ -43,12 +38,14 @@ impl HealthService {
 /// `grpc_health_probe -service=ratelimit` set up for it must find tollgate serving too.
 const ENVOY_RATELIMIT_HEALTH: &str = "ratelimit";
 
+/// The RLS service's gRPC name (its generated server's `NamedService::NAME`, which a test holds
+/// this to: the server type is not named here, so that this file needs nothing of the RLS one).
+const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
 /// Whether `name` is a service this port serves: the whole server (`""`), the RLS service, or
 /// envoyproxy/ratelimit's health name for it.
 fn known(name: &str) -> bool {
-    name.is_empty()
-        || name == ENVOY_RATELIMIT_HEALTH
-        || name == <RateLimitServiceServer<RlsService<AllowAll>> as NamedService>::NAME
+    name.is_empty() || name == ENVOY_RATELIMIT_HEALTH || name == RLS
 }
 
 fn status(known: bool, stopping: bool) -> HealthCheckResponse {
@@ -100,5 +97,23 @@ impl Health for HealthService {
             },
         );
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+#[cfg(test)]
+mod name {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+    use tonic::server::NamedService;
+
+    use super::RLS;
+    use crate::AllowAll;
+    use crate::grpc::RlsService;
+
+    #[test]
+    fn the_rls_name_is_the_generated_servers() {
+        assert_eq!(
+            RLS,
+            <RateLimitServiceServer<RlsService<AllowAll>> as NamedService>::NAME
+        );
     }
 }

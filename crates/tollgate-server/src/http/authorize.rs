@@ -26,7 +26,7 @@ use tollgate::limiter::{
     CheckRequest, CheckResponse, Limiter, MAX_FIELD_LEN, RequestDescriptor, normalized_path,
 };
 
-use super::add_rate_limit_headers;
+use super::respond::add_rate_limit_headers;
 use crate::headers::header_text;
 
 /// Response header saying why a request was denied: `over_limit`, `unavailable` or `invalid`.

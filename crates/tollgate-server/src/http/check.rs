@@ -17,7 +17,8 @@ use tollgate::limiter::{
 use tollgate::resilience::Posture;
 use tollgate_core::Verdict;
 
-use super::{Body, add_rate_limit_headers, decision_status};
+use super::body::Body;
+use super::respond::{add_rate_limit_headers, decision_status};
 use crate::ApiError;
 use crate::Decide;
 use crate::headers::ceil_ms;

@@ -18,7 +18,8 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Value, json};
 use tollgate::limiter::{CheckRequest, Limiter, Transport};
 
-use super::{Body, add_rate_limit_headers, decision_status};
+use super::body::Body;
+use super::respond::{add_rate_limit_headers, decision_status};
 use crate::ApiError;
 use crate::grpc::{decode_request, encode_response};
 use crate::json_object::{Object, from_body};

@@ -9,7 +9,7 @@ use axum::extract::State;
 use serde_json::{Value, json};
 use tollgate::limiter::{AppliedLimit, Limiter};
 
-use super::Body;
+use super::body::Body;
 use super::check::{code_name, decode};
 use crate::ApiError;
 use crate::headers::ceil_ms;
