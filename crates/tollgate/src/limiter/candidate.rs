@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tollgate_core::Timestamp;
 
 use super::request::RequestDescriptor;
-use super::{record_top_key, top_keys_per_rule};
+use super::snapshot::{record_top_key, top_keys_per_rule};
 use crate::lifecycle::sources_hash;
 use crate::metrics::{Outcome, RuleCounters, render_outcomes};
 use crate::observe::{TopEntry, TopKeys};

@@ -11,9 +11,15 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tollgate_core::{Decision, Params, Verdict};
 
+use super::capacity::{cost_exceeds_capacity, never_admitted};
+use super::plan::Plan;
+use super::response::AppliedLimit;
 use crate::clock::SharedClock;
 use crate::resilience::Posture;
 use crate::store::{Charge, Decisions, INLINE_CHARGES, MemoryStore};
+
+/// Per charge: the posture that answered for it, `None` where the store decided.
+pub(super) type Degraded = SmallVec<[Option<Posture>; INLINE_CHARGES]>;
 
 /// Server-wide failure settings; a rule's `on_store_error` / `local_share` override them.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -114,6 +120,30 @@ impl Fallback {
             .collect()
     }
 
+    /// Answers the live plan's `charges` (the store could not decide the request) by their
+    /// postures, charging the `local` shares when `commit`. Returns the decisions and, per
+    /// charge, the posture that answered.
+    pub fn answer_all(
+        &self,
+        live: &Plan,
+        charges: &[Charge<'_>],
+        commit: bool,
+    ) -> (Decisions, Degraded) {
+        let (postures, shares) = postures_and_shares(live, &self.settings);
+        // A cost its counter can never hold needs no store to be answered: refused as such,
+        // not let through by `open` nor sent to retry by `closed`, and nothing is charged to
+        // a `local` share for the request it denies.
+        let hopeless = |i: &usize| never_admitted(charges, *i);
+        let any_hopeless = (0..charges.len()).any(|i| hopeless(&i));
+        let mut decisions = self.decide(charges, &postures, &shares, commit && !any_hopeless);
+        let mut degraded: Degraded = postures.into_iter().map(Some).collect();
+        for i in (0..charges.len().min(decisions.len())).filter(hopeless) {
+            decisions[i] = cost_exceeds_capacity(decisions[i]);
+            degraded[i] = None;
+        }
+        (decisions, degraded)
+    }
+
     fn unavailable(&self, params: &Params) -> Decision {
         Decision {
             verdict: Verdict::Denied,
@@ -124,6 +154,37 @@ impl Fallback {
             delay: Duration::ZERO,
         }
     }
+}
+
+/// The failure posture that answers for `limit` when the store cannot: its rule's
+/// `on_store_error`, else the default of `settings`.
+pub(super) fn posture_of(limit: Option<&AppliedLimit>, settings: &FailureSettings) -> Posture {
+    limit
+        .and_then(AppliedLimit::rule)
+        .and_then(|rule| rule.on_store_error)
+        .unwrap_or(settings.posture)
+}
+
+/// The `local` share of `limit`: its rule's `local_share`, else the default of `settings`.
+fn share_of(limit: Option<&AppliedLimit>, settings: &FailureSettings) -> f64 {
+    limit
+        .and_then(AppliedLimit::rule)
+        .and_then(|rule| rule.local_share)
+        .unwrap_or(settings.local_share)
+}
+
+/// Per charge of `plan`: its failure posture and its `local` share.
+pub(super) fn postures_and_shares(
+    plan: &Plan,
+    settings: &FailureSettings,
+) -> (
+    SmallVec<[Posture; INLINE_CHARGES]>,
+    SmallVec<[f64; INLINE_CHARGES]>,
+) {
+    let of = |i: &usize| plan.limits[*i].as_ref();
+    let postures = plan.spans.iter().map(|(i, _)| posture_of(of(i), settings));
+    let shares = plan.spans.iter().map(|(i, _)| share_of(of(i), settings));
+    (postures.collect(), shares.collect())
 }
 
 /// An allowed decision whose counters are unknown: reported as full (a bucket's capacity).

@@ -10,11 +10,12 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tollgate_core::{Decision, Timestamp};
 
+use super::Limiter;
 use super::local_budget::Taken;
+use super::plan::Plan;
 use super::prefilter::Prefilter;
-use super::{AppliedLimit, Code, DescriptorStatus, Limiter, Plan, Snapshot, Statuses};
-use super::{CheckResponse, RequestDescriptor, record_outcome};
-use crate::metrics::Outcome;
+use super::response::AppliedLimit;
+use super::telemetry::timed_store_call;
 use crate::policy::{LocalBudget, RuleMode};
 use crate::store::{
     Charge, Decisions, INLINE_CHARGES, RedisStore, StoreBackend, StoreError, admitted,
@@ -124,39 +125,6 @@ impl Limiter {
             } else {
                 prefilter.record(charge.key, charge.cost, decision, now, epoch);
             }
-        }
-    }
-
-    /// The answer to a request the prefilter denies at span `n`: that limit denies; the other
-    /// limits were not evaluated (nothing would have been charged) and report no counters.
-    pub(super) fn prefiltered_response(
-        &self,
-        snapshot: &Snapshot,
-        plan: &Plan,
-        descriptors: &[RequestDescriptor],
-        (n, denial): (usize, Decision),
-    ) -> CheckResponse {
-        self.prefilter_denials.fetch_add(1, Ordering::Relaxed);
-        let mut statuses: Statuses = descriptors
-            .iter()
-            .map(|_| DescriptorStatus::unlimited())
-            .collect();
-        for (m, (i, _)) in plan.spans.iter().enumerate() {
-            let limit = plan.limits[*i].clone();
-            let denies = m == n;
-            if denies && let Some(rule) = limit.as_ref().and_then(AppliedLimit::rule) {
-                record_outcome(snapshot, rule, &descriptors[*i], Outcome::Denied);
-            }
-            statuses[*i] = DescriptorStatus {
-                code: if denies { Code::OverLimit } else { Code::Ok },
-                limit,
-                decision: denies.then_some(denial),
-                ..DescriptorStatus::unlimited()
-            };
-        }
-        CheckResponse {
-            overall: Code::OverLimit,
-            statuses,
         }
     }
 
@@ -290,12 +258,26 @@ impl Limiter {
                     }
                 }
                 Some(t) if t.spared_the_store => {
-                    self.local_admissions.fetch_add(1, Ordering::Relaxed);
+                    self.telemetry
+                        .local_admissions
+                        .fetch_add(1, Ordering::Relaxed);
                 }
                 _ => {}
             }
         }
         answer
+    }
+
+    /// Asks the store, timing the call in `tollgate_store_operation_duration_seconds` unless
+    /// it never reached the store (refused by an open breaker, the in-flight cap...).
+    async fn store_decide(
+        &self,
+        charges: &[Charge<'_>],
+        commit: bool,
+        decisions: &mut Decisions,
+    ) -> Result<(), StoreError> {
+        let histogram = &self.telemetry.store_latency[usize::from(!commit)];
+        timed_store_call(histogram, self.store.decide(charges, commit, decisions)).await
     }
 
     /// How often [`Limiter::sweep_hot_keys`] should run: unused local budgets of keys gone

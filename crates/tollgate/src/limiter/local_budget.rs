@@ -27,7 +27,7 @@ use tollgate_core::{Algorithm, Decision, Params, Timestamp, Verdict};
 use tracing::debug;
 
 use super::keyed_shards::KeyedShards;
-use super::timed_store_call;
+use super::telemetry::timed_store_call;
 use crate::observe::Histogram;
 use crate::policy::LocalBudget;
 use crate::store::{Charge, RedisStore, StoreError};

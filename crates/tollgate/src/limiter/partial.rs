@@ -9,14 +9,15 @@
 
 use smallvec::SmallVec;
 use tokio::time::Instant;
-use tollgate_core::{Decision, Verdict};
+use tollgate_core::{Decision, Timestamp, Verdict};
 
-use super::{Limiter, Plan, timed_store_call};
+use super::Limiter;
+use super::fallback::{Degraded, postures_and_shares};
+use super::hot_keys::has_budgets;
+use super::plan::Plan;
+use super::telemetry::timed_store_call;
 use crate::resilience::Posture;
 use crate::store::{Charge, Decisions, INLINE_CHARGES, StoreError};
-
-/// Per charge: the posture that answered for it, `None` where the store decided.
-pub(super) type Degraded = SmallVec<[Option<Posture>; INLINE_CHARGES]>;
 
 impl Limiter {
     /// Decides `charges` (the live plan's) from `decided`, the store's answer where its node
@@ -31,7 +32,7 @@ impl Limiter {
         commit: bool,
         decisions: &mut Decisions,
     ) -> Result<Degraded, StoreError> {
-        let (postures, shares) = self.postures_and_shares(live);
+        let (postures, shares) = postures_and_shares(live, &self.fallback.settings);
         let failed: SmallVec<[usize; INLINE_CHARGES]> = (0..charges.len())
             .filter(|&i| decided[i].is_none())
             .collect();
@@ -64,7 +65,7 @@ impl Limiter {
                 .map(|i| charges[i])
                 .collect();
             let call = self.store.apply_before(&healthy, deadline);
-            let answer = timed_store_call(&self.store_latency[0], call).await?;
+            let answer = timed_store_call(&self.telemetry.store_latency[0], call).await?;
             // A concurrent request may have taken the last of a quota since the first look. (The
             // `local` shares are charged after Redis: one taken meanwhile on this replica leaves
             // Redis's charges standing for a denied request, under the limit, never over.)
@@ -89,5 +90,65 @@ impl Limiter {
             degraded.push(looked.is_none().then(|| postures[i]));
         }
         Ok(degraded)
+    }
+}
+
+impl Limiter {
+    /// Settles the store's `answer` to the request's charges (the first `live` of them the
+    /// live plan's, `shadowed` when a candidate's follow): on success, remembers the live
+    /// denials for the prefilter when `commit`; on a failure the postures answer, for the
+    /// limits the store could not decide (a partial answer) or for the whole request. Returns,
+    /// per live charge, the posture that answered, or `None` when the store decided it all.
+    pub(super) async fn settle(
+        &self,
+        answer: Result<(), StoreError>,
+        (plan, charges, live): (&Plan, &[Charge<'_>], usize),
+        shadowed: bool,
+        (now, epoch): (Timestamp, u64),
+        commit: bool,
+        decisions: &mut Decisions,
+    ) -> Option<Degraded> {
+        // A cluster primary down under part of the request, or a full memory store and a
+        // limit on a key it does not hold: the postures answer for those limits alone (not
+        // with a candidate or local budgets in the call: they take the postures for the whole
+        // request, as any other store failure).
+        let answer = match answer {
+            Err(StoreError::Partly {
+                decided,
+                cause,
+                deadline,
+            }) if !shadowed && decided.len() == charges.len() && !has_budgets(plan, live) => {
+                let partly = (decided, deadline);
+                let answer = self
+                    .decide_partly(plan, charges, partly, commit, decisions)
+                    .await;
+                if commit && answer.is_ok() {
+                    self.telemetry.note_store_error(&cause, now);
+                }
+                answer.map(Some)
+            }
+            answer => answer.map(|()| None),
+        };
+        match answer {
+            Ok(Some(degraded)) => Some(degraded),
+            Ok(None) => {
+                if commit {
+                    let live_decisions = decisions.get(..live).unwrap_or_default();
+                    self.remember_denials(plan, charges, live_decisions, now, epoch);
+                }
+                None
+            }
+            Err(e) => {
+                if commit {
+                    self.telemetry.note_store_error(&e, now);
+                }
+                // The failure postures answer for the live policy only; the candidate skips
+                // this request rather than report what a posture decided.
+                let live_only = charges.get(..live).unwrap_or_default();
+                let (answered, degraded) = self.fallback.answer_all(plan, live_only, commit);
+                *decisions = answered;
+                Some(degraded)
+            }
+        }
     }
 }

@@ -1,0 +1,122 @@
+//! The answer to a request: one builder for what the store, the failure postures and the
+//! prefilter decided, which also records each limit's outcome.
+
+use tollgate_core::{Decision, Timestamp, Verdict};
+
+use super::candidate::Candidate;
+use super::plan::{Plan, mode_of};
+use super::request::RequestDescriptor;
+use super::response::{AppliedLimit, CheckResponse, Code, DescriptorStatus, Statuses};
+use super::snapshot::Snapshot;
+use crate::metrics::Outcome;
+use crate::policy::RuleMode;
+use crate::resilience::Posture;
+
+/// What was decided for one charged limit of the live plan.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Told {
+    /// Its decision; `None` for a limit not evaluated (the prefilter denied the request at
+    /// another limit: nothing would have been charged), which reports no counters.
+    pub decision: Option<Decision>,
+    /// The failure posture that answered for it; `None` where the store decided.
+    pub degraded: Option<Posture>,
+}
+
+/// The response to a request whose live plan `live` got `told`, one per span, in order (the
+/// limits move out of the plan). With `commit`, each limit's outcome is recorded in
+/// `snapshot`'s counters and top keys.
+pub(super) fn build(
+    snapshot: &Snapshot,
+    descriptors: &[RequestDescriptor],
+    live: &mut Plan,
+    told: impl IntoIterator<Item = Told>,
+    commit: bool,
+    now: Timestamp,
+) -> CheckResponse {
+    // Built where it stays: the response holds its statuses inline.
+    let mut response = CheckResponse {
+        overall: Code::Ok,
+        statuses: Statuses::new(),
+    };
+    let statuses = &mut response.statuses;
+    statuses.extend(descriptors.iter().map(|_| DescriptorStatus::unlimited()));
+    for ((i, _), told) in live.spans.iter().zip(told) {
+        // Moved out: the plan is done with once its decisions are known.
+        let limit = live.limits[*i].take();
+        let Some(decision) = told.decision else {
+            statuses[*i] = DescriptorStatus {
+                limit,
+                ..DescriptorStatus::unlimited()
+            };
+            continue;
+        };
+        let denied = decision.verdict != Verdict::Allowed;
+        let mode = limit.as_ref().map_or(RuleMode::Enforce, mode_of);
+        let degraded = told.degraded;
+        if let (true, Some(rule)) = (commit, limit.as_ref().and_then(AppliedLimit::rule)) {
+            if let Some(posture) = degraded {
+                snapshot.counters.record_degraded(rule.index, posture);
+            }
+            // Outcomes and throttled keys are the limit's: an answer of the open or closed
+            // posture, which decided nothing about the key, is counted as degraded only.
+            if matches!(degraded, None | Some(Posture::Local)) {
+                snapshot.record_outcome(rule, &descriptors[*i], Outcome::of(denied, mode));
+            }
+        }
+        let code = if denied && mode == RuleMode::Enforce {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
+        if code == Code::OverLimit {
+            response.overall = Code::OverLimit;
+        }
+        statuses[*i] = DescriptorStatus {
+            code,
+            limit,
+            decision: Some(decision),
+            shadow_would_deny: denied && mode == RuleMode::Shadow,
+            soft_exceeded: denied && mode == RuleMode::Soft,
+            degraded,
+        };
+    }
+    // A caller's limit of 0: over it, with no counter and no store asked.
+    for (status, limit) in statuses.iter_mut().zip(live.limits.iter_mut()) {
+        if let Some(AppliedLimit::Blocked(params)) = limit {
+            let decision = AppliedLimit::blocked_decision(params, now);
+            *status = DescriptorStatus {
+                code: Code::OverLimit,
+                limit: limit.take(),
+                decision: Some(decision),
+                ..DescriptorStatus::unlimited()
+            };
+            response.overall = Code::OverLimit;
+        }
+    }
+    response
+}
+
+/// What the prefilter answers a request it denies at span `n` with `denial`: that limit
+/// denies; the others were not evaluated.
+pub(super) fn prefiltered(n: usize, denial: Decision) -> impl Iterator<Item = Told> {
+    (0..).map(move |m| Told {
+        decision: (m == n).then_some(denial),
+        degraded: None,
+    })
+}
+
+/// Records in `candidate` what its plan's charges got (`shadowed`, in order): whether each of
+/// its rules would have denied the request.
+pub(super) fn record_candidate(
+    candidate: &Candidate,
+    plan: &Plan,
+    descriptors: &[RequestDescriptor],
+    shadowed: &[Decision],
+) {
+    for ((i, _), decision) in plan.spans.iter().zip(shadowed) {
+        if let Some(rule) = plan.limits[*i].as_ref().and_then(AppliedLimit::rule) {
+            let denied = decision.verdict != Verdict::Allowed;
+            candidate.record(rule, &descriptors[*i], denied);
+        }
+    }
+}

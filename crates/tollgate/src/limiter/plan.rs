@@ -1,0 +1,207 @@
+//! The limits one policy applies to a request's descriptors, and their counter keys.
+
+use std::ops::Range;
+
+use smallvec::SmallVec;
+use tollgate_core::Timestamp;
+
+use super::keys::{self, KeyBuf};
+use super::overrides::Overrides;
+use super::request::{CheckRequest, InvalidRequest, MAX_DESCRIPTORS, RequestDescriptor};
+use super::response::AppliedLimit;
+use crate::policy::{Policy, RuleMode};
+use crate::store::{Charge, INLINE_CHARGES, StoreBackend};
+
+/// Whose limits a [`Plan`] holds.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Side<'a> {
+    /// The live policy.
+    Live,
+    /// The shadow candidate with this hash, which names its counters' key space.
+    Candidate(&'a str),
+}
+
+/// Per request descriptor: the limit applied, if any.
+pub(super) type Limits = SmallVec<[Option<AppliedLimit>; INLINE_CHARGES]>;
+/// Per charged descriptor: its index and the range of its key in the key buffer.
+pub(super) type Spans = SmallVec<[(usize, Range<usize>); INLINE_CHARGES]>;
+
+/// The limits one policy applies to a request's descriptors, and their counter keys. Inline
+/// up to four descriptors: planning a request allocates nothing.
+#[derive(Debug, Default)]
+pub(super) struct Plan {
+    /// Per request descriptor: the limit applied, if any.
+    pub limits: Limits,
+    /// Every counter key, back to back.
+    pub key_buf: KeyBuf,
+    /// Per charged descriptor: its index and the range of its key in `key_buf`.
+    pub spans: Spans,
+}
+
+/// What planning reads besides the policy: the store (to check a limit the caller sent) and
+/// the runtime overrides.
+pub(super) struct Planner<'a> {
+    pub store: &'a StoreBackend,
+    pub overrides: &'a Overrides,
+}
+
+impl Planner<'_> {
+    /// Matches the request's descriptors against `policy` and builds their counter keys into
+    /// `plan`, which is empty.
+    ///
+    /// For the live policy, a limit sent with a descriptor and the runtime overrides apply. A
+    /// candidate is its policy alone: runtime overrides are ignored, and a descriptor carrying
+    /// its own limit is skipped, since that limit decides it whatever policy runs.
+    pub fn plan(
+        &self,
+        policy: &Policy,
+        request: &CheckRequest,
+        now: Timestamp,
+        side: Side<'_>,
+        plan: &mut Plan,
+    ) -> Result<(), InvalidRequest> {
+        let descriptors = request.descriptors();
+        let Plan {
+            limits,
+            key_buf,
+            spans,
+        } = plan;
+        // An unlimited rule applies no limit but still replaces others, as in envoyproxy/ratelimit
+        // (the "this premium key skips the per-IP limit" pattern).
+        let mut replaced_by_unlimited: SmallVec<[&str; INLINE_CHARGES]> = SmallVec::new();
+        for d in descriptors {
+            limits.push(match (d.limit_override(), side) {
+                // As in envoyproxy/ratelimit, a domain the policy does not know limits nothing,
+                // not even with limits the caller sent.
+                (Some(_), Side::Live) if !policy.has_domain(request.domain()) => None,
+                (Some(o), Side::Live) => {
+                    // Configured rules were checked against the store at load time; a limit
+                    // sent by the caller is checked here.
+                    self.store.supports(&o.params).map_err(InvalidRequest)?;
+                    Some(if o.blocks {
+                        AppliedLimit::Blocked(o.params)
+                    } else {
+                        AppliedLimit::Override(o.params)
+                    })
+                }
+                (Some(_), Side::Candidate(_)) => None,
+                (None, _) => policy
+                    .find(request.domain(), d.entries())
+                    .filter(|rule| {
+                        if rule.limit.is_none() {
+                            replaced_by_unlimited.extend(rule.replaces.iter().map(String::as_str));
+                        }
+                        rule.limit.is_some()
+                    })
+                    .map(|rule| {
+                        let runtime = match side {
+                            Side::Live => {
+                                self.overrides
+                                    .find(request.domain(), rule, d.entries(), now)
+                            }
+                            Side::Candidate(_) => None,
+                        };
+                        match runtime {
+                            Some(params) if self.store.supports(&params).is_ok() => {
+                                AppliedLimit::Overridden(rule.clone(), params)
+                            }
+                            _ => AppliedLimit::Rule(rule.clone()),
+                        }
+                    }),
+            });
+        }
+        drop_replaced(limits, &replaced_by_unlimited);
+
+        // Build every key into one buffer; the charges borrow slices of it.
+        for (i, (descriptor, limit)) in descriptors.iter().zip(limits.iter()).enumerate() {
+            let start = key_buf.len();
+            match (limit, side) {
+                (Some(AppliedLimit::Override(params)), _) => {
+                    keys::override_key(key_buf, request.domain(), descriptor, params)
+                }
+                // Decided without a counter: see the answer's builder.
+                (Some(AppliedLimit::Blocked(_)), _) => continue,
+                (
+                    Some(AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _)),
+                    Side::Live,
+                ) => keys::rule_key(key_buf, &rule.identity, rule.shared_levels, descriptor),
+                (
+                    Some(AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _)),
+                    Side::Candidate(hash),
+                ) => keys::candidate_rule_key(
+                    key_buf,
+                    hash,
+                    &rule.identity,
+                    rule.shared_levels,
+                    descriptor,
+                ),
+                (None, _) => continue,
+            }
+            spans.push((i, start..key_buf.len()));
+        }
+        Ok(())
+    }
+}
+
+impl Plan {
+    /// Appends one charge per span, in order. With `may_enforce` false every charge only
+    /// counts, whatever the rule's mode (a candidate never denies).
+    pub fn push_charges<'a>(
+        &'a self,
+        descriptors: &[RequestDescriptor],
+        may_enforce: bool,
+        charges: &mut impl Extend<Charge<'a>>,
+    ) {
+        charges.extend(self.spans.iter().filter_map(|(i, span)| {
+            let limit = self.limits[*i].as_ref()?;
+            Some(Charge {
+                key: &self.key_buf[span.clone()],
+                params: limit.params()?,
+                cost: descriptors[*i].cost(),
+                enforce: may_enforce && mode_of(limit) == RuleMode::Enforce,
+            })
+        }));
+    }
+
+    /// Whether a caller's limit of 0 blocks one of the descriptors.
+    pub fn blocks(&self) -> bool {
+        self.limits
+            .iter()
+            .any(|l| matches!(l, Some(AppliedLimit::Blocked(_))))
+    }
+}
+
+/// The mode of the rule behind `limit`; a caller-supplied limit enforces.
+pub(super) fn mode_of(limit: &AppliedLimit) -> RuleMode {
+    limit.rule().map_or(RuleMode::Enforce, |r| r.mode)
+}
+
+// `drop_replaced` keeps one bit per descriptor in a u64.
+const _: () = assert!(MAX_DESCRIPTORS <= 64);
+
+/// Drops the limits replaced by another limit matched in the same request (envoyproxy/ratelimit's
+/// `replaces`), or by a matched unlimited rule (`by_unlimited`): a replaced descriptor is
+/// answered OK without a limit.
+fn drop_replaced(limits: &mut [Option<AppliedLimit>], by_unlimited: &[&str]) {
+    let replaced = |name: &str, limits: &[Option<AppliedLimit>]| {
+        by_unlimited.contains(&name)
+            || limits
+                .iter()
+                .flatten()
+                .filter_map(AppliedLimit::rule)
+                .any(|rule| rule.replaces.iter().any(|r| r == name))
+    };
+    // At most MAX_DESCRIPTORS (64) limits: one bit each, decided before any is dropped.
+    let drop = limits.iter().enumerate().fold(0u64, |drop, (n, l)| {
+        let replaced = l
+            .as_ref()
+            .and_then(AppliedLimit::rule)
+            .is_some_and(|rule| replaced(&rule.name, limits));
+        drop | (u64::from(replaced) << (n % 64))
+    });
+    for (n, limit) in limits.iter_mut().enumerate() {
+        if drop & (1 << (n % 64)) != 0 {
+            *limit = None;
+        }
+    }
+}
