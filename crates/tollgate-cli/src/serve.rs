@@ -16,7 +16,7 @@ use tollgate::limiter::{FailureSettings, Limiter};
 use tollgate::policy::Policy;
 use tollgate::policy_sync::{self, SyncState};
 use tollgate::resilience::{BreakerConfig, Posture};
-use tollgate::store::{CoalesceOptions, RedisOptions, StoreBackend, StoreUrl};
+use tollgate::store::{CoalesceOptions, RedisOptions, Store, StoreBackend, StoreUrl};
 use tollgate_server::grpc::{HealthService, RlsService};
 use tollgate_server::http::authorize::{AuthorizeMapping, DescriptorMapping};
 use tollgate_server::listen::{

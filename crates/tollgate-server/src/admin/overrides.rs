@@ -17,6 +17,7 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use tollgate::limiter::Override;
 use tollgate::policy::Policy;
+use tollgate::store::Store;
 use tollgate_core::Timestamp;
 use tracing::info;
 
@@ -194,7 +195,10 @@ pub async fn set(
             reason: body.reason.clone(),
         };
         let params = o.params_for(rule)?;
-        limiter.store().supports(&params)?;
+        limiter
+            .store()
+            .supports(&params)
+            .map_err(|why| why.to_string())?;
         Ok(o)
     };
     match parse() {

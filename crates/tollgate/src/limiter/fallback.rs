@@ -12,7 +12,6 @@ use smallvec::SmallVec;
 use tollgate_core::{Decision, Params, Verdict};
 
 use super::capacity::{cost_exceeds_capacity, never_admitted};
-use super::plan::Plan;
 use super::response::AppliedLimit;
 use crate::clock::SharedClock;
 use crate::resilience::Posture;
@@ -68,27 +67,18 @@ impl Fallback {
         &self.local
     }
 
-    /// Decides every charge by its posture. `postures[i]` and `shares[i]` belong to
-    /// `charges[i]`. Without `commit`, the local store is only asked (for explain). Allocates
-    /// nothing for up to [`INLINE_CHARGES`] charges: while the store is down, every request
-    /// comes through here.
-    pub fn decide(
-        &self,
-        charges: &[Charge<'_>],
-        postures: &[Posture],
-        shares: &[f64],
-        commit: bool,
-    ) -> Decisions {
+    /// Decides every charge by its posture (and `local` share). Without `commit`, the local
+    /// store is only asked (for explain). Allocates nothing for up to [`INLINE_CHARGES`]
+    /// charges: while the store is down, every request comes through here.
+    pub fn decide(&self, charges: &[Charge<'_>], commit: bool) -> Decisions {
         // An enforced `closed` limit denies the request as unavailable: the local shares are
         // then only looked at, and answer as they stand (nothing is charged).
         let closed = charges
             .iter()
-            .zip(postures)
-            .any(|(c, p)| c.enforce && *p == Posture::Closed);
+            .any(|c| c.enforce && c.posture == Posture::Closed);
         let local_params: SmallVec<[Option<Params>; INLINE_CHARGES]> = charges
             .iter()
-            .zip(postures.iter().zip(shares))
-            .map(|(c, (p, share))| (*p == Posture::Local).then(|| scaled(c.params, *share)))
+            .map(|c| (c.posture == Posture::Local).then(|| scaled(c.params, c.local_share)))
             .collect();
         let local_charges: SmallVec<[Charge<'_>; INLINE_CHARGES]> = charges
             .iter()
@@ -111,8 +101,8 @@ impl Fallback {
         let mut local = decided.into_iter();
         charges
             .iter()
-            .zip(postures.iter().zip(&local_params))
-            .map(|(c, (posture, params))| match (posture, params) {
+            .zip(&local_params)
+            .map(|(c, params)| match (c.posture, params) {
                 (Posture::Closed, _) if closed => self.unavailable(c.params),
                 (_, Some(_)) => local.next().unwrap_or_else(|| unknown(c.params)),
                 _ => unknown(c.params),
@@ -120,23 +110,17 @@ impl Fallback {
             .collect()
     }
 
-    /// Answers the live plan's `charges` (the store could not decide the request) by their
-    /// postures, charging the `local` shares when `commit`. Returns the decisions and, per
-    /// charge, the posture that answered.
-    pub fn answer_all(
-        &self,
-        live: &Plan,
-        charges: &[Charge<'_>],
-        commit: bool,
-    ) -> (Decisions, Degraded) {
-        let (postures, shares) = postures_and_shares(live, &self.settings);
+    /// Answers the live `charges` (the store could not decide the request) by their postures,
+    /// charging the `local` shares when `commit`. Returns the decisions and, per charge, the
+    /// posture that answered.
+    pub fn answer_all(&self, charges: &[Charge<'_>], commit: bool) -> (Decisions, Degraded) {
         // A cost its counter can never hold needs no store to be answered: refused as such,
         // not let through by `open` nor sent to retry by `closed`, and nothing is charged to
         // a `local` share for the request it denies.
         let hopeless = |i: &usize| never_admitted(charges, *i);
         let any_hopeless = (0..charges.len()).any(|i| hopeless(&i));
-        let mut decisions = self.decide(charges, &postures, &shares, commit && !any_hopeless);
-        let mut degraded: Degraded = postures.into_iter().map(Some).collect();
+        let mut decisions = self.decide(charges, commit && !any_hopeless);
+        let mut degraded: Degraded = charges.iter().map(|c| Some(c.posture)).collect();
         for i in (0..charges.len().min(decisions.len())).filter(hopeless) {
             decisions[i] = cost_exceeds_capacity(decisions[i]);
             degraded[i] = None;
@@ -166,25 +150,11 @@ pub(super) fn posture_of(limit: Option<&AppliedLimit>, settings: &FailureSetting
 }
 
 /// The `local` share of `limit`: its rule's `local_share`, else the default of `settings`.
-fn share_of(limit: Option<&AppliedLimit>, settings: &FailureSettings) -> f64 {
+pub(super) fn share_of(limit: Option<&AppliedLimit>, settings: &FailureSettings) -> f64 {
     limit
         .and_then(AppliedLimit::rule)
         .and_then(|rule| rule.local_share)
         .unwrap_or(settings.local_share)
-}
-
-/// Per charge of `plan`: its failure posture and its `local` share.
-pub(super) fn postures_and_shares(
-    plan: &Plan,
-    settings: &FailureSettings,
-) -> (
-    SmallVec<[Posture; INLINE_CHARGES]>,
-    SmallVec<[f64; INLINE_CHARGES]>,
-) {
-    let of = |i: &usize| plan.limits[*i].as_ref();
-    let postures = plan.spans.iter().map(|(i, _)| posture_of(of(i), settings));
-    let shares = plan.spans.iter().map(|(i, _)| share_of(of(i), settings));
-    (postures.collect(), shares.collect())
 }
 
 /// An allowed decision whose counters are unknown: reported as full (a bucket's capacity).
@@ -216,6 +186,15 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
 
+    /// `charge` under the `local` posture with `share`.
+    fn local(charge: Charge<'_>, share: f64) -> Charge<'_> {
+        Charge {
+            posture: Posture::Local,
+            local_share: share,
+            ..charge
+        }
+    }
+
     fn fallback() -> Fallback {
         Fallback::new(FailureSettings::default(), Arc::new(ManualClock::default()))
     }
@@ -245,24 +224,14 @@ mod tests {
     fn local_enforces_the_share_and_open_allows() {
         let f = fallback();
         let p = Params::new(Algorithm::FixedWindow, 8, Duration::from_secs(60), None).unwrap();
-        let charge = |key: &'static [u8]| Charge {
-            key,
-            params: &p,
-            cost: 1,
-            enforce: true,
-        };
+        let charge = |key: &'static [u8]| Charge::new(key, &p, 1);
         let mut allowed = 0;
         for _ in 0..10 {
-            let d = f.decide(&[charge(b"k")], &[Posture::Local], &[0.25], true);
+            let d = f.decide(&[local(charge(b"k"), 0.25)], true);
             allowed += u32::from(d[0].is_allowed());
         }
         assert_eq!(allowed, 2, "a quarter of 8");
-        let d = f.decide(
-            &[charge(b"k"), charge(b"o")],
-            &[Posture::Local, Posture::Open],
-            &[0.25, 1.0],
-            true,
-        );
+        let d = f.decide(&[local(charge(b"k"), 0.25), charge(b"o")], true);
         assert_eq!(d[0].verdict, Verdict::Denied);
         assert!(d[1].is_allowed());
     }
@@ -271,24 +240,18 @@ mod tests {
     fn one_enforced_closed_limit_denies_as_unavailable_and_charges_nothing() {
         let f = fallback();
         let p = Params::new(Algorithm::FixedWindow, 4, Duration::from_secs(60), None).unwrap();
+        let local = Charge::new(b"l", &p, 1);
+        let closed = Charge::new(b"c", &p, 1);
         let local = Charge {
-            key: b"l",
-            params: &p,
-            cost: 1,
-            enforce: true,
+            posture: Posture::Local,
+            local_share: 0.5,
+            ..local
         };
         let closed = Charge {
-            key: b"c",
-            params: &p,
-            cost: 1,
-            enforce: true,
+            posture: Posture::Closed,
+            ..closed
         };
-        let d = f.decide(
-            &[local, closed],
-            &[Posture::Local, Posture::Closed],
-            &[0.5, 1.0],
-            true,
-        );
+        let d = f.decide(&[local, closed], true);
         assert_eq!(d[1].verdict, Verdict::Denied);
         assert_eq!(d[1].retry_after, Some(Duration::from_secs(1)));
         assert!(

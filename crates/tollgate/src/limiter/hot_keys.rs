@@ -2,7 +2,6 @@
 //! [`Leases`] admit from local budgets. Both apply to a Redis store only (the memory store is
 //! already local); explain reads the leases without taking from them, and never the prefilter.
 
-use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -12,42 +11,15 @@ use tollgate_core::{Decision, Timestamp};
 
 use super::Limiter;
 use super::local_budget::Taken;
-use super::plan::Plan;
 use super::prefilter::Prefilter;
-use super::response::AppliedLimit;
 use super::telemetry::timed_store_call;
-use crate::policy::{LocalBudget, RuleMode};
 use crate::store::{
-    Charge, Decisions, INLINE_CHARGES, RedisStore, StoreBackend, StoreError, admitted,
+    Charge, Decisions, INLINE_CHARGES, Mode, RedisStore, Store, StoreBackend, StoreError, admitted,
 };
 
-/// The local budget of a charged descriptor's limit. The policy only accepts a budget on an
-/// enforced rule; an overridden limit has none.
-fn budget_of(plan: &Plan, (i, _): &(usize, Range<usize>)) -> Option<LocalBudget> {
-    match plan.limits[*i].as_ref()? {
-        AppliedLimit::Rule(rule) => rule.local_budget,
-        _ => None,
-    }
-}
-
-/// Whether one of the first `live` charged descriptors of `plan` has a local budget.
-pub(super) fn has_budgets(plan: &Plan, live: usize) -> bool {
-    plan.spans
-        .iter()
-        .take(live)
-        .any(|span| budget_of(plan, span).is_some())
-}
-
-/// Whether the prefilter may remember a denial by `limit`: an enforced limit of the policy, or
-/// one the caller sent (its key names its params). Not a limit changed by a runtime override
-/// (it may expire), nor one with a local budget (other replicas give units back early).
-fn prefilterable(limit: &AppliedLimit) -> bool {
-    match limit {
-        AppliedLimit::Rule(rule) => rule.mode == RuleMode::Enforce && rule.local_budget.is_none(),
-        AppliedLimit::Override(_) => true,
-        // Nothing to remember: it is denied without the store's say.
-        AppliedLimit::Overridden(..) | AppliedLimit::Blocked(_) => false,
-    }
+/// Whether one of `charges` has a local budget.
+pub(super) fn has_budgets(charges: &[Charge<'_>]) -> bool {
+    charges.iter().any(|c| c.local_budget.is_some())
 }
 
 impl Limiter {
@@ -65,31 +37,24 @@ impl Limiter {
         }
     }
 
-    /// A live charge the prefilter denies, by its index among `plan`'s spans. None when an
+    /// A live charge the prefilter denies, by its index among `charges`. None when an
     /// enforced charge can never fit its limit: the store's answer (no retry-after, reason
     /// `cost_exceeds_capacity`) is not one the prefilter can give. (A limit that charges up to
     /// itself admits such a charge while a unit is left; the store decides those too.)
     pub(super) fn prefiltered(
         &self,
-        plan: &Plan,
         charges: &[Charge<'_>],
         now: Timestamp,
         epoch: u64,
     ) -> Option<(usize, Decision)> {
         let prefilter = self.prefilter()?;
-        let denial =
-            plan.spans
-                .iter()
-                .zip(charges)
-                .enumerate()
-                .find_map(|(n, ((i, _), charge))| {
-                    let limit = plan.limits[*i].as_ref()?;
-                    if !charge.enforce || !prefilterable(limit) {
-                        return None;
-                    }
-                    let denial = prefilter.check(charge.key, charge.cost, now, epoch)?;
-                    Some((n, denial))
-                })?;
+        let denial = charges.iter().enumerate().find_map(|(n, charge)| {
+            if !charge.enforce || !charge.prefilterable {
+                return None;
+            }
+            let denial = prefilter.check(charge.key, charge.cost, now, epoch)?;
+            Some((n, denial))
+        })?;
         // Rare, so looked at only once a denial is remembered.
         let never_fits = charges
             .iter()
@@ -102,7 +67,6 @@ impl Limiter {
     /// retry-after has moved.
     pub(super) fn remember_denials(
         &self,
-        plan: &Plan,
         charges: &[Charge<'_>],
         decisions: &[Decision],
         now: Timestamp,
@@ -111,9 +75,8 @@ impl Limiter {
         let Some(prefilter) = self.prefilter() else {
             return;
         };
-        let spans = plan.spans.iter().zip(charges).zip(decisions).enumerate();
-        for (n, (((i, _), charge), decision)) in spans {
-            let remember = plan.limits[*i].as_ref().is_some_and(prefilterable);
+        for (n, (charge, decision)) in charges.iter().zip(decisions).enumerate() {
+            let remember = charge.prefilterable;
             // A key charged twice in one request: only its first charge was decided against
             // the stored state alone; the later ones saw the earlier ones' tentative effect.
             let repeated = charges[..n].iter().any(|c| c.key == charge.key);
@@ -128,7 +91,7 @@ impl Limiter {
         }
     }
 
-    /// Decides `charges` (the first `live` of them the live policy's) into `decisions`, and
+    /// Decides `charges` (the live policy's, then a candidate's) into `decisions`, and
     /// charges them when `commit`. The live charges whose rule has a local budget go to this
     /// replica's leases, the rest to the store, which is not called when nothing is left for
     /// it. Charged, all or nothing: if the store denies the request, the leases get their units
@@ -137,9 +100,7 @@ impl Limiter {
     /// exhausted; and while the store is down, a request served from leases alone still admits.
     pub(super) async fn decide_with_budgets(
         &self,
-        plan: &Plan,
         charges: &[Charge<'_>],
-        live: usize,
         (now, epoch): (Timestamp, u64),
         commit: bool,
         decisions: &mut Decisions,
@@ -149,12 +110,12 @@ impl Limiter {
             // instead of 1.4 KB: the Redis path boxes that future per request, and the memory
             // store's in-place decision holds it on the stack. The lease paths call Redis
             // anyway; one more allocation is nothing beside that.
-            StoreBackend::Redis(redis) if has_budgets(plan, live) => {
+            StoreBackend::Redis(redis) if has_budgets(charges) => {
                 let at = (now, epoch);
                 if commit {
-                    Box::pin(self.apply_leased(redis, plan, charges, live, at, decisions)).await
+                    Box::pin(self.apply_leased(redis, charges, at, decisions)).await
                 } else {
-                    Box::pin(self.explain_leased(plan, charges, live, at, decisions)).await
+                    Box::pin(self.explain_leased(charges, at, decisions)).await
                 }
             }
             _ => self.store_decide(charges, commit, decisions).await,
@@ -166,18 +127,14 @@ impl Limiter {
     /// explained as if charged once.)
     async fn explain_leased(
         &self,
-        plan: &Plan,
         charges: &[Charge<'_>],
-        live: usize,
         (now, epoch): (Timestamp, u64),
         decisions: &mut Decisions,
     ) -> Result<(), StoreError> {
-        let leased: SmallVec<[Option<Decision>; INLINE_CHARGES]> = plan
-            .spans
+        let leased: SmallVec<[Option<Decision>; INLINE_CHARGES]> = charges
             .iter()
-            .zip(&charges[..live])
-            .map(|(span, charge)| {
-                budget_of(plan, span)?;
+            .map(|charge| {
+                charge.local_budget?;
                 self.leases.would_serve(charge, now, epoch)
             })
             .collect();
@@ -205,20 +162,17 @@ impl Limiter {
     async fn apply_leased(
         &self,
         redis: &Arc<RedisStore>,
-        plan: &Plan,
         charges: &[Charge<'_>],
-        live: usize,
         (now, epoch): (Timestamp, u64),
         decisions: &mut Decisions,
     ) -> Result<(), StoreError> {
         let mut taken: SmallVec<[Option<Taken>; INLINE_CHARGES]> = SmallVec::new();
-        for (span, charge) in plan.spans.iter().zip(&charges[..live]) {
-            taken.push(match budget_of(plan, span) {
+        for charge in charges {
+            taken.push(match charge.local_budget {
                 Some(budget) => self.leases.take(redis, *charge, budget, now, epoch).await,
                 None => None,
             });
         }
-        taken.resize(charges.len(), None);
         let rest: SmallVec<[Charge<'_>; INLINE_CHARGES]> = charges
             .iter()
             .zip(&taken)
@@ -277,7 +231,8 @@ impl Limiter {
         decisions: &mut Decisions,
     ) -> Result<(), StoreError> {
         let histogram = &self.telemetry.store_latency[usize::from(!commit)];
-        timed_store_call(histogram, self.store.decide(charges, commit, decisions)).await
+        let call = self.store.decide(charges, Mode::of(commit), decisions);
+        timed_store_call(histogram, call).await
     }
 
     /// How often [`Limiter::sweep_hot_keys`] should run: unused local budgets of keys gone

@@ -144,12 +144,7 @@ impl Lease {
 /// never over (as they do with `unreturned` full).
 async fn give_back(store: &RedisStore, key: &[u8], unused: Unused, shared: &Shared) -> bool {
     let (params, tokens, at) = unused;
-    let charge = Charge {
-        key,
-        params: &params,
-        cost: tokens,
-        enforce: true,
-    };
+    let charge = Charge::new(key, &params, tokens);
     match timed_store_call(&shared.give_back_latency, store.give_back(charge, at)).await {
         Ok(()) => true,
         Err(e) => {
@@ -263,12 +258,7 @@ async fn renew(
     }
     // Whole: a lease records `budget.size` units, so it must have been charged all of them.
     let whole = params.charging_up_to_limit(false);
-    let charge = Charge {
-        key: &key,
-        params: &whole,
-        cost: budget.size,
-        enforce: true,
-    };
+    let charge = Charge::new(&key, &whole, budget.size);
     let reserved = timed_store_call(&shared.reserve_latency, store.reserve(charge)).await;
     if let Err(e) = &reserved {
         shared.reserve_failures.fetch_add(1, Ordering::Relaxed);

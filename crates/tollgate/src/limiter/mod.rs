@@ -297,10 +297,11 @@ impl Limiter {
 
         // One store call for both: the candidate's charges go after the live ones.
         let mut charges: SmallVec<[Charge<'_>; INLINE_CHARGES]> = SmallVec::new();
-        live.push_charges(descriptors, true, &mut charges);
+        let settings = &self.fallback.settings;
+        live.push_charges(descriptors, true, settings, &mut charges);
         let live_charges = charges.len();
         if let Some(plan) = &shadow {
-            plan.push_charges(descriptors, false, &mut charges);
+            plan.push_charges(descriptors, false, settings, &mut charges);
         }
         // Charges of one request on one counter are decided in order, each on top of the ones
         // before it: costs that add up past what the counter can ever hold are never admitted
@@ -312,7 +313,7 @@ impl Limiter {
         // Not while a candidate shadows: it must see every request the running policy decides.
         if commit
             && shadow.is_none()
-            && let Some((n, denial)) = self.prefiltered(&live, &charges[..live_charges], now, epoch)
+            && let Some((n, denial)) = self.prefiltered(&charges[..live_charges], now, epoch)
         {
             drop(charges);
             self.telemetry
@@ -334,15 +335,14 @@ impl Limiter {
         let answer = if charges.is_empty() {
             Ok(())
         } else {
-            let at = (now, epoch);
-            self.decide_with_budgets(&live, &charges, live_charges, at, charge, &mut decisions)
+            self.decide_with_budgets(&charges, (now, epoch), charge, &mut decisions)
                 .await
         };
         let (at, shadowed) = ((now, epoch), shadow.is_some());
         let postures = self
             .settle(
                 answer,
-                (&live, &charges, live_charges),
+                (&charges, live_charges),
                 shadowed,
                 at,
                 charge,

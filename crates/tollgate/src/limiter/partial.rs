@@ -12,12 +12,10 @@ use tokio::time::Instant;
 use tollgate_core::{Decision, Timestamp, Verdict};
 
 use super::Limiter;
-use super::fallback::{Degraded, postures_and_shares};
+use super::fallback::Degraded;
 use super::hot_keys::has_budgets;
-use super::plan::Plan;
 use super::telemetry::timed_store_call;
-use crate::resilience::Posture;
-use crate::store::{Charge, Decisions, INLINE_CHARGES, StoreError};
+use crate::store::{Charge, Decisions, INLINE_CHARGES, Store, StoreError};
 
 impl Limiter {
     /// Decides `charges` (the live plan's) from `decided`, the store's answer where its node
@@ -26,26 +24,16 @@ impl Limiter {
     /// fails: the postures then answer for the whole request.
     pub(super) async fn decide_partly(
         &self,
-        live: &Plan,
         charges: &[Charge<'_>],
         (decided, deadline): (Vec<Option<Decision>>, Instant),
         commit: bool,
         decisions: &mut Decisions,
     ) -> Result<Degraded, StoreError> {
-        let (postures, shares) = postures_and_shares(live, &self.fallback.settings);
-        let failed: SmallVec<[usize; INLINE_CHARGES]> = (0..charges.len())
+        let failed_charges: SmallVec<[Charge<'_>; INLINE_CHARGES]> = (0..charges.len())
             .filter(|&i| decided[i].is_none())
+            .map(|i| charges[i])
             .collect();
-        let failed_charges: SmallVec<[Charge<'_>; INLINE_CHARGES]> =
-            failed.iter().map(|&i| charges[i]).collect();
-        let failed_postures: SmallVec<[Posture; INLINE_CHARGES]> =
-            failed.iter().map(|&i| postures[i]).collect();
-        let failed_shares: SmallVec<[f64; INLINE_CHARGES]> =
-            failed.iter().map(|&i| shares[i]).collect();
-        let posture = |commit| {
-            self.fallback
-                .decide(&failed_charges, &failed_postures, &failed_shares, commit)
-        };
+        let posture = |commit| self.fallback.decide(&failed_charges, commit);
         let denies = |c: &Charge<'_>, d: &Decision| c.enforce && d.verdict != Verdict::Allowed;
 
         // What the postures would answer, charging nothing yet.
@@ -64,7 +52,7 @@ impl Limiter {
                 .filter(|&i| decided[i].is_some())
                 .map(|i| charges[i])
                 .collect();
-            let call = self.store.apply_before(&healthy, deadline);
+            let call = Store::apply_before(&self.store, &healthy, deadline);
             let answer = timed_store_call(&self.telemetry.store_latency[0], call).await?;
             // A concurrent request may have taken the last of a quota since the first look. (The
             // `local` shares are charged after Redis: one taken meanwhile on this replica leaves
@@ -87,7 +75,7 @@ impl Limiter {
                 })?,
             };
             decisions.push(decision);
-            degraded.push(looked.is_none().then(|| postures[i]));
+            degraded.push(looked.is_none().then(|| charges[i].posture));
         }
         Ok(degraded)
     }
@@ -102,7 +90,7 @@ impl Limiter {
     pub(super) async fn settle(
         &self,
         answer: Result<(), StoreError>,
-        (plan, charges, live): (&Plan, &[Charge<'_>], usize),
+        (charges, live): (&[Charge<'_>], usize),
         shadowed: bool,
         (now, epoch): (Timestamp, u64),
         commit: bool,
@@ -117,11 +105,9 @@ impl Limiter {
                 decided,
                 cause,
                 deadline,
-            }) if !shadowed && decided.len() == charges.len() && !has_budgets(plan, live) => {
+            }) if !shadowed && decided.len() == charges.len() && !has_budgets(&charges[..live]) => {
                 let partly = (decided, deadline);
-                let answer = self
-                    .decide_partly(plan, charges, partly, commit, decisions)
-                    .await;
+                let answer = self.decide_partly(charges, partly, commit, decisions).await;
                 if commit && answer.is_ok() {
                     self.telemetry.note_store_error(&cause, now);
                 }
@@ -134,7 +120,7 @@ impl Limiter {
             Ok(None) => {
                 if commit {
                     let live_decisions = decisions.get(..live).unwrap_or_default();
-                    self.remember_denials(plan, charges, live_decisions, now, epoch);
+                    self.remember_denials(charges, live_decisions, now, epoch);
                 }
                 None
             }
@@ -145,7 +131,7 @@ impl Limiter {
                 // The failure postures answer for the live policy only; the candidate skips
                 // this request rather than report what a posture decided.
                 let live_only = charges.get(..live).unwrap_or_default();
-                let (answered, degraded) = self.fallback.answer_all(plan, live_only, commit);
+                let (answered, degraded) = self.fallback.answer_all(live_only, commit);
                 *decisions = answered;
                 Some(degraded)
             }

@@ -5,12 +5,13 @@ use std::ops::Range;
 use smallvec::SmallVec;
 use tollgate_core::Timestamp;
 
+use super::fallback::{FailureSettings, posture_of, share_of};
 use super::keys::{self, KeyBuf};
 use super::overrides::Overrides;
 use super::request::{CheckRequest, InvalidRequest, MAX_DESCRIPTORS, RequestDescriptor};
 use super::response::AppliedLimit;
-use crate::policy::{Policy, RuleMode};
-use crate::store::{Charge, INLINE_CHARGES, StoreBackend};
+use crate::policy::{LocalBudget, Policy, RuleMode};
+use crate::store::{Charge, INLINE_CHARGES, Store, StoreBackend};
 
 /// Whose limits a [`Plan`] holds.
 #[derive(Debug, Clone, Copy)]
@@ -77,7 +78,9 @@ impl Planner<'_> {
                 (Some(o), Side::Live) => {
                     // Configured rules were checked against the store at load time; a limit
                     // sent by the caller is checked here.
-                    self.store.supports(&o.params).map_err(InvalidRequest)?;
+                    self.store
+                        .supports(&o.params)
+                        .map_err(|why| InvalidRequest(why.to_string()))?;
                     Some(if o.blocks {
                         AppliedLimit::Blocked(o.params)
                     } else {
@@ -144,12 +147,15 @@ impl Planner<'_> {
 }
 
 impl Plan {
-    /// Appends one charge per span, in order. With `may_enforce` false every charge only
-    /// counts, whatever the rule's mode (a candidate never denies).
+    /// Appends one charge per span, in order, with what the store layers need about its
+    /// limit (its rule's settings, else the defaults of `settings`). With `live` false (a
+    /// candidate, which never denies) every charge only counts, whatever the rule's mode, and
+    /// takes no local budget nor the prefilter.
     pub fn push_charges<'a>(
         &'a self,
         descriptors: &[RequestDescriptor],
-        may_enforce: bool,
+        live: bool,
+        settings: &FailureSettings,
         charges: &mut impl Extend<Charge<'a>>,
     ) {
         charges.extend(self.spans.iter().filter_map(|(i, span)| {
@@ -158,7 +164,11 @@ impl Plan {
                 key: &self.key_buf[span.clone()],
                 params: limit.params()?,
                 cost: descriptors[*i].cost(),
-                enforce: may_enforce && mode_of(limit) == RuleMode::Enforce,
+                enforce: live && mode_of(limit) == RuleMode::Enforce,
+                posture: posture_of(Some(limit), settings),
+                local_share: share_of(Some(limit), settings),
+                local_budget: budget_of(limit).filter(|_| live),
+                prefilterable: live && prefilterable(limit),
             })
         }));
     }
@@ -168,6 +178,27 @@ impl Plan {
         self.limits
             .iter()
             .any(|l| matches!(l, Some(AppliedLimit::Blocked(_))))
+    }
+}
+
+/// The local budget of `limit`. The policy only accepts a budget on an enforced rule; an
+/// overridden limit has none.
+fn budget_of(limit: &AppliedLimit) -> Option<LocalBudget> {
+    match limit {
+        AppliedLimit::Rule(rule) => rule.local_budget,
+        _ => None,
+    }
+}
+
+/// Whether the prefilter may remember a denial by `limit`: an enforced limit of the policy, or
+/// one the caller sent (its key names its params). Not a limit changed by a runtime override
+/// (it may expire), nor one with a local budget (other replicas give units back early).
+fn prefilterable(limit: &AppliedLimit) -> bool {
+    match limit {
+        AppliedLimit::Rule(rule) => rule.mode == RuleMode::Enforce && rule.local_budget.is_none(),
+        AppliedLimit::Override(_) => true,
+        // Nothing to remember: it is denied without the store's say.
+        AppliedLimit::Overridden(..) | AppliedLimit::Blocked(_) => false,
     }
 }
 

@@ -20,8 +20,9 @@ use tollgate_core::{
     Decision, Params, State, Timestamp, Transition, Verdict, as_is, decide_or_check,
 };
 
-use super::{Charge, Decisions, INLINE_CHARGES, Store, StoreError, admitted};
+use super::{Charge, Decisions, INLINE_CHARGES, Mode, Store, StoreError, Unsupported, admitted};
 use crate::clock::SharedClock;
+use crate::resilience::BreakerState;
 
 const SHARDS: usize = 64;
 
@@ -460,20 +461,38 @@ fn state_of<'a>(held: Option<&'a Slot>, charge: &Charge<'_>) -> Cow<'a, State> {
 }
 
 impl Store for MemoryStore {
-    async fn apply(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
-        let mut decisions = Decisions::new();
-        self.decide(charges, true, &mut decisions)?;
-        Ok(decisions.into_vec())
+    async fn decide(
+        &self,
+        charges: &[Charge<'_>],
+        mode: Mode,
+        decisions: &mut Decisions,
+    ) -> Result<(), StoreError> {
+        decisions.clear();
+        MemoryStore::decide(self, charges, mode.applies(), decisions)
     }
 
-    async fn peek(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
-        let mut decisions = Decisions::new();
-        self.decide(charges, false, &mut decisions)?;
-        Ok(decisions.into_vec())
+    async fn apply_before(
+        &self,
+        charges: &[Charge<'_>],
+        _deadline: tokio::time::Instant,
+    ) -> Result<Vec<Decision>, StoreError> {
+        self.apply(charges).await
+    }
+
+    fn supports(&self, _params: &Params) -> Result<(), Unsupported> {
+        Ok(())
     }
 
     async fn key_count(&self) -> Result<usize, StoreError> {
         Ok(self.len())
+    }
+
+    fn breakers(&self) -> Vec<(String, BreakerState)> {
+        Vec::new()
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
     }
 }
 

@@ -11,6 +11,9 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tollgate_core::{Decision, Params};
 
+use crate::policy::LocalBudget;
+use crate::resilience::{BreakerState, Posture};
+
 pub use self::redis::{
     CoalesceOptions, LATE_SLACK, MAX_SETTING, RedisOptions, RedisStore, SharedPolicy,
 };
@@ -29,12 +32,67 @@ pub struct Charge<'a> {
     pub cost: u64,
     /// Whether a denial of this charge denies the request (false for shadow-mode rules).
     pub enforce: bool,
+    /// What answers for this charge when the store cannot decide it: its rule's
+    /// `on_store_error`, else the server's default posture.
+    pub posture: Posture,
+    /// The fraction of the limit the `local` posture enforces on this replica: its rule's
+    /// `local_share`, else the server's default.
+    pub local_share: f64,
+    /// Units a replica may reserve of this counter and admit from without the store: its
+    /// rule's `local_budget` (a shared store only).
+    pub local_budget: Option<LocalBudget>,
+    /// Whether the prefilter may remember a denial of this charge (a shared store only).
+    pub prefilterable: bool,
 }
+
+impl<'a> Charge<'a> {
+    /// An enforced charge of `cost` on `key` under `params`, with the settings of a limit that
+    /// sets none: the `open` posture, the whole limit as its local share, no local budget, and
+    /// never remembered by the prefilter.
+    pub fn new(key: &'a [u8], params: &'a Params, cost: u64) -> Self {
+        Charge {
+            key,
+            params,
+            cost,
+            enforce: true,
+            posture: Posture::Open,
+            local_share: 1.0,
+            local_budget: None,
+            prefilterable: false,
+        }
+    }
+}
+
+/// Whether a store call charges what it admits or only looks (for explain).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Decide, and commit the charges if the request is admitted.
+    Apply,
+    /// Decide as [`Mode::Apply`] would, committing nothing.
+    Peek,
+}
+
+impl Mode {
+    /// [`Mode::Apply`] when `commit`, else [`Mode::Peek`].
+    pub fn of(commit: bool) -> Self {
+        if commit { Mode::Apply } else { Mode::Peek }
+    }
+
+    /// Whether this call commits.
+    pub fn applies(self) -> bool {
+        self == Mode::Apply
+    }
+}
+
+/// A limit a store cannot decide exactly (see [`Store::supports`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unsupported(pub String);
 
 /// Charges of one request kept inline, without a heap allocation, by the limiter's hot path.
 pub const INLINE_CHARGES: usize = 4;
 
-/// One decision per charge, inline up to [`INLINE_CHARGES`] (see [`StoreBackend::decide`]).
+/// One decision per charge, inline up to [`INLINE_CHARGES`] (see [`Store::decide`]).
 pub type Decisions = SmallVec<[Decision; INLINE_CHARGES]>;
 
 /// Why a store could not decide.
@@ -60,7 +118,7 @@ pub enum StoreError {
     /// The others were decided without charging anything: `decided[i]` is charge `i`'s
     /// decision as it stands, `None` where it could not be decided. The limiter lets the
     /// failure postures answer for those charges alone and charges the others
-    /// ([`StoreBackend::apply_before`] `deadline`, the request's).
+    /// ([`Store::apply_before`] `deadline`, the request's).
     #[error("{cause}")]
     Partly {
         decided: Vec<Option<Decision>>,
@@ -80,30 +138,79 @@ impl StoreError {
     }
 }
 
-/// A place that keeps per-key state and applies a request's charges atomically.
+/// A place that keeps per-key state and applies a request's charges atomically: the contract
+/// the limiter decides through, which the failure postures and leases layer over.
 ///
-/// Contract: `apply` returns one decision per charge, in order. The request is admitted when
-/// every charge with `enforce` is allowed; then every allowed charge is committed. Otherwise
-/// nothing is committed (all-or-nothing), and an allowed charge answers with its figures as
-/// they stand ([`tollgate_core::as_is`]), not as after the charge. Charges on the same key within one request are decided
-/// in order, each seeing the ones before it.
+/// Contract: [`Store::decide`] gives one decision per charge, in order. The request is
+/// admitted when every charge with `enforce` is allowed; then, with [`Mode::Apply`], every
+/// allowed charge is committed. Otherwise nothing is committed (all-or-nothing), and an allowed
+/// charge answers with its figures as they stand ([`tollgate_core::as_is`]), not as after the
+/// charge. Charges on the same key within one request are decided in order, each seeing the
+/// ones before it.
 pub trait Store: Send + Sync {
-    /// Decides and (if admitted) commits all charges of one request.
-    fn apply(
+    /// Decides all charges of one request into `decisions` (cleared first), committing them
+    /// with [`Mode::Apply`] if the request is admitted. Inline: on the memory store a request
+    /// of up to [`INLINE_CHARGES`] warm keys allocates nothing.
+    fn decide(
         &self,
         charges: &[Charge<'_>],
+        mode: Mode,
+        decisions: &mut Decisions,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Decides and commits `charges` within `deadline`: the charges a request's
+    /// [`StoreError::Partly`] answer left to make (the memory store answers at once).
+    fn apply_before(
+        &self,
+        charges: &[Charge<'_>],
+        deadline: tokio::time::Instant,
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
-    /// Decides like [`Store::apply`] without committing anything (for explain).
-    fn peek(
-        &self,
-        charges: &[Charge<'_>],
-    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+    /// Checks that this store can decide a limit exactly (Redis scripts work on doubles).
+    fn supports(&self, params: &Params) -> Result<(), Unsupported>;
 
     /// Number of keys held (for metrics and tests): the memory store counts its entries, expired
     /// ones included until swept; Redis answers `DBSIZE` summed over the primaries, which also
     /// counts the shared policy and any key that is not tollgate's.
     fn key_count(&self) -> impl Future<Output = Result<usize, StoreError>> + Send;
+
+    /// Health: the state of each circuit breaker, by node (none for the memory store).
+    fn breakers(&self) -> Vec<(String, BreakerState)>;
+
+    /// Health: short name for logs and metric labels, `memory` or `redis`.
+    fn kind(&self) -> &'static str;
+
+    /// Health: what `/readyz` calls it, `memory`, `redis` or `redis cluster`.
+    fn description(&self) -> &'static str {
+        self.kind()
+    }
+
+    /// Decides and (if admitted) commits all charges of one request.
+    fn apply(
+        &self,
+        charges: &[Charge<'_>],
+    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+        decided(self, charges, Mode::Apply)
+    }
+
+    /// Decides like [`Store::apply`] without committing anything (for explain).
+    fn peek(
+        &self,
+        charges: &[Charge<'_>],
+    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+        decided(self, charges, Mode::Peek)
+    }
+}
+
+/// [`Store::decide`]'s decisions, collected.
+async fn decided<S: Store + ?Sized>(
+    store: &S,
+    charges: &[Charge<'_>],
+    mode: Mode,
+) -> Result<Vec<Decision>, StoreError> {
+    let mut decisions = Decisions::new();
+    store.decide(charges, mode, &mut decisions).await?;
+    Ok(decisions.into_vec())
 }
 
 /// The configured backend.
@@ -162,14 +269,6 @@ impl StoreBackend {
         Err(last.unwrap_or_else(|| StoreError::Unavailable(format!("no answer within {within:?}"))))
     }
 
-    /// The state of each circuit breaker, by node (none for the memory store).
-    pub fn breakers(&self) -> Vec<(String, crate::resilience::BreakerState)> {
-        match self {
-            StoreBackend::Memory(_) => Vec::new(),
-            StoreBackend::Redis(r) => r.breakers(),
-        }
-    }
-
     /// Checks that this store can decide every limit of `policy` exactly; each problem names
     /// the rule and where it is defined.
     pub fn check_policy(
@@ -196,78 +295,41 @@ impl StoreBackend {
             Err(PolicyErrors(problems))
         }
     }
+}
 
-    /// Short name for logs and metric labels: `memory` or `redis`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            StoreBackend::Memory(_) => "memory",
-            StoreBackend::Redis(_) => "redis",
-        }
-    }
-
-    /// What `/readyz` calls it: `memory`, `redis` or `redis cluster`.
-    pub fn description(&self) -> &'static str {
-        match self {
-            StoreBackend::Redis(redis) if redis.is_cluster() => "redis cluster",
-            other => other.kind(),
-        }
-    }
-
-    /// [`Store::apply`] when `commit`, else [`Store::peek`], with the decisions written into
-    /// `decisions` (cleared first), inline: on the memory store a request of up to
-    /// [`INLINE_CHARGES`] warm keys allocates nothing.
-    pub async fn decide(
+impl Store for StoreBackend {
+    async fn decide(
         &self,
         charges: &[Charge<'_>],
-        commit: bool,
+        mode: Mode,
         decisions: &mut Decisions,
     ) -> Result<(), StoreError> {
-        decisions.clear();
-        // The Redis futures are boxed: inline they would make every caller's future, and every
+        // The Redis future is boxed: inline it would make every caller's future, and every
         // move of it, over a kilobyte larger, memory store included.
-        let answer = match (self, commit) {
-            (StoreBackend::Memory(m), _) => return m.decide(charges, commit, decisions),
-            (StoreBackend::Redis(r), true) => Box::pin(r.apply(charges)).await,
-            (StoreBackend::Redis(r), false) => Box::pin(r.peek(charges)).await,
-        };
-        decisions.extend(answer?);
-        Ok(())
+        match self {
+            StoreBackend::Memory(m) => {
+                decisions.clear();
+                m.decide(charges, mode.applies(), decisions)
+            }
+            StoreBackend::Redis(r) => Box::pin(Store::decide(&**r, charges, mode, decisions)).await,
+        }
     }
 
-    /// [`Store::apply`] within `deadline`: the charges a request's [`StoreError::Partly`]
-    /// answer left to make (the memory store answers at once).
-    pub async fn apply_before(
+    async fn apply_before(
         &self,
         charges: &[Charge<'_>],
         deadline: tokio::time::Instant,
     ) -> Result<Vec<Decision>, StoreError> {
         match self {
             StoreBackend::Memory(m) => m.apply(charges).await,
-            StoreBackend::Redis(r) => r.apply_before(charges, deadline).await,
+            StoreBackend::Redis(r) => Store::apply_before(&**r, charges, deadline).await,
         }
     }
 
-    /// Checks that this store can decide a limit exactly (Redis scripts work on doubles).
-    pub fn supports(&self, params: &tollgate_core::Params) -> Result<(), String> {
+    fn supports(&self, params: &Params) -> Result<(), Unsupported> {
         match self {
-            StoreBackend::Memory(_) => Ok(()),
-            StoreBackend::Redis(_) => RedisStore::supports(params),
-        }
-    }
-}
-
-impl Store for StoreBackend {
-    async fn apply(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
-        match self {
-            StoreBackend::Memory(m) => m.apply(charges).await,
-            StoreBackend::Redis(r) => r.apply(charges).await,
-        }
-    }
-
-    async fn peek(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
-        match self {
-            StoreBackend::Memory(m) => m.peek(charges).await,
-            StoreBackend::Redis(r) => r.peek(charges).await,
+            StoreBackend::Memory(m) => Store::supports(m, params),
+            StoreBackend::Redis(r) => Store::supports(&**r, params),
         }
     }
 
@@ -275,6 +337,27 @@ impl Store for StoreBackend {
         match self {
             StoreBackend::Memory(m) => m.key_count().await,
             StoreBackend::Redis(r) => r.key_count().await,
+        }
+    }
+
+    fn breakers(&self) -> Vec<(String, BreakerState)> {
+        match self {
+            StoreBackend::Memory(m) => Store::breakers(m),
+            StoreBackend::Redis(r) => Store::breakers(&**r),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            StoreBackend::Memory(m) => m.kind(),
+            StoreBackend::Redis(r) => r.kind(),
+        }
+    }
+
+    fn description(&self) -> &'static str {
+        match self {
+            StoreBackend::Memory(m) => m.description(),
+            StoreBackend::Redis(r) => r.description(),
         }
     }
 }

@@ -36,12 +36,7 @@ fn params(algorithm: Algorithm, limit: u64, period: Duration, burst: Option<u64>
 }
 
 fn charge<'a>(key: &'a [u8], params: &'a Params, cost: u64) -> Charge<'a> {
-    Charge {
-        key,
-        params,
-        cost,
-        enforce: true,
-    }
+    Charge::new(key, params, cost)
 }
 
 async fn one(store: &StoreBackend, key: &[u8], params: &Params, cost: u64) -> Decision {
@@ -266,10 +261,8 @@ async fn charging_up_to_the_limit_counts_what_is_left(b: Backend) {
 async fn shadow_charges_never_block(b: Backend) {
     let p = params(Algorithm::TokenBucket, 1, Duration::from_secs(60), None);
     let shadow = Charge {
-        key: b"shadow",
-        params: &p,
-        cost: 1,
         enforce: false,
+        ..Charge::new(b"shadow", &p, 1)
     };
     b.store.apply(&[shadow]).await.unwrap();
     let d = b

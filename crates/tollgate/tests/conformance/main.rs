@@ -114,12 +114,7 @@ async fn concurrent_decisions_share_script_calls() {
     .unwrap();
     let keys: Vec<&'static str> = (0..200).map(|i| &*format!("k{i}").leak()).collect();
     let decide = |key: &'static str| {
-        let charge = tollgate::store::Charge {
-            key: key.as_bytes(),
-            params: &params,
-            cost: 1,
-            enforce: true,
-        };
+        let charge = tollgate::store::Charge::new(key.as_bytes(), &params, 1);
         let store = &store;
         async move { store.apply(&[charge]).await.unwrap()[0] }
     };

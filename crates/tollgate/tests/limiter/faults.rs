@@ -1079,12 +1079,7 @@ async fn a_missing_password_is_reported_as_such() {
     )
     .unwrap();
     let charges: Vec<_> = (0..8)
-        .map(|_| tollgate::store::Charge {
-            key: b"a:b",
-            params: &params,
-            cost: 1,
-            enforce: true,
-        })
+        .map(|_| tollgate::store::Charge::new(b"a:b", &params, 1))
         .collect();
     let decided = store.apply(&charges).await;
     // Back to no password, so that the test kit can stop the server.

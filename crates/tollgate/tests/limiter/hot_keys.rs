@@ -12,7 +12,7 @@ use tollgate::limiter::{
 };
 use tollgate::policy::Policy;
 use tollgate::resilience::{BreakerState, Posture};
-use tollgate::store::{RedisOptions, RedisStore, StoreBackend, StoreUrl};
+use tollgate::store::{RedisOptions, RedisStore, Store, StoreBackend, StoreUrl};
 use tollgate_core::Algorithm;
 use tollgate_testkit::{FaultProxy, Mode, RedisCluster, RedisServer, metric_sample};
 

@@ -21,12 +21,7 @@ fn store() -> (Arc<ManualClock>, MemoryStore) {
 }
 
 fn charge<'a>(key: &'a str, params: &'a Params, cost: u64) -> Charge<'a> {
-    Charge {
-        key: key.as_bytes(),
-        params,
-        cost,
-        enforce: true,
-    }
+    Charge::new(key.as_bytes(), params, cost)
 }
 
 #[tokio::test]
@@ -83,10 +78,8 @@ async fn a_shadow_charge_never_blocks_the_others() {
     let (_clock, store) = store();
     let p = params(Algorithm::FixedWindow, 1, Duration::from_secs(60));
     let shadow = |key| Charge {
-        key,
-        params: &p,
-        cost: 1,
         enforce: false,
+        ..Charge::new(key, &p, 1)
     };
     store.apply(&[shadow(b"s")]).await.unwrap();
     let d = store

@@ -178,14 +178,7 @@ async fn two_counters_split_by_a_migration_wait_for_it_to_finish() {
                 .map(|other| (other, key))
         })
         .unwrap();
-    let both = |cost| {
-        [a.as_bytes(), b.as_bytes()].map(|key| Charge {
-            key,
-            params: &params,
-            cost,
-            enforce: true,
-        })
-    };
+    let both = |cost| [a.as_bytes(), b.as_bytes()].map(|key| Charge::new(key, &params, cost));
     let decided = store.apply(&both(1)).await.unwrap();
     assert_eq!((decided[0].remaining, decided[1].remaining), (999, 999));
 
@@ -212,12 +205,7 @@ async fn two_counters_split_by_a_migration_wait_for_it_to_finish() {
         let store = store.clone();
         let (a, b, params) = (a.clone(), b.clone(), params);
         async move {
-            let charges = [a.as_bytes(), b.as_bytes()].map(|key| Charge {
-                key,
-                params: &params,
-                cost: 1,
-                enforce: true,
-            });
+            let charges = [a.as_bytes(), b.as_bytes()].map(|key| Charge::new(key, &params, 1));
             store
                 .apply(&charges)
                 .await
@@ -313,12 +301,7 @@ async fn a_request_denied_across_slots_reports_the_allowed_limit_as_it_stands() 
     assert_ne!(slot("wide"), slot("narrow"));
     let wide = hourly(Algorithm::FixedWindow, 10);
     let narrow = hourly(Algorithm::FixedWindow, 1);
-    let charge = |key: &'static str, params, cost| Charge {
-        key: key.as_bytes(),
-        params,
-        cost,
-        enforce: true,
-    };
+    let charge = |key: &'static str, params, cost| Charge::new(key.as_bytes(), params, cost);
     store.apply(&[charge("narrow", &narrow, 1)]).await.unwrap();
     store.apply(&[charge("wide", &wide, 4)]).await.unwrap();
     let denied = store
@@ -400,12 +383,7 @@ fn node_id(cluster: &RedisCluster, port: u16) -> String {
 
 /// One charge of 1 on `key`.
 fn one<'a>(key: &'a [u8], params: &'a Params) -> [Charge<'a>; 1] {
-    [Charge {
-        key,
-        params,
-        cost: 1,
-        enforce: true,
-    }]
+    [Charge::new(key, params, 1)]
 }
 
 fn hot(params: &Params) -> [Charge<'_>; 1] {

@@ -59,7 +59,7 @@ pub use self::shared_policy::{
 };
 use self::topology::Topology;
 use super::url::StoreUrl;
-use super::{Charge, INLINE_CHARGES, Store, StoreError};
+use super::{Charge, Decisions, INLINE_CHARGES, Mode, Store, StoreError, Unsupported};
 use crate::clock::SharedClock;
 use crate::resilience::{Breaker, BreakerConfig, BreakerState, Permit};
 
@@ -1049,12 +1049,43 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    async fn apply(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
-        self.decide_all(charges, true).await
+    async fn decide(
+        &self,
+        charges: &[Charge<'_>],
+        mode: Mode,
+        decisions: &mut Decisions,
+    ) -> Result<(), StoreError> {
+        decisions.clear();
+        decisions.extend(self.decide_all(charges, mode.applies()).await?);
+        Ok(())
     }
 
-    async fn peek(&self, charges: &[Charge<'_>]) -> Result<Vec<Decision>, StoreError> {
-        self.decide_all(charges, false).await
+    async fn apply_before(
+        &self,
+        charges: &[Charge<'_>],
+        deadline: Instant,
+    ) -> Result<Vec<Decision>, StoreError> {
+        RedisStore::apply_before(self, charges, deadline).await
+    }
+
+    fn supports(&self, params: &Params) -> Result<(), Unsupported> {
+        RedisStore::supports(params).map_err(Unsupported)
+    }
+
+    fn breakers(&self) -> Vec<(String, BreakerState)> {
+        RedisStore::breakers(self)
+    }
+
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    fn description(&self) -> &'static str {
+        if self.is_cluster() {
+            "redis cluster"
+        } else {
+            "redis"
+        }
     }
 
     async fn key_count(&self) -> Result<usize, StoreError> {
