@@ -31,6 +31,7 @@
 pub mod background;
 pub mod clock;
 mod fnv;
+mod leases;
 pub mod lifecycle;
 pub mod limiter;
 pub mod metrics;

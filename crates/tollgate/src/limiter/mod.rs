@@ -3,62 +3,44 @@
 mod answer;
 mod candidate;
 mod capacity;
+mod decide;
 mod describe;
-mod fallback;
 pub mod headers;
-mod hot_keys;
-mod keyed_shards;
 mod keys;
-mod local_budget;
 mod overrides;
-mod partial;
 mod plan;
-mod prefilter;
 mod request;
 mod response;
 mod snapshot;
 mod telemetry;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use smallvec::SmallVec;
-use tracing::warn;
+use tollgate_core::Timestamp;
 
+pub use crate::resilience::FailureSettings;
 pub use candidate::{CANDIDATE_DECISIONS, Candidate, RuleReport};
-pub use fallback::FailureSettings;
 pub use overrides::{Override, OverrideChange, Overrides};
 pub use request::{
-    CheckRequest, InvalidRequest, LimitOverride, MAX_BODY, MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES,
-    MAX_FIELD_LEN, RequestDescriptor, check_cost, normalized_path,
+    CheckRequest, InvalidRequest, LimitError, LimitOverride, MAX_BODY, MAX_COST,
+    MAX_DESCRIPTORS, MAX_ENTRIES, MAX_FIELD_LEN, RequestDescriptor, check_cost, normalized_path,
 };
 pub use response::{AppliedLimit, CheckResponse, Code, DescriptorStatus, Statuses};
 pub use telemetry::Transport;
 
-use self::answer::Told;
-use self::capacity::{answer_never_fits, exceeds_with_earlier};
-use self::fallback::Fallback;
-use self::plan::{Plan, Planner, Side};
+use self::decide::Pipeline;
 use self::snapshot::Snapshot;
 use self::telemetry::Telemetry;
 use crate::clock::{SharedClock, SystemClock};
+use crate::leases::HotKeys;
 use crate::metrics::Outcome;
 use crate::observe::TopEntry;
 use crate::policy::{Policy, Rule};
-use crate::resilience::Posture;
-use crate::store::{Charge, Decisions, INLINE_CHARGES, StoreBackend};
-
-/// Why a request could not be decided. A store failure is not one of them: the failure
-/// postures answer instead (see [`FailureSettings`]).
-#[derive(Debug, thiserror::Error)]
-pub enum LimitError {
-    /// The request is malformed; nothing was counted.
-    #[error("invalid request: {0}")]
-    Invalid(#[from] InvalidRequest),
-}
+use crate::resilience::{Posture, Postures};
+use crate::store::StoreBackend;
 
 /// Decides requests against the current policy using one store.
 #[derive(Debug)]
@@ -66,15 +48,14 @@ pub struct Limiter {
     snapshot: ArcSwap<Snapshot>,
     /// A policy decided beside the live one and never enforced (see [`Candidate`]).
     candidate: ArcSwapOption<Candidate>,
+    /// The store and its layers: the failure postures, and the prefilter and local budgets
+    /// that keep hot keys off a shared store.
     store: StoreBackend,
-    fallback: Fallback,
+    postures: Postures,
+    hot_keys: HotKeys,
     overrides: Overrides,
     clock: SharedClock,
     telemetry: Telemetry,
-    /// Remembered store denials (`None` when disabled); used with a Redis store only.
-    prefilter: Option<prefilter::Prefilter>,
-    /// Local budgets in use on this replica.
-    leases: local_budget::Leases,
     /// Counts policy replacements, for [`Limiter::epoch`].
     policy_epoch: AtomicU64,
 }
@@ -98,12 +79,11 @@ impl Limiter {
             snapshot: ArcSwap::from_pointee(Snapshot::new(policy, None)),
             candidate: ArcSwapOption::empty(),
             store,
-            fallback: Fallback::new(settings, clock.clone()),
+            postures: Postures::new(settings, clock.clone()),
             overrides: Overrides::default(),
             clock,
             telemetry: Telemetry::default(),
-            prefilter: Some(prefilter::Prefilter::default()),
-            leases: local_budget::Leases::default(),
+            hot_keys: HotKeys::new(true),
             policy_epoch: AtomicU64::new(0),
         }
     }
@@ -111,18 +91,18 @@ impl Limiter {
     /// Turns the prefilter (remembered denials, Redis store only) on or off; it is on by
     /// default.
     pub fn with_prefilter(mut self, on: bool) -> Self {
-        self.prefilter = on.then(prefilter::Prefilter::default);
+        self.hot_keys = HotKeys::new(on);
         self
     }
 
     /// The server-wide failure settings.
     pub fn failure_settings(&self) -> &FailureSettings {
-        &self.fallback.settings
+        &self.postures.settings
     }
 
     /// The in-process store of the `local` posture (for sweeping and tests).
     pub fn local_store(&self) -> &crate::store::MemoryStore {
-        self.fallback.local_store()
+        self.postures.local_store()
     }
 
     /// Drops expired counters from the in-process stores: the memory store, if that is the
@@ -139,13 +119,7 @@ impl Limiter {
     /// The `n` keys `rule` (by domain and name) denied most often since the process started
     /// (or since a policy change brought the rule in), or `None` if no such rule runs.
     pub fn top_keys(&self, domain: &str, rule: &str, n: usize) -> Option<Vec<TopEntry>> {
-        let snapshot = self.snapshot.load();
-        let rule = snapshot
-            .policy
-            .rules()
-            .iter()
-            .find(|r| r.domain == domain && r.name == rule)?;
-        Some(snapshot.top.get(rule.index)?.top(n))
+        self.snapshot.load().top_keys(domain, rule, n)
     }
 
     /// The policy in force.
@@ -157,12 +131,7 @@ impl Limiter {
     /// override that applied and applies to nothing under the new policy is logged.
     pub fn replace_policy(&self, policy: Policy) {
         let previous = self.snapshot.load_full();
-        for o in self.overrides.all() {
-            if o.applies_under(&previous.policy) && !o.applies_under(&policy) {
-                warn!(id = o.id, domain = %o.domain, rule = %o.rule, entries = ?o.entries,
-                    "A runtime override applies to nothing under the new policy (its rule is gone, or its name now belongs to another rule); it is kept, and applies again under a policy where its rule matches its entries");
-            }
-        }
+        self.overrides.warn_orphaned(&previous.policy, &policy);
         let next = Snapshot::new(policy, Some(&previous));
         self.snapshot.store(Arc::new(next));
         // After the store: a decision made under the old policy records the old epoch.
@@ -170,14 +139,11 @@ impl Limiter {
     }
 
     /// The shared store lost its data (Redis restarted empty, was flushed, or failed over to an
-    /// empty replica): the denials remembered and the local budgets reserved were about
-    /// counters that no longer exist. The budgets are dropped without being given back, which
-    /// would credit the counts made since (those reserved between the loss and this call go
-    /// too: under the limit, never over; a renewal under way may still give back once); then a
-    /// new epoch forgets the denials. In that order: a lease of the old epoch seen after the
-    /// new one begins is given back, and only leases reserved after the forfeit can be.
+    /// empty replica): the local budgets are forfeit (dropped, never given back), then a new
+    /// epoch forgets the remembered denials. In that order: a lease of the old epoch seen after
+    /// the new one begins is given back, and only leases reserved after the forfeit can be.
     pub fn store_data_lost(&self) {
-        self.leases.forfeit();
+        self.hot_keys.forfeit();
         self.policy_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -233,27 +199,22 @@ impl Limiter {
 
     /// The decision on the memory store, made on this stack frame; `None` on Redis.
     ///
-    /// The decision's future holds the plans and decisions inline (about 1.4 KB). Awaited, it
-    /// would sit inside the caller's future, which the HTTP and gRPC servers box per request:
-    /// above glibc's 1 KB per-thread cache, so every request took the allocator's shared arena
-    /// lock and consolidated its free lists. The memory store answers in place, so its future
-    /// completes on the first poll and never needs to outlive this call; Redis futures are
-    /// boxed on their own instead.
+    /// A decision holds the plans and decisions inline (about 1.4 KB). In a future awaited by
+    /// the caller, they would sit inside the caller's future, which the HTTP and gRPC servers
+    /// box per request: above glibc's 1 KB per-thread cache, so every request took the
+    /// allocator's shared arena lock and consolidated its free lists. The memory store answers
+    /// in place, so its decision is a plain call that never outlives this one; Redis futures
+    /// are boxed on their own instead.
     fn decide_in_place(
         &self,
         request: &CheckRequest,
         commit: bool,
     ) -> Option<Result<CheckResponse, LimitError>> {
-        if !matches!(self.store, StoreBackend::Memory(_)) {
+        let StoreBackend::Memory(memory) = &self.store else {
             return None;
-        }
-        let decision = std::pin::pin!(self.decide(request, commit));
-        match decision.poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(answer) => Some(answer),
-            // The memory store's path awaits nothing that can be pending: `StoreBackend::decide`
-            // and `decide_with_budgets` return before any `.await` on it.
-            Poll::Pending => unreachable!("a decision on the memory store waited"),
-        }
+        };
+        let decided = self.pipeline().decide_now(memory, request, commit);
+        Some(decided.map_err(LimitError::from))
     }
 
     async fn decide(
@@ -261,121 +222,55 @@ impl Limiter {
         request: &CheckRequest,
         commit: bool,
     ) -> Result<CheckResponse, LimitError> {
+        Ok(self.pipeline().decide(request, commit).await?)
+    }
+
+    /// One decision's path through the limiter's parts, at the current time and policy.
+    fn pipeline(&self) -> Pipeline<'_> {
         // Before the policy and overrides are read: what is remembered under this epoch was
         // decided with them or newer ones.
         let epoch = self.epoch();
-        let snapshot = self.snapshot.load();
-        let descriptors = request.descriptors();
-        let now = self.clock.now();
-        let planner = Planner {
+        Pipeline {
+            snapshot: self.snapshot.load(),
+            candidate: &self.candidate,
             store: &self.store,
+            postures: &self.postures,
+            hot_keys: &self.hot_keys,
             overrides: &self.overrides,
-        };
-        // Plans are filled in place: each holds a few hundred bytes inline.
-        let mut live = Plan::default();
-        planner.plan(&snapshot.policy, request, now, Side::Live, &mut live)?;
-        // A caller's limit of 0 denies the request whatever else is asked: its other limits
-        // are only looked at, as explain does, so nothing is charged anywhere (store, local
-        // share, lease).
-        let commit = commit && !live.blocks();
-        // Only charged decisions feed the candidate: explain shows the live policy alone.
-        let candidate = if commit {
-            self.candidate.load_full()
-        } else {
-            None
-        };
-        // Boxed: a candidate is rare, and inline it would grow every check's future.
-        let shadow = match &candidate {
-            Some(c) => {
-                let mut plan = Box::<Plan>::default();
-                let side = Side::Candidate(c.hash());
-                planner.plan(c.policy(), request, now, side, &mut plan)?;
-                Some(plan)
-            }
-            None => None,
-        };
-
-        // One store call for both: the candidate's charges go after the live ones.
-        let mut charges: SmallVec<[Charge<'_>; INLINE_CHARGES]> = SmallVec::new();
-        let settings = &self.fallback.settings;
-        live.push_charges(descriptors, true, settings, &mut charges);
-        let live_charges = charges.len();
-        if let Some(plan) = &shadow {
-            plan.push_charges(descriptors, false, settings, &mut charges);
+            telemetry: &self.telemetry,
+            at: (self.clock.now(), epoch),
         }
-        // Charges of one request on one counter are decided in order, each on top of the ones
-        // before it: costs that add up past what the counter can ever hold are never admitted
-        // together. Such a request is looked at, charging nothing, and answered as a cost above
-        // the capacity, not as a denial a retry would clear (it never would).
-        let never_fits = (0..live_charges).any(|i| exceeds_with_earlier(&charges, i));
-        let charge = commit && !never_fits;
-
-        // Not while a candidate shadows: it must see every request the running policy decides.
-        if commit
-            && shadow.is_none()
-            && let Some((n, denial)) = self.prefiltered(&charges[..live_charges], now, epoch)
-        {
-            drop(charges);
-            self.telemetry
-                .prefilter_denials
-                .fetch_add(1, Ordering::Relaxed);
-            let told = answer::prefiltered(n, denial);
-            return Ok(answer::build(
-                &snapshot,
-                descriptors,
-                &mut live,
-                told,
-                true,
-                now,
-            ));
-        }
-
-        // Filled in place, like the plans: a few hundred bytes not copied from frame to frame.
-        let mut decisions = Decisions::new();
-        let answer = if charges.is_empty() {
-            Ok(())
-        } else {
-            self.decide_with_budgets(&charges, (now, epoch), charge, &mut decisions)
-                .await
-        };
-        let (at, shadowed) = ((now, epoch), shadow.is_some());
-        let postures = self
-            .settle(
-                answer,
-                (&charges, live_charges),
-                shadowed,
-                at,
-                charge,
-                &mut decisions,
-            )
-            .await;
-        if postures.is_none()
-            && let (Some(candidate), Some(plan)) = (&candidate, &shadow)
-        {
-            let shadowed = decisions.get(live_charges..).unwrap_or_default();
-            answer::record_candidate(candidate, plan, descriptors, shadowed);
-            decisions.truncate(live_charges);
-        }
-        if never_fits && postures.is_none() {
-            answer_never_fits(&charges, live_charges, &mut decisions);
-        }
-
-        // The charges borrow the plan's keys; the limits move out of it below.
-        drop(charges);
-        let degraded = |n: usize| postures.as_ref().and_then(|p| p.get(n).copied().flatten());
-        let told = decisions.iter().enumerate().map(|(n, &decision)| Told {
-            decision: Some(decision),
-            degraded: degraded(n),
-        });
-        let response = answer::build(&snapshot, descriptors, &mut live, told, commit, now);
-        self.telemetry.note_answer(&response, commit);
-        Ok(response)
     }
 
-    /// The failure posture that answers for `limit` when the store cannot: its rule's
-    /// `on_store_error`, else the default.
+    /// The epoch denials and leases are valid in: it changes with the policy (a reload, a
+    /// rollback) and with every runtime override set, deleted or adopted.
+    fn epoch(&self) -> u64 {
+        (self.policy_epoch.load(Ordering::Acquire) << 32)
+            | (self.overrides.generation() & 0xffff_ffff)
+    }
+
+    /// How often [`Limiter::sweep_hot_keys`] should run: unused local budgets of keys gone
+    /// quiet go back to the store within this.
+    pub const HOT_KEY_SWEEP: Duration = Duration::from_millis(50);
+
+    /// Gives back the unused units of lapsed leases and forgets cleared denials. Returns how
+    /// many keys got units back.
+    pub async fn sweep_hot_keys(&self) -> usize {
+        self.hot_keys
+            .sweep(&self.store, self.clock.now(), self.epoch())
+            .await
+    }
+
+    /// Gives back every local budget now (at shutdown). Returns how many keys got units back.
+    pub async fn release_local_budgets(&self) -> usize {
+        self.hot_keys
+            .release(&self.store, Timestamp::MAX, self.epoch())
+            .await
+    }
+
+    /// The posture that answers for `limit` when the store cannot: its rule's, else the default.
     pub fn posture_of(&self, limit: Option<&AppliedLimit>) -> Posture {
-        fallback::posture_of(limit, &self.fallback.settings)
+        plan::posture_of(limit, &self.postures.settings)
     }
 
     /// The runtime overrides.
@@ -397,11 +292,10 @@ impl Limiter {
 
     /// Prometheus text for the decision counters and store gauges.
     pub async fn render_metrics(&self) -> String {
-        let snapshot = self.snapshot.load();
-        let candidate = self.candidate.load_full();
-        let (prefilter, leases, store) = (self.prefilter(), &self.leases, &self.store);
+        let (snapshot, candidate) = (self.snapshot.load(), self.candidate.load_full());
+        let (candidate, hot_keys) = (candidate.as_deref(), &self.hot_keys);
         self.telemetry
-            .render_metrics(&snapshot, candidate.as_deref(), prefilter, leases, store)
+            .render_metrics(&snapshot, candidate, hot_keys, &self.store)
             .await
     }
 

@@ -13,7 +13,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tollgate_core::{Params, Timestamp};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::policy::{Policy, Rule};
 
@@ -123,6 +123,17 @@ fn fresh_id() -> u64 {
 }
 
 impl Overrides {
+    /// Logs each override that applied under `previous` and applies to nothing under `next`
+    /// (its rule is gone, or its name now belongs to another rule).
+    pub fn warn_orphaned(&self, previous: &Policy, next: &Policy) {
+        for o in self.all() {
+            if o.applies_under(previous) && !o.applies_under(next) {
+                warn!(id = o.id, domain = %o.domain, rule = %o.rule, entries = ?o.entries,
+                    "A runtime override applies to nothing under the new policy (its rule is gone, or its name now belongs to another rule); it is kept, and applies again under a policy where its rule matches its entries");
+            }
+        }
+    }
+
     /// A number that changes whenever an override is set, deleted or adopted from another
     /// replica (not when one expires).
     pub fn generation(&self) -> u64 {

@@ -5,12 +5,12 @@ use std::ops::Range;
 use smallvec::SmallVec;
 use tollgate_core::Timestamp;
 
-use super::fallback::{FailureSettings, posture_of, share_of};
 use super::keys::{self, KeyBuf};
 use super::overrides::Overrides;
 use super::request::{CheckRequest, InvalidRequest, MAX_DESCRIPTORS, RequestDescriptor};
 use super::response::AppliedLimit;
 use crate::policy::{LocalBudget, Policy, RuleMode};
+use crate::resilience::{FailureSettings, Posture};
 use crate::store::{Charge, INLINE_CHARGES, Store, StoreBackend};
 
 /// Whose limits a [`Plan`] holds.
@@ -179,6 +179,23 @@ impl Plan {
             .iter()
             .any(|l| matches!(l, Some(AppliedLimit::Blocked(_))))
     }
+}
+
+/// The failure posture that answers for `limit` when the store cannot: its rule's
+/// `on_store_error`, else the default of `settings`.
+pub(super) fn posture_of(limit: Option<&AppliedLimit>, settings: &FailureSettings) -> Posture {
+    limit
+        .and_then(AppliedLimit::rule)
+        .and_then(|rule| rule.on_store_error)
+        .unwrap_or(settings.posture)
+}
+
+/// The `local` share of `limit`: its rule's `local_share`, else the default of `settings`.
+fn share_of(limit: Option<&AppliedLimit>, settings: &FailureSettings) -> f64 {
+    limit
+        .and_then(AppliedLimit::rule)
+        .and_then(|rule| rule.local_share)
+        .unwrap_or(settings.local_share)
 }
 
 /// The local budget of `limit`. The policy only accepts a budget on an enforced rule; an

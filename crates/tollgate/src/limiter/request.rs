@@ -23,6 +23,15 @@ pub const MAX_ENTRIES: usize = 32;
 /// a digest of it (see `keys`).
 pub const MAX_FIELD_LEN: usize = 1024;
 
+/// Why a request could not be decided. A store failure is not one of them: the failure
+/// postures answer instead (see [`crate::resilience::FailureSettings`]).
+#[derive(Debug, thiserror::Error)]
+pub enum LimitError {
+    /// The request is malformed; nothing was counted.
+    #[error("invalid request: {0}")]
+    Invalid(#[from] InvalidRequest),
+}
+
 /// Why a request was refused before anything was counted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

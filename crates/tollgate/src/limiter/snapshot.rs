@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::describe::descriptor_text;
 use super::request::RequestDescriptor;
 use crate::metrics::{Outcome, RuleCounters};
-use crate::observe::TopKeys;
+use crate::observe::{TopEntry, TopKeys};
 use crate::policy::{Policy, Rule};
 
 /// Distinct keys remembered per rule for "top throttled keys".
@@ -39,6 +39,16 @@ impl Snapshot {
             counters,
             top,
         }
+    }
+
+    /// The `n` keys the rule named `rule` of `domain` denied most often, or `None` if no such
+    /// rule runs.
+    pub fn top_keys(&self, domain: &str, rule: &str, n: usize) -> Option<Vec<TopEntry>> {
+        let rules = self.policy.rules();
+        let rule = rules
+            .iter()
+            .find(|r| r.domain == domain && r.name == rule)?;
+        Some(self.top.get(rule.index)?.top(n))
     }
 
     /// Counts `outcome` of `rule` for `descriptor`: in the rule's counters (its checks' for a

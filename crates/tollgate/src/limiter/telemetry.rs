@@ -3,17 +3,15 @@
 //! the latency of decisions and store calls; and the Prometheus text it renders.
 
 use std::fmt::Write;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tollgate_core::Timestamp;
 use tracing::warn;
 
 use super::candidate::Candidate;
-use super::local_budget::Leases;
-use super::prefilter::Prefilter;
 use super::response::CheckResponse;
 use super::snapshot::Snapshot;
+use crate::leases::HotKeys;
 use crate::observe::Histogram;
 use crate::resilience::Posture;
 use crate::store::{Store, StoreBackend, StoreError};
@@ -55,7 +53,6 @@ pub(super) struct Telemetry {
     /// When an invalid request was last logged (microseconds).
     last_invalid_log: AtomicU64,
     pub prefilter_denials: AtomicU64,
-    pub local_admissions: AtomicU64,
 }
 
 impl Default for Telemetry {
@@ -73,7 +70,6 @@ impl Default for Telemetry {
             invalid: Default::default(),
             last_invalid_log: AtomicU64::new(0),
             prefilter_denials: AtomicU64::new(0),
-            local_admissions: AtomicU64::new(0),
         }
     }
 }
@@ -115,10 +111,10 @@ impl Telemetry {
         &self,
         snapshot: &Snapshot,
         candidate: Option<&Candidate>,
-        prefilter: Option<&Prefilter>,
-        leases: &Leases,
+        hot_keys: &HotKeys,
         store: &StoreBackend,
     ) -> String {
+        let (prefilter, leases) = (hot_keys.prefilter(store), hot_keys.leases());
         let mut out = String::new();
         snapshot.counters.render(&snapshot.policy, &mut out);
         if let Some(candidate) = candidate {
@@ -150,7 +146,7 @@ impl Telemetry {
             (
                 "tollgate_local_budget_admissions_total",
                 "Limits admitted from a local budget already reserved, without calling the store.",
-                &self.local_admissions,
+                hot_keys.local_admissions(),
             ),
         ];
         for (name, help, value) in counters {
@@ -247,18 +243,4 @@ fn log_due(last: &AtomicU64, now: Timestamp) -> bool {
         && last
             .compare_exchange(then, now, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
-}
-
-/// Awaits a store call, timing it in `histogram` unless it never reached the store (refused by
-/// an open breaker, the in-flight cap...).
-pub(super) async fn timed_store_call<T>(
-    histogram: &Histogram,
-    call: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    let started = tokio::time::Instant::now();
-    let answer = call.await;
-    if !matches!(answer, Err(StoreError::NotCalled(_))) {
-        histogram.observe(started.elapsed());
-    }
-    answer
 }

@@ -2,6 +2,7 @@
 
 mod memory;
 pub mod redis;
+mod timed;
 mod url;
 
 use std::future::Future;
@@ -18,6 +19,7 @@ pub use self::redis::{
     CoalesceOptions, LATE_SLACK, MAX_SETTING, RedisOptions, RedisStore, SharedPolicy,
 };
 pub use memory::MemoryStore;
+pub use timed::{timed_store_call, timed_store_call_now};
 pub use url::{InvalidStoreUrl, StoreUrl, redact};
 
 /// One limit to charge within a request.

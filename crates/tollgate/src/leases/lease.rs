@@ -27,12 +27,13 @@ use tollgate_core::{Algorithm, Decision, Params, Timestamp, Verdict};
 use tracing::debug;
 
 use super::keyed_shards::KeyedShards;
-use super::telemetry::timed_store_call;
 use crate::observe::Histogram;
 use crate::policy::LocalBudget;
-use crate::store::{Charge, RedisStore, StoreError};
+use crate::store::{Charge, RedisStore, StoreError, timed_store_call};
 
-/// One key's lease on this replica.
+/// One key's lease on this replica: the holder is this replica, the counter its key and
+/// `params`, the grant the `tokens` left of the units reserved, until `expires`; what is left
+/// is given back as a refund at `charged_at`.
 #[derive(Debug, Default)]
 struct Lease {
     /// Units reserved and not yet used.

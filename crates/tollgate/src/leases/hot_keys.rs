@@ -1,53 +1,89 @@
-//! What keeps a hot key off the shared store: the [`Prefilter`] answers remembered denials, and
-//! [`Leases`] admit from local budgets. Both apply to a Redis store only (the memory store is
-//! already local); explain reads the leases without taking from them, and never the prefilter.
+//! The store layer that keeps hot keys off the shared store: the [`Prefilter`] answers
+//! remembered denials, and [`Leases`] admit from local budgets. Both apply to a shared (Redis)
+//! store only; on the memory store, already local, the layer is inert. Explain reads the
+//! leases without taking from them, and never the prefilter.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use smallvec::SmallVec;
 use tollgate_core::{Decision, Timestamp};
 
-use super::Limiter;
-use super::local_budget::Taken;
+use super::lease::{Leases, Taken};
 use super::prefilter::Prefilter;
-use super::telemetry::timed_store_call;
+use crate::observe::Histogram;
 use crate::store::{
     Charge, Decisions, INLINE_CHARGES, Mode, RedisStore, Store, StoreBackend, StoreError, admitted,
+    timed_store_call,
 };
 
 /// Whether one of `charges` has a local budget.
-pub(super) fn has_budgets(charges: &[Charge<'_>]) -> bool {
+pub fn has_budgets(charges: &[Charge<'_>]) -> bool {
     charges.iter().any(|c| c.local_budget.is_some())
 }
 
-impl Limiter {
-    /// The epoch denials and leases are valid in: it changes with the policy (a reload, a
-    /// rollback) and with every runtime override set, deleted or adopted.
-    pub(super) fn epoch(&self) -> u64 {
-        (self.policy_epoch.load(Ordering::Acquire) << 32)
-            | (self.overrides.generation() & 0xffff_ffff)
+/// The layer: remembered denials (`None` when the prefilter is off), this replica's leases,
+/// and how many limits they admitted without the store.
+#[derive(Debug)]
+pub struct HotKeys {
+    prefilter: Option<Prefilter>,
+    leases: Leases,
+    local_admissions: AtomicU64,
+}
+
+/// Asks `store`, timing the call in `latency` (`[apply, peek]`) unless it never reached the
+/// store (refused by an open breaker, the in-flight cap...).
+async fn store_decide(
+    (store, latency): (&StoreBackend, &[Histogram; 2]),
+    charges: &[Charge<'_>],
+    commit: bool,
+    decisions: &mut Decisions,
+) -> Result<(), StoreError> {
+    let call = store.decide(charges, Mode::of(commit), decisions);
+    timed_store_call(&latency[usize::from(!commit)], call).await
+}
+
+impl HotKeys {
+    /// Hot keys with the prefilter on.
+    pub fn new(prefilter: bool) -> Self {
+        HotKeys {
+            prefilter: prefilter.then(Prefilter::default),
+            leases: Leases::default(),
+            local_admissions: AtomicU64::new(0),
+        }
     }
 
-    pub(super) fn prefilter(&self) -> Option<&Prefilter> {
-        match self.store {
+    /// The prefilter, if on and the store is shared (the memory store is already local).
+    pub fn prefilter(&self, store: &StoreBackend) -> Option<&Prefilter> {
+        match store {
             StoreBackend::Redis(_) => self.prefilter.as_ref(),
             StoreBackend::Memory(_) => None,
         }
+    }
+
+    /// This replica's leases.
+    pub fn leases(&self) -> &Leases {
+        &self.leases
+    }
+
+    /// Limits admitted from a lease already held, without calling the store.
+    pub fn local_admissions(&self) -> &AtomicU64 {
+        &self.local_admissions
     }
 
     /// A live charge the prefilter denies, by its index among `charges`. None when an
     /// enforced charge can never fit its limit: the store's answer (no retry-after, reason
     /// `cost_exceeds_capacity`) is not one the prefilter can give. (A limit that charges up to
     /// itself admits such a charge while a unit is left; the store decides those too.)
-    pub(super) fn prefiltered(
+    pub fn prefiltered(
         &self,
+        store: &StoreBackend,
         charges: &[Charge<'_>],
         now: Timestamp,
         epoch: u64,
     ) -> Option<(usize, Decision)> {
-        let prefilter = self.prefilter()?;
+        let prefilter = self.prefilter(store)?;
         let denial = charges.iter().enumerate().find_map(|(n, charge)| {
             if !charge.enforce || !charge.prefilterable {
                 return None;
@@ -65,14 +101,15 @@ impl Limiter {
     /// Remembers the store's denials of the live charges for the prefilter, and forgets a
     /// remembered denial of a key the store just charged (a cheaper request fit), whose
     /// retry-after has moved.
-    pub(super) fn remember_denials(
+    pub fn remember_denials(
         &self,
+        store: &StoreBackend,
         charges: &[Charge<'_>],
         decisions: &[Decision],
         now: Timestamp,
         epoch: u64,
     ) {
-        let Some(prefilter) = self.prefilter() else {
+        let Some(prefilter) = self.prefilter(store) else {
             return;
         };
         for (n, (charge, decision)) in charges.iter().zip(decisions).enumerate() {
@@ -98,14 +135,15 @@ impl Limiter {
     /// back. For explain, the leases answer taking nothing: a lease holds units the store
     /// counts as used, so a peek alone reads a key this replica would still admit as
     /// exhausted; and while the store is down, a request served from leases alone still admits.
-    pub(super) async fn decide_with_budgets(
+    pub async fn decide(
         &self,
+        (store, latency): (&StoreBackend, &[Histogram; 2]),
         charges: &[Charge<'_>],
         (now, epoch): (Timestamp, u64),
         commit: bool,
         decisions: &mut Decisions,
     ) -> Result<(), StoreError> {
-        match &self.store {
+        match store {
             // Boxed: inline, the lease paths' state would make every decision's future 3.9 KB
             // instead of 1.4 KB: the Redis path boxes that future per request, and the memory
             // store's in-place decision holds it on the stack. The lease paths call Redis
@@ -113,20 +151,22 @@ impl Limiter {
             StoreBackend::Redis(redis) if has_budgets(charges) => {
                 let at = (now, epoch);
                 if commit {
-                    Box::pin(self.apply_leased(redis, charges, at, decisions)).await
+                    Box::pin(self.apply_leased((store, latency), redis, charges, at, decisions))
+                        .await
                 } else {
-                    Box::pin(self.explain_leased(charges, at, decisions)).await
+                    Box::pin(self.explain_leased((store, latency), charges, at, decisions)).await
                 }
             }
-            _ => self.store_decide(charges, commit, decisions).await,
+            _ => store_decide((store, latency), charges, commit, decisions).await,
         }
     }
 
-    /// [`Limiter::decide_with_budgets`] for explain, once a live charge has a local budget. (Each
+    /// [`HotKeys::decide`] for explain, once a live charge has a local budget. (Each
     /// charge is read against its lease on its own: a key charged twice in one request is
     /// explained as if charged once.)
     async fn explain_leased(
         &self,
+        at_store: (&StoreBackend, &[Histogram; 2]),
         charges: &[Charge<'_>],
         (now, epoch): (Timestamp, u64),
         decisions: &mut Decisions,
@@ -145,7 +185,7 @@ impl Limiter {
             .collect();
         let mut peeked = Decisions::new();
         if !rest.is_empty() {
-            self.store_decide(&rest, false, &mut peeked).await?;
+            store_decide(at_store, &rest, false, &mut peeked).await?;
         }
         let mut peeked = peeked.into_iter();
         decisions.clear();
@@ -158,9 +198,10 @@ impl Limiter {
         Ok(())
     }
 
-    /// [`Limiter::decide_with_budgets`] to charge, once a live charge has a local budget.
+    /// [`HotKeys::decide`] to charge, once a live charge has a local budget.
     async fn apply_leased(
         &self,
+        at_store: (&StoreBackend, &[Histogram; 2]),
         redis: &Arc<RedisStore>,
         charges: &[Charge<'_>],
         (now, epoch): (Timestamp, u64),
@@ -183,7 +224,7 @@ impl Limiter {
         let answer = if rest.is_empty() {
             Ok(())
         } else {
-            self.store_decide(&rest, true, &mut decided).await
+            store_decide(at_store, &rest, true, &mut decided).await
         };
         let mut decided = decided.into_iter();
         decisions.clear();
@@ -212,9 +253,7 @@ impl Limiter {
                     }
                 }
                 Some(t) if t.spared_the_store => {
-                    self.telemetry
-                        .local_admissions
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.local_admissions.fetch_add(1, Ordering::Relaxed);
                 }
                 _ => {}
             }
@@ -222,46 +261,33 @@ impl Limiter {
         answer
     }
 
-    /// Asks the store, timing the call in `tollgate_store_operation_duration_seconds` unless
-    /// it never reached the store (refused by an open breaker, the in-flight cap...).
-    async fn store_decide(
-        &self,
-        charges: &[Charge<'_>],
-        commit: bool,
-        decisions: &mut Decisions,
-    ) -> Result<(), StoreError> {
-        let histogram = &self.telemetry.store_latency[usize::from(!commit)];
-        let call = self.store.decide(charges, Mode::of(commit), decisions);
-        timed_store_call(histogram, call).await
-    }
-
-    /// How often [`Limiter::sweep_hot_keys`] should run: unused local budgets of keys gone
-    /// quiet go back to the store within this.
-    pub const HOT_KEY_SWEEP: Duration = Duration::from_millis(50);
-
     /// Gives back the unused units of lapsed leases and forgets cleared denials. Returns how
     /// many keys got units back.
-    pub async fn sweep_hot_keys(&self) -> usize {
-        let (now, epoch) = (self.clock.now(), self.epoch());
-        if let Some(prefilter) = self.prefilter() {
+    pub async fn sweep(&self, store: &StoreBackend, now: Timestamp, epoch: u64) -> usize {
+        if let Some(prefilter) = self.prefilter(store) {
             prefilter.sweep(now, epoch);
         }
-        self.release_leases(now, epoch).await
+        self.release(store, now, epoch).await
     }
 
-    /// Gives back every local budget now (at shutdown). Returns how many keys got units back.
-    pub async fn release_local_budgets(&self) -> usize {
-        self.release_leases(Timestamp::MAX, self.epoch()).await
+    /// Drops every lease without giving anything back: the store lost the counters they
+    /// were reserved from, and giving units back would credit the counts made since (those
+    /// reserved between the loss and this call go too: under the limit, never over; a renewal
+    /// under way may still give back once). See [`Leases::forfeit`].
+    pub fn forfeit(&self) {
+        self.leases.forfeit();
     }
 
-    async fn release_leases(&self, now: Timestamp, epoch: u64) -> usize {
-        let StoreBackend::Redis(redis) = &self.store else {
+    /// Gives back the unused units of the leases lapsed at `now` (every one at
+    /// [`Timestamp::MAX`]). Returns how many keys got units back.
+    pub async fn release(&self, store: &StoreBackend, now: Timestamp, epoch: u64) -> usize {
+        let StoreBackend::Redis(redis) = store else {
             return 0;
         };
         let credited = self.leases.sweep(redis, now, epoch).await;
         // A lease of an older epoch may be given back to a counter whose rule lost its
         // budget meanwhile: a denial remembered for it may no longer hold.
-        if let Some(prefilter) = self.prefilter() {
+        if let Some(prefilter) = self.prefilter(store) {
             for key in &credited {
                 prefilter.forget(key);
             }

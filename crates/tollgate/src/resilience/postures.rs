@@ -11,14 +11,12 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tollgate_core::{Decision, Params, Verdict};
 
-use super::capacity::{cost_exceeds_capacity, never_admitted};
-use super::response::AppliedLimit;
+use super::Posture;
 use crate::clock::SharedClock;
-use crate::resilience::Posture;
 use crate::store::{Charge, Decisions, INLINE_CHARGES, MemoryStore};
 
 /// Per charge: the posture that answered for it, `None` where the store decided.
-pub(super) type Degraded = SmallVec<[Option<Posture>; INLINE_CHARGES]>;
+pub type Degraded = SmallVec<[Option<Posture>; INLINE_CHARGES]>;
 
 /// Server-wide failure settings; a rule's `on_store_error` / `local_share` override them.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -47,16 +45,17 @@ impl Default for FailureSettings {
     }
 }
 
-/// The posture machinery of one limiter.
+/// The failure postures of one limiter: its settings and the `local` posture's own store.
 #[derive(Debug)]
-pub(super) struct Fallback {
+pub struct Postures {
     pub settings: FailureSettings,
     local: MemoryStore,
 }
 
-impl Fallback {
+impl Postures {
+    /// Postures with `settings`; the `local` posture's store runs on `clock`.
     pub fn new(settings: FailureSettings, clock: SharedClock) -> Self {
-        Fallback {
+        Postures {
             settings,
             local: MemoryStore::new(clock).with_max_keys(settings.local_max_keys),
         }
@@ -110,22 +109,12 @@ impl Fallback {
             .collect()
     }
 
-    /// Answers the live `charges` (the store could not decide the request) by their postures,
-    /// charging the `local` shares when `commit`. Returns the decisions and, per charge, the
-    /// posture that answered.
+    /// Answers `charges` (the store could not decide the request) by their postures, charging
+    /// the `local` shares when `commit`. Returns the decisions and, per charge, the posture
+    /// that answered.
     pub fn answer_all(&self, charges: &[Charge<'_>], commit: bool) -> (Decisions, Degraded) {
-        // A cost its counter can never hold needs no store to be answered: refused as such,
-        // not let through by `open` nor sent to retry by `closed`, and nothing is charged to
-        // a `local` share for the request it denies.
-        let hopeless = |i: &usize| never_admitted(charges, *i);
-        let any_hopeless = (0..charges.len()).any(|i| hopeless(&i));
-        let mut decisions = self.decide(charges, commit && !any_hopeless);
-        let mut degraded: Degraded = charges.iter().map(|c| Some(c.posture)).collect();
-        for i in (0..charges.len().min(decisions.len())).filter(hopeless) {
-            decisions[i] = cost_exceeds_capacity(decisions[i]);
-            degraded[i] = None;
-        }
-        (decisions, degraded)
+        let decisions = self.decide(charges, commit);
+        (decisions, charges.iter().map(|c| Some(c.posture)).collect())
     }
 
     fn unavailable(&self, params: &Params) -> Decision {
@@ -138,23 +127,6 @@ impl Fallback {
             delay: Duration::ZERO,
         }
     }
-}
-
-/// The failure posture that answers for `limit` when the store cannot: its rule's
-/// `on_store_error`, else the default of `settings`.
-pub(super) fn posture_of(limit: Option<&AppliedLimit>, settings: &FailureSettings) -> Posture {
-    limit
-        .and_then(AppliedLimit::rule)
-        .and_then(|rule| rule.on_store_error)
-        .unwrap_or(settings.posture)
-}
-
-/// The `local` share of `limit`: its rule's `local_share`, else the default of `settings`.
-pub(super) fn share_of(limit: Option<&AppliedLimit>, settings: &FailureSettings) -> f64 {
-    limit
-        .and_then(AppliedLimit::rule)
-        .and_then(|rule| rule.local_share)
-        .unwrap_or(settings.local_share)
 }
 
 /// An allowed decision whose counters are unknown: reported as full (a bucket's capacity).
@@ -195,8 +167,8 @@ mod tests {
         }
     }
 
-    fn fallback() -> Fallback {
-        Fallback::new(FailureSettings::default(), Arc::new(ManualClock::default()))
+    fn fallback() -> Postures {
+        Postures::new(FailureSettings::default(), Arc::new(ManualClock::default()))
     }
 
     #[test]

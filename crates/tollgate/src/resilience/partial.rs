@@ -1,0 +1,145 @@
+//! A request the store could decide only in part: its counters span Redis Cluster primaries,
+//! some of which could not answer, or the memory store is full and some of its counters are
+//! new. The failure postures answer for those limits alone, and the store decides the others.
+//!
+//! The request is still all-or-nothing: it is admitted only when every enforced limit allows
+//! it, whether the store decided the limit or a posture did; then the limits the store decided
+//! are charged in one more call within the request's deadline, and the `local` postures'
+//! shares after it. Otherwise nothing is charged anywhere.
+
+use smallvec::SmallVec;
+use tokio::time::Instant;
+use tollgate_core::{Decision, Verdict};
+
+use super::postures::{Degraded, Postures};
+use crate::observe::Histogram;
+use crate::store::{Charge, Decisions, INLINE_CHARGES, Store, StoreError, timed_store_call};
+
+/// The store's answer where its node answered (see [`StoreError::Partly`]): per charge, its
+/// decision as it stands, `None` where it could not be decided; and the request's deadline.
+pub type Partly = (Vec<Option<Decision>>, Instant);
+
+/// What the postures answer for the charges the store could not decide, charging nothing yet,
+/// and whether the request is admitted.
+struct Look<'c> {
+    failed: SmallVec<[Charge<'c>; INLINE_CHARGES]>,
+    answered: Decisions,
+    admitted: bool,
+}
+
+fn denies(c: &Charge<'_>, d: &Decision) -> bool {
+    c.enforce && d.verdict != Verdict::Allowed
+}
+
+impl Postures {
+    /// Decides `charges` from `partly` and the postures elsewhere; charges them through `store`
+    /// (timed in `latency`) when `commit` and the request is admitted. Fills `decisions`. An
+    /// error when the charging call fails: the postures then answer for the whole request.
+    pub async fn decide_partly<S: Store>(
+        &self,
+        store: &S,
+        latency: &Histogram,
+        charges: &[Charge<'_>],
+        (decided, deadline): Partly,
+        commit: bool,
+        decisions: &mut Decisions,
+    ) -> Result<Degraded, StoreError> {
+        let mut look = self.look(charges, &decided);
+        let mut charged = None;
+        if look.admitted && commit {
+            let healthy = healthy(charges, &decided);
+            let call = store.apply_before(&healthy, deadline);
+            let answer = timed_store_call(latency, call).await?;
+            self.charged(&mut look, &healthy, &answer);
+            charged = Some(answer);
+        }
+        finish(charges, decided, look, charged, decisions)
+    }
+
+    /// [`Postures::decide_partly`] on a store that answers in place: `apply` charges the
+    /// limits the store decided.
+    pub fn decide_partly_now(
+        &self,
+        apply: impl FnOnce(&[Charge<'_>]) -> Result<Vec<Decision>, StoreError>,
+        charges: &[Charge<'_>],
+        (decided, _deadline): Partly,
+        commit: bool,
+        decisions: &mut Decisions,
+    ) -> Result<Degraded, StoreError> {
+        let mut look = self.look(charges, &decided);
+        let mut charged = None;
+        if look.admitted && commit {
+            let healthy = healthy(charges, &decided);
+            let answer = apply(&healthy)?;
+            self.charged(&mut look, &healthy, &answer);
+            charged = Some(answer);
+        }
+        finish(charges, decided, look, charged, decisions)
+    }
+
+    fn look<'c>(&self, charges: &[Charge<'c>], decided: &[Option<Decision>]) -> Look<'c> {
+        let failed: SmallVec<[Charge<'c>; INLINE_CHARGES]> = (0..charges.len())
+            .filter(|&i| decided[i].is_none())
+            .map(|i| charges[i])
+            .collect();
+        // What the postures would answer, charging nothing yet.
+        let answered = self.decide(&failed, false);
+        let admitted = charges
+            .iter()
+            .zip(decided)
+            .all(|(c, d)| d.as_ref().is_none_or(|d| !denies(c, d)))
+            && failed.iter().zip(&answered).all(|(c, d)| !denies(c, d));
+        Look {
+            failed,
+            answered,
+            admitted,
+        }
+    }
+
+    /// The store charged `healthy` with `answer`: the postures charge their limits too, unless
+    /// a concurrent request took the last of a quota since the first look. (The `local` shares
+    /// are charged after the store: one taken meanwhile on this replica leaves the store's
+    /// charges standing for a denied request, under the limit, never over.)
+    fn charged(&self, look: &mut Look<'_>, healthy: &[Charge<'_>], answer: &[Decision]) {
+        if healthy.iter().zip(answer).all(|(c, d)| !denies(c, d)) {
+            look.answered = self.decide(&look.failed, true);
+        }
+    }
+}
+
+/// The charges the store decided.
+fn healthy<'c>(
+    charges: &[Charge<'c>],
+    decided: &[Option<Decision>],
+) -> SmallVec<[Charge<'c>; INLINE_CHARGES]> {
+    (0..charges.len())
+        .filter(|&i| decided[i].is_some())
+        .map(|i| charges[i])
+        .collect()
+}
+
+/// Fills `decisions`: the store's (as charged, else as they stood) where it decided, the
+/// postures' elsewhere. Returns, per charge, the posture that answered.
+fn finish(
+    charges: &[Charge<'_>],
+    decided: Vec<Option<Decision>>,
+    look: Look<'_>,
+    charged: Option<Vec<Decision>>,
+    decisions: &mut Decisions,
+) -> Result<Degraded, StoreError> {
+    let mut charged = charged.into_iter().flatten();
+    let mut answered = look.answered.into_iter();
+    let mut degraded = Degraded::new();
+    decisions.clear();
+    for (i, looked) in decided.into_iter().enumerate() {
+        let decision = match looked {
+            Some(looked) => charged.next().unwrap_or(looked),
+            None => answered.next().ok_or_else(|| {
+                StoreError::InvalidData("the postures answered too few decisions".into())
+            })?,
+        };
+        decisions.push(decision);
+        degraded.push(looked.is_none().then(|| charges[i].posture));
+    }
+    Ok(degraded)
+}
