@@ -48,8 +48,7 @@ pub struct Limiter {
     snapshot: ArcSwap<Snapshot>,
     /// A policy decided beside the live one and never enforced (see [`Candidate`]).
     candidate: ArcSwapOption<Candidate>,
-    /// The store and its layers: the failure postures, and the prefilter and local budgets
-    /// that keep hot keys off a shared store.
+    /// The store, and its layers: the failure postures, and the hot keys' prefilter and leases.
     store: StoreBackend,
     postures: Postures,
     hot_keys: HotKeys,
@@ -88,8 +87,7 @@ impl Limiter {
         }
     }
 
-    /// Turns the prefilter (remembered denials, Redis store only) on or off; it is on by
-    /// default.
+    /// Turns the prefilter (remembered denials, Redis store only) on or off; on by default.
     pub fn with_prefilter(mut self, on: bool) -> Self {
         self.hot_keys = HotKeys::new(on);
         self
@@ -109,7 +107,7 @@ impl Limiter {
     /// store, and the `local` posture's (Redis expires its keys itself: every key has a TTL);
     /// and the runtime overrides that expired, each logged once.
     pub fn sweep_expired(&self) {
-        if let StoreBackend::Memory(m) = &self.store {
+        if let Some(m) = self.store.memory() {
             m.sweep_now();
         }
         self.local_store().sweep_now();
@@ -210,9 +208,7 @@ impl Limiter {
         request: &CheckRequest,
         commit: bool,
     ) -> Option<Result<CheckResponse, LimitError>> {
-        let StoreBackend::Memory(memory) = &self.store else {
-            return None;
-        };
+        let memory = self.store.memory()?;
         let decided = self.pipeline().decide_now(memory, request, commit);
         Some(decided.map_err(LimitError::from))
     }
@@ -256,16 +252,14 @@ impl Limiter {
     /// Gives back the unused units of lapsed leases and forgets cleared denials. Returns how
     /// many keys got units back.
     pub async fn sweep_hot_keys(&self) -> usize {
-        self.hot_keys
-            .sweep(&self.store, self.clock.now(), self.epoch())
-            .await
+        let (store, now, epoch) = (&self.store, self.clock.now(), self.epoch());
+        self.hot_keys.sweep(store, now, epoch).await
     }
 
     /// Gives back every local budget now (at shutdown). Returns how many keys got units back.
     pub async fn release_local_budgets(&self) -> usize {
-        self.hot_keys
-            .release(&self.store, Timestamp::MAX, self.epoch())
-            .await
+        let (store, epoch) = (&self.store, self.epoch());
+        self.hot_keys.release(store, Timestamp::MAX, epoch).await
     }
 
     /// The posture that answers for `limit` when the store cannot: its rule's, else the default.

@@ -190,12 +190,12 @@ impl Telemetry {
         let store_op = "tollgate_store_operation_duration_seconds";
         Histogram::render_header(store_op, "Store calls by backend and operation.", &mut out);
         let kind = store.kind();
-        let lease_ops = matches!(store, StoreBackend::Redis(_)).then(|| leases.store_latency());
+        let lease_ops = store.redis().map(|_| leases.store_latency());
         let ops = ["apply", "peek"].into_iter().zip(&self.store_latency);
         for (op, histogram) in ops.chain(lease_ops.into_iter().flatten()) {
             histogram.render(store_op, &format!("store=\"{kind}\",op=\"{op}\""), &mut out);
         }
-        if matches!(store, StoreBackend::Redis(_)) {
+        if store.redis().is_some() {
             let name = "tollgate_local_budget_store_failures_total";
             let _ = writeln!(
                 out,
@@ -205,7 +205,7 @@ impl Telemetry {
                 let _ = writeln!(out, "{name}{{op=\"{op}\"}} {failures}");
             }
         }
-        if let StoreBackend::Redis(redis) = store
+        if let Some(redis) = store.redis()
             && let Some((batches, decisions)) = redis.batch_stats()
         {
             let name = "tollgate_store_batches_total";

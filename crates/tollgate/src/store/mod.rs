@@ -271,6 +271,23 @@ impl StoreBackend {
         Err(last.unwrap_or_else(|| StoreError::Unavailable(format!("no answer within {within:?}"))))
     }
 
+    /// The memory store, if that is the backend: it answers in place, and has its own sweep.
+    pub fn memory(&self) -> Option<&MemoryStore> {
+        match self {
+            StoreBackend::Memory(m) => Some(m),
+            StoreBackend::Redis(_) => None,
+        }
+    }
+
+    /// The Redis store, if that is the backend: shared between replicas, so the prefilter and
+    /// local budgets apply, and the one that reserves and gives back leases.
+    pub fn redis(&self) -> Option<&Arc<RedisStore>> {
+        match self {
+            StoreBackend::Memory(_) => None,
+            StoreBackend::Redis(r) => Some(r),
+        }
+    }
+
     /// Checks that this store can decide every limit of `policy` exactly; each problem names
     /// the rule and where it is defined.
     pub fn check_policy(
