@@ -206,7 +206,7 @@ impl HotKeys {
         let mut taken: SmallVec<[Option<Taken>; INLINE_CHARGES]> = SmallVec::new();
         for charge in charges {
             taken.push(match charge.local_budget {
-                Some(budget) => self.leases.take(redis, *charge, budget, now, epoch).await,
+                Some(&budget) => self.leases.take(redis, *charge, budget, now, epoch).await,
                 None => None,
             });
         }

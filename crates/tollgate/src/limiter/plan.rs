@@ -200,9 +200,9 @@ fn share_of(limit: Option<&AppliedLimit>, settings: &FailureSettings) -> f64 {
 
 /// The local budget of `limit`. The policy only accepts a budget on an enforced rule; an
 /// overridden limit has none.
-fn budget_of(limit: &AppliedLimit) -> Option<LocalBudget> {
+fn budget_of(limit: &AppliedLimit) -> Option<&LocalBudget> {
     match limit {
-        AppliedLimit::Rule(rule) => rule.local_budget,
+        AppliedLimit::Rule(rule) => rule.local_budget.as_ref(),
         _ => None,
     }
 }

@@ -41,8 +41,9 @@ pub struct Charge<'a> {
     /// `local_share`, else the server's default.
     pub local_share: f64,
     /// Units a replica may reserve of this counter and admit from without the store: its
-    /// rule's `local_budget` (a shared store only).
-    pub local_budget: Option<LocalBudget>,
+    /// rule's `local_budget` (a shared store only). Borrowed from the rule: a charge is
+    /// copied from layer to layer, and held across the store call.
+    pub local_budget: Option<&'a LocalBudget>,
     /// Whether the prefilter may remember a denial of this charge (a shared store only).
     pub prefilterable: bool,
 }
