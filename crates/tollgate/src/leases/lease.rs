@@ -1,22 +1,8 @@
-//! Local budgets: for a rule with `local_budget: s`, a replica reserves `s` units of a key's
-//! quota from the shared store in one charge (a lease) and admits requests from it without
-//! calling the store; what it did not use is given back to the store when the lease lapses
-//! (after `local_budget_ttl`, or at the end of the window for a fixed window).
-//!
-//! Every unit admitted locally was charged to the store before it was admitted, so the store's
-//! own limit bounds the total. What a lease changes is *when* the store sees a unit: at the
-//! reservation instant, up to one TTL `h` before it is used. With `R` replicas, per key:
-//!
-//! - fixed window: never over the limit (a lease ends with its window);
-//! - sliding window log and counter: at most `min(R * s, units reserved in the h before the
-//!   window)` over the limit in any window;
-//! - token bucket and GCRA: in any interval of length `L`, at most `burst + rate * L` plus
-//!   `min(R * s, rate * h)`;
-//! - under the limit: at most `R * s` units sit reserved and unused, for at most `h`, then go
-//!   back.
-//!
-//! `docs/local-budgets.md` derives these bounds and reports measured ones. Leaky buckets are
-//! refused (each request must get its own delay from the store), as are shadow and soft rules.
+//! Leases, as local budgets use them: this replica's lease per counter key, reserved from the
+//! shared store in one charge, admitted from without calling the store, and given back when it
+//! lapses (after `local_budget_ttl`, or at the end of the window for a fixed window). The
+//! bounds this gives are stated in the [`super`] module. Leaky buckets are refused (each request
+//! must get its own delay from the store), as are shadow and soft rules.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,12 +18,12 @@ use crate::policy::LocalBudget;
 use crate::store::{Charge, RedisStore, StoreError, timed_store_call};
 
 /// One key's lease on this replica: the holder is this replica, the counter its key and
-/// `params`, the grant the `tokens` left of the units reserved, until `expires`; what is left
+/// `params`, the grant the `units` left of those reserved, until `expires`; what is left
 /// is given back as a refund at `charged_at`.
 #[derive(Debug, Default)]
 struct Lease {
     /// Units reserved and not yet used.
-    tokens: u64,
+    units: u64,
     /// When the lease lapses (this replica's clock).
     expires: Timestamp,
     /// The store's instant of the reservation (µs), for giving back.
@@ -75,7 +61,7 @@ impl Lease {
             && self.params.as_ref() == Some(params)
             && self.epoch == epoch
             && now < self.expires
-            && self.tokens >= cost.max(1)
+            && self.units >= cost.max(1)
     }
 
     fn attempt(&mut self, params: &Params, cost: u64, now: Timestamp, epoch: u64) -> Attempt {
@@ -83,7 +69,7 @@ impl Lease {
             return Attempt::BackingOff;
         }
         if self.can_serve(params, cost, now, epoch) {
-            self.tokens -= cost;
+            self.units -= cost;
             if let Some(decision) = self.served(now) {
                 return Attempt::Taken(decision);
             }
@@ -113,7 +99,7 @@ impl Lease {
 
     /// Empties the lease; returns what must be given back to the store.
     fn empty(&mut self) -> Option<Unused> {
-        let tokens = std::mem::take(&mut self.tokens);
+        let tokens = std::mem::take(&mut self.units);
         let params = self.params.take()?;
         self.reserved = None;
         (tokens > 0).then_some((params, tokens, self.charged_at))
@@ -125,7 +111,7 @@ impl Lease {
         Some(Decision {
             verdict: Verdict::Allowed,
             // The store's count when reserved, plus what this replica still holds of it.
-            remaining: reserved.remaining.saturating_add(self.tokens),
+            remaining: reserved.remaining.saturating_add(self.units),
             reset_after: reserved
                 .reset_after
                 .saturating_sub(now.saturating_since(at)),
@@ -281,7 +267,7 @@ async fn renew(
         _ => budget.ttl,
     };
     *lease = Lease {
-        tokens: budget.size - cost,
+        units: budget.size - cost,
         expires: now.saturating_add(hold),
         charged_at,
         params: Some(params),
@@ -321,7 +307,7 @@ impl Taken {
         let mut lease = self.slot.lease.lock();
         let back = lease.serial == self.serial && !lease.retired && lease.params.is_some();
         if back {
-            lease.tokens += cost;
+            lease.units += cost;
         }
         back
     }
@@ -461,7 +447,7 @@ impl Leases {
                 .filter(|_| lease.can_serve(params, 0, now, epoch));
             match served {
                 Some(decision) => Some(Some((decision, lease.serial, true))),
-                None => (lease.retired || lease.tokens == 0).then_some(None),
+                None => (lease.retired || lease.units == 0).then_some(None),
             }
         };
         let answer = settled(&slot.lease.lock());
