@@ -11,8 +11,9 @@ use tollgate_core::Timestamp;
 
 use super::answer::{self, Told};
 use super::candidate::Candidate;
-use super::capacity::never_admitted;
-use super::capacity::{answer_never_fits, cost_exceeds_capacity, exceeds_with_earlier};
+use super::capacity::{
+    answer_never_fits, cost_exceeds_capacity, exceeds_with_earlier, never_admitted,
+};
 use super::overrides::Overrides;
 use super::plan::{Plan, Planner, Side};
 use super::request::{CheckRequest, InvalidRequest};

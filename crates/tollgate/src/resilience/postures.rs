@@ -11,7 +11,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tollgate_core::{Decision, Params, Verdict};
 
-use super::Posture;
+use super::posture::Posture;
 use crate::clock::SharedClock;
 use crate::store::{Charge, Decisions, INLINE_CHARGES, MemoryStore};
 
