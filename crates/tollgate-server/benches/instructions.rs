@@ -1,0 +1,296 @@
+//! Decisions to count instructions of, under `valgrind --tool=callgrind`: one path, a fixed
+//! number of times, after its setup and a warm-up. `scripts/bench-instructions.sh` runs each path
+//! with N and with 2N decisions and divides the difference of the two totals by N, so setup,
+//! warm-up, runtime start and exit cancel out.
+//!
+//! `instructions list` prints the paths; `instructions PATH DECISIONS` decides DECISIONS times.
+//!
+//! - `limiter/<algorithm>`: `Limiter::check` on the memory store, one descriptor.
+//! - `grpc/memory`, `grpc/noop`: the RLS service's tonic server (`RlsService::into_server`) called
+//!   as a tower service with a framed protobuf request, over the limiter or over `AllowAll`; its
+//!   answer body and trailers read to the end.
+//! - `http/memory`, `http/noop`: the axum router (`http::router`, `http::allow_all_router`)
+//!   called with `oneshot` for `POST /v1/check` with a JSON body; its answer body read to the end.
+//!
+//! No socket anywhere. Every path uses one rule (10 per second on descriptor `k`, fixed window
+//! for the handlers), `KEYS` warm keys checked in turn with a 30-byte value each, and a manual
+//! clock advanced 1 ms per decision: each key sees one request per simulated second, so every
+//! decision is allowed and runs the same code. The handlers and the limiter are built only
+//! through public constructors (see [`limiter`], [`lifecycle`]), so the harness runs unchanged
+//! across refactors of their insides.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::hint::black_box;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor::Entry,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{
+    RateLimitRequest, RateLimitResponse, rate_limit_response,
+};
+use http_body_util::{BodyExt, Full};
+use prost::Message;
+use tollgate::clock::ManualClock;
+use tollgate::core::{Algorithm, Timestamp};
+use tollgate::lifecycle::Lifecycle;
+use tollgate::limiter::{CheckRequest, FailureSettings, Limiter, RequestDescriptor};
+use tollgate::policy::Policy;
+use tollgate::store::{MemoryStore, StoreBackend};
+use tollgate_server::AllowAll;
+use tollgate_server::grpc::RlsService;
+use tower::ServiceExt;
+
+/// Keys checked in turn. Decision counts are multiples of it, so each key is checked equally.
+const KEYS: usize = 1000;
+/// Length of each descriptor value (as in the criterion bench `decide`).
+const VALUE_LEN: usize = 30;
+/// Why a run failed.
+type Failure = Box<dyn std::error::Error>;
+
+const GRPC_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+fn paths() -> Vec<String> {
+    let mut paths: Vec<String> = Algorithm::ALL
+        .iter()
+        .map(|a| format!("limiter/{}", a.name()))
+        .collect();
+    paths.extend(["grpc/noop", "grpc/memory", "http/noop", "http/memory"].map(String::from));
+    paths
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [list] if list == "list" => {
+            for path in paths() {
+                println!("{path}");
+            }
+            ExitCode::SUCCESS
+        }
+        [path, decisions] => {
+            let Ok(decisions) = decisions.parse::<usize>() else {
+                eprintln!("DECISIONS must be a number");
+                return ExitCode::from(2);
+            };
+            if decisions % KEYS != 0 {
+                eprintln!("DECISIONS must be a multiple of {KEYS}");
+                return ExitCode::from(2);
+            }
+            match run(path, decisions) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("{path}: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        // `cargo bench` runs every bench with `--bench`: nothing to time here.
+        _ if args.iter().any(|a| a == "--bench") => ExitCode::SUCCESS,
+        _ => {
+            eprintln!("usage: instructions list | instructions PATH DECISIONS");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(path: &str, decisions: usize) -> Result<(), Failure> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (clock, limiter, sources) = match path.strip_prefix("limiter/") {
+        Some(name) => {
+            let algorithm = Algorithm::ALL
+                .into_iter()
+                .find(|a| a.name() == name)
+                .ok_or_else(|| format!("unknown algorithm `{name}`"))?;
+            limiter(algorithm)
+        }
+        None => limiter(Algorithm::FixedWindow),
+    };
+    runtime.block_on(async {
+        match path {
+            "grpc/noop" => {
+                grpc(
+                    &clock,
+                    RlsService::new(Arc::new(AllowAll::default())),
+                    decisions,
+                )
+                .await
+            }
+            "grpc/memory" => grpc(&clock, RlsService::new(limiter), decisions).await,
+            "http/noop" => {
+                http_router(&clock, tollgate_server::http::allow_all_router(), decisions).await
+            }
+            "http/memory" => {
+                let router = tollgate_server::http::router(lifecycle(limiter, sources));
+                http_router(&clock, router, decisions).await
+            }
+            _ if path.starts_with("limiter/") => check(&clock, &limiter, decisions).await,
+            _ => Err("unknown path (see `list`)".into()),
+        }
+    })
+}
+
+/// The policy of every path: 10 per second of `algorithm` on descriptor `k` of domain `bench`.
+fn sources(algorithm: Algorithm) -> Vec<(String, String)> {
+    let yaml = format!(
+        "domain: bench\ndescriptors:\n  - key: k\n    rate_limit: {{name: r, period: 1s, requests_per_unit: 10, algorithm: {}}}\n",
+        algorithm.name()
+    );
+    vec![("bench.yaml".to_owned(), yaml)]
+}
+
+/// A limiter on the memory store running [`sources`], its clock and the store's one manual
+/// clock, and the policy's sources.
+fn limiter(algorithm: Algorithm) -> (Arc<ManualClock>, Arc<Limiter>, Vec<(String, String)>) {
+    let sources = sources(algorithm);
+    let policy = Policy::from_sources(&sources).expect("bench policy");
+    let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
+        1_700_000_000_000_000,
+    )));
+    let store = StoreBackend::Memory(MemoryStore::new(clock.clone()));
+    let limiter =
+        Limiter::with_failure_settings(policy, store, FailureSettings::default(), clock.clone());
+    (clock, Arc::new(limiter), sources)
+}
+
+/// What `http::router` serves: the limiter's policy life cycle, with no config file.
+fn lifecycle(limiter: Arc<Limiter>, sources: Vec<(String, String)>) -> Arc<Lifecycle> {
+    Arc::new(Lifecycle::new(limiter, None, sources))
+}
+
+fn value(n: usize) -> String {
+    format!("{n:0VALUE_LEN$}")
+}
+
+/// Runs `decide` for each key once (the warm-up: every key exists and answers its steady
+/// state), then `decisions` times over the keys in turn; the manual clock advances 1 ms before
+/// each. `decide` says whether the decision was allowed; any other answer fails the run, after
+/// the count, so the check costs the same in every decision.
+async fn drive<F, Fut>(clock: &ManualClock, decisions: usize, mut decide: F) -> Result<(), Failure>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    for n in 0..KEYS {
+        clock.advance(Duration::from_millis(1));
+        if !decide(n).await {
+            return Err(format!("warm-up decision {n} was not allowed").into());
+        }
+    }
+    let mut refused = 0usize;
+    for i in 0..decisions {
+        clock.advance(Duration::from_millis(1));
+        refused += usize::from(!decide(i % KEYS).await);
+    }
+    match refused {
+        0 => Ok(()),
+        n => Err(format!("{n} of {decisions} decisions were not allowed").into()),
+    }
+}
+
+async fn check(clock: &ManualClock, limiter: &Limiter, decisions: usize) -> Result<(), Failure> {
+    let requests: Vec<CheckRequest> = (0..KEYS)
+        .map(|n| {
+            let d = RequestDescriptor::new(vec![("k".into(), value(n))], 1, None)?;
+            CheckRequest::new("bench".into(), vec![d])
+        })
+        .collect::<Result<_, _>>()?;
+    drive(clock, decisions, |n| {
+        let request = &requests[n];
+        async move {
+            match limiter.check(black_box(request)).await {
+                Ok(response) => black_box(response).allowed(),
+                Err(_) => false,
+            }
+        }
+    })
+    .await
+}
+
+async fn grpc<D: tollgate_server::Decide>(
+    clock: &ManualClock,
+    service: RlsService<D>,
+    decisions: usize,
+) -> Result<(), Failure> {
+    let server = service.into_server();
+    let bodies: Vec<Bytes> = (0..KEYS)
+        .map(|n| {
+            let message = RateLimitRequest {
+                domain: "bench".into(),
+                descriptors: vec![RateLimitDescriptor {
+                    entries: vec![Entry {
+                        key: "k".into(),
+                        value: value(n),
+                    }],
+                    ..Default::default()
+                }],
+                hits_addend: 1,
+            };
+            // gRPC length-prefixed message: not compressed, 4-byte big-endian length.
+            let encoded = message.encode_to_vec();
+            let mut framed = Vec::with_capacity(5 + encoded.len());
+            framed.push(0);
+            framed.extend_from_slice(&(encoded.len() as u32).to_be_bytes());
+            framed.extend_from_slice(&encoded);
+            Bytes::from(framed)
+        })
+        .collect();
+    drive(clock, decisions, |n| {
+        let request = axum::http::Request::post(GRPC_PATH)
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(Full::new(bodies[n].clone()))
+            .expect("gRPC request");
+        let server = server.clone();
+        async move {
+            let Ok(response) = server.oneshot(request).await;
+            let Ok(collected) = response.into_body().collect().await else {
+                return false;
+            };
+            let ok_status = collected
+                .trailers()
+                .and_then(|t| t.get("grpc-status"))
+                .is_some_and(|s| s == "0");
+            let bytes = collected.to_bytes();
+            let allowed = bytes.len() > 5
+                && RateLimitResponse::decode(&bytes[5..])
+                    .is_ok_and(|r| r.overall_code == rate_limit_response::Code::Ok as i32);
+            ok_status && allowed
+        }
+    })
+    .await
+}
+
+async fn http_router(
+    clock: &ManualClock,
+    router: axum::Router,
+    decisions: usize,
+) -> Result<(), Failure> {
+    let bodies: Vec<Bytes> = (0..KEYS)
+        .map(|n| {
+            Bytes::from(format!(
+                r#"{{"domain":"bench","descriptors":[{{"entries":[{{"key":"k","value":"{}"}}]}}]}}"#,
+                value(n)
+            ))
+        })
+        .collect();
+    drive(clock, decisions, |n| {
+        let request = axum::http::Request::post("/v1/check")
+            .header("content-type", "application/json")
+            .body(Body::from(bodies[n].clone()))
+            .expect("HTTP request");
+        let router = router.clone();
+        async move {
+            let Ok(response) = router.oneshot(request).await;
+            let allowed = response.status() == axum::http::StatusCode::OK;
+            let read = response.into_body().collect().await.is_ok();
+            allowed && read
+        }
+    })
+    .await
+}
