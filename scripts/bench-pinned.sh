@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# Paired server rounds, pinned: each server runs on one core (SERVER_CPU) with one tokio worker,
+# the load generator `tollgate bench` on another (LOAD_CPU), so a server's cost is measured as
+# CPU time per decision rather than read off a throughput the generator shares a core with.
+# Each round loads every server once per protocol, in an order that rotates from round to
+# round, so a slow spell of the shared machine falls on each server in turn. The method is in
+# docs/measuring.md.
+#
+#   per run:   throughput (decisions/s), p50/p99 latency, server CPU time per decision
+#              ((utime + stime) from /proc/PID/stat over the run / decisions), the share of its
+#              core the server used (near 1.0 when the generator saturates it);
+#   summary:   per protocol and server, the medians over the rounds with their range, and each
+#              server's CPU per decision against the first server's, paired round by round.
+#
+# Usage: scripts/bench-pinned.sh
+# Environment (defaults in brackets):
+#   SERVERS ["noop memory"]  any of: noop (`tollgate bench-server`), memory (`tollgate serve`,
+#                            memory store), redis (`tollgate serve` on a redis-server pinned to
+#                            LOAD_CPU; adds Redis's CPU per decision)
+#   PROTOCOLS ["grpc http"], ROUNDS [5] (at most 20), DURATION [5s] (at most 60 s per run),
+#   WARMUP [1s] (one unreported run per server and protocol first), KEYS [10000],
+#   GRPC_CONCURRENCY [64], GRPC_CONNECTIONS [2], HTTP_CONCURRENCY [32], HTTP_CONNECTIONS [32],
+#   SERVER_CPU [0], LOAD_CPU [1].
+# Everything listens on 127.0.0.1 ports the kernel chooses, the generator targets only those,
+# every run is under `timeout`, and every process started is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SERVERS="${SERVERS:-noop memory}"
+PROTOCOLS="${PROTOCOLS:-grpc http}"
+ROUNDS="${ROUNDS:-5}"
+DURATION="${DURATION:-5s}"
+WARMUP="${WARMUP:-1s}"
+KEYS="${KEYS:-10000}"
+GRPC_CONCURRENCY="${GRPC_CONCURRENCY:-64}"
+GRPC_CONNECTIONS="${GRPC_CONNECTIONS:-2}"
+HTTP_CONCURRENCY="${HTTP_CONCURRENCY:-32}"
+HTTP_CONNECTIONS="${HTTP_CONNECTIONS:-32}"
+SERVER_CPU="${SERVER_CPU:-0}"
+LOAD_CPU="${LOAD_CPU:-1}"
+
+me="$(basename "$0")"
+fail() { echo "$me: $*" >&2; exit 2; }
+
+# seconds DURATION: whole seconds of a `5s` / `500ms` / `1m` duration.
+seconds() {
+  case "$1" in
+    *ms) echo $(( (${1%ms} + 999) / 1000 )) ;;
+    *s) echo "${1%s}" ;;
+    *m) echo $(( ${1%m} * 60 )) ;;
+    *) fail "a duration like 5s, 500ms or 1m expected, got '$1'" ;;
+  esac
+}
+[[ "$ROUNDS" =~ ^[0-9]+$ ]] && [ "$ROUNDS" -ge 1 ] && [ "$ROUNDS" -le 20 ] || fail "ROUNDS must be 1..20"
+run_s="$(seconds "$DURATION")"; warm_s="$(seconds "$WARMUP")"
+[ "$run_s" -ge 1 ] && [ "$run_s" -le 60 ] || fail "DURATION must be 1s..60s"
+[ "$warm_s" -le 60 ] || fail "WARMUP must be at most 60s"
+for s in $SERVERS; do case "$s" in noop|memory|redis) ;; *) fail "unknown server '$s'" ;; esac; done
+for p in $PROTOCOLS; do case "$p" in grpc|http) ;; *) fail "unknown protocol '$p'" ;; esac; done
+for tool in taskset python3; do command -v "$tool" >/dev/null || fail "$tool is required"; done
+[ "$(nproc --all)" -ge 2 ] || fail "two cores are needed (one for the servers, one for the load)"
+read -ra servers <<<"$SERVERS"
+read -ra protocols <<<"$PROTOCOLS"
+
+cargo build --release -j 2 -p tollgate-cli >&2
+# Where cargo builds (CARGO_TARGET_DIR, or a target-dir set in a cargo config).
+bin="$(cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release/tollgate"
+
+. "$(dirname "$0")/bench-servers.sh"
+
+# One tokio worker per process: a server on one core, the generator on the other.
+export TOKIO_WORKER_THREADS=1
+redis_port=""
+for s in "${servers[@]}"; do
+  case "$s" in
+    noop) start noop taskset -c "$SERVER_CPU" "$bin" bench-server ;;
+    memory) start memory taskset -c "$SERVER_CPU" "$bin" serve --config "$work/policy.yaml" \
+      --admin-addr 127.0.0.1:0 ;;
+    redis)
+      command -v redis-server >/dev/null || fail "redis-server is required for SERVERS=redis"
+      redis_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+      taskset -c "$LOAD_CPU" redis-server --port "$redis_port" --bind 127.0.0.1 --save '' \
+        --appendonly no --logfile "$work/redis.log" &
+      pid[redis_server]=$!
+      for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+      redis-cli -p "$redis_port" ping >/dev/null 2>&1 || fail "redis-server did not answer"
+      start redis taskset -c "$SERVER_CPU" "$bin" serve --config "$work/policy.yaml" \
+        --admin-addr 127.0.0.1:0 --store "redis://127.0.0.1:$redis_port" ;;
+  esac
+done
+
+# pticks PID: CPU ticks (utime + stime) of process PID so far.
+pticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+# bench PROTOCOL SERVER DURATION OUT: one run of the pinned generator against SERVER; its JSON
+# report with the server's (and Redis's) CPU over the run added, in OUT.
+bench() {
+  local protocol="$1" server="$2" duration="$3" out="$4"
+  local c k s0 s1 r0=0 r1=0
+  if [ "$protocol" = grpc ]; then c="$GRPC_CONCURRENCY"; k="$GRPC_CONNECTIONS"
+  else c="$HTTP_CONCURRENCY"; k="$HTTP_CONNECTIONS"; fi
+  if [ "$server" = redis ]; then
+    redis-cli -p "$redis_port" config resetstat >/dev/null
+    r0="$(pticks "${pid[redis_server]}")"
+  fi
+  s0="$(pticks "${pid[$server]}")"
+  timeout $((run_s + warm_s + 30)) taskset -c "$LOAD_CPU" "$bin" bench \
+    --target "$protocol://$(addr "$server" "$protocol")" --domain bench \
+    --descriptor 'user=u{key}' --keys "$KEYS" --concurrency "$c" --connections "$k" \
+    --duration "$duration" --json >"$work/run.json"
+  s1="$(pticks "${pid[$server]}")"
+  local evalsha="null"
+  if [ "$server" = redis ]; then
+    r1="$(pticks "${pid[redis_server]}")"
+    evalsha="$(redis-cli -p "$redis_port" info commandstats |
+      sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')"
+    evalsha="${evalsha:-null}"
+  fi
+  python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+hz, s, r = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+n = max(d["requests"], 1)
+d["server_cpu_us"] = round(s / hz * 1e6 / n, 1)
+d["server_core_share"] = round(s / hz / max(d["elapsed_s"], 1e-9), 2)
+d["redis_cpu_us"] = round(r / hz * 1e6 / n, 1) if sys.argv[5] != "null" else None
+d["redis_evalsha_usec_per_call"] = None if sys.argv[5] == "null" else float(sys.argv[5])
+print(json.dumps(d))' "$work/run.json" "$hz" $((s1 - s0)) $((r1 - r0)) "$evalsha" >"$out"
+}
+
+echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')"
+echo "# $(nproc --all) CPUs; servers on CPU $SERVER_CPU, generator (and Redis) on CPU $LOAD_CPU, one tokio worker each"
+echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# gRPC: concurrency $GRPC_CONCURRENCY, $GRPC_CONNECTIONS channels; HTTP: concurrency $HTTP_CONCURRENCY, $HTTP_CONNECTIONS connections; $KEYS keys; $ROUNDS rounds of $DURATION, $WARMUP warm-up"
+echo
+
+if [ "$warm_s" -gt 0 ]; then
+  for protocol in "${protocols[@]}"; do
+    for server in "${servers[@]}"; do bench "$protocol" "$server" "$WARMUP" "$work/warmup.json"; done
+  done
+fi
+
+printf '%-5s %-5s %-7s %10s %8s %8s %7s %12s %10s %12s\n' proto round server decisions/s p50_us \
+  p99_us errors cpu_us/dec core_share redis_us/dec
+for round in $(seq "$ROUNDS"); do
+  for protocol in "${protocols[@]}"; do
+    # Rotate the order: round r starts with server (r - 1) mod n.
+    n="${#servers[@]}"
+    for i in $(seq 0 $((n - 1))); do
+      server="${servers[$(( (round - 1 + i) % n ))]}"
+      out="$work/$protocol.$server.$round.json"
+      bench "$protocol" "$server" "$DURATION" "$out"
+      python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+r = d["redis_cpu_us"]
+print("%-5s %-5s %-7s %10d %8s %8s %7s %12s %10s %12s" % (sys.argv[2], sys.argv[3], sys.argv[4],
+      d["throughput_rps"], d["latency_us"]["p50"], d["latency_us"]["p99"], d["errors"],
+      d["server_cpu_us"], d["server_core_share"], "-" if r is None else r))' \
+        "$out" "$protocol" "$round" "$server"
+    done
+  done
+done
+
+echo
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+python3 - "$work" "$ROUNDS" "${servers[*]}" "${protocols[*]}" <<'PY'
+import json, statistics, sys
+work, rounds = sys.argv[1], int(sys.argv[2])
+servers, protocols = sys.argv[3].split(), sys.argv[4].split()
+
+def load(p, s, r):
+    return json.load(open(f"{work}/{p}.{s}.{r}.json"))
+
+def mr(values, fmt):
+    values = sorted(values)
+    return f"{fmt(statistics.median(values))} ({fmt(values[0])}–{fmt(values[-1])})"
+
+base = servers[0]
+print("| protocol | server | decisions/s | server CPU µs/decision | CPU / %s's, paired | p99 µs | server core share | Redis CPU µs/decision | Redis EVALSHA µs/call |" % base)
+print("|---|---|---|---|---|---|---|---|---|")
+for p in protocols:
+    for s in servers:
+        runs = [load(p, s, r) for r in range(1, rounds + 1)]
+        ratios = [load(p, s, r)["server_cpu_us"] / max(load(p, base, r)["server_cpu_us"], 1e-9)
+                  for r in range(1, rounds + 1)]
+        redis = [d["redis_cpu_us"] for d in runs if d["redis_cpu_us"] is not None]
+        evalsha = [d["redis_evalsha_usec_per_call"] for d in runs
+                   if d["redis_evalsha_usec_per_call"] is not None]
+        print("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            p, s,
+            mr([d["throughput_rps"] for d in runs], lambda v: f"{v:.0f}"),
+            mr([d["server_cpu_us"] for d in runs], lambda v: f"{v:.1f}"),
+            "—" if s == base else mr(ratios, lambda v: f"{v:.2f}"),
+            mr([d["latency_us"]["p99"] for d in runs], lambda v: f"{v:.0f}"),
+            mr([d["server_core_share"] for d in runs], lambda v: f"{v:.2f}"),
+            mr(redis, lambda v: f"{v:.1f}") if redis else "—",
+            mr(evalsha, lambda v: f"{v:.1f}") if evalsha else "—"))
+errors = sum(load(p, s, r)["errors"] for p in protocols for s in servers for r in range(1, rounds + 1))
+if errors:
+    print(f"\n{errors} requests failed over the rounds: read the figures with care", file=sys.stderr)
+PY
