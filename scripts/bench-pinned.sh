@@ -20,7 +20,10 @@
 #   PROTOCOLS ["grpc http"], ROUNDS [5] (at most 20), DURATION [5s] (at most 60 s per run),
 #   WARMUP [1s] (one unreported run per server and protocol first), KEYS [10000],
 #   GRPC_CONCURRENCY [64], GRPC_CONNECTIONS [2], HTTP_CONCURRENCY [32], HTTP_CONNECTIONS [32],
-#   SERVER_CPU [0], LOAD_CPU [1].
+#   SERVER_CPU [0], LOAD_CPU [1],
+#   BASE_BIN [none]          another build's `tollgate` (the commit compared against): each server
+#                            of SERVERS is also run from it, as KIND-base, in the same rotation,
+#                            and each server's CPU per decision is paired with its base's.
 # Everything listens on 127.0.0.1 ports the kernel chooses, the generator targets only those,
 # every run is under `timeout`, and every process started is stopped on exit.
 set -euo pipefail
@@ -38,6 +41,7 @@ HTTP_CONCURRENCY="${HTTP_CONCURRENCY:-32}"
 HTTP_CONNECTIONS="${HTTP_CONNECTIONS:-32}"
 SERVER_CPU="${SERVER_CPU:-0}"
 LOAD_CPU="${LOAD_CPU:-1}"
+BASE_BIN="${BASE_BIN:-}"
 
 me="$(basename "$0")"
 fail() { echo "$me: $*" >&2; exit 2; }
@@ -58,6 +62,7 @@ run_s="$(seconds "$DURATION")"; warm_s="$(seconds "$WARMUP")"
 for s in $SERVERS; do case "$s" in noop|memory|redis) ;; *) fail "unknown server '$s'" ;; esac; done
 for p in $PROTOCOLS; do case "$p" in grpc|http) ;; *) fail "unknown protocol '$p'" ;; esac; done
 for tool in taskset python3; do command -v "$tool" >/dev/null || fail "$tool is required"; done
+[ -z "$BASE_BIN" ] || [ -x "$BASE_BIN" ] || fail "BASE_BIN is not an executable: $BASE_BIN"
 [ "$(nproc --all)" -ge 2 ] || fail "two cores are needed (one for the servers, one for the load)"
 read -ra servers <<<"$SERVERS"
 read -ra protocols <<<"$PROTOCOLS"
@@ -72,23 +77,38 @@ bin="$(cargo metadata --format-version 1 --no-deps |
 # One tokio worker per process: a server on one core, the generator on the other.
 export TOKIO_WORKER_THREADS=1
 redis_port=""
-for s in "${servers[@]}"; do
-  case "$s" in
-    noop) start noop taskset -c "$SERVER_CPU" "$bin" bench-server ;;
-    memory) start memory taskset -c "$SERVER_CPU" "$bin" serve --config "$work/policy.yaml" \
+# start_kind LABEL KIND BINARY: server KIND run from BINARY, pinned, known as LABEL.
+start_kind() {
+  local label="$1" kind="$2" binary="$3"
+  case "$kind" in
+    noop) start "$label" taskset -c "$SERVER_CPU" "$binary" bench-server ;;
+    memory) start "$label" taskset -c "$SERVER_CPU" "$binary" serve --config "$work/policy.yaml" \
       --admin-addr 127.0.0.1:0 ;;
     redis)
-      command -v redis-server >/dev/null || fail "redis-server is required for SERVERS=redis"
-      redis_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-      taskset -c "$LOAD_CPU" redis-server --port "$redis_port" --bind 127.0.0.1 --save '' \
-        --appendonly no --logfile "$work/redis.log" &
-      pid[redis_server]=$!
-      for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-      redis-cli -p "$redis_port" ping >/dev/null 2>&1 || fail "redis-server did not answer"
-      start redis taskset -c "$SERVER_CPU" "$bin" serve --config "$work/policy.yaml" \
+      if [ -z "$redis_port" ]; then
+        command -v redis-server >/dev/null || fail "redis-server is required for SERVERS=redis"
+        redis_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+        taskset -c "$LOAD_CPU" redis-server --port "$redis_port" --bind 127.0.0.1 --save '' \
+          --appendonly no --logfile "$work/redis.log" &
+        pid[redis_server]=$!
+        for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+        redis-cli -p "$redis_port" ping >/dev/null 2>&1 || fail "redis-server did not answer"
+      fi
+      start "$label" taskset -c "$SERVER_CPU" "$binary" serve --config "$work/policy.yaml" \
         --admin-addr 127.0.0.1:0 --store "redis://127.0.0.1:$redis_port" ;;
   esac
+}
+labels=()
+for s in "${servers[@]}"; do
+  start_kind "$s" "$s" "$bin"
+  labels+=("$s")
 done
+if [ -n "$BASE_BIN" ]; then
+  for s in "${servers[@]}"; do
+    start_kind "$s-base" "$s" "$BASE_BIN"
+    labels+=("$s-base")
+  done
+fi
 
 # pticks PID: CPU ticks (utime + stime) of process PID so far.
 pticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
@@ -100,7 +120,9 @@ bench() {
   local c k s0 s1 r0=0 r1=0
   if [ "$protocol" = grpc ]; then c="$GRPC_CONCURRENCY"; k="$GRPC_CONNECTIONS"
   else c="$HTTP_CONCURRENCY"; k="$HTTP_CONNECTIONS"; fi
-  if [ "$server" = redis ]; then
+  local with_redis=""
+  case "$server" in redis|redis-base) with_redis=1 ;; esac
+  if [ -n "$with_redis" ]; then
     redis-cli -p "$redis_port" config resetstat >/dev/null
     r0="$(pticks "${pid[redis_server]}")"
   fi
@@ -111,7 +133,7 @@ bench() {
     --duration "$duration" --json >"$work/run.json"
   s1="$(pticks "${pid[$server]}")"
   local evalsha="null"
-  if [ "$server" = redis ]; then
+  if [ -n "$with_redis" ]; then
     r1="$(pticks "${pid[redis_server]}")"
     evalsha="$(redis-cli -p "$redis_port" info commandstats |
       sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')"
@@ -136,24 +158,24 @@ echo
 
 if [ "$warm_s" -gt 0 ]; then
   for protocol in "${protocols[@]}"; do
-    for server in "${servers[@]}"; do bench "$protocol" "$server" "$WARMUP" "$work/warmup.json"; done
+    for server in "${labels[@]}"; do bench "$protocol" "$server" "$WARMUP" "$work/warmup.json"; done
   done
 fi
 
-printf '%-5s %-5s %-7s %10s %8s %8s %7s %12s %10s %12s\n' proto round server decisions/s p50_us \
+printf '%-5s %-5s %-12s %10s %8s %8s %7s %12s %10s %12s\n' proto round server decisions/s p50_us \
   p99_us errors cpu_us/dec core_share redis_us/dec
 for round in $(seq "$ROUNDS"); do
   for protocol in "${protocols[@]}"; do
     # Rotate the order: round r starts with server (r - 1) mod n.
-    n="${#servers[@]}"
+    n="${#labels[@]}"
     for i in $(seq 0 $((n - 1))); do
-      server="${servers[$(( (round - 1 + i) % n ))]}"
+      server="${labels[$(( (round - 1 + i) % n ))]}"
       out="$work/$protocol.$server.$round.json"
       bench "$protocol" "$server" "$DURATION" "$out"
       python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 r = d["redis_cpu_us"]
-print("%-5s %-5s %-7s %10d %8s %8s %7s %12s %10s %12s" % (sys.argv[2], sys.argv[3], sys.argv[4],
+print("%-5s %-5s %-12s %10d %8s %8s %7s %12s %10s %12s" % (sys.argv[2], sys.argv[3], sys.argv[4],
       d["throughput_rps"], d["latency_us"]["p50"], d["latency_us"]["p99"], d["errors"],
       d["server_cpu_us"], d["server_core_share"], "-" if r is None else r))' \
         "$out" "$protocol" "$round" "$server"
@@ -164,7 +186,7 @@ done
 echo
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-python3 - "$work" "$ROUNDS" "${servers[*]}" "${protocols[*]}" <<'PY'
+python3 - "$work" "$ROUNDS" "${labels[*]}" "${protocols[*]}" <<'PY'
 import json, statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
 servers, protocols = sys.argv[3].split(), sys.argv[4].split()
@@ -177,21 +199,32 @@ def mr(values, fmt):
     return f"{fmt(statistics.median(values))} ({fmt(values[0])}–{fmt(values[-1])})"
 
 base = servers[0]
-print("| protocol | server | decisions/s | server CPU µs/decision | CPU / %s's, paired | p99 µs | server core share | Redis CPU µs/decision | Redis EVALSHA µs/call |" % base)
-print("|---|---|---|---|---|---|---|---|---|")
+with_base = any(s.endswith("-base") for s in servers)
+
+def paired(p, s, other):
+    return [load(p, s, r)["server_cpu_us"] / max(load(p, other, r)["server_cpu_us"], 1e-9)
+            for r in range(1, rounds + 1)]
+
+print("| protocol | server | decisions/s | server CPU µs/decision | CPU / %s's, paired |%s p99 µs | server core share | Redis CPU µs/decision | Redis EVALSHA µs/call |"
+      % (base, " CPU / BASE_BIN's, paired |" if with_base else ""))
+print("|---|---|---|---|---|" + ("---|" if with_base else "") + "---|---|---|---|")
 for p in protocols:
     for s in servers:
         runs = [load(p, s, r) for r in range(1, rounds + 1)]
-        ratios = [load(p, s, r)["server_cpu_us"] / max(load(p, base, r)["server_cpu_us"], 1e-9)
-                  for r in range(1, rounds + 1)]
+        ratios = paired(p, s, base)
+        against_base = ""
+        if with_base:
+            against_base = " %s |" % ("—" if s.endswith("-base") else
+                                      mr(paired(p, s, s + "-base"), lambda v: f"{v:.2f}"))
         redis = [d["redis_cpu_us"] for d in runs if d["redis_cpu_us"] is not None]
         evalsha = [d["redis_evalsha_usec_per_call"] for d in runs
                    if d["redis_evalsha_usec_per_call"] is not None]
-        print("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        print("| %s | %s | %s | %s | %s |%s %s | %s | %s | %s |" % (
             p, s,
             mr([d["throughput_rps"] for d in runs], lambda v: f"{v:.0f}"),
             mr([d["server_cpu_us"] for d in runs], lambda v: f"{v:.1f}"),
             "—" if s == base else mr(ratios, lambda v: f"{v:.2f}"),
+            against_base,
             mr([d["latency_us"]["p99"] for d in runs], lambda v: f"{v:.0f}"),
             mr([d["server_core_share"] for d in runs], lambda v: f"{v:.2f}"),
             mr(redis, lambda v: f"{v:.1f}") if redis else "—",
