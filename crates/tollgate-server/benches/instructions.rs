@@ -3,7 +3,9 @@
 //! with N and with 2N decisions and divides the difference of the two totals by N, so setup,
 //! warm-up, runtime start and exit cancel out.
 //!
-//! `instructions list` prints the paths; `instructions PATH DECISIONS` decides DECISIONS times.
+//! `instructions list` prints the paths; `instructions PATH DECISIONS` decides DECISIONS times;
+//! without arguments (`cargo test --benches`) or with `--bench` (`cargo bench`), every path runs
+//! once over its keys and must allow every decision.
 //!
 //! - `limiter/<algorithm>`: `Limiter::check` on the memory store, one descriptor.
 //! - `grpc/memory`, `grpc/noop`: the RLS service's tonic server (`RlsService::into_server`) called
@@ -88,12 +90,35 @@ fn main() -> ExitCode {
                 }
             }
         }
-        // `cargo bench` runs every bench with `--bench`: nothing to time here.
-        _ if args.iter().any(|a| a == "--bench") => ExitCode::SUCCESS,
+        // `cargo bench` passes `--bench`, `cargo test --benches` nothing: check that every
+        // path runs and allows (what the counts rely on), without counting.
+        [] => smoke(),
+        _ if args.iter().any(|a| a == "--bench") => smoke(),
         _ => {
             eprintln!("usage: instructions list | instructions PATH DECISIONS");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Runs every path for `KEYS` decisions.
+fn smoke() -> ExitCode {
+    let failed: Vec<String> = paths()
+        .into_iter()
+        .filter_map(|path| run(&path, KEYS).err().map(|e| format!("{path}: {e}")))
+        .collect();
+    for f in &failed {
+        eprintln!("{f}");
+    }
+    println!(
+        "instructions: {} paths ran, {} failed",
+        paths().len(),
+        failed.len()
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 
