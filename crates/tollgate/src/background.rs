@@ -15,7 +15,6 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +23,8 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio::task::JoinHandle;
 use tracing::{debug, error};
+
+use crate::observe::prometheus::{Exposition, Kind};
 
 /// Panics of a background task, by task.
 pub const PANICS: &str = "tollgate_background_task_panics_total";
@@ -134,10 +135,11 @@ pub fn render_metrics(out: &mut String) {
             |t: &Tally| t.restarts.load(Ordering::Relaxed),
         ),
     ];
+    let mut text = Exposition::new(out);
     for (name, help, count) in families {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        let mut family = text.family(name, help, Kind::Counter);
         for (task, tally) in &tasks {
-            let _ = writeln!(out, "{name}{{task=\"{task}\"}} {}", count(tally));
+            family.sample(&[("task", *task)], count(tally));
         }
     }
 }

@@ -19,7 +19,17 @@ use tracing::{info, warn};
 
 use crate::fnv::fnv1a64;
 use crate::limiter::Limiter;
+use crate::observe::prometheus::{Exposition, Kind};
 use crate::policy::{Policy, PolicyErrors};
+
+/// The running policy's sequence number, labelled with its hash.
+pub const POLICY_VERSION: &str = "tollgate_policy_version";
+
+/// Policy activation attempts, by result.
+pub const POLICY_RELOADS: &str = "tollgate_policy_reloads_total";
+
+/// 1 unless the last activation attempt was rejected.
+pub const POLICY_LAST_RELOAD_SUCCESSFUL: &str = "tollgate_policy_last_reload_successful";
 
 /// How many versions are kept for rollback.
 pub const KEPT_VERSIONS: usize = 50;
@@ -523,37 +533,36 @@ impl Lifecycle {
         result.map_err(|e| RollbackError::Rejected(e.to_string()))
     }
 
-    /// Appends the policy metrics in Prometheus text format.
+    /// Appends [`POLICY_VERSION`], [`POLICY_RELOADS`] and [`POLICY_LAST_RELOAD_SUCCESSFUL`] in
+    /// Prometheus text format.
     pub fn render_metrics(&self, out: &mut String) {
         let current = self.current();
-        out.push_str("# HELP tollgate_policy_version The running policy version (sequence number), labelled with its hash.\n");
-        out.push_str("# TYPE tollgate_policy_version gauge\n");
-        let _ = writeln!(
-            out,
-            "tollgate_policy_version{{hash=\"{}\"}} {}",
-            current.hash, current.seq
+        let mut text = Exposition::new(out);
+        text.family(
+            POLICY_VERSION,
+            "The running policy version (sequence number), labelled with its hash.",
+            Kind::Gauge,
+        )
+        .sample(&[("hash", current.hash.as_str())], current.seq);
+        let mut reloads = text.family(
+            POLICY_RELOADS,
+            "Policy activation attempts by result.",
+            Kind::Counter,
         );
-        out.push_str(
-            "# HELP tollgate_policy_reloads_total Policy activation attempts by result.\n",
-        );
-        out.push_str("# TYPE tollgate_policy_reloads_total counter\n");
         for (result, count) in [
             ("activated", &self.counts.activated),
             ("unchanged", &self.counts.unchanged),
             ("rejected", &self.counts.rejected),
         ] {
-            let _ = writeln!(
-                out,
-                "tollgate_policy_reloads_total{{result=\"{result}\"}} {}",
-                count.load(Ordering::Relaxed)
-            );
+            reloads.sample(&[("result", result)], count.load(Ordering::Relaxed));
         }
         let ok = !self.counts.last_rejected.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_policy_last_reload_successful 1 unless the last reload, push, rollback or adoption was rejected or its files could not be read (the running policy stays).\n# TYPE tollgate_policy_last_reload_successful gauge\ntollgate_policy_last_reload_successful {}",
-            u8::from(ok)
-        );
+        text.family(
+            POLICY_LAST_RELOAD_SUCCESSFUL,
+            "1 unless the last reload, push, rollback or adoption was rejected or its files could not be read (the running policy stays).",
+            Kind::Gauge,
+        )
+        .sample(&[], u8::from(ok));
     }
 }
 

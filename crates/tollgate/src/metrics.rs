@@ -11,12 +11,24 @@
 //! charge after it count one decision, not two.
 
 use std::collections::HashMap;
-use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::observe::prometheus::{self, Exposition, Kind};
 use crate::policy::{Policy, Rule, RuleMode};
 use crate::resilience::Posture;
+
+/// Descriptors charged against a rule, by domain, rule and outcome.
+pub const DECISIONS: &str = "tollgate_decisions_total";
+
+/// Descriptors checked (`hits_addend: 0`) against a rule, by domain, rule and outcome.
+pub const CHECKS: &str = "tollgate_checks_total";
+
+/// Outcomes of `detailed_metric` rules, by domain, rule, descriptor and outcome.
+pub const DETAILED_DECISIONS: &str = "tollgate_detailed_decisions_total";
+
+/// Decisions a rule's failure posture made, by domain, rule and posture.
+pub const DEGRADED_DECISIONS: &str = "tollgate_degraded_decisions_total";
 
 /// What happened to one descriptor checked against a rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,51 +188,50 @@ impl RuleCounters {
         })
     }
 
-    /// Appends `tollgate_decisions_total` and `tollgate_checks_total` in Prometheus text format.
+    /// Appends [`DECISIONS`], [`CHECKS`], [`DETAILED_DECISIONS`] and [`DEGRADED_DECISIONS`] in
+    /// Prometheus text format.
     pub fn render(&self, policy: &Policy, out: &mut String) {
+        let mut text = Exposition::new(out);
         render_outcomes(
-            out,
-            (
-                "tollgate_decisions_total",
-                "Descriptors charged against a rule, by outcome.",
-            ),
+            &mut text,
+            (DECISIONS, "Descriptors charged against a rule, by outcome."),
             policy.rules(),
             |index, outcome| self.get(index, outcome),
         );
         render_outcomes(
-            out,
+            &mut text,
             (
-                "tollgate_checks_total",
+                CHECKS,
                 "Descriptors checked against a rule with hits_addend 0 (nothing charged), by outcome.",
             ),
             policy.rules(),
             |index, outcome| self.checks(index, outcome),
         );
-        self.render_values(policy, out);
-        out.push_str("# HELP tollgate_degraded_decisions_total Decisions made by a rule's failure posture because the store could not decide.\n");
-        out.push_str("# TYPE tollgate_degraded_decisions_total counter\n");
+        self.render_values(policy, &mut text);
+        let mut family = text.family(
+            DEGRADED_DECISIONS,
+            "Decisions made by a rule's failure posture because the store could not decide.",
+            Kind::Counter,
+        );
         for rule in policy.rules().iter().filter(|r| r.limit.is_some()) {
             for posture in Posture::ALL {
-                let _ = writeln!(
-                    out,
-                    "tollgate_degraded_decisions_total{{domain=\"{}\",rule=\"{}\",posture=\"{}\"}} {}",
-                    escape_label(&rule.domain),
-                    escape_label(&rule.name),
-                    posture,
-                    self.degraded(rule.index, posture)
-                );
+                let labels = [
+                    ("domain", rule.domain.as_str()),
+                    ("rule", rule.name.as_str()),
+                    ("posture", posture.name()),
+                ];
+                family.sample(&labels, self.degraded(rule.index, posture));
             }
         }
     }
 
-    /// Appends `tollgate_detailed_decisions_total`: the outcomes counted per descriptor value
-    /// of every `detailed_metric` rule, in the order of the values' texts.
-    fn render_values(&self, policy: &Policy, out: &mut String) {
-        let name = "tollgate_detailed_decisions_total";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Descriptors checked against a rule with detailed_metric, by descriptor and outcome (at most {MAX_DETAILED_VALUES} descriptors a rule; later ones as descriptor=\"{OTHER_VALUES}\").\n# TYPE {name} counter"
+    /// Appends [`DETAILED_DECISIONS`]: the outcomes counted per descriptor value of every
+    /// `detailed_metric` rule, in the order of the values' texts.
+    fn render_values(&self, policy: &Policy, text: &mut Exposition<'_>) {
+        let help = format!(
+            "Descriptors checked against a rule with detailed_metric, by descriptor and outcome (at most {MAX_DETAILED_VALUES} descriptors a rule; later ones as descriptor=\"{OTHER_VALUES}\")."
         );
+        let mut family = text.family(DETAILED_DECISIONS, &help, Kind::Counter);
         for rule in policy.rules().iter().filter(|r| r.detailed_metric) {
             let Some(slot) = self.counts.get(rule.index) else {
                 continue;
@@ -230,48 +241,41 @@ impl RuleCounters {
             sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             for (value, counts) in sorted {
                 for outcome in Outcome::ALL.into_iter().filter(|o| counts[*o as usize] > 0) {
-                    let _ = writeln!(
-                        out,
-                        "{name}{{domain=\"{}\",rule=\"{}\",descriptor=\"{}\",outcome=\"{}\"}} {}",
-                        escape_label(&rule.domain),
-                        escape_label(&rule.name),
-                        escape_label(&value),
-                        outcome.label(),
-                        counts[outcome as usize]
-                    );
+                    let labels = [
+                        ("domain", rule.domain.as_str()),
+                        ("rule", rule.name.as_str()),
+                        ("descriptor", &value),
+                        ("outcome", outcome.label()),
+                    ];
+                    family.sample(&labels, counts[outcome as usize]);
                 }
             }
         }
     }
 }
 
-/// Appends the counter `name` (described by `help`) in Prometheus text format: a series per
-/// rule of `rules` and outcome, counting `count(rule index, outcome)`.
+/// Appends the counter `name` (described by `help`): a series per rule of `rules` and outcome,
+/// counting `count(rule index, outcome)`.
 pub(crate) fn render_outcomes<'a>(
-    out: &mut String,
+    text: &mut Exposition<'_>,
     (name, help): (&str, &str),
     rules: impl IntoIterator<Item = &'a Arc<Rule>>,
     count: impl Fn(usize, Outcome) -> u64,
 ) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+    let mut family = text.family(name, help, Kind::Counter);
     for rule in rules {
         for outcome in Outcome::ALL {
-            let _ = writeln!(
-                out,
-                "{name}{{domain=\"{}\",rule=\"{}\",outcome=\"{}\"}} {}",
-                escape_label(&rule.domain),
-                escape_label(&rule.name),
-                outcome.label(),
-                count(rule.index, outcome)
-            );
+            let labels = [
+                ("domain", rule.domain.as_str()),
+                ("rule", rule.name.as_str()),
+                ("outcome", outcome.label()),
+            ];
+            family.sample(&labels, count(rule.index, outcome));
         }
     }
 }
 
-/// Escapes a Prometheus label value.
+/// Escapes a Prometheus label value (see [`crate::observe::prometheus`]).
 pub fn escape_label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    prometheus::escape_label(value)
 }

@@ -14,6 +14,7 @@ use super::request::RequestDescriptor;
 use super::snapshot::{record_top_key, top_keys_per_rule};
 use crate::lifecycle::sources_hash;
 use crate::metrics::{Outcome, RuleCounters, render_outcomes};
+use crate::observe::prometheus::Exposition;
 use crate::observe::{TopEntry, TopKeys};
 use crate::policy::{Policy, Rule, RuleMode};
 
@@ -122,7 +123,7 @@ impl Candidate {
     /// Appends [`CANDIDATE_DECISIONS`] in Prometheus text format.
     pub(super) fn render_metrics(&self, out: &mut String) {
         render_outcomes(
-            out,
+            &mut Exposition::new(out),
             (
                 CANDIDATE_DECISIONS,
                 "Descriptors checked against a rule of the shadow candidate policy, by outcome (never enforced).",

@@ -4,9 +4,10 @@
 //! couple of relaxed atomic adds, with no lock and no allocation. Bucket bounds are fixed at
 //! construction, so a scrape costs one pass over a handful of counters.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use super::prometheus::{self, Escaped, Exposition, Kind};
 
 /// Counts of durations by upper bound, plus their sum, for one label set.
 ///
@@ -96,38 +97,28 @@ impl Histogram {
         Duration::from_nanos(self.sum_nanos.load(Ordering::Relaxed))
     }
 
+    /// Per bucket, in order: its upper bound in seconds (`None` for `+Inf`, last) and its own
+    /// count (not cumulative).
+    pub fn buckets(&self) -> impl Iterator<Item = (Option<f64>, u64)> + '_ {
+        let bounds = self.bounds.iter().copied().map(Some).chain([None]);
+        bounds.zip(self.buckets.iter().map(|b| b.load(Ordering::Relaxed)))
+    }
+
+    /// The sum of all observed durations in seconds, as `_sum` shows it.
+    pub fn sum_seconds(&self) -> f64 {
+        // One correctly rounded division, so e.g. 350µs renders as 0.00035, not 0.00035000000000000005.
+        self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9
+    }
+
     /// Appends the sample lines for this histogram in Prometheus text format: cumulative
-    /// `name_bucket` lines for each bound and `+Inf`, then `name_sum` (seconds) and `name_count`.
+    /// `name_bucket` lines for each bound and `+Inf`, then `name_sum` (seconds) and `name_count`
+    /// (through [`prometheus::Family::histogram`]).
     ///
     /// `labels` is a pre-rendered, already escaped label list such as
     /// `store="redis",op="decide"`, or empty for none. `name` is written as given. HELP and
     /// TYPE lines are not written; see [`Histogram::render_header`].
     pub fn render(&self, name: &str, labels: &str, out: &mut String) {
-        let separator = if labels.is_empty() { "" } else { "," };
-        let mut cumulative: u64 = 0;
-        for (bucket, bound) in self.buckets.iter().zip(self.bounds) {
-            cumulative = cumulative.wrapping_add(bucket.load(Ordering::Relaxed));
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{separator}le=\"{bound}\"}} {cumulative}"
-            );
-        }
-        if let Some(overflow) = self.buckets.last() {
-            cumulative = cumulative.wrapping_add(overflow.load(Ordering::Relaxed));
-        }
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{{labels}{separator}le=\"+Inf\"}} {cumulative}"
-        );
-        // One correctly rounded division, so e.g. 350µs renders as 0.00035, not 0.00035000000000000005.
-        let sum_seconds = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        if labels.is_empty() {
-            let _ = writeln!(out, "{name}_sum {sum_seconds}");
-            let _ = writeln!(out, "{name}_count {cumulative}");
-        } else {
-            let _ = writeln!(out, "{name}_sum{{{labels}}} {sum_seconds}");
-            let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
-        }
+        prometheus::Family::after_header(out, name).histogram(&Escaped(labels), self);
     }
 
     /// Appends the `# HELP` and `# TYPE name histogram` lines of a histogram family; write them
@@ -135,15 +126,7 @@ impl Histogram {
     ///
     /// Backslashes and line breaks in `help` are escaped as the text format requires.
     pub fn render_header(name: &str, help: &str, out: &mut String) {
-        let _ = write!(out, "# HELP {name} ");
-        for c in help.chars() {
-            match c {
-                '\\' => out.push_str("\\\\"),
-                '\n' => out.push_str("\\n"),
-                c => out.push(c),
-            }
-        }
-        let _ = writeln!(out, "\n# TYPE {name} histogram");
+        Exposition::new(out).family(name, help, Kind::Histogram);
     }
 }
 

@@ -3,9 +3,11 @@
 //! * [`Histogram`]: fixed-bucket latency histograms for the hot path, rendered for Prometheus.
 //! * [`TopKeys`]: the most frequent keys of a stream (e.g. the most throttled clients of a rule)
 //!   in a fixed-size table, so client keys never become metric labels.
+//! * [`prometheus`]: the one writer of the Prometheus text format every `/metrics` part uses.
 //! * [`Throttle`]: a log line at most once per interval, with a count of those held back.
 
 mod histogram;
+pub mod prometheus;
 mod throttle;
 mod top_keys;
 
