@@ -12,10 +12,10 @@ use tollgate_core::Timestamp;
 
 use super::request::RequestDescriptor;
 use super::snapshot::{record_top_key, top_keys_per_rule};
-use crate::lifecycle::sources_hash;
 use crate::metrics::{Outcome, RuleCounters, render_outcomes};
 use crate::observe::prometheus::Exposition;
 use crate::observe::{TopEntry, TopKeys};
+use crate::policy::sources::sources_hash;
 use crate::policy::{Policy, Rule, RuleMode};
 
 /// Name of the candidate's decision counter family.

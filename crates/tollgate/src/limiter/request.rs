@@ -19,9 +19,8 @@ pub const MAX_COST: u64 = 1_000_000_000;
 pub const MAX_DESCRIPTORS: usize = 64;
 /// Most entries in one descriptor.
 pub const MAX_ENTRIES: usize = 32;
-/// Longest domain or key, in bytes. A value may be longer: in counter keys it is replaced by
-/// a digest of it (see `keys`).
-pub const MAX_FIELD_LEN: usize = 1024;
+/// Longest domain or key, in bytes (defined with the policy, which refuses longer names).
+pub use crate::policy::MAX_FIELD_LEN;
 
 /// Why a request could not be decided. A store failure is not one of them: the failure
 /// postures answer instead (see [`crate::resilience::FailureSettings`]).

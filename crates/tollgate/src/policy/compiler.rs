@@ -14,8 +14,7 @@ use super::identity::{self, PathStep};
 use super::rule::{LocalBudget, RuleMode};
 use super::snapshot::DomainTable;
 use super::tree::{Level, Node, ValueMatch};
-use super::{Location, Policy, PolicyError, PolicyErrors, Rule, Unit};
-use crate::limiter::MAX_FIELD_LEN;
+use super::{Location, MAX_FIELD_LEN, Policy, PolicyError, PolicyErrors, Rule, Unit};
 
 /// Why a domain, key or value with control or bidirectional characters is refused (their text
 /// is shown before it).

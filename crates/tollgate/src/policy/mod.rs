@@ -14,6 +14,7 @@ mod identity;
 mod load;
 mod rule;
 mod snapshot;
+pub mod sources;
 mod tree;
 mod unit;
 
@@ -22,6 +23,10 @@ pub use load::MAX_POLICY_FILE;
 pub use rule::{LocalBudget, Rule, RuleMode};
 pub use snapshot::Policy;
 pub use unit::{Unit, parse_period};
+
+/// Longest domain or key, in bytes. A value may be longer: in counter keys it is replaced by
+/// a digest of it (see `limiter::keys`).
+pub const MAX_FIELD_LEN: usize = 1024;
 
 /// The Unicode characters that reorder text around them (marks, embeddings, overrides,
 /// isolates): in a name they could make a log line or a terminal read otherwise than it is.
