@@ -37,9 +37,12 @@ pub mod limiter;
 pub mod metrics;
 pub mod observe;
 pub mod policy;
-pub mod policy_sync;
+
 mod random;
 pub mod resilience;
 pub mod store;
+
+/// The Redis policy sync, under its earlier path.
+pub use lifecycle::sync as policy_sync;
 
 pub use tollgate_core as core;

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tollgate_core::Timestamp;
 use tracing::{info, warn};
 
-use crate::lifecycle::{Activation, Lifecycle, Origin, PolicyVersion};
+use super::{Activation, Lifecycle, Origin, PolicyVersion};
 use crate::limiter::{Override, OverrideChange};
 use crate::observe::Throttle;
 use crate::store::redis::{SharedOverride, SharedOverrideChange, SharedOverrides, Stamp};
