@@ -1,6 +1,9 @@
 //! A line diff of two policy versions, file by file, for `tollgate policy diff`.
 
 use std::fmt::Write;
+use std::time::Duration;
+
+use similar::algorithms::{DiffHook, myers};
 
 use super::PolicyVersion;
 use crate::policy::sources::relative_names;
@@ -82,14 +85,21 @@ fn around_changes(lines: &[String]) -> Vec<&str> {
     out
 }
 
-/// Changed lines past which [`line_diff`] stops looking for the shortest diff (its memory grows
-/// with their square: about 8 MB here) and shows the rest as all removed, then all added.
+/// Changed lines past which [`line_diff`] stops looking for the shortest diff and shows the
+/// rest as all removed, then all added.
 const MAX_DIFF_EDITS: usize = 1000;
 
+/// How long [`line_diff`] looks for the shortest diff at most: the search takes time that grows
+/// with the lines times the changes, and a diff of two very different long policies must not
+/// hold an admin request for long. Past it, the diff found so far is shown (still one from one
+/// text to the other, no longer the shortest).
+const DIFF_DEADLINE: Duration = Duration::from_secs(2);
+
 /// A line diff (` ` kept, `-` removed, `+` added): the common first and last lines, then the
-/// shortest edit of the lines between (Myers' algorithm, in time and memory that grow with the
-/// lines times the changes, not with the lines squared: a policy of a hundred thousand lines with
-/// a few changes diffs at once, within a few MB).
+/// shortest edit of the lines between (Myers' algorithm, by the `similar` crate, in time that
+/// grows with the lines times the changes and memory with the lines: a policy of a hundred
+/// thousand lines with a few changes diffs at once). In each run of changes the removed lines
+/// come first.
 fn line_diff(a: &str, b: &str) -> Vec<String> {
     let a: Vec<&str> = a.lines().collect();
     let b: Vec<&str> = b.lines().collect();
@@ -113,74 +123,103 @@ fn line_diff(a: &str, b: &str) -> Vec<String> {
     out
 }
 
-/// The shortest edit turning `a` into `b` (Myers, "An O(ND) difference algorithm"), or `None`
-/// past [`MAX_DIFF_EDITS`] changed lines.
+/// The shortest edit turning `a` into `b`, or `None` past [`MAX_DIFF_EDITS`] changed lines.
 fn shortest_edit(a: &[&str], b: &[&str]) -> Option<Vec<String>> {
-    let (n, m) = (a.len() as isize, b.len() as isize);
-    // `v[k + offset]`: how far along `a` the furthest path on diagonal `k` (x - y) reaches.
-    let offset = n + m + 1;
-    let mut v = vec![0isize; (2 * offset + 1) as usize];
-    // Each step's `v` over the diagonals it can read, -(d + 1)..=d + 1, for the way back.
-    let mut trace: Vec<Vec<isize>> = Vec::new();
-    let at = |k: isize| (k + offset) as usize;
-    let mut found = false;
-    for d in 0..=(n + m).min(MAX_DIFF_EDITS as isize) {
-        trace.push(v[at(-d - 1)..=at(d + 1)].to_vec());
-        for k in (-d..=d).step_by(2) {
-            let mut x = if k == -d || (k != d && v[at(k - 1)] < v[at(k + 1)]) {
-                v[at(k + 1)]
-            } else {
-                v[at(k - 1)] + 1
-            };
-            let mut y = x - k;
-            while x < n && y < m && a[x as usize] == b[y as usize] {
-                x += 1;
-                y += 1;
-            }
-            v[at(k)] = x;
-            if x >= n && y >= m {
-                found = true;
-                break;
-            }
-        }
-        if found {
-            break;
-        }
+    let mut edit = Edit {
+        a,
+        b,
+        lines: Vec::new(),
+        removed: Vec::new(),
+        added: Vec::new(),
+        changed: 0,
+    };
+    // The raw search: the default one may settle for a longer edit on hard inputs.
+    myers::diff_deadline_raw(&mut edit, a, 0..a.len(), b, 0..b.len(), deadline()).ok()?;
+    edit.flush();
+    Some(edit.lines)
+}
+
+/// [`DIFF_DEADLINE`] from now.
+#[allow(clippy::disallowed_methods)] // bounds the work of an admin request; decides nothing
+fn deadline() -> Option<std::time::Instant> {
+    std::time::Instant::now().checked_add(DIFF_DEADLINE)
+}
+
+/// Past [`MAX_DIFF_EDITS`] changed lines.
+#[derive(Debug)]
+struct TooManyEdits;
+
+/// Collects an edit from `a` to `b` as diff lines, each run of changes its removed lines first.
+struct Edit<'a> {
+    a: &'a [&'a str],
+    b: &'a [&'a str],
+    lines: Vec<String>,
+    removed: Vec<String>,
+    added: Vec<String>,
+    changed: usize,
+}
+
+impl Edit<'_> {
+    /// Ends a run of changes.
+    fn flush(&mut self) {
+        self.lines.append(&mut self.removed);
+        self.lines.append(&mut self.added);
     }
-    if !found {
-        return None;
-    }
-    // Back from the end, step by step: each step is one removal or addition after a run of
-    // kept lines.
-    let mut edit = Vec::new();
-    let (mut x, mut y) = (n, m);
-    for (d, before) in trace.iter().enumerate().rev() {
-        let d = d as isize;
-        let read = |k: isize| before[(k + d + 1) as usize];
-        let k = x - y;
-        let from_k = if k == -d || (k != d && read(k - 1) < read(k + 1)) {
-            k + 1
-        } else {
-            k - 1
-        };
-        let from_x = read(from_k);
-        let from_y = from_x - from_k;
-        while x > from_x && y > from_y {
-            edit.push(format!(" {}", a[x as usize - 1]));
-            x -= 1;
-            y -= 1;
+
+    /// Counts `n` more changed lines.
+    fn change(&mut self, n: usize) -> Result<(), TooManyEdits> {
+        self.changed += n;
+        if self.changed > MAX_DIFF_EDITS {
+            return Err(TooManyEdits);
         }
-        if d > 0 {
-            if x == from_x {
-                edit.push(format!("+{}", b[y as usize - 1]));
-            } else {
-                edit.push(format!("-{}", a[x as usize - 1]));
-            }
-        }
-        (x, y) = (from_x, from_y);
+        Ok(())
     }
-    edit.reverse();
-    Some(edit)
+}
+
+impl DiffHook for Edit<'_> {
+    type Error = TooManyEdits;
+
+    fn equal(
+        &mut self,
+        old_index: usize,
+        _new_index: usize,
+        len: usize,
+    ) -> Result<(), TooManyEdits> {
+        self.flush();
+        let kept = self.a.get(old_index..old_index + len).unwrap_or_default();
+        self.lines.extend(kept.iter().map(|l| format!(" {l}")));
+        Ok(())
+    }
+
+    fn delete(
+        &mut self,
+        old_index: usize,
+        old_len: usize,
+        _new_index: usize,
+    ) -> Result<(), TooManyEdits> {
+        self.change(old_len)?;
+        let removed = self
+            .a
+            .get(old_index..old_index + old_len)
+            .unwrap_or_default();
+        self.removed.extend(removed.iter().map(|l| format!("-{l}")));
+        Ok(())
+    }
+
+    fn insert(
+        &mut self,
+        _old_index: usize,
+        new_index: usize,
+        new_len: usize,
+    ) -> Result<(), TooManyEdits> {
+        self.change(new_len)?;
+        let added = self
+            .b
+            .get(new_index..new_index + new_len)
+            .unwrap_or_default();
+        self.added.extend(added.iter().map(|l| format!("+{l}")));
+        Ok(())
+    }
 }
 
 #[cfg(test)]
