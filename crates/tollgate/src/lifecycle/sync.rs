@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tollgate_core::Timestamp;
@@ -306,9 +306,9 @@ async fn carry_over_legacy(store: &RedisStore, lifecycle: &Lifecycle) -> bool {
         Ok(None) => return true,
         Err(_) => return false,
     };
-    let list: Option<Vec<Override>> = serde_json::from_str::<Value>(&legacy.doc)
+    let list: Option<Vec<Override>> = serde_json::from_str::<Vec<OverrideDoc>>(&legacy.doc)
         .ok()
-        .and_then(|doc| doc.as_array()?.iter().map(override_from_json).collect());
+        .map(|docs| docs.into_iter().map(Override::from).collect());
     match list {
         Some(list) if !list.is_empty() => {
             info!(
@@ -331,9 +331,9 @@ async fn carry_over_legacy(store: &RedisStore, lifecycle: &Lifecycle) -> bool {
 /// runs beside (where a push or a rollback made on top must survive). A document without the
 /// field (an earlier version's) is no news.
 fn files_are_news(lifecycle: &Lifecycle, shared: &SharedPolicy) -> bool {
-    serde_json::from_str::<Value>(&shared.doc)
+    serde_json::from_str::<FilesField>(&shared.doc)
         .ok()
-        .and_then(|doc| doc["files"].as_str().map(str::to_owned))
+        .and_then(|doc| doc.files)
         .is_some_and(|files| files != lifecycle.files_hash())
 }
 
@@ -356,15 +356,12 @@ async fn publish_policy(
     version: &PolicyVersion,
     rank: Timestamp,
 ) -> Result<Option<Stamp>, ()> {
-    let doc = json!({
-        "origin": version.origin.name(),
-        "sources": version.sources.iter().map(|(n, t)| json!([n, t])).collect::<Vec<_>>(),
-        "files": lifecycle.files_hash(),
-    });
-    match store
-        .publish_policy(&version.hash, &doc.to_string(), rank)
-        .await
-    {
+    let doc = PolicyDoc {
+        files: Some(lifecycle.files_hash()),
+        origin: version.origin.name().to_owned(),
+        sources: version.sources.clone(),
+    };
+    match store.publish_policy(&version.hash, &doc.text(), rank).await {
         Ok(Some(stamp)) => {
             info!(version = %version.label(), shared_seq = stamp.seq, "Published the policy to the other replicas");
             Ok(Some(stamp))
@@ -385,15 +382,9 @@ async fn publish_policy(
 /// Adopts the shared policy over version `over`, and only over it: a version activated here
 /// since the tick looked is newer, and is published instead.
 fn adopt_policy(lifecycle: &Lifecycle, shared: &SharedPolicy, over: u64) {
-    let sources: Option<Vec<(String, String)>> = serde_json::from_str::<Value>(&shared.doc)
+    let sources = serde_json::from_str::<PolicyDoc>(&shared.doc)
         .ok()
-        .and_then(|doc| {
-            doc["sources"]
-                .as_array()?
-                .iter()
-                .map(|pair| Some((pair[0].as_str()?.to_owned(), pair[1].as_str()?.to_owned())))
-                .collect()
-        });
+        .map(|doc| doc.sources);
     let Some(sources) = sources else {
         warn!(
             shared_seq = shared.stamp.seq,
@@ -408,41 +399,90 @@ fn adopt_policy(lifecycle: &Lifecycle, shared: &SharedPolicy, over: u64) {
     }
 }
 
-fn override_json(o: &Override) -> Value {
-    json!({
-        "id": o.id,
-        "domain": o.domain,
-        "rule": o.rule,
-        "entries": o.entries.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
-        "requests_per_unit": o.requests_per_unit,
-        "period_us": o.period.map(|p| p.as_micros() as u64),
-        "expires_at_us": o.expires_at.map(Timestamp::as_micros),
-        "set_at_us": o.set_at.as_micros(),
-        "reason": o.reason,
-    })
+/// The shared policy document (`doc` of [`SharedPolicy`]): the version's texts, with the hash
+/// of the policy files its publisher had read. Its fields are written in this order, which is
+/// the order earlier versions wrote them in (they sorted them); documents they wrote are read
+/// alike.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct PolicyDoc {
+    /// The content hash of the files the publisher last read (see [`files_are_news`]); absent
+    /// in documents of versions before it.
+    #[serde(default)]
+    files: Option<String>,
+    /// Where the version came from on its publisher ([`Origin::name`]), for people reading Redis.
+    #[serde(default)]
+    origin: String,
+    /// The `(file name, text)` pairs.
+    sources: Vec<(String, String)>,
 }
 
-fn override_from_json(v: &Value) -> Option<Override> {
-    Some(Override {
-        id: v["id"].as_u64()?,
-        domain: v["domain"].as_str()?.to_owned(),
-        rule: v["rule"].as_str()?.to_owned(),
-        entries: v["entries"]
-            .as_array()?
-            .iter()
-            .map(|pair| Some((pair[0].as_str()?.to_owned(), pair[1].as_str()?.to_owned())))
-            .collect::<Option<_>>()?,
-        requests_per_unit: v["requests_per_unit"].as_u64()?,
-        period: v["period_us"].as_u64().map(Duration::from_micros),
-        expires_at: v["expires_at_us"].as_u64().map(Timestamp::from_micros),
-        set_at: Timestamp::from_micros(v["set_at_us"].as_u64().unwrap_or(0)),
-        reason: v["reason"].as_str().unwrap_or_default().to_owned(),
-    })
+impl PolicyDoc {
+    /// The document as JSON.
+    fn text(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// Only the `files` field of a [`PolicyDoc`], for a document whose other fields need not parse.
+#[derive(Debug, Deserialize)]
+struct FilesField {
+    #[serde(default)]
+    files: Option<String>,
+}
+
+/// One override as shared (after the id, expiry and set time of its value in the shared hash,
+/// and in the list earlier versions shared). Fields in the order earlier versions wrote them
+/// (sorted); `reason` and `set_at_us` may be absent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct OverrideDoc {
+    domain: String,
+    entries: Vec<(String, String)>,
+    expires_at_us: Option<u64>,
+    id: u64,
+    period_us: Option<u64>,
+    #[serde(default)]
+    reason: String,
+    requests_per_unit: u64,
+    rule: String,
+    #[serde(default)]
+    set_at_us: u64,
+}
+
+impl From<&Override> for OverrideDoc {
+    fn from(o: &Override) -> Self {
+        OverrideDoc {
+            domain: o.domain.clone(),
+            entries: o.entries.clone(),
+            expires_at_us: o.expires_at.map(Timestamp::as_micros),
+            id: o.id,
+            period_us: o.period.map(|p| p.as_micros() as u64),
+            reason: o.reason.clone(),
+            requests_per_unit: o.requests_per_unit,
+            rule: o.rule.clone(),
+            set_at_us: o.set_at.as_micros(),
+        }
+    }
+}
+
+impl From<OverrideDoc> for Override {
+    fn from(doc: OverrideDoc) -> Self {
+        Override {
+            id: doc.id,
+            domain: doc.domain,
+            rule: doc.rule,
+            entries: doc.entries,
+            requests_per_unit: doc.requests_per_unit,
+            period: doc.period_us.map(Duration::from_micros),
+            expires_at: doc.expires_at_us.map(Timestamp::from_micros),
+            set_at: Timestamp::from_micros(doc.set_at_us),
+            reason: doc.reason,
+        }
+    }
 }
 
 /// Where an override is stored in the shared hash: its domain, rule and entries.
 fn target(o: &Override) -> String {
-    json!([o.domain, o.rule, o.entries]).to_string()
+    serde_json::to_string(&(&o.domain, &o.rule, &o.entries)).unwrap_or_default()
 }
 
 /// How long a deleted override's tombstone stays in the shared hash: a set older than the
@@ -459,12 +499,8 @@ fn tombstone(o: &Override, deleted_at: Timestamp) -> SharedOverride {
 
 fn shared_set(o: &Override) -> SharedOverrideChange {
     let expires = o.expires_at.map_or(0, Timestamp::as_micros);
-    let value = format!(
-        "{} {expires} {} {}",
-        o.id,
-        o.set_at.as_micros(),
-        override_json(o)
-    );
+    let doc = serde_json::to_string(&OverrideDoc::from(o)).unwrap_or_default();
+    let value = format!("{} {expires} {} {doc}", o.id, o.set_at.as_micros());
     SharedOverrideChange::Set(SharedOverride {
         target: target(o),
         value,
@@ -531,8 +567,8 @@ fn adopt_overrides(lifecycle: &Lifecycle, shared: &SharedOverrides) {
             .value
             .splitn(4, ' ')
             .nth(3)
-            .and_then(|json| serde_json::from_str::<Value>(json).ok())
-            .and_then(|v| override_from_json(&v));
+            .and_then(|json| serde_json::from_str::<OverrideDoc>(json).ok())
+            .map(Override::from);
         match parsed {
             Some(parsed) => list.push(parsed),
             None => warn!(target = %o.target, "A shared override in Redis is unreadable; skipped"),
@@ -548,5 +584,104 @@ fn adopt_overrides(lifecycle: &Lifecycle, shared: &SharedOverrides) {
             count = overrides.all().len(),
             "Adopted the overrides as shared by every replica"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn an_override(period: Option<Duration>, expires_at: Option<Timestamp>) -> Override {
+        Override {
+            id: 9_007_199_254_740_991,
+            domain: "api".into(),
+            rule: "per \"user\"".into(),
+            entries: vec![("user".into(), "bob\n".into()), ("plan".into(), "é".into())],
+            requests_per_unit: 4,
+            period,
+            expires_at,
+            set_at: Timestamp::from_micros(1_700_000_000_000_001),
+            reason: "incident \\ 42".into(),
+        }
+    }
+
+    /// The documents replicas of earlier versions wrote, built as they built them (`json!`,
+    /// whose objects sort their keys): replicas of both versions read what the other writes.
+    #[test]
+    fn the_wire_documents_are_those_earlier_versions_wrote() {
+        for o in [
+            an_override(None, None),
+            an_override(
+                Some(Duration::from_secs(60)),
+                Some(Timestamp::from_micros(1_700_000_060_000_000)),
+            ),
+        ] {
+            let earlier = json!({
+                "id": o.id,
+                "domain": o.domain,
+                "rule": o.rule,
+                "entries": o.entries.iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
+                "requests_per_unit": o.requests_per_unit,
+                "period_us": o.period.map(|p| p.as_micros() as u64),
+                "expires_at_us": o.expires_at.map(Timestamp::as_micros),
+                "set_at_us": o.set_at.as_micros(),
+                "reason": o.reason,
+            })
+            .to_string();
+            let doc = serde_json::to_string(&OverrideDoc::from(&o)).unwrap();
+            assert_eq!(doc, earlier);
+            let read: OverrideDoc = serde_json::from_str(&earlier).unwrap();
+            assert_eq!(Override::from(read), o);
+            assert_eq!(target(&o), json!([o.domain, o.rule, o.entries]).to_string());
+        }
+
+        let sources = vec![
+            (
+                "conf/a.yaml".to_owned(),
+                "domain: a\n\"quoted\"\t".to_owned(),
+            ),
+            ("conf/b.yaml".to_owned(), String::new()),
+        ];
+        let earlier = json!({
+            "origin": "push",
+            "sources": sources.iter().map(|(n, t)| json!([n, t])).collect::<Vec<_>>(),
+            "files": "0123456789abcdef",
+        })
+        .to_string();
+        let doc = PolicyDoc {
+            files: Some("0123456789abcdef".into()),
+            origin: "push".into(),
+            sources: sources.clone(),
+        };
+        assert_eq!(doc.text(), earlier);
+        assert_eq!(serde_json::from_str::<PolicyDoc>(&earlier).unwrap(), doc);
+    }
+
+    /// Fields earlier versions did not write, or wrote as null, read as absent.
+    #[test]
+    fn documents_without_the_later_fields_are_read() {
+        let o: OverrideDoc = serde_json::from_str(
+            r#"{"id":3,"domain":"api","rule":"r","entries":[["k","v"]],"requests_per_unit":1,"period_us":null}"#,
+        )
+        .unwrap();
+        let o = Override::from(o);
+        assert_eq!(
+            (o.reason.as_str(), o.set_at),
+            ("", Timestamp::from_micros(0))
+        );
+        assert_eq!((o.period, o.expires_at), (None, None));
+        assert!(serde_json::from_str::<OverrideDoc>(r#"{"id":3}"#).is_err());
+
+        let policy: PolicyDoc =
+            serde_json::from_str(r#"{"sources":[["p.yaml","domain: d\n"]]}"#).unwrap();
+        assert_eq!(policy.files, None);
+        assert_eq!(
+            policy.sources,
+            [("p.yaml".to_owned(), "domain: d\n".to_owned())]
+        );
+        let files: FilesField = serde_json::from_str(r#"{"files":"ab","sources":7}"#).unwrap();
+        assert_eq!(files.files.as_deref(), Some("ab"));
     }
 }
