@@ -96,7 +96,7 @@ pub async fn promote(State(state): State<AdminState>) -> Result<Json<Activated>,
     }
     match state.lifecycle.promote() {
         Ok(a) => activation(Ok(a)),
-        Err(why) => Err(ApiError::invalid(why)),
+        Err(why) => Err(ApiError::invalid(why.to_string())),
     }
 }
 

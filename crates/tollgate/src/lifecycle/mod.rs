@@ -103,7 +103,19 @@ pub enum RollbackError {
     NoEarlier,
     /// The version could not be activated again (its rules do not run on this store).
     #[error("{0}")]
-    Rejected(String),
+    Rejected(PolicyErrors),
+}
+
+/// Why a promotion did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PromoteError {
+    /// No candidate shadows the running policy.
+    #[error("no candidate policy to promote")]
+    NoCandidate,
+    /// The candidate's texts could not be activated (as when they were set, but the store
+    /// or the running policy changed since).
+    #[error("{0}")]
+    Rejected(PolicyErrors),
 }
 
 /// What an activation did.
@@ -394,7 +406,7 @@ impl Lifecycle {
             )
         };
         self.settle(&result, Origin::Rollback);
-        result.map_err(|e| RollbackError::Rejected(e.to_string()))
+        result.map_err(RollbackError::Rejected)
     }
 
     /// Appends [`POLICY_VERSION`], [`POLICY_RELOADS`] and [`POLICY_LAST_RELOAD_SUCCESSFUL`] in
@@ -472,14 +484,11 @@ impl Lifecycle {
     }
 
     /// Activates the shadow candidate's texts (as a push) and clears it.
-    pub fn promote(&self) -> Result<Activation, String> {
-        let candidate = self
-            .limiter
-            .candidate()
-            .ok_or_else(|| "no candidate policy to promote".to_owned())?;
+    pub fn promote(&self) -> Result<Activation, PromoteError> {
+        let candidate = self.limiter.candidate().ok_or(PromoteError::NoCandidate)?;
         let activation = self
             .activate(candidate.sources().to_vec(), Origin::Push)
-            .map_err(|e| e.to_string())?;
+            .map_err(PromoteError::Rejected)?;
         // A candidate set meanwhile is a different one: it keeps shadowing.
         self.limiter.clear_candidate(&candidate);
         info!(

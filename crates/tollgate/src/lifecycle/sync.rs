@@ -17,7 +17,7 @@ use super::{Activation, Lifecycle, Origin, PolicyVersion};
 use crate::limiter::{Override, OverrideChange};
 use crate::observe::Throttle;
 use crate::store::redis::{SharedOverride, SharedOverrideChange, SharedOverrides, Stamp};
-use crate::store::{RedisStore, SharedPolicy, StoreBackend};
+use crate::store::{RedisStore, SharedPolicy, StoreBackend, StoreError};
 
 /// While Redis is away every check fails again: one warning per this long, not one per check.
 const RETRY_WARNING_EVERY: Duration = Duration::from_secs(10);
@@ -118,7 +118,7 @@ pub async fn resume(
                             *policy_seen = None;
                             *unpublished = None;
                         }
-                        Err(()) => {}
+                        Err(_) => {}
                     }
                 }
                 Some(()) = overridden.recv() => {
@@ -163,7 +163,7 @@ async fn sync_policy(
                 return;
             }
             Ok(None) => *seen = None, // adopted below
-            Err(()) => return,        // still unreachable: try again at the next tick
+            Err(_) => return,         // still unreachable: try again at the next tick
         }
     }
     *unpublished = None;
@@ -192,7 +192,7 @@ async fn sync_policy(
             // A version accepted later is shared: adopted below.
             Ok(None) => {}
             // Not adopted over the new files meanwhile: tried again at the next check.
-            Err(()) => return,
+            Err(_) => return,
         }
     }
     *first_look = false;
@@ -222,7 +222,7 @@ async fn sync_policy(
                     adopt_policy(lifecycle, shared, before);
                 }
             }
-            Err(()) => {} // try again at the next tick
+            Err(_) => {} // try again at the next tick
         }
     } else if let Some(shared) = shared
         && seen.as_ref() != Some(&shared.stamp)
@@ -275,7 +275,7 @@ async fn sync_overrides(
                 }
             }
             // Not adopted while this replica's own cannot be added: try again next tick.
-            Err(()) => {}
+            Err(_) => {}
         }
     } else if let Some(shared) = shared
         && seen.as_ref() != Some(&shared.stamp)
@@ -287,7 +287,7 @@ async fn sync_overrides(
 
 /// A shared document that could not be read: changes made on other replicas do not arrive
 /// meanwhile, which is worth a line (once per [`RETRY_WARNING_EVERY`]).
-fn read_failed(what: &str, error: &crate::store::StoreError) {
+fn read_failed(what: &str, error: &StoreError) {
     if due(&LAST_READ_WARNING) {
         warn!(shared = what, error = %error, "Could not read what the other replicas share; trying again at every check");
     }
@@ -349,13 +349,14 @@ fn rank(version: &PolicyVersion) -> Timestamp {
 }
 
 /// Publishes `version`, ranked at `rank`, with the hash of the files this replica last read:
-/// its stamp, `None` if Redis kept a version ranked later, `Err` if Redis could not be asked.
+/// its stamp, `None` if Redis kept a version ranked later, `Err` if Redis could not be asked
+/// (logged here).
 async fn publish_policy(
     store: &RedisStore,
     lifecycle: &Lifecycle,
     version: &PolicyVersion,
     rank: Timestamp,
-) -> Result<Option<Stamp>, ()> {
+) -> Result<Option<Stamp>, StoreError> {
     let doc = PolicyDoc {
         files: Some(lifecycle.files_hash()),
         origin: version.origin.name().to_owned(),
@@ -374,7 +375,7 @@ async fn publish_policy(
             if due(&LAST_PUBLISH_WARNING) {
                 warn!(version = %version.label(), error = %e, "Could not publish the policy; trying again at every check");
             }
-            Err(())
+            Err(e)
         }
     }
 }
@@ -516,7 +517,7 @@ async fn share_overrides(
     lifecycle: &Lifecycle,
     seed: bool,
     seen: Option<&Stamp>,
-) -> Result<Option<Stamp>, ()> {
+) -> Result<Option<Stamp>, StoreError> {
     let overrides = lifecycle.limiter().overrides();
     let pending = overrides.take_pending();
     let mut changes: Vec<SharedOverrideChange> = Vec::new();
@@ -552,7 +553,7 @@ async fn share_overrides(
                 warn!(error = %e, "Could not share the overrides; trying again at every check");
             }
             overrides.keep_pending(pending);
-            Err(())
+            Err(e)
         }
     }
 }
