@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::prometheus::{self, Escaped, Exposition, Kind};
+use super::prometheus::{self, Distribution, Escaped, Exposition, Kind};
 
 /// Counts of durations by upper bound, plus their sum, for one label set.
 ///
@@ -97,19 +97,6 @@ impl Histogram {
         Duration::from_nanos(self.sum_nanos.load(Ordering::Relaxed))
     }
 
-    /// Per bucket, in order: its upper bound in seconds (`None` for `+Inf`, last) and its own
-    /// count (not cumulative).
-    pub fn buckets(&self) -> impl Iterator<Item = (Option<f64>, u64)> + '_ {
-        let bounds = self.bounds.iter().copied().map(Some).chain([None]);
-        bounds.zip(self.buckets.iter().map(|b| b.load(Ordering::Relaxed)))
-    }
-
-    /// The sum of all observed durations in seconds, as `_sum` shows it.
-    pub fn sum_seconds(&self) -> f64 {
-        // One correctly rounded division, so e.g. 350µs renders as 0.00035, not 0.00035000000000000005.
-        self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9
-    }
-
     /// Appends the sample lines for this histogram in Prometheus text format: cumulative
     /// `name_bucket` lines for each bound and `+Inf`, then `name_sum` (seconds) and `name_count`
     /// (through [`prometheus::Family::histogram`]).
@@ -127,6 +114,21 @@ impl Histogram {
     /// Backslashes and line breaks in `help` are escaped as the text format requires.
     pub fn render_header(name: &str, help: &str, out: &mut String) {
         Exposition::new(out).family(name, help, Kind::Histogram);
+    }
+}
+
+impl Distribution for Histogram {
+    /// Per bucket, in order: its upper bound in seconds (`None` for `+Inf`, last) and its own
+    /// count (not cumulative).
+    fn buckets(&self) -> impl Iterator<Item = (Option<f64>, u64)> {
+        let bounds = self.bounds.iter().copied().map(Some).chain([None]);
+        bounds.zip(self.buckets.iter().map(|b| b.load(Ordering::Relaxed)))
+    }
+
+    /// The sum of all observed durations in seconds, as `_sum` shows it.
+    fn sum_seconds(&self) -> f64 {
+        // One correctly rounded division, so e.g. 350µs renders as 0.00035, not 0.00035000000000000005.
+        self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9
     }
 }
 
@@ -310,5 +312,35 @@ mod tests {
         let mut out = String::new();
         Histogram::render_header("x", "a\\b\nc", &mut out);
         assert_eq!(out, "# HELP x a\\\\b\\nc\n# TYPE x histogram\n");
+    }
+
+    #[test]
+    fn a_histogram_writes_cumulative_buckets_sum_and_count() {
+        let histogram = Histogram::new(&[0.001, 1.0]);
+        histogram.observe(Duration::from_micros(350));
+        histogram.observe(Duration::from_secs(2));
+        let mut out = String::new();
+        let mut text = Exposition::new(&mut out);
+        text.family("d_seconds", "Time.", Kind::Histogram)
+            .histogram(&[("op", "apply")], &histogram)
+            .histogram(&Escaped(""), &histogram);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "# HELP d_seconds Time.",
+                "# TYPE d_seconds histogram",
+                "d_seconds_bucket{op=\"apply\",le=\"0.001\"} 1",
+                "d_seconds_bucket{op=\"apply\",le=\"1\"} 1",
+                "d_seconds_bucket{op=\"apply\",le=\"+Inf\"} 2",
+                "d_seconds_sum{op=\"apply\"} 2.00035",
+                "d_seconds_count{op=\"apply\"} 2",
+                "d_seconds_bucket{le=\"0.001\"} 1",
+                "d_seconds_bucket{le=\"1\"} 1",
+                "d_seconds_bucket{le=\"+Inf\"} 2",
+                "d_seconds_sum 2.00035",
+                "d_seconds_count 2",
+            ]
+        );
     }
 }
