@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use similar::algorithms::{DiffHook, myers};
 
-use super::PolicyVersion;
+use super::version::PolicyVersion;
 use crate::policy::sources::relative_names;
 
 /// A line diff of two versions' sources, file by file (`-` removed, `+` added, ` ` kept).
@@ -227,7 +227,7 @@ mod tests {
     use tollgate_core::Timestamp;
 
     use super::*;
-    use crate::lifecycle::Origin;
+    use crate::lifecycle::version::Origin;
     use crate::policy::sources::sources_hash;
 
     fn named(pairs: &[(&str, &str)]) -> Vec<(String, String)> {

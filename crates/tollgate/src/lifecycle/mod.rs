@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use tollgate_core::Timestamp;
 use tracing::{info, warn};
 
 use crate::limiter::Limiter;
@@ -23,9 +22,11 @@ use crate::policy::{Policy, PolicyErrors};
 
 mod diff;
 pub mod sync;
+mod version;
 mod watch;
 
 pub use diff::diff;
+pub use version::{Origin, PolicyVersion};
 
 /// The running policy's sequence number, labelled with its hash.
 pub const POLICY_VERSION: &str = "tollgate_policy_version";
@@ -38,59 +39,6 @@ pub const POLICY_LAST_RELOAD_SUCCESSFUL: &str = "tollgate_policy_last_reload_suc
 
 /// How many versions are kept for rollback.
 pub const KEPT_VERSIONS: usize = 50;
-
-/// Where a version came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
-    /// Read from the config path (startup, file change, SIGHUP, reload request).
-    File,
-    /// Pushed through the admin API (`tollgate policy push`).
-    Push,
-    /// A rollback to an earlier version's texts.
-    Rollback,
-    /// Adopted from the version another replica published to the shared store.
-    Shared,
-}
-
-impl Origin {
-    /// Name for the API and logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            Origin::File => "file",
-            Origin::Push => "push",
-            Origin::Rollback => "rollback",
-            Origin::Shared => "shared",
-        }
-    }
-}
-
-/// One accepted policy.
-#[derive(Debug)]
-pub struct PolicyVersion {
-    /// 1, 2, 3... in order of acceptance.
-    pub seq: u64,
-    /// 16 hex digits of the sources' FNV-1a hash: equal texts give equal hashes.
-    pub hash: String,
-    /// Where it came from.
-    pub origin: Origin,
-    /// When it was accepted.
-    pub accepted_at: Timestamp,
-    /// The `(file name, text)` pairs it was compiled from.
-    pub sources: Vec<(String, String)>,
-    /// Its rules, for listings.
-    pub rules: usize,
-    /// For a version a rollback made, the version whose texts it restored: a plain rollback
-    /// from it steps back from there, so two in a row go back two versions instead of the
-    /// second undoing the first.
-    pub restored: Option<u64>,
-}
-
-impl PolicyVersion {
-    /// `seq-hash`, how versions are shown.
-    pub fn label(&self) -> String {
-        format!("{}-{}", self.seq, self.hash)
-    }
-}
 
 /// Why a rollback did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -511,6 +459,8 @@ impl Lifecycle {
 
 #[cfg(test)]
 mod tests {
+    use tollgate_core::Timestamp;
+
     use super::*;
 
     /// One file allowing `n` per second.
