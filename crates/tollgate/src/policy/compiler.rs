@@ -13,7 +13,7 @@ use super::document::{Count, DescriptorDoc, DomainDoc, RateLimitDoc, ReplacesDoc
 use super::identity::{self, PathStep};
 use super::rule::{LocalBudget, RuleMode};
 use super::snapshot::DomainTable;
-use super::tree::{Level, Node, ValueMatch};
+use super::tree::{Level, MAX_WILDCARDS_PER_LEVEL, Node, ValueMatch};
 use super::{Location, MAX_FIELD_LEN, Policy, PolicyError, PolicyErrors, Rule, Unit};
 
 /// Why a domain, key or value with control or bidirectional characters is refused (their text
@@ -178,6 +178,7 @@ impl<'f> SourceCompiler<'f> {
         docs: &'d [Spanned<DescriptorDoc>],
     ) {
         let mut seen: HashMap<(&'d str, Option<&'d str>), Option<Location>> = HashMap::new();
+        let mut wildcards = 0usize;
         for doc in docs {
             let descriptor = &doc.value;
             let here = self.location(&doc.referenced);
@@ -223,6 +224,23 @@ impl<'f> SourceCompiler<'f> {
                 .as_ref()
                 .map(|v| v.value.as_str())
                 .filter(|v| !v.is_empty());
+            if value.is_some_and(|v| v.contains('*')) {
+                wildcards += 1;
+                if wildcards == MAX_WILDCARDS_PER_LEVEL + 1 {
+                    let at = descriptor
+                        .value
+                        .as_ref()
+                        .and_then(|v| self.location(&v.referenced));
+                    self.error(
+                        at,
+                        format!(
+                            "more than {MAX_WILDCARDS_PER_LEVEL} wildcard values (with `*`) in one \
+                             `descriptors` list: a request entry is tried against each in turn; \
+                             nest them under a more specific key or use exact values"
+                        ),
+                    );
+                }
+            }
 
             // A descriptor that cannot be placed is still checked, in a scratch node, so that
             // its own problems are reported too.
@@ -253,11 +271,11 @@ impl<'f> SourceCompiler<'f> {
 
             let shared = match &descriptor.share_threshold {
                 Some(share) if share.value => {
-                    if !value.is_some_and(|v| v.ends_with('*')) {
+                    if !value.is_some_and(|v| v.contains('*')) {
                         self.error(
                             self.location(&share.referenced),
                             "`share_threshold` makes the values a wildcard matches share one \
-                             counter; it needs a `value` ending in `*`",
+                             counter; it needs a `value` with a `*`",
                         );
                     }
                     true

@@ -23,9 +23,10 @@ pub(super) struct DomainDoc {
 pub(super) struct DescriptorDoc {
     /// The entry key to match. Required, non-empty.
     pub key: Option<Spanned<String>>,
-    /// The entry value to match exactly; a value ending in `*` matches every value starting with
-    /// what precedes the `*` (a bare `*` matches any value). Without a value (or with an empty
-    /// one) the descriptor matches any value and each distinct value gets its own counter.
+    /// The entry value to match exactly; a value with `*` in it is a wildcard, each `*` matching
+    /// zero or more characters (`foo*`, `bar*b`, `foo*bar*baz`; a bare `*` matches any value).
+    /// Without a value (or with an empty one) the descriptor matches any value and each
+    /// distinct value gets its own counter.
     pub value: Option<Spanned<String>>,
     /// The limit applied when a request descriptor ends at this node.
     pub rate_limit: Option<Spanned<RateLimitDoc>>,
@@ -38,7 +39,7 @@ pub(super) struct DescriptorDoc {
     /// envoyproxy/ratelimit's metrics option; accepted, with no effect here.
     #[allow(dead_code)] // read by serde only: a file written for envoyproxy/ratelimit loads
     pub value_to_metric: Option<bool>,
-    /// With a wildcard `value`: every value it matches shares one counter, instead of one
+    /// With a wildcard `value` (one with a `*`): every value it matches shares one counter, instead of one
     /// counter per value.
     pub share_threshold: Option<Spanned<bool>>,
     /// Names of limits this descriptor's limit replaces (also accepted inside `rate_limit`,

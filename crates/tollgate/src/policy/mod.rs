@@ -22,6 +22,7 @@ pub use error::{Location, PolicyError, PolicyErrors};
 pub use load::MAX_POLICY_FILE;
 pub use rule::{LocalBudget, Rule, RuleMode};
 pub use snapshot::Policy;
+pub use tree::MAX_WILDCARDS_PER_LEVEL;
 pub use unit::{Unit, parse_period};
 
 /// Longest domain or key, in bytes. A value may be longer: in counter keys it is replaced by

@@ -105,8 +105,8 @@ impl Policy {
     /// The rule matched by one request descriptor, as envoyproxy/ratelimit matches it.
     ///
     /// Walks `entries` in order. At each level the child with the same key and exactly the
-    /// entry's value is preferred, then a wildcard child (`value: prefix*`) whose prefix the value
-    /// starts with (the longest prefix wins), then the key-only child. If no child matches there
+    /// entry's value is preferred, then the first wildcard child (a `value` with `*`s, each
+    /// matching zero or more characters) in file order that matches it, then the key-only child. If no child matches there
     /// is no rule. The rule is the `rate_limit` of the node reached by the last entry; a node
     /// reached earlier is not used. An unknown domain or no entries give `None`.
     pub fn find<K: AsRef<str>, V: AsRef<str>>(

@@ -2,6 +2,11 @@
 
 use std::collections::HashMap;
 
+/// The most wildcard values (`value`s with a `*`) one `descriptors` list may hold: a request
+/// entry that matches no exact value is tried against each of its key's wildcards in turn, so
+/// this bounds the scan at one level.
+pub const MAX_WILDCARDS_PER_LEVEL: usize = 64;
+
 /// How a descriptor's `value` matches a request value.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) enum ValueMatch {
@@ -9,8 +14,8 @@ pub(super) enum ValueMatch {
     Any,
     /// `value: text`: exactly this value, highest precedence.
     Exact(String),
-    /// `value: prefix*`: any value starting with the prefix; the longest prefix wins.
-    Prefix(String),
+    /// A value with `*` in it: each `*` matches zero or more characters.
+    Wildcard(Pattern),
 }
 
 impl ValueMatch {
@@ -18,11 +23,55 @@ impl ValueMatch {
     pub fn from_written(value: Option<&str>) -> ValueMatch {
         match value {
             None | Some("") => ValueMatch::Any,
-            Some(v) => match v.strip_suffix('*') {
-                Some(prefix) => ValueMatch::Prefix(prefix.to_owned()),
-                None => ValueMatch::Exact(v.to_owned()),
-            },
+            Some(v) if v.contains('*') => ValueMatch::Wildcard(Pattern::new(v)),
+            Some(v) => ValueMatch::Exact(v.to_owned()),
         }
+    }
+}
+
+/// A wildcard value, split at its `*`s once at load time: `a*b*c` is `["a", "b", "c"]`, and a
+/// value matches when it starts with the first part, ends with the last, and holds the middle
+/// ones in order between them, without overlaps (each `*` matches zero or more characters).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct Pattern {
+    /// At least two parts (the value has at least one `*`); parts may be empty.
+    parts: Vec<String>,
+    /// The bytes the parts need together: a shorter value cannot match.
+    fixed: usize,
+}
+
+impl Pattern {
+    fn new(written: &str) -> Pattern {
+        let parts: Vec<String> = written.split('*').map(str::to_owned).collect();
+        let fixed = parts.iter().map(String::len).sum();
+        Pattern { parts, fixed }
+    }
+
+    /// Whether `value` matches; allocates nothing. The middle parts are each taken at their
+    /// first occurrence, which finds a match whenever there is one (a later occurrence only
+    /// leaves less room for the parts after it).
+    pub fn matches(&self, value: &str) -> bool {
+        let (Some((first, rest)), true) = (self.parts.split_first(), value.len() >= self.fixed)
+        else {
+            return false;
+        };
+        let Some((last, middle)) = rest.split_last() else {
+            return value == first;
+        };
+        let Some(inner) = value
+            .strip_prefix(first.as_str())
+            .and_then(|v| v.strip_suffix(last.as_str()))
+        else {
+            return false;
+        };
+        let mut remaining = inner;
+        for part in middle {
+            match remaining.find(part.as_str()) {
+                Some(at) => remaining = &remaining[at + part.len()..],
+                None => return false,
+            }
+        }
+        true
     }
 }
 
@@ -35,8 +84,8 @@ pub(super) struct Level {
 #[derive(Debug, Default)]
 struct KeyChildren {
     exact: HashMap<String, Node>,
-    /// Sorted by prefix length, longest first, so the first match is the longest prefix.
-    prefixes: Vec<(String, Node)>,
+    /// In file order: the first that matches wins, as in envoyproxy/ratelimit.
+    wildcards: Vec<(Pattern, Node)>,
     any: Option<Box<Node>>,
 }
 
@@ -54,38 +103,28 @@ impl Level {
         match how {
             ValueMatch::Any => entry.any.get_or_insert_with(Box::default),
             ValueMatch::Exact(value) => entry.exact.entry(value).or_default(),
-            ValueMatch::Prefix(prefix) => {
-                let at = match entry.prefixes.iter().position(|(p, _)| *p == prefix) {
+            ValueMatch::Wildcard(pattern) => {
+                let at = match entry.wildcards.iter().position(|(p, _)| *p == pattern) {
                     Some(at) => at,
                     None => {
-                        // Keep longest-first order; equal lengths keep file order.
-                        let at = entry
-                            .prefixes
-                            .iter()
-                            .position(|(p, _)| p.len() < prefix.len())
-                            .unwrap_or(entry.prefixes.len());
-                        entry.prefixes.insert(at, (prefix, Node::default()));
-                        at
+                        entry.wildcards.push((pattern, Node::default()));
+                        entry.wildcards.len() - 1
                     }
                 };
-                // `at` is in bounds: found or just inserted there.
-                &mut entry.prefixes[at].1
+                // `at` is in bounds: found or just pushed there.
+                &mut entry.wildcards[at].1
             }
         }
     }
 
-    /// The child matching one request entry: exact value, else longest matching prefix, else
-    /// key-only.
+    /// The child matching one request entry: exact value, else the first matching wildcard in
+    /// file order, else key-only.
     pub fn child(&self, key: &str, value: &str) -> Option<&Node> {
         let children = self.keys.get(key)?;
         if let Some(node) = children.exact.get(value) {
             return Some(node);
         }
-        if let Some((_, node)) = children
-            .prefixes
-            .iter()
-            .find(|(p, _)| value.starts_with(p.as_str()))
-        {
+        if let Some((_, node)) = children.wildcards.iter().find(|(p, _)| p.matches(value)) {
             return Some(node);
         }
         children.any.as_deref()
@@ -130,10 +169,11 @@ mod tests {
     }
 
     #[test]
-    fn exact_then_longest_prefix_then_any() {
+    fn exact_then_wildcards_in_file_order_then_any() {
         let level = level();
         assert_eq!(rule(&level, "10.1.2.3"), Some(3));
-        assert_eq!(rule(&level, "10.1.2.4"), Some(2));
+        // `10.*` is before `10.1.*` in the file: it wins, as in envoyproxy/ratelimit.
+        assert_eq!(rule(&level, "10.1.2.4"), Some(1));
         assert_eq!(rule(&level, "10.2.0.1"), Some(1));
         assert_eq!(rule(&level, "11.0.0.1"), Some(4));
         assert_eq!(rule(&level, "192.168.0.1"), Some(4));
@@ -143,20 +183,67 @@ mod tests {
     }
 
     #[test]
-    fn empty_value_means_any_and_star_alone_is_an_empty_prefix() {
+    fn empty_value_means_any_and_a_star_anywhere_is_a_wildcard() {
         assert_eq!(ValueMatch::from_written(Some("")), ValueMatch::Any);
         assert_eq!(
-            ValueMatch::from_written(Some("*")),
-            ValueMatch::Prefix(String::new())
+            ValueMatch::from_written(Some("ab")),
+            ValueMatch::Exact("ab".into())
         );
-        assert_eq!(
-            ValueMatch::from_written(Some("a*")),
-            ValueMatch::Prefix("a".into())
-        );
-        assert_eq!(
-            ValueMatch::from_written(Some("a*b")),
-            ValueMatch::Exact("a*b".into())
-        );
+        for written in ["*", "a*", "*b", "a*b", "a**b"] {
+            assert!(
+                matches!(
+                    ValueMatch::from_written(Some(written)),
+                    ValueMatch::Wildcard(_)
+                ),
+                "{written}"
+            );
+        }
+    }
+
+    fn matches(pattern: &str, value: &str) -> bool {
+        Pattern::new(pattern).matches(value)
+    }
+
+    /// envoyproxy/ratelimit's own cases (test/config/wildcard.yaml and its share_threshold
+    /// tests), and the edges of each `*` matching zero or more characters.
+    #[test]
+    fn each_star_matches_zero_or_more_characters_in_order() {
+        for (pattern, value) in [
+            ("foo*", "foo1"),
+            ("foo*", "foo"),
+            ("*", ""),
+            ("*", "anything"),
+            ("bar*b", "barxb"),
+            ("bar*b", "barb"),
+            ("foo*bar*baz", "foo123bar456baz"),
+            ("foo*bar*baz", "foobarbaz"),
+            ("/api*v1", "/api-beta-v1"),
+            ("svc*ep*rpc", "svceprpc"),
+            ("*end", "the end"),
+            ("a*a*a", "aaa"),
+            ("a**b", "ab"),
+            ("x*y*x", "xyyx"),
+        ] {
+            assert!(matches(pattern, value), "{pattern} should match {value}");
+        }
+        for (pattern, value) in [
+            ("bar*b", "bara"),
+            ("bar*b", "xbarb"),
+            ("foo*bar*baz", "foo123baz"),
+            ("foo*bar*baz", "bar456baz"),
+            ("foo*bar*baz", "foobazbar"),
+            ("/api*v1", "/api/v2"),
+            // The prefix and the suffix may not overlap.
+            ("a*a", "a"),
+            ("ab*ba", "aba"),
+            ("a*a*a", "aa"),
+            ("*end", "ending"),
+        ] {
+            assert!(
+                !matches(pattern, value),
+                "{pattern} should not match {value}"
+            );
+        }
     }
 
     #[test]

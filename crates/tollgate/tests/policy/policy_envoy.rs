@@ -49,8 +49,8 @@ fn an_unmodified_envoy_config_loads_with_every_rule_in_file_order() {
         rules,
         [
             s("remote_address", Some((10, SEC)), 9, 7),
-            s("remote_address_10.*", Some((1000, HOUR)), 17, 7),
-            s("remote_address_10.0.*", Some((5000, HOUR)), 23, 7),
+            s("remote_address_10.0.*", Some((5000, HOUR)), 16, 7),
+            s("remote_address_10.*", Some((1000, HOUR)), 23, 7),
             s("remote_address_10.0.0.1", None, 30, 7),
             s(
                 "message_type_marketing.to_number",

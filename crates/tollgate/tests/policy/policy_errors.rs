@@ -312,7 +312,50 @@ descriptors:
 "
         ),
         "t.yaml:5:22: `share_threshold` makes the values a wildcard matches share one counter; \
-         it needs a `value` ending in `*`"
+         it needs a `value` with a `*`"
+    );
+    // A `*` in the middle is a wildcard too, as in envoyproxy/ratelimit.
+    let policy = Policy::from_yaml(
+        "t.yaml",
+        "domain: a
+descriptors:
+  - key: path
+    value: /api*v1
+    share_threshold: true
+    rate_limit: {unit: second, requests_per_unit: 5}
+",
+    )
+    .unwrap();
+    assert_eq!(policy.rules()[0].shared_levels, 1);
+}
+
+#[test]
+fn one_level_holds_at_most_so_many_wildcards() {
+    use tollgate::policy::MAX_WILDCARDS_PER_LEVEL;
+    let level = |n: usize| {
+        let mut yaml = String::from("domain: a\ndescriptors:\n");
+        for i in 0..n {
+            yaml.push_str(&format!(
+                "  - key: k\n    value: 'v{i}*'\n    rate_limit: {{unit: second, requests_per_unit: 5}}\n"
+            ));
+        }
+        // Exact values and other levels do not count.
+        yaml.push_str(
+            "  - key: k\n    value: exact\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
+        );
+        yaml
+    };
+    let policy = Policy::from_yaml("t.yaml", &level(MAX_WILDCARDS_PER_LEVEL)).unwrap();
+    assert_eq!(policy.rules().len(), MAX_WILDCARDS_PER_LEVEL + 1);
+    // The first one past the cap is named, by its line (three lines per descriptor after two).
+    let line = 3 + 3 * MAX_WILDCARDS_PER_LEVEL + 1;
+    assert_eq!(
+        error(&level(MAX_WILDCARDS_PER_LEVEL + 2)),
+        format!(
+            "t.yaml:{line}:12: more than {MAX_WILDCARDS_PER_LEVEL} wildcard values (with `*`) in \
+             one `descriptors` list: a request entry is tried against each in turn; nest them \
+             under a more specific key or use exact values"
+        )
     );
 }
 

@@ -1,5 +1,6 @@
-//! Descriptor matching follows envoyproxy/ratelimit: per level exact value, then the longest
-//! wildcard prefix, then key-only; the rule is the one of the node the last entry reaches.
+//! Descriptor matching follows envoyproxy/ratelimit: per level exact value, then the first
+//! matching wildcard in file order, then key-only; the rule is the one of the node the last
+//! entry reaches.
 
 // Helpers outside `#[test]` functions are test code too; the workspace lints aim at library code.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
@@ -52,21 +53,105 @@ fn name<'p>(policy: &'p Policy, entries: &[(&str, &str)]) -> Option<&'p str> {
 fn exact_beats_wildcard_beats_key_only() {
     let p = policy();
     assert_eq!(name(&p, &[("ip", "10.1.2.3")]), Some("ip_exact"));
-    assert_eq!(name(&p, &[("ip", "10.1.2.4")]), Some("ip_10_1"));
     assert_eq!(name(&p, &[("ip", "10.2.0.1")]), Some("ip_10"));
     assert_eq!(name(&p, &[("ip", "192.0.2.1")]), Some("ip_any"));
 }
 
 #[test]
-fn the_longest_wildcard_prefix_wins_whatever_the_file_order() {
+fn the_first_matching_wildcard_in_file_order_wins() {
     let p = policy();
-    // `10.*` comes first in the file but `10.1.*` is longer.
-    assert_eq!(name(&p, &[("ip", "10.1.")]), Some("ip_10_1"));
-    assert_eq!(name(&p, &[("ip", "10.1")]), Some("ip_10"));
+    // `10.*` comes first in the file, so `10.1.*` after it never matches: envoyproxy/ratelimit
+    // tries a level's wildcards in file order.
+    assert_eq!(name(&p, &[("ip", "10.1.2.4")]), Some("ip_10"));
+    assert_eq!(name(&p, &[("ip", "10.1.")]), Some("ip_10"));
     assert_eq!(name(&p, &[("ip", "10.")]), Some("ip_10"));
     assert_eq!(name(&p, &[("ip", "10")]), Some("ip_any"));
-    // The wildcard is a prefix, not a glob: `*` inside a request value is just a character.
+    // A `*` in a request value is just a character the wildcard matches.
     assert_eq!(name(&p, &[("ip", "10.*")]), Some("ip_10"));
+    // Listed the other way round, the more specific one is reached.
+    let q = Policy::from_yaml(
+        "q.yaml",
+        "domain: m
+descriptors:
+  - key: ip
+    value: '10.1.*'
+    rate_limit: {unit: second, requests_per_unit: 3, name: ip_10_1}
+  - key: ip
+    value: '10.*'
+    rate_limit: {unit: second, requests_per_unit: 2, name: ip_10}
+",
+    )
+    .unwrap();
+    assert_eq!(name(&q, &[("ip", "10.1.2.4")]), Some("ip_10_1"));
+    assert_eq!(name(&q, &[("ip", "10.2.0.1")]), Some("ip_10"));
+}
+
+/// envoyproxy/ratelimit's test/config/wildcard.yaml, with its expectations.
+#[test]
+fn a_star_anywhere_matches_as_upstream_does() {
+    let p = Policy::from_yaml(
+        "wildcard.yaml",
+        "domain: m
+descriptors:
+  - key: wild
+    value: foo*
+    rate_limit: {unit: minute, requests_per_unit: 20, name: wild}
+  - key: midWild
+    value: bar*b
+    rate_limit: {unit: minute, requests_per_unit: 20, name: mid}
+  - key: multiWild
+    value: foo*bar*baz
+    rate_limit: {unit: minute, requests_per_unit: 10, name: multi}
+  - key: nestedWild
+    value: val1
+    descriptors:
+      - key: wild
+        value: goo*
+        rate_limit: {unit: minute, requests_per_unit: 20, name: nested}
+",
+    )
+    .unwrap();
+    assert_eq!(name(&p, &[("wild", "foo1")]), Some("wild"));
+    assert_eq!(name(&p, &[("wild", "foo")]), Some("wild"));
+    assert_eq!(
+        name(&p, &[("nestedWild", "val1"), ("wild", "goo2")]),
+        Some("nested")
+    );
+    assert_eq!(name(&p, &[("midWild", "barxxb")]), Some("mid"));
+    assert_eq!(name(&p, &[("midWild", "barb")]), Some("mid"));
+    assert_eq!(name(&p, &[("midWild", "bara")]), None);
+    assert_eq!(name(&p, &[("midWild", "xbarb")]), None);
+    assert_eq!(name(&p, &[("multiWild", "foo123bar456baz")]), Some("multi"));
+    assert_eq!(name(&p, &[("multiWild", "foobarbaz")]), Some("multi"));
+    assert_eq!(name(&p, &[("multiWild", "foo123baz")]), None);
+    assert_eq!(name(&p, &[("multiWild", "bar456baz")]), None);
+    // A wildcard matches its own key's values only.
+    assert_eq!(name(&p, &[("midWild", "foo1")]), None);
+}
+
+#[test]
+fn share_threshold_on_a_middle_wildcard_shares_that_level_only() {
+    let p = Policy::from_yaml(
+        "share.yaml",
+        "domain: m
+descriptors:
+  - key: midpath
+    value: /api*v1
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 100, name: shared}
+  - key: route
+    value: svc*ep*rpc
+    rate_limit: {unit: minute, requests_per_unit: 50, name: apart}
+",
+    )
+    .unwrap();
+    let shared = p.find("m", &[("midpath", "/api-beta-v1")]).unwrap();
+    assert_eq!(shared.name, "shared");
+    assert_eq!(shared.shared_levels, 1);
+    assert!(p.find("m", &[("midpath", "/api/v2")]).is_none());
+    let apart = p.find("m", &[("route", "svcXepYrpc")]).unwrap();
+    assert_eq!(apart.name, "apart");
+    assert_eq!(apart.shared_levels, 0);
 }
 
 #[test]
