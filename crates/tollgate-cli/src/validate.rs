@@ -47,6 +47,7 @@ pub fn summary(policy: &Policy) -> String {
 fn describe(rule: &Rule) -> String {
     let limit = match &rule.limit {
         None => "unlimited".to_owned(),
+        Some(p) if rule.blocked => format!("blocked (0 per {:?})", p.period()),
         Some(p) => {
             let burst = if p.algorithm().uses_burst() && p.burst() != p.limit() {
                 format!(" burst {}", p.burst())

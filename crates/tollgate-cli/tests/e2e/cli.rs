@@ -18,7 +18,7 @@ descriptors:
 const BAD: &str = "domain: api
 descriptors:
   - key: user
-    rate_limit: {unit: minute, requests_per_unit: 0}
+    rate_limit: {unit: minute, requests_per_unit: -1}
   - key: ip
     rate_limit: {unit: fortnight, requests_per_unit: 5}
 ";

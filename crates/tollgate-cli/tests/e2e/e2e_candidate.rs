@@ -142,7 +142,7 @@ async fn a_shadow_candidate_reports_what_it_would_deny_and_promote_makes_it_live
     // candidate shadowing keeps running with its counts.
     let broken = dir.path().join("broken.yaml");
     let broken_text =
-        "domain: api\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: 0}}]\n";
+        "domain: api\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: -1}}]\n";
     std::fs::write(&broken, broken_text).unwrap();
     let (code, _, err) = server.policy_cli(&["push", broken.to_str().unwrap(), "--shadow"]);
     assert_ne!(code, 0);

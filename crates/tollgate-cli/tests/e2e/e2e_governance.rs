@@ -276,7 +276,7 @@ async fn push_list_diff_and_rollback_from_the_cli() {
     let broken = dir.path().join("broken.yaml");
     std::fs::write(
         &broken,
-        "domain: api\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: 0}}]\n",
+        "domain: api\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: -1}}]\n",
     )
     .unwrap();
     let (code, _, err) = server.policy_cli(&["push", broken.to_str().unwrap()]);

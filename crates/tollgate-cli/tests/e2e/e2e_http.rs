@@ -839,3 +839,48 @@ async fn requests_in_flight_at_sigterm_are_answered() {
     let status = server.exited();
     assert!(status.success(), "{status:?}");
 }
+
+/// `requests_per_unit: 0` blocks a value outright, as in envoyproxy/ratelimit: a `429` with
+/// reason `blocked` and a `Retry-After` reaching the end of the unit (upstream's
+/// `duration_until_reset`), every time.
+#[tokio::test]
+async fn a_rule_of_zero_answers_429_blocked_until_the_unit_ends() {
+    let server = Server::start(
+        "domain: api
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit: {unit: minute, requests_per_unit: 0}
+",
+    );
+    for _ in 0..2 {
+        let r = post(
+            &server,
+            "/v1/check",
+            &check_body("remote_address", "50.0.0.5", None),
+        )
+        .await;
+        assert_eq!(r.status(), 429);
+        let retry: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
+        assert!((1..=60).contains(&retry), "{retry}");
+        let body: Value = r.json().await.unwrap();
+        let status = &body["statuses"][0];
+        assert_eq!(status["reason"], "blocked", "{body}");
+        assert_eq!(status["limit"], 0, "{body}");
+        let retry_ms = status["retry_after_ms"].as_u64().unwrap();
+        assert_eq!(retry_ms, status["reset_after_ms"].as_u64().unwrap());
+        assert!(
+            retry_ms <= 60_000 && retry_ms.div_ceil(1000) >= retry - 1,
+            "{body}"
+        );
+    }
+    let r = post(
+        &server,
+        "/v1/check",
+        &check_body("remote_address", "50.0.0.6", None),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+}

@@ -162,11 +162,16 @@ fn wire_status(status: &DescriptorStatus) -> WireStatus<'_> {
         period_ms: params.map(|p| ceil_ms(p.period())),
         remaining: decision.map(|d| d.remaining),
         reset_after_ms: decision.map(|d| ceil_ms(d.reset_after)),
-        retry_after_ms: decision.and_then(|d| d.retry_after).map(ceil_ms),
+        retry_after_ms: match status.is_blocked() {
+            // Over until its unit ends, as envoyproxy/ratelimit's `duration_until_reset`.
+            true => decision.map(|d| ceil_ms(d.reset_after)),
+            false => decision.and_then(|d| d.retry_after).map(ceil_ms),
+        },
         delay_ms: decision.map(|d| ceil_ms(d.delay)),
         shadow_would_deny: status.shadow_would_deny,
         soft_exceeded: status.soft_exceeded,
         reason: match (decision.map(|d| d.verdict), status.degraded) {
+            _ if status.is_blocked() => Some("blocked"),
             (Some(Verdict::Denied), Some(Posture::Closed)) if status.code == Code::OverLimit => {
                 Some("store_unavailable")
             }

@@ -65,7 +65,9 @@ pub async fn explain(
                 v["source"] = json!(match limit {
                     AppliedLimit::Rule(_) => "policy",
                     AppliedLimit::Overridden(..) => "runtime_override",
-                    AppliedLimit::Override(_) | AppliedLimit::Blocked(_) => "request_override",
+                    AppliedLimit::Blocked(_, Some(_)) => "policy",
+                    AppliedLimit::Override(_) | AppliedLimit::Blocked(_, None) =>
+                        "request_override",
                 });
                 v["rule_location"] = json!(rule.map(|r| r.location.to_string()));
                 v["mode"] = json!(rule.map_or("enforce", |r| r.mode.name()));

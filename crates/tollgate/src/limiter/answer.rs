@@ -4,7 +4,7 @@
 use tollgate_core::{Decision, Timestamp, Verdict};
 
 use super::candidate::Candidate;
-use super::plan::{Plan, mode_of};
+use super::plan::{Plan, enforces, mode_of};
 use super::request::RequestDescriptor;
 use super::response::{AppliedLimit, CheckResponse, Code, DescriptorStatus, Statuses};
 use super::snapshot::Snapshot;
@@ -80,17 +80,23 @@ pub(super) fn build(
             degraded,
         };
     }
-    // A caller's limit of 0: over it, with no counter and no store asked.
+    // A limit of 0 (a caller's, or a rule's `requests_per_unit: 0`): over it, with no counter
+    // and no store asked.
     for (status, limit) in statuses.iter_mut().zip(live.limits.iter_mut()) {
-        if let Some(AppliedLimit::Blocked(params)) = limit {
+        if let Some(AppliedLimit::Blocked(params, rule)) = limit {
             let decision = AppliedLimit::blocked_decision(params, now);
+            // A shadow rule's block is reported as the denial it would have been.
+            let enforced = enforces(rule);
             *status = DescriptorStatus {
-                code: Code::OverLimit,
+                code: if enforced { Code::OverLimit } else { Code::Ok },
                 limit: limit.take(),
                 decision: Some(decision),
+                shadow_would_deny: !enforced,
                 ..DescriptorStatus::unlimited()
             };
-            response.overall = Code::OverLimit;
+            if enforced {
+                response.overall = Code::OverLimit;
+            }
         }
     }
     response

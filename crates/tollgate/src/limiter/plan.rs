@@ -1,6 +1,7 @@
 //! The limits one policy applies to a request's descriptors, and their counter keys.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use smallvec::SmallVec;
 use tollgate_core::Timestamp;
@@ -9,7 +10,7 @@ use super::keys::{self, KeyBuf};
 use super::overrides::Overrides;
 use super::request::{CheckRequest, InvalidRequest, MAX_DESCRIPTORS, RequestDescriptor};
 use super::response::AppliedLimit;
-use crate::policy::{LocalBudget, Policy, RuleMode};
+use crate::policy::{LocalBudget, Policy, Rule, RuleMode};
 use crate::resilience::{FailureSettings, Posture};
 use crate::store::{Charge, INLINE_CHARGES, Store, StoreBackend};
 
@@ -82,7 +83,7 @@ impl Planner<'_> {
                         .supports(&o.params)
                         .map_err(|why| InvalidRequest(why.to_string()))?;
                     Some(if o.blocks {
-                        AppliedLimit::Blocked(o.params)
+                        AppliedLimit::Blocked(o.params, None)
                     } else {
                         AppliedLimit::Override(o.params)
                     })
@@ -108,7 +109,13 @@ impl Planner<'_> {
                             Some(params) if self.store.supports(&params).is_ok() => {
                                 AppliedLimit::Overridden(rule.clone(), params)
                             }
-                            _ => AppliedLimit::Rule(rule.clone()),
+                            // `requests_per_unit: 0`, decided like a caller's limit of 0.
+                            _ => match (rule.blocked, rule.limit) {
+                                (true, Some(params)) => {
+                                    AppliedLimit::Blocked(params, Some(rule.clone()))
+                                }
+                                _ => AppliedLimit::Rule(rule.clone()),
+                            },
                         }
                     }),
             });
@@ -123,7 +130,7 @@ impl Planner<'_> {
                     keys::override_key(key_buf, request.domain(), descriptor, params)
                 }
                 // Decided without a counter: see the answer's builder.
-                (Some(AppliedLimit::Blocked(_)), _) => continue,
+                (Some(AppliedLimit::Blocked(..)), _) => continue,
                 (
                     Some(AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _)),
                     Side::Live,
@@ -173,11 +180,11 @@ impl Plan {
         }));
     }
 
-    /// Whether a caller's limit of 0 blocks one of the descriptors.
+    /// Whether a limit of 0 (a caller's, or an enforced rule's) blocks one of the descriptors.
     pub fn blocks(&self) -> bool {
         self.limits
             .iter()
-            .any(|l| matches!(l, Some(AppliedLimit::Blocked(_))))
+            .any(|l| matches!(l, Some(AppliedLimit::Blocked(_, rule)) if enforces(rule)))
     }
 }
 
@@ -215,8 +222,14 @@ fn prefilterable(limit: &AppliedLimit) -> bool {
         AppliedLimit::Rule(rule) => rule.mode == RuleMode::Enforce && rule.local_budget.is_none(),
         AppliedLimit::Override(_) => true,
         // Nothing to remember: it is denied without the store's say.
-        AppliedLimit::Overridden(..) | AppliedLimit::Blocked(_) => false,
+        AppliedLimit::Overridden(..) | AppliedLimit::Blocked(..) => false,
     }
+}
+
+/// Whether a block denies: the caller's (no rule) always does, a rule's unless in shadow mode.
+pub(super) fn enforces(rule: &Option<Arc<Rule>>) -> bool {
+    rule.as_ref()
+        .is_none_or(|rule| rule.mode != RuleMode::Shadow)
 }
 
 /// The mode of the rule behind `limit`; a caller-supplied limit enforces.

@@ -27,17 +27,19 @@ pub enum AppliedLimit {
     Overridden(Arc<Rule>, Params),
     /// A limit the caller sent with the descriptor.
     Override(Params),
-    /// A limit of 0 the caller sent: always over it (`Params` give the period; their limit of
-    /// 1 is a stand-in).
-    Blocked(Params),
+    /// A limit of 0: always over it, with no counter. The caller sent it (no rule), or it is a
+    /// rule's `requests_per_unit: 0`. `Params` give the period; their limit of 1 is a stand-in.
+    Blocked(Params, Option<Arc<Rule>>),
 }
 
 impl AppliedLimit {
     /// Name reported to callers (`current_limit.name`, `RateLimit-Policy`).
     pub fn name(&self) -> &str {
         match self {
-            AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _) => &rule.name,
-            AppliedLimit::Override(_) | AppliedLimit::Blocked(_) => "override",
+            AppliedLimit::Rule(rule)
+            | AppliedLimit::Overridden(rule, _)
+            | AppliedLimit::Blocked(_, Some(rule)) => &rule.name,
+            AppliedLimit::Override(_) | AppliedLimit::Blocked(_, None) => "override",
         }
     }
 
@@ -47,15 +49,17 @@ impl AppliedLimit {
             AppliedLimit::Rule(rule) => rule.limit.as_ref(),
             AppliedLimit::Overridden(_, params)
             | AppliedLimit::Override(params)
-            | AppliedLimit::Blocked(params) => Some(params),
+            | AppliedLimit::Blocked(params, _) => Some(params),
         }
     }
 
     /// The policy rule behind this limit, if any.
     pub fn rule(&self) -> Option<&Arc<Rule>> {
         match self {
-            AppliedLimit::Rule(rule) | AppliedLimit::Overridden(rule, _) => Some(rule),
-            AppliedLimit::Override(_) | AppliedLimit::Blocked(_) => None,
+            AppliedLimit::Rule(rule)
+            | AppliedLimit::Overridden(rule, _)
+            | AppliedLimit::Blocked(_, Some(rule)) => Some(rule),
+            AppliedLimit::Override(_) | AppliedLimit::Blocked(_, None) => None,
         }
     }
 
@@ -111,6 +115,12 @@ impl DescriptorStatus {
             .as_ref()
             .and_then(AppliedLimit::rule)
             .is_some_and(|rule| rule.mode == RuleMode::Shadow)
+    }
+
+    /// Whether a limit of 0 denied it: over its limit until the end of the unit, with no
+    /// counter (see [`AppliedLimit::Blocked`]).
+    pub fn is_blocked(&self) -> bool {
+        self.code == Code::OverLimit && matches!(self.limit, Some(AppliedLimit::Blocked(..)))
     }
 
     /// Whether the cost can never be admitted by this limit.
@@ -224,11 +234,21 @@ impl CheckResponse {
     /// When denied and retrying can help: how long to wait (the longest retry-after among the
     /// denials, since all of them must clear).
     pub fn retry_after(&self) -> Option<Duration> {
-        if self.allowed() || self.denials().any(DescriptorStatus::cost_exceeds_capacity) {
+        if self.allowed()
+            || self
+                .denials()
+                .any(|s| s.cost_exceeds_capacity() && !s.is_blocked())
+        {
             return None;
         }
+        // A block is over until its unit ends, as envoyproxy/ratelimit's `duration_until_reset`.
         self.denials()
-            .filter_map(|s| s.decision.and_then(|d| d.retry_after))
+            .filter_map(|s| {
+                s.decision.and_then(|d| match s.is_blocked() {
+                    true => Some(d.reset_after),
+                    false => d.retry_after,
+                })
+            })
             .max()
     }
 }

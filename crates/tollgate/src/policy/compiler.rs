@@ -323,6 +323,7 @@ impl<'f> SourceCompiler<'f> {
         let local_budget = self.local_budget(doc, limit.as_ref(), mode);
         let up_to_limit = self.charges_up_to_limit(doc);
         let limit = limit.map(|params| params.charging_up_to_limit(up_to_limit));
+        let blocked = limit.is_some() && self.blocks(doc, mode);
 
         let (name, name_location, explicit) =
             match doc.name.as_ref().filter(|n| !n.value.is_empty()) {
@@ -363,6 +364,7 @@ impl<'f> SourceCompiler<'f> {
                 .filter(|(level, step)| step.shared && *level < 64)
                 .fold(0, |bits, (level, _)| bits | 1 << level),
             limit,
+            blocked,
             unit,
             mode,
             detailed_metric: descriptor.detailed_metric.unwrap_or(false),
@@ -491,6 +493,36 @@ impl<'f> SourceCompiler<'f> {
             return false;
         }
         up_to_limit
+    }
+
+    /// Whether the limit is `requests_per_unit: 0`, envoyproxy/ratelimit's way to block a value
+    /// outright; reports the fields that mean nothing beside a block.
+    fn blocks(&mut self, doc: &RateLimitDoc, mode: RuleMode) -> bool {
+        let Some(count) = doc
+            .requests_per_unit
+            .as_ref()
+            .filter(|c| c.value.number == 0)
+        else {
+            return false;
+        };
+        let conflicts: Vec<&str> = [
+            ("burst", doc.burst.is_some()),
+            ("local_budget", doc.local_budget.is_some()),
+            ("mode: soft", mode == RuleMode::Soft),
+        ]
+        .into_iter()
+        .filter_map(|(field, present)| present.then_some(field))
+        .collect();
+        if !conflicts.is_empty() {
+            self.error(
+                self.location(&count.referenced),
+                format!(
+                    "`requests_per_unit: 0` blocks every request; `{}` has no meaning beside it",
+                    conflicts.join("`, `")
+                ),
+            );
+        }
+        true
     }
 
     /// Validates `local_budget` and `local_budget_ttl` against the rule's limit and mode.
@@ -702,10 +734,19 @@ impl<'f> SourceCompiler<'f> {
                 self.error(block.clone(), "missing `requests_per_unit`");
                 None
             }
+            Some(count) if count.value.number < 0 => {
+                self.error(
+                    self.location(&count.referenced),
+                    "invalid `requests_per_unit`: limit must be at least 1, or 0 to block every \
+                     request",
+                );
+                None
+            }
             Some(count) => {
                 let at = self.location(&count.referenced);
-                // Negative counts are reported like zero: "limit must be at least 1".
-                match u64::try_from(count.value.number.max(0)) {
+                // 0 blocks: the rule is checked, and kept, with a stand-in limit of 1 (see
+                // `Rule::blocked`).
+                match u64::try_from(count.value.number.max(1)) {
                     Ok(n) => match Params::new(probe, n, PROBE_PERIOD, None) {
                         Ok(_) => Some(n),
                         Err(e) => {

@@ -24,8 +24,12 @@ pub struct Rule {
     /// level `i` is a wildcard with `share_threshold: true` (every value it matches shares one
     /// counter).
     pub shared_levels: u64,
-    /// The limit; `None` for `unlimited: true`.
+    /// The limit; `None` for `unlimited: true`. For a `blocked` rule, its limit of 1 is a
+    /// stand-in that gives the period.
     pub limit: Option<Params>,
+    /// `requests_per_unit: 0`: every request it matches is over the limit, and no counter is
+    /// kept (the store is not asked). In shadow mode, reported as a denial it would have made.
+    pub blocked: bool,
     /// The envoy unit the limit was written with; `None` when written with `period` or unlimited.
     pub unit: Option<Unit>,
     /// `enforce` (default), `shadow` (`shadow_mode: true`: count and report, never deny) or

@@ -677,3 +677,71 @@ descriptors:
             .allowed()
     );
 }
+
+/// `requests_per_unit: 0` blocks, as in envoyproxy/ratelimit: over the limit every time,
+/// reset at the end of the unit, no counter kept (the store holds no key) and the request's
+/// other limits charged nothing. In shadow mode it reports the denial and lets the rest count.
+#[tokio::test]
+async fn a_rule_of_zero_blocks_without_a_counter() {
+    use tollgate::store::Store as _;
+    let policy = Policy::from_yaml(
+        "zero.yaml",
+        r#"
+domain: api
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: ip
+    rate_limit: {name: per_ip, unit: minute, requests_per_unit: 1}
+  - key: probe
+    shadow_mode: true
+    rate_limit: {name: shadow_block, unit: hour, requests_per_unit: 0}
+"#,
+    )
+    .unwrap();
+    let blocked_rule = &policy.rules()[1];
+    assert!(blocked_rule.blocked && !blocked_rule.is_unlimited());
+    let (clock, limiter) = limiter_with(policy);
+    clock.advance(Duration::from_secs(15));
+    let both = request(&[&[("remote_address", "50.0.0.5")], &[("ip", "1")]]);
+    for _ in 0..3 {
+        let r = limiter.check(&both).await.unwrap();
+        assert!(!r.allowed());
+        let s = &r.statuses[0];
+        assert_eq!(s.code, Code::OverLimit);
+        assert!(s.is_blocked());
+        assert_eq!(
+            s.limit.as_ref().map(|l| l.name()),
+            Some("remote_address_50.0.0.5")
+        );
+        let d = s.decision.unwrap();
+        assert_eq!((d.limit, d.remaining), (0, 0));
+        assert_eq!(d.reset_after, Duration::from_secs(45));
+        assert_eq!(r.retry_after(), Some(Duration::from_secs(45)));
+    }
+    assert_eq!(limiter.store().key_count().await.unwrap(), 0, "no counter");
+    // Another address is limited as usual, and per_ip still has its one request.
+    let other = limiter
+        .check(&request(&[
+            &[("remote_address", "50.0.0.6")],
+            &[("ip", "1")],
+        ]))
+        .await
+        .unwrap();
+    assert!(other.allowed());
+    assert_eq!(limiter.store().key_count().await.unwrap(), 2);
+
+    // Shadow mode: reported as a denial it would make, the request allowed and charged.
+    let shadowed = request(&[&[("probe", "x")], &[("ip", "2")]]);
+    let r = limiter.check(&shadowed).await.unwrap();
+    assert!(r.allowed());
+    assert_eq!(r.statuses[0].code, Code::Ok);
+    assert!(r.statuses[0].shadow_would_deny);
+    assert!(
+        !limiter.check(&shadowed).await.unwrap().allowed(),
+        "per_ip was charged"
+    );
+}

@@ -205,13 +205,17 @@ descriptors:
 "
         )
     };
+    // 0 blocks, as in envoyproxy/ratelimit.
+    let blocked = Policy::from_yaml("t.yaml", &yaml("0", "fixed_window")).unwrap();
+    assert!(blocked.rules()[0].blocked);
     assert_eq!(
-        error(&yaml("0", "fixed_window")),
-        "t.yaml:7:26: invalid `requests_per_unit`: limit must be at least 1"
+        blocked.rules()[0].limit.map(|p| p.period()),
+        Some(std::time::Duration::from_secs(1))
     );
     assert_eq!(
         error(&yaml("-5", "fixed_window")),
-        "t.yaml:7:26: invalid `requests_per_unit`: limit must be at least 1"
+        "t.yaml:7:26: invalid `requests_per_unit`: limit must be at least 1, or 0 to block \
+         every request"
     );
     assert_eq!(
         error(&yaml("10000000000000", "gcra")),
@@ -297,6 +301,27 @@ descriptors:
     .unwrap();
     assert!(policy.rules()[0].is_unlimited());
     assert_eq!(policy.rules()[0].limit, None);
+}
+
+#[test]
+fn a_block_takes_no_burst_budget_or_soft_mode() {
+    assert_eq!(
+        error(
+            "domain: a
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 0, algorithm: gcra, burst: 2, mode: soft}
+"
+        ),
+        "t.yaml:4:51: `requests_per_unit: 0` blocks every request; `burst`, `mode: soft` has \
+         no meaning beside it"
+    );
+    let shadow = Policy::from_yaml(
+        "t.yaml",
+        "domain: a\ndescriptors:\n  - key: k\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 0}\n",
+    )
+    .unwrap();
+    assert!(shadow.rules()[0].blocked && shadow.rules()[0].is_shadow());
 }
 
 #[test]
@@ -576,12 +601,12 @@ fn all_errors_of_a_file_are_reported_in_order() {
     let expected = [
         "many_errors.yaml:3:10: empty descriptor `key`".to_owned(),
         "many_errors.yaml:6:24: unknown unit `fortnight`, expected one of: second, minute, hour, day, week, month, year".to_owned(),
-        "many_errors.yaml:6:54: invalid `requests_per_unit`: limit must be at least 1".to_owned(),
+        "many_errors.yaml:6:54: invalid `requests_per_unit`: limit must be at least 1, or 0 to block every request".to_owned(),
         "many_errors.yaml:7:5: duplicate descriptor `user` without a value at this level, first defined at many_errors.yaml:5:5".to_owned(),
         "many_errors.yaml:8:40: give either `unit` or `period`, not both".to_owned(),
         "many_errors.yaml:11:29: `unlimited: true` cannot be combined with `unit`".to_owned(),
         format!("many_errors.yaml:14:30: invalid period `soon`: {period_error}"),
-        "many_errors.yaml:14:55: invalid `requests_per_unit`: limit must be at least 1".to_owned(),
+        "many_errors.yaml:14:55: invalid `requests_per_unit`: limit must be at least 1, or 0 to block every request".to_owned(),
         format!("many_errors.yaml:14:66: burst is not supported by fixed_window; {BURST_WINDOW}"),
         "many_errors.yaml:15:9: duplicate descriptor `path` without a value at this level, first defined at many_errors.yaml:13:9".to_owned(),
         "many_errors.yaml:16:21: `rate_limit` needs `unit` or `period` (or `unlimited: true`)".to_owned(),
