@@ -79,6 +79,33 @@ def main():
         expect(response.statuses[0].current_limit is None, "unmatched descriptor has no limit")
         expect(response.statuses[1].limit_remaining == 1, f"remaining {response.statuses[1].limit_remaining}")
 
+        # Answers as envoyproxy/ratelimit sends them: `current_limit.name` is the configured
+        # name, empty without one; `duration_until_reset` in whole seconds (the ceiling of the
+        # wait); an unlimited rule's `limit_remaining` is 4294967295, with no current limit.
+        response = check(stub, [[("anon", "a")], [("free", "yes")], [("client", "wire")]])
+        expect(response.overall_code == RateLimitResponseCode.OK, "wire answers allowed")
+        anon, free, named = response.statuses
+        expect(anon.current_limit.name == "", f"unnamed rule's name {anon.current_limit.name!r}")
+        expect(named.current_limit.name == "per_client", f"name {named.current_limit.name!r}")
+        for status in (anon, named):
+            reset = status.duration_until_reset
+            expect(reset.microseconds == 0, f"duration_until_reset {reset!r} in whole seconds")
+        expect(1 <= anon.duration_until_reset.total_seconds() <= 60, f"reset {anon.duration_until_reset!r}")
+        expect(free.code == RateLimitResponseCode.OK, "unlimited is OK")
+        expect(free.limit_remaining == 4294967295, f"unlimited remaining {free.limit_remaining}")
+        expect(free.current_limit is None, "unlimited has no current limit")
+        expect(free.duration_until_reset is None, "unlimited has no reset")
+
+        # `requests_per_unit: 0` blocks: OVER_LIMIT every time, until the end of the unit.
+        for _ in range(2):
+            response = check(stub, [[("anon", "blocked")]])
+            expect(response.overall_code == RateLimitResponseCode.OVER_LIMIT, "a block denies")
+            status = response.statuses[0]
+            expect(status.current_limit.requests_per_unit == 0, "a block's limit is 0")
+            expect(status.current_limit.name == "blocklist", f"name {status.current_limit.name!r}")
+            seconds = status.duration_until_reset.total_seconds()
+            expect(1 <= seconds <= 3600 and seconds == int(seconds), f"block reset {seconds}")
+
         # A descriptor's hits_addend of 0 (an empty UInt64Value on the wire) checks without
         # counting, until no unit is left.
         for _ in range(2):
@@ -108,7 +135,7 @@ def main():
         except grpc.RpcError as error:
             expect(error.code() == grpc.StatusCode.INTERNAL, f"code {error.code()}")
             expect("failed to decode" in error.details(), f"details {error.details()!r}")
-    print("interop ok: 4 requests, 1 weighted request, 3 checks, 2 invalid requests")
+    print("interop ok: 4 requests, 1 weighted request, wire answers, 2 blocks, 3 checks, 2 invalid requests")
 
 
 if __name__ == "__main__":

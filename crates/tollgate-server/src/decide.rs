@@ -81,6 +81,7 @@ impl Decide for AllowAll {
                 shadow_would_deny: false,
                 soft_exceeded: false,
                 degraded: None,
+                unlimited_rule: false,
             })
             .collect();
         Ok(CheckResponse {

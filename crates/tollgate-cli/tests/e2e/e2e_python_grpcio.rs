@@ -17,6 +17,14 @@ domain: interop
 descriptors:
   - key: client
     rate_limit: {name: per_client, unit: day, requests_per_unit: 3}
+  - key: anon
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: anon
+    value: blocked
+    rate_limit: {name: blocklist, unit: hour, requests_per_unit: 0}
+  - key: free
+    value: "yes"
+    rate_limit: {unlimited: true}
 "#;
 
 #[test]

@@ -5,11 +5,11 @@ use tollgate_core::{Decision, Timestamp, Verdict};
 
 use super::candidate::Candidate;
 use super::plan::{Plan, enforces, mode_of};
-use super::request::RequestDescriptor;
+use super::request::{CheckRequest, RequestDescriptor};
 use super::response::{AppliedLimit, CheckResponse, Code, DescriptorStatus, Statuses};
 use super::snapshot::Snapshot;
 use crate::metrics::Outcome;
-use crate::policy::RuleMode;
+use crate::policy::{Policy, RuleMode};
 use crate::resilience::Posture;
 
 /// What was decided for one charged limit of the live plan.
@@ -78,6 +78,7 @@ pub(super) fn build(
             shadow_would_deny: denied && mode == RuleMode::Shadow,
             soft_exceeded: denied && mode == RuleMode::Soft,
             degraded,
+            unlimited_rule: false,
         };
     }
     // A limit of 0 (a caller's, or a rule's `requests_per_unit: 0`): over it, with no counter
@@ -100,6 +101,22 @@ pub(super) fn build(
         }
     }
     response
+}
+
+/// Marks the statuses of descriptors that matched an `unlimited: true` rule (the plan keeps no
+/// limit for them), which envoyproxy/ratelimit answers with a `limit_remaining` of `u32::MAX`.
+pub(super) fn mark_unlimited(
+    policy: &Policy,
+    request: &CheckRequest,
+    response: &mut CheckResponse,
+) {
+    for (status, descriptor) in response.statuses.iter_mut().zip(request.descriptors()) {
+        status.unlimited_rule = status.limit.is_none()
+            && descriptor.limit_override().is_none()
+            && policy
+                .find(request.domain(), descriptor.entries())
+                .is_some_and(|rule| rule.is_unlimited());
+    }
 }
 
 /// What the prefilter answers a request it denies at span `n` with `denial`: that limit

@@ -326,7 +326,10 @@ impl Pipeline<'_> {
         commit: bool,
     ) -> CheckResponse {
         let descriptors = request.descriptors();
-        answer::build(&self.snapshot, descriptors, live, told, commit, self.at.0)
+        let mut response =
+            answer::build(&self.snapshot, descriptors, live, told, commit, self.at.0);
+        answer::mark_unlimited(&self.snapshot.policy, request, &mut response);
+        response
     }
 }
 

@@ -43,6 +43,15 @@ impl AppliedLimit {
         }
     }
 
+    /// The name envoyproxy/ratelimit reports as `current_limit.name`: a rule's `name` as
+    /// given in the policy, or empty (a derived name, a limit the caller sent).
+    pub fn configured_name(&self) -> &str {
+        match self.rule() {
+            Some(rule) if rule.name_given => &rule.name,
+            _ => "",
+        }
+    }
+
     /// The limit's parameters.
     pub fn params(&self) -> Option<&Params> {
         match self {
@@ -95,6 +104,8 @@ pub struct DescriptorStatus {
     pub soft_exceeded: bool,
     /// Set when the store could not decide and this limit's failure posture answered.
     pub degraded: Option<Posture>,
+    /// The descriptor matched a rule with `unlimited: true` (its `limit` is then `None`).
+    pub unlimited_rule: bool,
 }
 
 impl DescriptorStatus {
@@ -106,6 +117,7 @@ impl DescriptorStatus {
             shadow_would_deny: false,
             soft_exceeded: false,
             degraded: None,
+            unlimited_rule: false,
         }
     }
 

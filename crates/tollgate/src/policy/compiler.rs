@@ -357,6 +357,7 @@ impl<'f> SourceCompiler<'f> {
             index,
             domain: self.domain.to_owned(),
             name: name.clone(),
+            name_given: explicit,
             identity: identity::encode(self.domain, path),
             shared_levels: path
                 .iter()

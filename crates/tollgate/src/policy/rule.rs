@@ -16,6 +16,9 @@ pub struct Rule {
     /// (`tenant.path_/login`: `key` or `key_value` per level, joined by `.`; `#2`, `#3`... on
     /// a path that reads like an earlier rule's). Unique in a domain.
     pub name: String,
+    /// Whether `name` was given in `rate_limit` (rather than derived): envoyproxy/ratelimit
+    /// reports the given name as `current_limit.name`, and an empty one otherwise.
+    pub name_given: bool,
     /// Stable, injective identity for counter keys: the domain and the path of keys and values,
     /// length-prefixed. Unchanged across reloads as long as the rule's path is unchanged; two
     /// different rules never share one.
