@@ -131,6 +131,11 @@ pub struct ServeArgs {
     /// as Envoy Gateway sets it); RateLimit, RateLimit-Policy and Retry-After are still sent.
     #[arg(long)]
     no_rls_x_ratelimit_headers: bool,
+    /// Send `dynamic_metadata` in gRPC answers, as envoyproxy/ratelimit does with
+    /// `RESPONSE_DYNAMIC_METADATA=true`: the request's domain, descriptors and hits, and the
+    /// merged policy `metadata` of every limit that admitted. Off by default.
+    #[arg(long, env = "TOLLGATE_RLS_DYNAMIC_METADATA")]
+    rls_dynamic_metadata: bool,
     /// How often expired counters are dropped from the in-memory store.
     #[arg(long, default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
     sweep_interval: Duration,
@@ -513,6 +518,9 @@ async fn serve(
     let mut rls = RlsService::new(limiter.clone());
     if args.no_rls_x_ratelimit_headers {
         rls = rls.without_x_ratelimit_headers();
+    }
+    if args.rls_dynamic_metadata {
+        rls = rls.with_dynamic_metadata();
     }
     let grpc_router = grpc_server(args.grpc_keepalive, args.grpc_keepalive_timeout)
         .add_service(rls.into_server())

@@ -885,3 +885,103 @@ fn a_grpc_connection_that_sends_nothing_is_closed() {
         Duration::from_millis(1500)
     ));
 }
+
+/// upstream's test/config/metadata.yaml with `RESPONSE_DYNAMIC_METADATA`'s answer: the
+/// request echoed, and the `metadata` of the limits that admitted merged (none of a denial).
+/// Without `--rls-dynamic-metadata` (the default), no `dynamic_metadata` at all.
+#[tokio::test]
+async fn descriptor_metadata_comes_back_as_dynamic_metadata_when_enabled() {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    use envoy_types::pb::google::protobuf::{Struct, Value};
+    const METADATA: &str = r#"
+domain: edge
+descriptors:
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit: {unit: second, requests_per_unit: 5}
+        metadata:
+          name: service_1
+      - key: subkey1
+        value: subvalue1
+        rate_limit: {unit: second, requests_per_unit: 10}
+  - key: key2
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata:
+      service_with_quota:
+        name: service_2
+"#;
+    let ask = || {
+        let mut r = request(
+            vec![
+                (&[("key1", "value1"), ("subkey1", "x")], Some(2)),
+                (&[("key2", "k")], None),
+            ],
+            0,
+        );
+        r.descriptors[0].hits_addend = Some(UInt64Value { value: 2 });
+        r
+    };
+    let field = |s: &Struct, name: &str| s.fields.get(name).cloned().and_then(|v| v.kind);
+    let text = |v: &Value| match &v.kind {
+        Some(Kind::StringValue(s)) => s.clone(),
+        other => panic!("not a string: {other:?}"),
+    };
+
+    let off = Server::start(METADATA);
+    let r = off
+        .grpc_client()
+        .await
+        .should_rate_limit(ask())
+        .await
+        .unwrap();
+    assert!(r.into_inner().dynamic_metadata.is_none(), "off by default");
+
+    let server = Server::start_with_args(METADATA, &["--rls-dynamic-metadata"]);
+    let mut client = server.grpc_client().await;
+    let first = client.should_rate_limit(ask()).await.unwrap().into_inner();
+    assert_eq!(first.overall_code, Code::Ok as i32);
+    let m = first.dynamic_metadata.unwrap();
+    assert_eq!(field(&m, "domain"), Some(Kind::StringValue("edge".into())));
+    assert!(
+        field(&m, "hitsAddend").is_none(),
+        "a request hits_addend of 0 is left out"
+    );
+    let Some(Kind::ListValue(descriptors)) = field(&m, "descriptors") else {
+        panic!("{m:?}")
+    };
+    let Some(Kind::StructValue(d0)) = descriptors.values[0].kind.clone() else {
+        panic!("{descriptors:?}")
+    };
+    let Some(Kind::ListValue(entries)) = field(&d0, "entries") else {
+        panic!("{d0:?}")
+    };
+    let entries: Vec<String> = entries.values.iter().map(text).collect();
+    assert_eq!(entries, ["key1=value1", "subkey1=x"]);
+    assert_eq!(field(&d0, "hitsAddend"), Some(Kind::NumberValue(2.0)));
+    let Some(Kind::StructValue(passed)) = field(&m, "metadata") else {
+        panic!("{m:?}")
+    };
+    assert_eq!(
+        field(&passed, "name"),
+        Some(Kind::StringValue("service_1".into()))
+    );
+    let Some(Kind::StructValue(quota)) = field(&passed, "service_with_quota") else {
+        panic!("{passed:?}")
+    };
+    assert_eq!(
+        field(&quota, "name"),
+        Some(Kind::StringValue("service_2".into()))
+    );
+
+    // key2 allows 1 a minute: now over, so only the first descriptor's metadata comes back.
+    let second = client.should_rate_limit(ask()).await.unwrap().into_inner();
+    assert_eq!(second.overall_code, Code::OverLimit as i32);
+    let m = second.dynamic_metadata.unwrap();
+    let Some(Kind::StructValue(passed)) = field(&m, "metadata") else {
+        panic!("{m:?}")
+    };
+    assert_eq!(passed.fields.len(), 1, "{passed:?}");
+    assert!(passed.fields.contains_key("name"));
+}

@@ -3,6 +3,7 @@
 mod decode;
 mod encode;
 mod health;
+mod metadata;
 
 use std::sync::Arc;
 
@@ -27,6 +28,7 @@ pub use health::HealthService;
 pub struct RlsService<D> {
     decider: Arc<D>,
     x_ratelimit: bool,
+    dynamic_metadata: bool,
 }
 
 impl<D> Clone for RlsService<D> {
@@ -34,6 +36,7 @@ impl<D> Clone for RlsService<D> {
         RlsService {
             decider: self.decider.clone(),
             x_ratelimit: self.x_ratelimit,
+            dynamic_metadata: self.dynamic_metadata,
         }
     }
 }
@@ -44,7 +47,16 @@ impl<D: Decide> RlsService<D> {
         RlsService {
             decider,
             x_ratelimit: true,
+            dynamic_metadata: false,
         }
+    }
+
+    /// Sends `dynamic_metadata` in every answer, shaped as envoyproxy/ratelimit's with
+    /// `RESPONSE_DYNAMIC_METADATA` (see [`metadata`]): the request's domain and descriptors,
+    /// and the policy `metadata` of the limits that admitted.
+    pub fn with_dynamic_metadata(mut self) -> Self {
+        self.dynamic_metadata = true;
+        self
     }
 
     /// Leaves `X-RateLimit-Limit`, `-Remaining` and `-Reset` out of `response_headers_to_add`,
@@ -73,13 +85,19 @@ impl<D: Decide> RateLimitService for RlsService<D> {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let check = decode_request(request.into_inner()).map_err(|e| {
+        let request = request.into_inner();
+        let echo = self
+            .dynamic_metadata
+            .then(|| metadata::RequestEcho::of(&request));
+        let check = decode_request(request).map_err(|e| {
             self.decider.refused(Transport::Grpc, &e);
             Status::from(ApiError::invalid(e.to_string()))
         })?;
         match self.decider.decide(&check).await {
             Ok(decided) => {
-                let mut response = Response::new(encode_response(&decided, self.x_ratelimit));
+                let mut wire = encode_response(&decided, self.x_ratelimit);
+                wire.dynamic_metadata = echo.map(|echo| echo.into_metadata(&decided));
+                let mut response = Response::new(wire);
                 // tollgate's own markers also travel as gRPC metadata, for callers that read it
                 // rather than `response_headers_to_add` (same values as those headers).
                 let metadata = response.metadata_mut();

@@ -352,6 +352,7 @@ impl<'f> SourceCompiler<'f> {
             .map(|r| self.replaces(&r.value))
             .unwrap_or_default();
 
+        let metadata = self.metadata(descriptor);
         let index = rules.len();
         rules.push(Arc::new(Rule {
             index,
@@ -370,6 +371,7 @@ impl<'f> SourceCompiler<'f> {
             mode,
             detailed_metric: descriptor.detailed_metric.unwrap_or(false),
             replaces: replaces.iter().map(|(name, _)| name.clone()).collect(),
+            metadata,
             on_store_error,
             local_share,
             local_budget,
@@ -494,6 +496,27 @@ impl<'f> SourceCompiler<'f> {
             return false;
         }
         up_to_limit
+    }
+
+    /// The descriptor's `metadata`: a mapping (any keys and values, as in envoyproxy/ratelimit),
+    /// `None` when absent or empty.
+    fn metadata(
+        &mut self,
+        descriptor: &DescriptorDoc,
+    ) -> Option<serde_json::Map<String, serde_json::Value>> {
+        let metadata = descriptor.metadata.as_ref()?;
+        match &metadata.value {
+            serde_json::Value::Object(map) if map.is_empty() => None,
+            serde_json::Value::Object(map) => Some(map.clone()),
+            serde_json::Value::Null => None,
+            _ => {
+                self.error(
+                    self.location(&metadata.referenced),
+                    "`metadata` must be a mapping, such as `{name: service_1}`",
+                );
+                None
+            }
+        }
     }
 
     /// Whether the limit is `requests_per_unit: 0`, envoyproxy/ratelimit's way to block a value

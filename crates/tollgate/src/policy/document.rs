@@ -42,6 +42,10 @@ pub(super) struct DescriptorDoc {
     /// With a wildcard `value` (one with a `*`): every value it matches shares one counter, instead of one
     /// counter per value.
     pub share_threshold: Option<Spanned<bool>>,
+    /// envoyproxy/ratelimit's `metadata`: any mapping, sent back in the RLS response's
+    /// `dynamic_metadata` when this descriptor's limit admits a request (with the server's
+    /// `--rls-dynamic-metadata`). Only read on a descriptor with a `rate_limit`.
+    pub metadata: Option<Spanned<serde_json::Value>>,
     /// Names of limits this descriptor's limit replaces (also accepted inside `rate_limit`,
     /// where envoyproxy/ratelimit reads it; give it in one place only).
     pub replaces: Option<Spanned<Vec<Spanned<ReplacesDoc>>>>,

@@ -41,6 +41,9 @@ pub struct Rule {
     /// `detailed_metric: true`: its outcomes are also counted per descriptor value (see
     /// `metrics::MAX_DETAILED_VALUES`).
     pub detailed_metric: bool,
+    /// The descriptor's `metadata` mapping, if it has a non-empty one: returned in the RLS
+    /// response's `dynamic_metadata` when this rule admits (see `--rls-dynamic-metadata`).
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// Names of the rules this one replaces when both match one request.
     pub replaces: Vec<String>,
     /// `on_store_error`; `None` means the server's default posture.

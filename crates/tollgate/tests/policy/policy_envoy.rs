@@ -223,3 +223,63 @@ fn unknown_domain_and_empty_descriptor_match_nothing() {
         Some(0)
     );
 }
+
+/// upstream's test/config/metadata.yaml loads; each rule keeps its descriptor's `metadata`
+/// mapping (nested ones included). Anything but a mapping is refused with its position.
+#[test]
+fn descriptor_metadata_is_kept_on_its_rule() {
+    let policy = Policy::from_yaml(
+        "metadata.yaml",
+        "domain: test-domain
+descriptors:
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit: {unit: second, requests_per_unit: 5}
+        metadata:
+          name: service_1
+      - key: subkey1
+        value: subvalue1
+        rate_limit: {unit: second, requests_per_unit: 10}
+  - key: key2
+    rate_limit: {unit: minute, requests_per_unit: 20}
+    metadata:
+      service_with_quota:
+        name: service_2
+        weights: [1, 2.5, true, null]
+",
+    )
+    .unwrap();
+    let metadata = |entries: &[(&str, &str)]| {
+        policy
+            .find("test-domain", entries)
+            .unwrap()
+            .metadata
+            .clone()
+            .map(serde_json::Value::Object)
+    };
+    assert_eq!(
+        metadata(&[("key1", "value1"), ("subkey1", "x")]),
+        Some(serde_json::json!({"name": "service_1"}))
+    );
+    assert_eq!(
+        metadata(&[("key1", "value1"), ("subkey1", "subvalue1")]),
+        None
+    );
+    assert_eq!(
+        metadata(&[("key2", "k")]),
+        Some(
+            serde_json::json!({"service_with_quota": {"name": "service_2", "weights": [1, 2.5, true, null]}})
+        )
+    );
+    let refused = Policy::from_yaml(
+        "t.yaml",
+        "domain: a\ndescriptors:\n  - key: k\n    metadata: [1, 2]\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "t.yaml:4:15: `metadata` must be a mapping, such as `{name: service_1}`"
+    );
+}
