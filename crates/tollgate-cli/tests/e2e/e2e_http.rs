@@ -884,3 +884,37 @@ descriptors:
     .await;
     assert_eq!(r.status(), 200);
 }
+
+/// `/json` answers with the same fields as RLS, as envoyproxy/ratelimit's: an unnamed rule's
+/// `currentLimit.name` empty, `durationUntilReset` whole seconds, and an unlimited rule's
+/// `limitRemaining` 4294967295 without a current limit.
+#[tokio::test]
+async fn envoy_json_answers_names_resets_and_unlimited_as_upstream() {
+    let server = Server::start(
+        "domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: free
+    rate_limit: {unlimited: true}
+",
+    );
+    let body = json!({
+        "domain": "api",
+        "descriptors": [
+            {"entries": [{"key": "user", "value": "u"}]},
+            {"entries": [{"key": "free", "value": "f"}]},
+            {"entries": [{"key": "nothing", "value": "x"}]}
+        ]
+    });
+    let answer: Value = post(&server, "/json", &body).await.json().await.unwrap();
+    let statuses = &answer["statuses"];
+    assert_eq!(statuses[0]["currentLimit"]["name"], "", "{answer}");
+    let reset = statuses[0]["durationUntilReset"].as_str().unwrap();
+    let seconds: u64 = reset.strip_suffix('s').unwrap().parse().unwrap();
+    assert!((1..=60).contains(&seconds), "{reset}");
+    assert_eq!(statuses[1]["code"], "OK");
+    assert_eq!(statuses[1]["limitRemaining"], 4_294_967_295_u64, "{answer}");
+    assert!(statuses[1].get("currentLimit").is_none());
+    assert!(statuses[2].get("limitRemaining").is_none(), "{answer}");
+}

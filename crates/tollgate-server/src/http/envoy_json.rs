@@ -208,6 +208,9 @@ fn response_json(
                     "unit": unit_name(l.unit),
                 });
                 v["limitRemaining"] = json!(s.limit_remaining);
+            } else if s.limit_remaining != 0 {
+                // An unlimited rule's `u32::MAX`, as proto3 JSON writes a non-zero field.
+                v["limitRemaining"] = json!(s.limit_remaining);
             }
             if let Some(d) = &s.duration_until_reset {
                 v["durationUntilReset"] = json!(proto_duration(d.seconds, d.nanos));
