@@ -25,8 +25,8 @@ pub use crate::resilience::FailureSettings;
 pub use candidate::{CANDIDATE_DECISIONS, Candidate, RuleReport};
 pub use overrides::{Override, OverrideChange, Overrides};
 pub use request::{
-    CheckRequest, InvalidRequest, LimitError, LimitOverride, MAX_BODY, MAX_COST,
-    MAX_DESCRIPTORS, MAX_ENTRIES, MAX_FIELD_LEN, RequestDescriptor, check_cost, normalized_path,
+    CheckRequest, InvalidRequest, LimitError, LimitOverride, MAX_BODY, MAX_COST, MAX_DESCRIPTORS,
+    MAX_ENTRIES, MAX_FIELD_LEN, RequestDescriptor, check_cost, normalized_path,
 };
 pub use response::{AppliedLimit, CheckResponse, Code, DescriptorStatus, Statuses};
 pub use telemetry::Transport;
