@@ -115,6 +115,8 @@ impl Candidate {
         }
         self.counters
             .record(rule.index, Outcome::of(denied, rule.mode));
+        let text = super::describe::descriptor_text(descriptor);
+        crate::observe::shares::record_candidate(&self.hash, &rule.identity, text.as_str(), denied);
         if denied && let Some(top) = self.top.get(rule.index) {
             record_top_key(top, descriptor);
         }

@@ -7,7 +7,7 @@ use super::describe::descriptor_text;
 use super::request::RequestDescriptor;
 use crate::metrics::{Outcome, RuleCounters};
 use crate::observe::{TopEntry, TopKeys};
-use crate::policy::{Policy, Rule};
+use crate::policy::{Policy, Rule, RuleMode};
 
 /// Distinct keys remembered per rule for "top throttled keys".
 const TOP_KEYS_PER_RULE: usize = 64;
@@ -61,6 +61,14 @@ impl Snapshot {
             self.counters.record_check(rule.index, outcome);
         } else {
             self.counters.record(rule.index, outcome);
+        }
+        if rule.mode == RuleMode::Shadow && !check {
+            let hit = outcome != Outcome::Allowed;
+            crate::observe::shares::record(
+                &rule.identity,
+                descriptor_text(descriptor).as_str(),
+                hit,
+            );
         }
         let detailed = rule.detailed_metric && !check;
         let top = self

@@ -7,7 +7,9 @@
 //! * [`Throttle`]: a log line at most once per interval, with a count of those held back.
 
 mod histogram;
+pub mod history;
 pub mod prometheus;
+pub mod shares;
 mod throttle;
 mod top_keys;
 
