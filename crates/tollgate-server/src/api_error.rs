@@ -17,6 +17,9 @@ pub enum ErrorKind {
     Invalid,
     /// The admin token is missing or wrong.
     Unauthorized,
+    /// The token given may not do that (a read-only token asked to change something), or the
+    /// request's headers are refused (a `Host` or `Origin` that is not this listener's).
+    Forbidden,
     /// What was asked for does not exist (an endpoint, a version, an override).
     NotFound,
     /// The endpoint does not take that method.
@@ -42,6 +45,7 @@ impl ErrorKind {
         match self {
             ErrorKind::Invalid => (StatusCode::BAD_REQUEST, Code::InvalidArgument),
             ErrorKind::Unauthorized => (StatusCode::UNAUTHORIZED, Code::Unauthenticated),
+            ErrorKind::Forbidden => (StatusCode::FORBIDDEN, Code::PermissionDenied),
             ErrorKind::NotFound => (StatusCode::NOT_FOUND, Code::NotFound),
             ErrorKind::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, Code::Unimplemented),
             ErrorKind::TooSlow => (StatusCode::REQUEST_TIMEOUT, Code::DeadlineExceeded),
@@ -56,9 +60,10 @@ impl ErrorKind {
     }
 
     /// Every kind, in the table's order.
-    pub const ALL: [ErrorKind; 10] = [
+    pub const ALL: [ErrorKind; 11] = [
         ErrorKind::Invalid,
         ErrorKind::Unauthorized,
+        ErrorKind::Forbidden,
         ErrorKind::NotFound,
         ErrorKind::MethodNotAllowed,
         ErrorKind::TooSlow,
@@ -120,6 +125,11 @@ impl ApiError {
     /// `UNAUTHENTICATED`).
     pub fn unauthorized(message: impl Into<String>) -> Self {
         ApiError::new(ErrorKind::Unauthorized, message)
+    }
+
+    /// Refused for the token's rights or the request's headers (`403`, `PERMISSION_DENIED`).
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        ApiError::new(ErrorKind::Forbidden, message)
     }
 
     /// No such thing (`404`, `NOT_FOUND`).

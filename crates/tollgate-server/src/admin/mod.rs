@@ -23,6 +23,7 @@
 //! one asked with another method `405`) only for a caller with the token.
 
 mod candidate;
+pub mod dashboard;
 mod overrides;
 mod policy;
 mod top;

@@ -118,7 +118,7 @@ fn expiry(o: &Override, now: Timestamp) -> (String, String) {
 /// The overrides in force.
 #[derive(Debug, Serialize)]
 pub struct Overrides {
-    overrides: Vec<Described>,
+    pub(super) overrides: Vec<Described>,
 }
 
 pub async fn list(State(state): State<AdminState>) -> Json<Overrides> {
