@@ -28,13 +28,18 @@ pub struct AdminArgs {
 /// empty variable is no token; an empty file is an error (a token was meant, and `serve` would
 /// otherwise run its admin API without one).
 pub fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
+    read_token_or(file, "TOLLGATE_ADMIN_TOKEN")
+}
+
+/// A token from `file`, else from the variable `var`, read as [`read_token`] reads.
+pub fn read_token_or(file: Option<&Path>, var: &str) -> anyhow::Result<Option<String>> {
     let Some(path) = file else {
-        let token = std::env::var("TOLLGATE_ADMIN_TOKEN")
+        let token = std::env::var(var)
             .ok()
             .map(|t| t.trim().to_owned())
             .filter(|t| !t.is_empty());
         if let Some(t) = &token {
-            bearer_safe(t, "TOLLGATE_ADMIN_TOKEN")?;
+            bearer_safe(t, var)?;
         }
         return Ok(token);
     };

@@ -98,6 +98,10 @@ pub struct ServeArgs {
     /// admin request needs `Authorization: Bearer TOKEN`.
     #[arg(long, value_name = "PATH")]
     admin_token_file: Option<PathBuf>,
+    /// File holding a read-only token for the dashboard (or set `TOLLGATE_ADMIN_READ_TOKEN`):
+    /// it reads the dashboard's data, never changes anything. Needs `--admin-token-file`.
+    #[arg(long, value_name = "PATH")]
+    admin_read_token_file: Option<PathBuf>,
     /// How often the config path (and the gRPC TLS files) are checked for changes (content
     /// hash; survives editors' rename-and-replace and Kubernetes ConfigMap symlink swaps). `0s`
     /// disables watching; SIGHUP and `POST /v1/admin/reload` still reload the policy. At least
@@ -346,6 +350,24 @@ fn admin_token(args: &ServeArgs) -> anyhow::Result<Option<String>> {
     Ok(token)
 }
 
+/// The dashboard's read-only token from `--admin-read-token-file` or
+/// `TOLLGATE_ADMIN_READ_TOKEN`; only beside a full token (without one, everything is open).
+fn admin_read_token(args: &ServeArgs, full: Option<&str>) -> anyhow::Result<Option<String>> {
+    let read = crate::admin_client::read_token_or(
+        args.admin_read_token_file.as_deref(),
+        "TOLLGATE_ADMIN_READ_TOKEN",
+    )?;
+    match (&read, full) {
+        (Some(_), None) => anyhow::bail!(
+            "a read-only admin token needs a full one (--admin-token-file or TOLLGATE_ADMIN_TOKEN)"
+        ),
+        (Some(r), Some(f)) if r == f => {
+            anyhow::bail!("the read-only admin token is the full one")
+        }
+        _ => Ok(read),
+    }
+}
+
 async fn serve(
     args: ServeArgs,
     store_url: StoreUrl,
@@ -353,6 +375,7 @@ async fn serve(
     policy: Policy,
 ) -> anyhow::Result<ExitCode> {
     let token = admin_token(&args)?;
+    let read_token = admin_read_token(&args, token.as_deref())?;
     let tls = args.grpc_tls.serving()?;
     if tls.is_some() {
         info!(
@@ -487,6 +510,20 @@ async fn serve(
             move || policy_sync::resume(lifecycle.clone(), every, stop.clone(), state.clone())
         });
     }
+    // Kept across runs of the sampler: a restart keeps the history.
+    let history = Arc::new(tollgate::observe::history::History::default());
+    duties.start("dashboard_sampler", {
+        let (lifecycle, history, stop) = (lifecycle.clone(), history.clone(), stop_rx.clone());
+        let every = tollgate_server::admin::dashboard::SAMPLE_EVERY;
+        move || {
+            tollgate_server::admin::dashboard::sample_forever(
+                lifecycle.clone(),
+                history.clone(),
+                every,
+                stop.clone(),
+            )
+        }
+    });
     if let Some(tls) = tls.clone().filter(|_| !args.watch_interval.is_zero()) {
         duties.start("grpc_tls_watcher", {
             let (stop, every) = (stop_rx.clone(), args.watch_interval);
@@ -509,7 +546,12 @@ async fn serve(
     );
     let admin_server = serve_http(
         admin,
-        tollgate_server::admin::router(lifecycle.clone(), token),
+        tollgate_server::admin::dashboard::around(
+            tollgate_server::admin::router(lifecycle.clone(), token.clone()),
+            lifecycle.clone(),
+            history,
+            tollgate_server::admin::dashboard::Tokens::new(token, read_token),
+        ),
         Peer::Given,
         args.http_read_timeout,
         stop_rx.clone(),

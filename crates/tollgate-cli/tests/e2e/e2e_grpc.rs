@@ -611,7 +611,12 @@ async fn grpc_over_mutual_tls_answers_only_clients_with_a_certificate() {
     // The TLS files' watcher is supervised too.
     assert_eq!(
         support::supervised_tasks(&server.metrics().await),
-        ["counter_sweep", "grpc_tls_watcher", "policy_watcher"]
+        [
+            "counter_sweep",
+            "dashboard_sampler",
+            "grpc_tls_watcher",
+            "policy_watcher"
+        ]
     );
 }
 

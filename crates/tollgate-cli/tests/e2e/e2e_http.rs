@@ -371,13 +371,14 @@ async fn health_readiness_and_metrics() {
     // On the memory store, without gRPC TLS: no hot keys, no policy sync, no TLS files.
     assert_eq!(
         support::supervised_tasks(&metrics),
-        ["counter_sweep", "policy_watcher"],
+        ["counter_sweep", "dashboard_sampler", "policy_watcher"],
         "{metrics}"
     );
     assert!(
         metrics.contains(
             "# TYPE tollgate_background_task_restarts_total counter\n\
              tollgate_background_task_restarts_total{task=\"counter_sweep\"} 0\n\
+             tollgate_background_task_restarts_total{task=\"dashboard_sampler\"} 0\n\
              tollgate_background_task_restarts_total{task=\"policy_watcher\"} 0\n"
         ),
         "{metrics}"

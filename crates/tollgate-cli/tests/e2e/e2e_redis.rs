@@ -129,6 +129,7 @@ async fn three_replicas_on_a_cluster_admit_exactly_the_limit() {
         support::supervised_tasks(&servers[0].metrics().await),
         [
             "counter_sweep",
+            "dashboard_sampler",
             "hot_key_sweep",
             "policy_sync",
             "policy_watcher",
@@ -165,6 +166,7 @@ async fn a_flushed_script_cache_is_reloaded_without_a_failed_decision() {
         support::supervised_tasks(&servers[0].metrics().await),
         [
             "counter_sweep",
+            "dashboard_sampler",
             "hot_key_sweep",
             "policy_sync",
             "policy_watcher",

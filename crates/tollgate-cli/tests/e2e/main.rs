@@ -8,6 +8,7 @@ mod support;
 mod bench;
 mod cli;
 mod e2e_candidate;
+mod e2e_dashboard;
 mod e2e_governance;
 mod e2e_grpc;
 mod e2e_http;
