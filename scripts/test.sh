@@ -143,6 +143,21 @@ fi
 step "cargo test"
 cargo test --workspace --locked
 
+# --- dashboard: real headless browser (begin) -----------------------------------------------
+step "chromium and chromium-driver (the dashboard test drives Debian's browser through WebDriver)"
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
+chromium --version
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/dashboard/requirements.txt
+
+step "dashboard in a headless browser (tests/dashboard/browser_test.py; screenshots in target/dashboard)"
+cargo build -p tollgate-cli --bin tollgate --locked
+"$venv/bin/python" tests/dashboard/browser_test.py "$CARGO_TARGET_DIR/debug/tollgate" target/dashboard
+# --- dashboard: real headless browser (end) -------------------------------------------------
+
 # --- deploy: container, Kubernetes, systemd files (begin) -----------------------------------
 step "container file: structure, and its command run as its USER (scripts/check-container.py)"
 # The checks run commands in network namespaces of their own (ip, ss from iproute2) and ask
