@@ -56,13 +56,20 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     store: StoreText,
-    /// Deadline of every Redis call; keep it well under Envoy's 20 ms request timeout.
+    /// Deadline of every Redis call from when it is sent; keep it well under Envoy's 20 ms
+    /// request timeout. A call past it fails (the failure posture answers) unless Redis is
+    /// answering other calls meanwhile: then it is busy, not failing, and the call waits on.
     #[arg(long, default_value = "10ms", value_parser = humantime_duration, value_name = "DURATION")]
     store_timeout: Duration,
+    /// The most a decision waits for Redis in all (tollgate's queue, the in-flight cap, a busy
+    /// Redis); past it the failure posture answers for load (tollgate_store_shed_total).
+    #[arg(long, default_value = "5s", value_parser = humantime_duration, value_name = "DURATION")]
+    store_max_wait: Duration,
     /// Time allowed to open a Redis connection.
     #[arg(long, default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
     store_connect_timeout: Duration,
-    /// Decisions allowed to wait on Redis at once; more are answered by the failure posture.
+    /// Decisions sent to Redis at once; more wait their turn (on one server, joining larger
+    /// batches), up to --store-max-wait.
     #[arg(long, default_value_t = 1024, value_parser = positive::<usize>, value_name = "N")]
     store_max_in_flight: usize,
     /// Single Redis server: most concurrent decisions sent in one script call (coalescing);
@@ -392,6 +399,7 @@ async fn serve(
         connect_timeout: args.store_connect_timeout,
         command_timeout: args.store_timeout,
         max_in_flight: args.store_max_in_flight,
+        max_wait: args.store_max_wait,
         breaker: BreakerConfig {
             consecutive_failures: args.breaker_failures,
             open_for: args.breaker_open_for,

@@ -826,3 +826,86 @@ async fn a_replica_that_cannot_read_the_shared_policy_says_so() {
     )
     .await;
 }
+
+/// A burst is not a store failure: 3,000 simultaneous HTTP checks on one key limited to 50 an
+/// hour, against `serve` at its default flags on a healthy store, admit exactly 50. Neither
+/// the decisions past the in-flight cap nor those that wait their turn longer than
+/// `--store-timeout` may be left to the failure posture (`open` by default). Prints the
+/// latencies it cost (see docs/burst.md).
+async fn a_burst_admits_exactly_the_limit(store: &str, what: &str) {
+    const BURST: usize = 3_000;
+    let policy = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 50}\n";
+    let server = Server::start_logged(policy, &["--store", store]);
+    // The store answers before the burst (connections open, scripts loaded).
+    let warm = server.check("user", "warm").await;
+    assert_eq!(warm.status(), 200);
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(BURST)
+        .build()
+        .unwrap();
+    let url = server.url("/v1/check");
+    let body = serde_json::json!({
+        "domain": "api",
+        "descriptors": [{"entries": [{"key": "user", "value": "burst"}]}],
+    });
+    let start = Arc::new(tokio::sync::Barrier::new(BURST));
+    let callers: Vec<_> = (0..BURST)
+        .map(|_| {
+            let (client, url, body, start) =
+                (client.clone(), url.clone(), body.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                let sent = tokio::time::Instant::now();
+                let r = client.post(url).json(&body).send().await.expect("answered");
+                let status = r.status().as_u16();
+                let answer: serde_json::Value = r.json().await.expect("a JSON answer");
+                (status, answer, sent.elapsed())
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    let mut degraded = 0;
+    let mut latencies = Vec::with_capacity(BURST);
+    for caller in callers {
+        let (status, answer, took) = caller.await.unwrap();
+        admitted += usize::from(status == 200);
+        degraded += usize::from(!answer["degraded"].is_null());
+        latencies.push(took);
+    }
+    latencies.sort();
+    let at = |q: usize| latencies[(latencies.len() * q / 100).min(latencies.len() - 1)];
+    println!(
+        "{what}: {BURST} at once: admitted {admitted}, degraded {degraded}; latency p50 {:?} p99 {:?} max {:?}",
+        at(50),
+        at(99),
+        latencies[latencies.len() - 1]
+    );
+    let metrics = server.metrics().await;
+    let store_lines: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("tollgate_store_") && !l.contains("_bucket"))
+        .collect();
+    println!("{what}: {store_lines:#?}");
+    let log = server.log();
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains("WARN")).take(5).collect();
+    println!("{what}: {warnings:#?}");
+    assert_eq!(degraded, 0, "{what}: no posture answered a healthy store");
+    assert_eq!(admitted, 50, "{what}: exactly the limit");
+    assert!(
+        metrics.contains("tollgate_store_shed_total{reason=\"queue_full\"} 0")
+            && metrics.contains("tollgate_store_shed_total{reason=\"waited_too_long\"} 0"),
+        "{what}: nothing shed for load: {metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_on_one_redis_admits_exactly_the_limit() {
+    let redis = RedisServer::start();
+    a_burst_admits_exactly_the_limit(&redis.url(), "one Redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_on_a_cluster_admits_exactly_the_limit() {
+    let cluster = RedisCluster::start(3, 0);
+    a_burst_admits_exactly_the_limit(&cluster.store_url(), "cluster").await;
+}

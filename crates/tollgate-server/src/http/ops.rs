@@ -49,6 +49,7 @@ pub async fn readyz(State(limiter): State<Arc<Limiter>>) -> impl IntoResponse {
 
 pub async fn metrics(State(lifecycle): State<Arc<Lifecycle>>) -> impl IntoResponse {
     let mut text = lifecycle.limiter().render_metrics().await;
+    lifecycle.limiter().store().render_metrics(&mut text);
     lifecycle.render_metrics(&mut text);
     tollgate::background::render_metrics(&mut text);
     (

@@ -7,6 +7,7 @@
 //! opens it again.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -89,6 +90,11 @@ pub struct Breaker {
     config: BreakerConfig,
     clock: SharedClock,
     inner: Mutex<Inner>,
+    /// When a call last succeeded, in microseconds after `origin` plus one (0: never), in tokio's
+    /// time, as the calls' deadlines are: whether the store answers others while a call waits
+    /// (see [`Breaker::answered_after`]).
+    answered: AtomicU64,
+    origin: tokio::time::Instant,
 }
 
 /// Permission to make one call. Report the outcome with [`Permit::succeeded`] or
@@ -113,6 +119,16 @@ impl Permit {
     pub fn failed(mut self) -> Option<BreakerState> {
         self.reported = true;
         self.breaker.record(self.probe, false)
+    }
+
+    /// The call was given up for a reason that says nothing about the store (its caller
+    /// waited its longest while the store answered others): counted neither way. A probe's
+    /// place is freed for the next call.
+    pub fn release(mut self) {
+        self.reported = true;
+        if self.probe {
+            self.breaker.inner.lock().probe_in_flight = false;
+        }
     }
 }
 
@@ -140,7 +156,33 @@ impl Breaker {
                 opened_at: now,
                 probe_in_flight: false,
             }),
+            answered: AtomicU64::new(0),
+            origin: tokio::time::Instant::now(),
         }
+    }
+
+    /// Counts `calls` calls still out past their deadline as failures, as if each had ended
+    /// so (they wait on, see `store::redis::patience`): returns the new state if it changed.
+    pub fn timed_out(&self, calls: usize) -> Option<BreakerState> {
+        let mut changed = None;
+        for _ in 0..calls {
+            changed = self.record(false, false).or(changed);
+        }
+        changed
+    }
+
+    /// Whether a call succeeded after `instant`: a store that answers others while a call of
+    /// its waits is busy, not failing.
+    pub fn answered_after(&self, instant: tokio::time::Instant) -> bool {
+        let last = self.answered.load(Ordering::Relaxed);
+        last > 0 && self.origin + Duration::from_micros(last - 1) > instant
+    }
+
+    fn stamp_answer(&self) {
+        let micros = self.origin.elapsed().as_micros();
+        let micros = u64::try_from(micros).unwrap_or(u64::MAX - 1) + 1;
+        // Most calls find a later stamp already there only when they raced: a plain max.
+        self.answered.fetch_max(micros, Ordering::Relaxed);
     }
 
     /// The current state. An open breaker whose wait is over still reports open until a call
@@ -180,6 +222,9 @@ impl Breaker {
     /// through an open breaker, and one that fails leaves it open, no change to report (or
     /// an outage would log the breaker opening at every probe).
     fn record(&self, probe: bool, success: bool) -> Option<BreakerState> {
+        if success {
+            self.stamp_answer();
+        }
         let now = self.clock.now();
         let mut inner = self.inner.lock();
         let before = if probe {

@@ -241,6 +241,13 @@ impl StoreBackend {
         }
     }
 
+    /// Prometheus text for the backend's own counters (Redis: decisions shed for load).
+    pub fn render_metrics(&self, out: &mut String) {
+        if let StoreBackend::Redis(redis) = self {
+            redis.render_metrics(out);
+        }
+    }
+
     /// Waits until the store answers, at most `within`. Returns whether it does.
     pub async fn wait_ready(&self, within: Duration) -> bool {
         self.ready_within(within).await.is_ok()

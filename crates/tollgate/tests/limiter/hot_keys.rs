@@ -45,6 +45,8 @@ async fn limiter(url: &str, clock: &Arc<ManualClock>, yaml: &str, prefilter: boo
     let url: StoreUrl = url.parse().unwrap();
     let options = RedisOptions {
         command_timeout: Duration::from_secs(2),
+        // A call waits no longer than its deadline, busy Redis or not.
+        max_wait: Duration::from_secs(2),
         ..RedisOptions::default()
     };
     let store = RedisStore::connect(&url, options, clock.clone())

@@ -156,7 +156,9 @@ pub(super) async fn maintain(router: Weak<ClusterRouter>) {
 pub(super) fn manager_config(options: &RedisOptions) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(options.connect_timeout))
-        .set_response_timeout(Some(options.command_timeout))
+        // The outer bound only: a decision's deadline is the store's own (`patience`), which
+        // lets a call on a busy server wait its turn past `command_timeout`.
+        .set_response_timeout(Some(options.max_wait.max(options.command_timeout)))
         .set_min_delay(Duration::from_millis(10))
         .set_max_delay(Duration::from_secs(1))
         // Few retries per command: the deadline and the breaker handle outages.

@@ -7,10 +7,16 @@
 //! heavy load Redis runs one script call for many decisions instead of one each, which is what
 //! bounds a single Redis server's throughput.
 //!
+//! A burst is not a store failure: past the in-flight cap (more decisions waiting than the
+//! batches out hold), a batch grows to carry its share of the backlog, up to the in-flight cap
+//! over the batches out, rather than any decision skipping the store. The time a decision
+//! waits in the queue is not the store's: the breaker and the store's deadline see each batch
+//! from when it is sent (see [`super::patience`]).
+//!
 //! Exactness is unchanged: the script decides each request on its own, atomically and in order,
 //! exactly as back-to-back `DECIDE` calls would (see `script`). A decision whose caller has
-//! already given up (its deadline passed) is dropped before the batch is sent, so it charges
-//! nothing.
+//! already given up (its wait passed `max_wait`) is dropped before the batch is sent, so it
+//! charges nothing.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -23,7 +29,9 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use super::now::{NowArg, NowSource, real_now};
-use super::script;
+use super::patience::{self, Deadline, Unanswered};
+use super::{Logged, script};
+use crate::resilience::Breaker;
 use crate::store::{Charge, StoreError};
 
 /// How decisions are coalesced on a single Redis server.
@@ -38,6 +46,33 @@ pub struct CoalesceOptions {
     pub window: Duration,
     /// Batches outstanding at once.
     pub in_flight: usize,
+}
+
+/// How one server's batches are sent: the coalescing options and what the store's options
+/// say about every call.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    pub coalesce: CoalesceOptions,
+    /// Decisions out at once over the batches in flight, past which batches grow.
+    pub max_in_flight: usize,
+    /// Decisions waiting in the queue; more are shed for load.
+    pub queue: usize,
+    /// A call's deadline from when it is sent, and the most a decision waits.
+    pub command_timeout: Duration,
+    pub max_wait: Duration,
+}
+
+impl Limits {
+    /// Most decisions in the next batch when `waiting` are queued: the batch size, or behind a
+    /// backlog its share of it over the batches out, capped at their share of the in-flight
+    /// cap.
+    fn batch(&self, waiting: usize) -> usize {
+        let batches = self.coalesce.in_flight.max(1);
+        let share = waiting
+            .div_ceil(batches)
+            .min(self.max_in_flight.div_ceil(batches));
+        self.coalesce.max_batch.max(share).max(1)
+    }
 }
 
 impl Default for CoalesceOptions {
@@ -101,7 +136,7 @@ type Answer = Result<Vec<i64>, StoreError>;
 struct Job {
     request: Request,
     reply: oneshot::Sender<Answer>,
-    /// When it was queued: its caller's deadline runs from about then.
+    /// When it was queued (real time, for the late-call guard).
     queued: std::time::Instant,
 }
 
@@ -129,25 +164,27 @@ impl Drop for Coalescer {
 }
 
 impl Coalescer {
-    /// Starts the driver for `connection`. `queue` bounds the jobs waiting; `now` gives each
-    /// call's `now` argument.
+    /// Starts the driver for `connection`, the server `node` whose breaker sees every batch.
+    /// `now` gives each call's `now` argument.
     pub fn start(
         connection: ConnectionManager,
-        options: CoalesceOptions,
-        queue: usize,
+        (node, breaker): (Arc<str>, Arc<Breaker>),
+        limits: Limits,
         now: NowSource,
     ) -> Self {
-        let (jobs, queued) = mpsc::channel(queue.max(1));
+        let (jobs, queued) = mpsc::channel(limits.queue.max(1));
         let stats = Arc::new(BatchStats::default());
         // Shared with every run of the driver, so that a run started again after a panic takes
         // the same queue (the jobs of the batches the panic dropped get a store error).
         let driving = Arc::new(Driving {
             queued: Arc::new(tokio::sync::Mutex::new(queued)),
             connection,
-            options,
+            limits,
+            node,
+            breaker,
             now,
             stats: stats.clone(),
-            outstanding: Arc::new(Semaphore::new(options.in_flight.max(1))),
+            outstanding: Arc::new(Semaphore::new(limits.coalesce.in_flight.max(1))),
             script: Arc::new(redis::Script::new(script::DECIDE_BATCH_SCRIPT)),
         });
         // Dropping the coalescer aborts the driver; the queue closes with it.
@@ -172,13 +209,10 @@ impl Coalescer {
         )
     }
 
-    /// A place in the queue, or why there is none (the queue is full: this process is behind,
-    /// which says nothing about the Redis server, so it is kept apart from the breaker).
-    pub fn place(&self) -> Result<Place<'_>, StoreError> {
-        self.jobs
-            .try_reserve()
-            .map(Place)
-            .map_err(|_| StoreError::NotCalled("redis batch queue full or closed".into()))
+    /// A place in the queue, or `None` when it is full (this process is behind, which says
+    /// nothing about the Redis server, so it is kept apart from the breaker) or closed.
+    pub fn place(&self) -> Option<Place<'_>> {
+        self.jobs.try_reserve().ok().map(Place)
     }
 }
 
@@ -206,7 +240,9 @@ impl Place<'_> {
 struct Driving {
     queued: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>,
     connection: ConnectionManager,
-    options: CoalesceOptions,
+    limits: Limits,
+    node: Arc<str>,
+    breaker: Arc<Breaker>,
     now: NowSource,
     stats: Arc<BatchStats>,
     /// Batches out at once.
@@ -217,15 +253,14 @@ struct Driving {
 async fn drive(driving: Arc<Driving>) {
     let Driving {
         queued,
-        connection,
-        options,
+        limits,
         now: now_source,
         stats,
         outstanding,
-        script,
+        ..
     } = driving.as_ref();
+    let options = &limits.coalesce;
     let mut queued = queued.clone().lock_owned().await;
-    let max_batch = options.max_batch.max(1);
     loop {
         let Ok(permit) = outstanding.clone().acquire_owned().await else {
             return;
@@ -233,6 +268,7 @@ async fn drive(driving: Arc<Driving>) {
         let Some(first) = queued.recv().await else {
             return;
         };
+        let max_batch = limits.batch(queued.len() + 1);
         let mut batch = vec![first];
         if !options.window.is_zero() {
             let until = tokio::time::Instant::now() + options.window;
@@ -258,25 +294,55 @@ async fn drive(driving: Arc<Driving>) {
         stats
             .decisions
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        // Counted from the longest-waiting decision (the queue is first in, first out): one
-        // queued while earlier batches were out must not get a fresh allowance when its batch
-        // finally goes.
-        let now = now_source.argument_since(batch[0].queued);
-        let (script, mut connection) = (script.clone(), connection.clone());
+        // The store's deadline runs from now; the guard counts from now too, or from earlier
+        // when the longest-waiting decision's caller gives up sooner (the queue is first in,
+        // first out): one queued near its `max_wait` must not write after its caller left.
+        let deadline = Deadline::starting(limits.command_timeout, limits.max_wait);
+        let latest = limits.max_wait.saturating_sub(limits.command_timeout);
+        let since = batch[0]
+            .queued
+            .checked_add(latest)
+            .map_or(real_now(), |latest| latest.min(real_now()));
+        let now = now_source.argument_since(since);
+        let driving = driving.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            send(&script, &mut connection, batch, now).await;
+            send(&driving, batch, now, deadline).await;
         });
     }
 }
 
-/// Runs one batch and hands every job its reply.
-async fn send(
-    script: &redis::Script,
-    connection: &mut ConnectionManager,
-    batch: Vec<Job>,
-    now: NowArg,
-) {
+/// Runs one batch, each decision through the breaker, and hands every job its reply.
+async fn send(driving: &Driving, batch: Vec<Job>, now: NowArg, deadline: Deadline) {
+    let Driving {
+        connection,
+        node,
+        breaker,
+        script,
+        ..
+    } = driving;
+    let mut connection = connection.clone();
+    let connection = &mut connection;
+    // One permit per decision, as when each was its own call: an open breaker refuses them
+    // without calling, and a failed batch counts one failure for each.
+    let mut permits = Vec::with_capacity(batch.len());
+    let batch: Vec<Job> = batch
+        .into_iter()
+        .filter_map(|job| match breaker.try_call() {
+            Some(permit) => {
+                permits.push(Logged::new(node, permit));
+                Some(job)
+            }
+            None => {
+                let refused = StoreError::NotCalled(format!("circuit open for {node}"));
+                let _ = job.reply.send(Err(refused));
+                None
+            }
+        })
+        .collect();
+    if batch.is_empty() {
+        return;
+    }
     // EVALSHA built in one buffer (a ScriptInvocation would copy every argument twice).
     let keys: usize = batch.iter().map(|job| job.request.charges.len()).sum();
     let mut call = redis::cmd("EVALSHA");
@@ -296,20 +362,45 @@ async fn send(
             }
         }
     }
-    let mut answer = call.query_async::<Vec<Value>>(connection).await;
-    if let Err(e) = &answer
-        && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-    {
-        // Redis restarted or flushed its scripts: load it and try once more.
-        answer = match script.load_async(connection).await {
-            Ok(_) => call.query_async(connection).await,
-            Err(e) => Err(e),
-        };
-    }
+    let sent = tokio::time::Instant::now();
+    let call = async {
+        let mut answer = call.query_async::<Vec<Value>>(connection).await;
+        if let Err(e) = &answer
+            && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+        {
+            // Redis restarted or flushed its scripts: load it and try once more.
+            answer = match script.load_async(connection).await {
+                Ok(_) => call.query_async(connection).await,
+                Err(e) => Err(e),
+            };
+        }
+        answer
+    };
+    let calls = batch.len();
+    let answer = match patience::patiently(deadline, (node, breaker), sent, calls, call).await {
+        Ok(answer) => answer,
+        Err(Unanswered::Stalled) => {
+            // Dropping the permits unreported counts a failure for each.
+            drop(permits);
+            let error = StoreError::Unavailable(format!("{node}: deadline exceeded"));
+            for job in batch {
+                let _ = job.reply.send(Err(error.clone()));
+            }
+            return;
+        }
+        Err(Unanswered::TooLong) => {
+            // Every caller has left (a decision waits `max_wait` at most): they were answered
+            // for load, and the node that kept answering others is not blamed.
+            permits.into_iter().for_each(Logged::release);
+            return;
+        }
+    };
     match answer {
         Ok(replies) if replies.len() == batch.len() => {
-            for (job, reply) in batch.into_iter().zip(replies) {
-                let _ = job.reply.send(parse(reply));
+            for ((job, reply), mut permit) in batch.into_iter().zip(replies).zip(permits) {
+                let reply = parse(reply);
+                permit.record(matches!(reply, Ok(_) | Err(StoreError::InvalidData(_))));
+                let _ = job.reply.send(reply);
             }
         }
         Ok(replies) => {
@@ -318,13 +409,16 @@ async fn send(
                 replies.len(),
                 batch.len()
             ));
-            for job in batch {
+            for (job, mut permit) in batch.into_iter().zip(permits) {
+                permit.record(true);
                 let _ = job.reply.send(Err(error.clone()));
             }
         }
         Err(e) => {
             let error = super::store_error(e);
-            for job in batch {
+            let answered = matches!(error, StoreError::InvalidData(_));
+            for (job, mut permit) in batch.into_iter().zip(permits) {
+                permit.record(answered);
                 let _ = job.reply.send(Err(error.clone()));
             }
         }

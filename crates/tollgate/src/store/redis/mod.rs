@@ -6,10 +6,12 @@
 //! - The script ([`script`]) reads `TIME` on the server, so replicas with skewed clocks agree.
 //!   It is run with `EVALSHA`; `NOSCRIPT` (restart, `SCRIPT FLUSH`, failover) reloads it and
 //!   retries transparently.
-//! - Every decision has one deadline for all its store calls (the refunds of a cross-slot
-//!   request that failed get one more each, so a slow node cannot leave the other slots'
-//!   charges standing by using the first up); connections are multiplexed
-//!   and reconnect with backoff; calls in flight are capped and the excess is shed at once.
+//! - Every decision has one deadline for all its store calls, from when they are sent (the
+//!   refunds of a cross-slot request that failed get one more each, so a slow node cannot
+//!   leave the other slots' charges standing by using the first up); a call past it fails
+//!   unless its node is busy answering others ([`patience`]: a burst is not a store failure);
+//!   connections are multiplexed and reconnect with backoff; calls in flight are capped, and
+//!   the excess waits its turn (on one server, joining larger batches), up to `max_wait`.
 //! - A circuit breaker per node ([`topology`]) stops calling a sick node; the limiter's
 //!   failure posture answers instead. On a cluster, tollgate routes to each node over its own
 //!   connection ([`cluster`]) so that one dead primary cannot stall the others' slots.
@@ -29,6 +31,7 @@
 mod cluster;
 mod coalesce;
 mod now;
+mod patience;
 pub mod script;
 mod shared_policy;
 mod slot;
@@ -36,6 +39,7 @@ mod topology;
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -49,9 +53,10 @@ use tracing::{info, warn};
 
 use self::cluster::ClusterRouter;
 pub use self::coalesce::CoalesceOptions;
-use self::coalesce::{Coalescer, Request};
+use self::coalesce::{Coalescer, Limits, Request};
 pub use self::now::LATE_SLACK;
 use self::now::{NowSource, ServerClock};
+use self::patience::{Deadline, Shed, ShedReason, Unanswered};
 use self::script::{charge_args, decide_args};
 pub use self::shared_policy::{
     LEGACY_OVERRIDES_KEY, POLICY_KEY, SharedOverride, SharedOverrideChange, SharedOverrides,
@@ -68,10 +73,17 @@ use crate::resilience::{Breaker, BreakerConfig, BreakerState, Permit};
 pub struct RedisOptions {
     /// Time allowed to open a connection.
     pub connect_timeout: Duration,
-    /// Deadline of one decision's store work (every call it needs, on a cluster too).
+    /// Deadline of one decision's store work (every call it needs, on a cluster too), from when
+    /// its calls are sent; a call past it fails unless its node is answering others meanwhile
+    /// (busy, not failing: it waits on, see [`patience`]).
     pub command_timeout: Duration,
-    /// Decisions allowed to wait on the store at once; more are shed to the failure posture.
+    /// Decisions sent to the store at once; more wait in tollgate's queue (on one server,
+    /// joining larger batches) up to `max_wait`, at most [`QUEUED_PER_IN_FLIGHT`] times as many.
     pub max_in_flight: usize,
+    /// The most a decision waits for the store in all (queue, in-flight cap, a busy node):
+    /// past it, the failure posture answers for load (`tollgate_store_shed_total`). Never
+    /// less than `command_timeout` (a shorter one is taken as that).
+    pub max_wait: Duration,
     /// The circuit breaker of each node.
     pub breaker: BreakerConfig,
     /// How concurrent decisions share script calls (single server only).
@@ -85,11 +97,20 @@ impl Default for RedisOptions {
             connect_timeout: Duration::from_secs(1),
             command_timeout: Duration::from_millis(10),
             max_in_flight: 1024,
+            max_wait: DEFAULT_MAX_WAIT,
             breaker: BreakerConfig::default(),
             coalesce: CoalesceOptions::default(),
         }
     }
 }
+
+/// [`RedisOptions::max_wait`] by default: a burst of thousands on one key, on two busy cores,
+/// is decided by the store well inside it (see docs/burst.md).
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(5);
+
+/// Decisions that may wait in tollgate's queue towards one store, per place under the
+/// in-flight cap; more are shed for load.
+pub const QUEUED_PER_IN_FLIGHT: usize = 16;
 
 /// The longest duration [`RedisOptions::check`] accepts, and `tollgate serve` for any of its
 /// settings: a day (past it, deadline arithmetic could overflow, and no deadline of a rate
@@ -109,6 +130,7 @@ impl RedisOptions {
             ("command_timeout", self.command_timeout),
             ("connect_timeout", self.connect_timeout),
             ("breaker.open_for", self.breaker.open_for),
+            ("max_wait", self.max_wait),
         ] {
             if value > MAX_SETTING {
                 problems.push(format!(
@@ -172,6 +194,10 @@ pub struct RedisStore {
     refund: redis::Script,
     options: RedisOptions,
     in_flight: Semaphore,
+    /// Decisions waiting for a place under the in-flight cap.
+    waiting: AtomicUsize,
+    /// Decisions the posture answered for load.
+    shed: Shed,
     /// Batches a single server's decisions; `None` on a cluster or when disabled.
     coalescer: Option<Coalescer>,
     background: Option<JoinHandle<()>>,
@@ -247,35 +273,30 @@ async fn invoke_asking<T: redis::FromRedisValue>(
     }
 }
 
-/// Runs `call` through `node`'s `breaker`: refused at once while it is open, and its outcome
-/// recorded (bad data is no failure of the node). The decision's deadline wraps the call; a
-/// cancelled permit counts as a failure.
-async fn through<T>(
-    node: &str,
-    breaker: &Arc<Breaker>,
-    call: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    let permit = breaker
-        .try_call()
-        .ok_or_else(|| StoreError::NotCalled(format!("circuit open for {node}")))?;
-    let mut permit = Logged {
-        node,
-        permit: Some(permit),
-    };
-    let answer = call.await;
-    permit.record(matches!(answer, Ok(_) | Err(StoreError::InvalidData(_))));
-    answer
-}
-
 /// A breaker's permit that logs the breaker opening or closing, also when the call it covers is
 /// dropped by its deadline (a timeout: the commonest way a breaker opens).
-struct Logged<'a> {
+pub(super) struct Logged<'a> {
     node: &'a str,
     permit: Option<Permit>,
 }
 
-impl Logged<'_> {
-    fn record(&mut self, answered: bool) {
+impl<'a> Logged<'a> {
+    pub(super) fn new(node: &'a str, permit: Permit) -> Self {
+        Logged {
+            node,
+            permit: Some(permit),
+        }
+    }
+
+    /// The call was given up for load while its node kept answering: neither a success nor a
+    /// failure of the node.
+    pub(super) fn release(mut self) {
+        if let Some(permit) = self.permit.take() {
+            permit.release();
+        }
+    }
+
+    pub(super) fn record(&mut self, answered: bool) {
         let Some(permit) = self.permit.take() else {
             return;
         };
@@ -306,6 +327,26 @@ impl Drop for Logged<'_> {
 /// The Redis Cluster slot of the counter a limiter names `counter_key` (see [`slot`]).
 pub fn counter_slot(counter_key: &[u8]) -> u16 {
     slot::redis_key(&mut Vec::new(), counter_key)
+}
+
+/// A decision counted among those waiting for a place under the in-flight cap while it lives.
+struct Waiting<'a> {
+    count: &'a AtomicUsize,
+    /// How many were waiting before it.
+    ahead: usize,
+}
+
+impl<'a> Waiting<'a> {
+    fn join(count: &'a AtomicUsize) -> Self {
+        let ahead = count.fetch_add(1, Ordering::Relaxed);
+        Waiting { count, ahead }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// `MOVED` and `ASK` redirects followed within one call.
@@ -373,13 +414,10 @@ impl RedisStore {
             }
         };
         let now = NowSource::Server(Arc::new(ServerClock::new(options.command_timeout)));
-        let coalescer = match &connection {
-            Connection::Single(manager) if options.coalesce.enabled() => Some(Coalescer::start(
-                manager.clone(),
-                options.coalesce,
-                options.max_in_flight,
-                now.clone(),
-            )),
+        let coalescer = match (&connection, topology.breaker_for(0)) {
+            (Connection::Single(manager), Some(server)) if options.coalesce.enabled() => Some(
+                Coalescer::start(manager.clone(), server, limits(&options), now.clone()),
+            ),
             _ => None,
         };
         Ok(RedisStore {
@@ -390,6 +428,8 @@ impl RedisStore {
             refund: redis::Script::new(script::REFUND_SCRIPT),
             options,
             in_flight: Semaphore::new(options.max_in_flight),
+            waiting: AtomicUsize::new(0),
+            shed: Shed::default(),
             background,
             now,
         })
@@ -420,6 +460,17 @@ impl RedisStore {
         self.topology.states()
     }
 
+    /// Decisions the failure posture answered for load so far (tollgate's queue full, waits
+    /// past `max_wait`), not for a store failure.
+    pub fn shed_for_load(&self) -> u64 {
+        self.shed.count(ShedReason::QueueFull) + self.shed.count(ShedReason::WaitedTooLong)
+    }
+
+    /// Prometheus text for this store's own counters (`tollgate_store_shed_total`).
+    pub fn render_metrics(&self, out: &mut String) {
+        self.shed.render(out);
+    }
+
     /// Coalescing so far: script calls sent and the decisions they carried (`None` when
     /// decisions are not coalesced).
     pub fn batch_stats(&self) -> Option<(u64, u64)> {
@@ -428,12 +479,15 @@ impl RedisStore {
 
     /// Tests only: decide at this clock's time instead of the Redis server's.
     pub fn pin_clock(mut self, clock: SharedClock) -> Self {
-        if let (Some(_), Connection::Single(manager)) = (&self.coalescer, &self.connection) {
-            let options = self.options;
+        if let (Some(_), Connection::Single(manager), Some(server)) = (
+            &self.coalescer,
+            &self.connection,
+            self.topology.breaker_for(0),
+        ) {
             self.coalescer = Some(Coalescer::start(
                 manager.clone(),
-                options.coalesce,
-                options.max_in_flight,
+                server,
+                limits(&self.options),
                 NowSource::Pinned(clock.clone()),
             ));
         }
@@ -467,11 +521,12 @@ impl RedisStore {
     ///
     /// A `TRYAGAIN` (keys of one call split between the two nodes of a migrating slot) is an
     /// answer too: the call is made again from the slot's owner every millisecond, until the
-    /// migration has moved the rest or the caller's deadline (every caller has one) cuts it.
+    /// migration has moved the rest or the caller's deadline cuts it.
     async fn invoke_on_slot<T: redis::FromRedisValue>(
         &self,
         slot: u16,
         invocation: &redis::ScriptInvocation<'_>,
+        deadline: Deadline,
     ) -> Result<T, StoreError> {
         let (mut node, mut breaker) = self.owner_of(slot)?;
         let mut asking = false;
@@ -505,10 +560,13 @@ impl RedisStore {
                     },
                 }
             };
-            let (to, moved_slot, ask) = match through(&node, &breaker, call).await? {
+            let (to, moved_slot, ask) = match self.through(&node, &breaker, deadline, call).await? {
                 Ok(reply) => return Ok(reply),
                 Err(Some(redirect)) => redirect,
                 Err(None) => {
+                    if Instant::now() >= deadline.at {
+                        return Err(unavailable(&node, "deadline exceeded (slot migrating)"));
+                    }
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     // From the owner again: an `ASK` that led to the `TRYAGAIN` is no
                     // redirect followed too many.
@@ -538,6 +596,37 @@ impl RedisStore {
         }
     }
 
+    /// Runs `call` through `node`'s `breaker`: refused at once while it is open, and its outcome
+    /// recorded (bad data is no failure of the node). The call waits as [`patience`] says: it
+    /// fails at `deadline` (a failure of the node) unless the node is busy answering others,
+    /// and is given up for load at the ceiling (no failure); a cancelled permit counts as a
+    /// failure.
+    async fn through<T>(
+        &self,
+        node: &str,
+        breaker: &Arc<Breaker>,
+        deadline: Deadline,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let permit = breaker
+            .try_call()
+            .ok_or_else(|| StoreError::NotCalled(format!("circuit open for {node}")))?;
+        let mut permit = Logged::new(node, permit);
+        let sent = Instant::now();
+        match patience::patiently(deadline, (node, breaker), sent, 1, call).await {
+            Ok(answer) => {
+                permit.record(matches!(answer, Ok(_) | Err(StoreError::InvalidData(_))));
+                answer
+            }
+            // Dropped unreported: a failure.
+            Err(Unanswered::Stalled) => Err(unavailable(node, "deadline exceeded")),
+            Err(Unanswered::TooLong) => {
+                permit.release();
+                Err(self.shed.shed(ShedReason::WaitedTooLong))
+            }
+        }
+    }
+
     async fn run_decide(
         &self,
         charges: &[Charge<'_>],
@@ -545,38 +634,45 @@ impl RedisStore {
         spans: &[Range<usize>],
         group: &Group,
         commit: bool,
+        deadline: Deadline,
     ) -> Result<Reply, StoreError> {
         if let Some(coalescer) = &self.coalescer {
             let charges = group.indexes.iter().map(|&i| &charges[i]);
-            return self.coalesced(coalescer, charges, commit).await;
+            return self.coalesced(coalescer, charges, commit, deadline).await;
         }
         let mut invocation = self.decide.prepare_invoke();
         for &i in &group.indexes {
             invocation.key(&keys[spans[i].clone()]);
         }
         invocation.arg(if commit { "1" } else { "0" });
-        invocation.arg(self.now.argument());
+        invocation.arg(self.now.argument_since(deadline.guard_since()));
         for &i in &group.indexes {
             invocation.arg(&decide_args(&charges[i])[..]);
         }
-        let raw = self.invoke_on_slot(group.slot, &invocation).await;
+        let raw = self.invoke_on_slot(group.slot, &invocation, deadline).await;
         self.replied(raw, group.indexes.iter().map(|&i| &charges[i]))
     }
 
-    /// Decides `charges` as one entry of a coalesced batch (one server only).
+    /// Decides `charges` as one entry of a coalesced batch (one server only). The batch goes
+    /// through the breaker and the store's deadline from when it is sent; the wait in the
+    /// queue is bounded by `deadline`'s ceiling alone, and is no failure of the store.
     async fn coalesced<'a>(
         &self,
         coalescer: &Coalescer,
         charges: impl ExactSizeIterator<Item = &'a Charge<'a>> + Clone,
         commit: bool,
+        deadline: Deadline,
     ) -> Result<Reply, StoreError> {
         let mut request = Request::new(commit, charges.len());
         for c in charges.clone() {
             request.push(c);
         }
-        let place = coalescer.place()?;
-        let (node, breaker) = self.owner_of(0)?;
-        let raw = through(&node, &breaker, place.decide(request)).await;
+        let place = coalescer
+            .place()
+            .ok_or_else(|| self.shed.shed(ShedReason::QueueFull))?;
+        let raw = tokio::time::timeout_at(deadline.ceiling, place.decide(request))
+            .await
+            .unwrap_or_else(|_| Err(self.shed.shed(ShedReason::WaitedTooLong)));
         self.replied(raw, charges)
     }
 
@@ -599,6 +695,7 @@ impl RedisStore {
         spans: &[Range<usize>],
         group: &Group,
         reply: &Reply,
+        deadline: Deadline,
     ) -> Result<(), StoreError> {
         let mut invocation = self.refund.prepare_invoke();
         invocation.arg(reply.now_micros);
@@ -614,7 +711,8 @@ impl RedisStore {
                 .arg(&charge_args(c.params, charged)[..]);
         }
         if any {
-            self.invoke_on_slot::<i64>(group.slot, &invocation).await?;
+            self.invoke_on_slot::<i64>(group.slot, &invocation, deadline)
+                .await?;
         }
         Ok(())
     }
@@ -637,7 +735,7 @@ impl RedisStore {
         spans: &[Range<usize>],
         groups: &[Group],
         commit: bool,
-        deadline: Instant,
+        deadline: Deadline,
     ) -> Result<Vec<Decision>, StoreError> {
         let gather = |replies: &[Reply]| gather(charges.len(), groups, replies);
         // Each call has the decision's deadline: one slow node fails its own call, and the
@@ -645,9 +743,9 @@ impl RedisStore {
         let all = |commit: bool| {
             join_all(groups.iter().map(move |g| {
                 within(
-                    deadline,
+                    deadline.ceiling,
                     "redis",
-                    self.run_decide(charges, keys, spans, g, commit),
+                    self.run_decide(charges, keys, spans, g, commit, deadline),
                 )
             }))
         };
@@ -676,9 +774,9 @@ impl RedisStore {
         let refunds = groups.iter().zip(&commits).filter_map(|(group, reply)| {
             let reply = reply.as_ref().ok().filter(|r| r.admitted)?;
             Some(async move {
-                let refund = self.run_refund(charges, keys, spans, group, reply);
-                let deadline = Instant::now() + self.options.command_timeout;
-                if let Err(e) = within(deadline, "redis", refund).await {
+                let own = self.deadline();
+                let refund = self.run_refund(charges, keys, spans, group, reply, own);
+                if let Err(e) = within(own.ceiling, "redis", refund).await {
                     warn!(error = %e, "Refund of a cross-slot charge failed; the charge stays");
                 }
             })
@@ -701,7 +799,7 @@ impl RedisStore {
         spans: &[Range<usize>],
         groups: &[Group],
         peeks: Vec<Result<Reply, StoreError>>,
-        deadline: Instant,
+        deadline: Deadline,
     ) -> StoreError {
         let mut cause = None;
         let mut answered = Vec::new();
@@ -732,7 +830,7 @@ impl RedisStore {
         StoreError::Partly {
             decided,
             cause: Box::new(cause),
-            deadline,
+            deadline: deadline.at,
         }
     }
 
@@ -748,7 +846,7 @@ impl RedisStore {
         spans: &[Range<usize>],
         groups: &[Group],
         replies: &mut [Reply],
-        deadline: Instant,
+        deadline: Deadline,
     ) {
         let checks: Vec<Charge<'_>> = charges.iter().map(|c| Charge { cost: 0, ..*c }).collect();
         let stale = |r: &Reply| r.admitted && r.charged.iter().any(|&units| units > 0);
@@ -758,8 +856,8 @@ impl RedisStore {
                 if !stale(reply) {
                     return None;
                 }
-                let read = self.run_decide(checks, keys, spans, group, false);
-                within(deadline, "redis", read).await.ok()
+                let read = self.run_decide(checks, keys, spans, group, false, deadline);
+                within(deadline.ceiling, "redis", read).await.ok()
             }
         });
         let fresh = join_all(rereads).await;
@@ -794,7 +892,7 @@ impl RedisStore {
         spans: &[Range<usize>],
         slots: &[u16],
         commit: bool,
-        deadline: Instant,
+        deadline: Deadline,
     ) -> Result<Vec<Decision>, StoreError> {
         let mut groups: Vec<Group> = Vec::new();
         // One server holds every slot (all 0 here): one call covers the whole request.
@@ -808,8 +906,8 @@ impl RedisStore {
             }
         }
         if let [only] = groups.as_slice() {
-            let decide = self.run_decide(charges, keys, spans, only, commit);
-            return Ok(within(deadline, "redis", decide).await?.decisions);
+            let decide = self.run_decide(charges, keys, spans, only, commit, deadline);
+            return Ok(within(deadline.ceiling, "redis", decide).await?.decisions);
         }
         self.apply_across_slots(charges, keys, spans, &groups, commit, deadline)
             .await
@@ -834,9 +932,9 @@ pub(super) async fn load_scripts_on(primaries: Vec<ConnectionManager>) -> Result
     let loads = primaries.into_iter().map(|mut connection| {
         let load = &load;
         async move {
-            // The connection gives each command `--store-timeout`, less than a busy Redis may
-            // take to compile; it compiles on regardless, and a second load finds the script
-            // cached. So load again until the deadline.
+            // The connection may give up on a command before a busy Redis has compiled it; it
+            // compiles on regardless, and a second load finds the script cached. So load
+            // again until the deadline.
             loop {
                 let error = match load.query_async::<Vec<String>>(&mut connection).await {
                     Ok(_) => return Ok(()),
@@ -927,25 +1025,56 @@ fn parse_reply<'a>(
     })
 }
 
+/// What the coalescer of a single server takes from the store's options.
+fn limits(options: &RedisOptions) -> Limits {
+    Limits {
+        coalesce: options.coalesce,
+        max_in_flight: options.max_in_flight,
+        queue: options.max_in_flight.saturating_mul(QUEUED_PER_IN_FLIGHT),
+        command_timeout: options.command_timeout,
+        max_wait: options.max_wait,
+    }
+}
+
 impl RedisStore {
-    /// Runs `work` under the in-flight cap and the decision deadline.
-    async fn bounded<T>(
-        &self,
-        work: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let _in_flight = self.in_flight_permit()?;
-        within(Instant::now() + self.options.command_timeout, "redis", work).await
+    /// The deadline of a decision beginning now.
+    fn deadline(&self) -> Deadline {
+        Deadline::starting(self.options.command_timeout, self.options.max_wait)
     }
 
-    /// A place under the in-flight cap. No queue: when the cap is reached, excess decisions go
-    /// to the posture at once.
-    fn in_flight_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, StoreError> {
-        self.in_flight.try_acquire().map_err(|_| {
-            StoreError::NotCalled(format!(
-                "{} store calls already in flight; shedding",
-                self.options.max_in_flight
-            ))
-        })
+    /// Runs the store work `work` makes under the in-flight cap and within the deadline of a
+    /// decision beginning now.
+    async fn bounded<T, F>(&self, work: impl FnOnce(Deadline) -> F) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        let (_in_flight, deadline) = self.in_flight_place(self.deadline()).await?;
+        within(deadline.ceiling, "redis", work(deadline)).await
+    }
+
+    /// A place under the in-flight cap, and the decision's deadline from when it got it. Past
+    /// the cap a decision waits its turn, up to its ceiling (or sheds at once when
+    /// [`QUEUED_PER_IN_FLIGHT`] times the cap already wait): a burst is not a store failure.
+    async fn in_flight_place(
+        &self,
+        deadline: Deadline,
+    ) -> Result<(tokio::sync::SemaphorePermit<'_>, Deadline), StoreError> {
+        if let Ok(permit) = self.in_flight.try_acquire() {
+            return Ok((permit, deadline));
+        }
+        let queue = self
+            .options
+            .max_in_flight
+            .saturating_mul(QUEUED_PER_IN_FLIGHT);
+        let waiting = Waiting::join(&self.waiting);
+        if waiting.ahead >= queue {
+            return Err(self.shed.shed(ShedReason::QueueFull));
+        }
+        match tokio::time::timeout_at(deadline.ceiling, self.in_flight.acquire()).await {
+            Ok(Ok(permit)) => Ok((permit, deadline.sent())),
+            Ok(Err(_)) => Err(StoreError::NotCalled("redis store closed".into())),
+            Err(_) => Err(self.shed.shed(ShedReason::WaitedTooLong)),
+        }
     }
 
     async fn decide_all(
@@ -957,12 +1086,12 @@ impl RedisStore {
             script::fits_lua(c.params).map_err(StoreError::InvalidData)?;
         }
         if let Some(coalescer) = &self.coalescer {
-            // One server: the whole request is one entry of a batch.
-            let decide = self.coalesced(coalescer, charges.iter(), commit);
-            return self.bounded(decide).await.map(|reply| reply.decisions);
+            // One server: the whole request is one entry of a batch; the coalescer's queue
+            // holds those past the in-flight cap.
+            let decide = self.coalesced(coalescer, charges.iter(), commit, self.deadline());
+            return decide.await.map(|reply| reply.decisions);
         }
-        let deadline = Instant::now() + self.options.command_timeout;
-        self.decide_by_slot(charges, commit, deadline).await
+        self.decide_by_slot(charges, commit, self.deadline()).await
     }
 
     /// Decides `charges` with one script call per slot they live in, within `deadline`.
@@ -970,7 +1099,7 @@ impl RedisStore {
         &self,
         charges: &[Charge<'_>],
         commit: bool,
-        deadline: Instant,
+        deadline: Deadline,
     ) -> Result<Vec<Decision>, StoreError> {
         let mut keys = Vec::with_capacity(charges.len() * 96);
         let mut spans = Vec::with_capacity(charges.len());
@@ -980,7 +1109,7 @@ impl RedisStore {
             slots.push(self.key_and_slot(&mut keys, c.key));
             spans.push(start..keys.len());
         }
-        let _in_flight = self.in_flight_permit()?;
+        let (_in_flight, deadline) = self.in_flight_place(deadline).await?;
         self.apply_by_slot(charges, &keys, &spans, &slots, commit, deadline)
             .await
     }
@@ -995,6 +1124,11 @@ impl RedisStore {
         for c in charges {
             script::fits_lua(c.params).map_err(StoreError::InvalidData)?;
         }
+        let deadline = Deadline::until(
+            deadline,
+            self.options.command_timeout,
+            self.options.max_wait,
+        );
         self.decide_by_slot(charges, true, deadline).await
     }
 
@@ -1020,8 +1154,9 @@ impl RedisStore {
         };
         let charges = [charge];
         let span = 0..keys.len();
+        let spans = std::slice::from_ref(&span);
         let reply = self
-            .bounded(self.run_decide(&charges, &keys, std::slice::from_ref(&span), &group, true))
+            .bounded(|deadline| self.run_decide(&charges, &keys, spans, &group, true, deadline))
             .await?;
         let decision = reply
             .decisions
@@ -1042,7 +1177,7 @@ impl RedisStore {
             .arg(at)
             .key(&keys)
             .arg(&charge_args(charge.params, charge.cost)[..]);
-        self.bounded(self.invoke_on_slot::<i64>(slot, &invocation))
+        self.bounded(|deadline| self.invoke_on_slot::<i64>(slot, &invocation, deadline))
             .await
             .map(drop)
     }
@@ -1148,5 +1283,6 @@ mod tests {
             "command_timeout",
         );
         with(&|o| o.breaker.open_for = Duration::MAX, "breaker.open_for");
+        with(&|o| o.max_wait = Duration::MAX, "max_wait");
     }
 }

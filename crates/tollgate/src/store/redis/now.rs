@@ -37,6 +37,7 @@ pub(super) enum NowSource {
 
 impl NowSource {
     /// The argument for a call sent now.
+    #[cfg(test)]
     pub fn argument(&self) -> NowArg {
         self.argument_since(real_now())
     }
