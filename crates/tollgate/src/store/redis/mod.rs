@@ -31,6 +31,7 @@
 mod cluster;
 mod coalesce;
 mod now;
+mod options;
 mod patience;
 pub mod script;
 mod shared_policy;
@@ -56,6 +57,9 @@ pub use self::coalesce::CoalesceOptions;
 use self::coalesce::{Coalescer, Limits, Request};
 pub use self::now::LATE_SLACK;
 use self::now::{NowSource, ServerClock};
+pub use self::options::{
+    DEFAULT_MAX_WAIT, InvalidOptions, MAX_SETTING, QUEUED_PER_IN_FLIGHT, RedisOptions,
+};
 use self::patience::{Deadline, Shed, ShedReason, Unanswered};
 use self::script::{charge_args, decide_args};
 pub use self::shared_policy::{
@@ -66,110 +70,7 @@ use self::topology::Topology;
 use super::url::StoreUrl;
 use super::{Charge, Decisions, INLINE_CHARGES, Mode, Store, StoreError, Unsupported};
 use crate::clock::SharedClock;
-use crate::resilience::{Breaker, BreakerConfig, BreakerState, Permit};
-
-/// Connection and failure settings for the Redis backends.
-#[derive(Debug, Clone, Copy)]
-pub struct RedisOptions {
-    /// Time allowed to open a connection.
-    pub connect_timeout: Duration,
-    /// Deadline of one decision's store work (every call it needs, on a cluster too), from when
-    /// its calls are sent; a call past it fails unless its node is answering others meanwhile
-    /// (busy, not failing: it waits on, see [`patience`]).
-    pub command_timeout: Duration,
-    /// Decisions sent to the store at once; more wait in tollgate's queue (on one server,
-    /// joining larger batches) up to `max_wait`, at most [`QUEUED_PER_IN_FLIGHT`] times as many.
-    pub max_in_flight: usize,
-    /// The most a decision waits for the store in all (queue, in-flight cap, a busy node):
-    /// past it, the failure posture answers for load (`tollgate_store_shed_total`). Never
-    /// less than `command_timeout` (a shorter one is taken as that).
-    pub max_wait: Duration,
-    /// The circuit breaker of each node.
-    pub breaker: BreakerConfig,
-    /// How concurrent decisions share script calls (single server only).
-    pub coalesce: CoalesceOptions,
-}
-
-impl Default for RedisOptions {
-    fn default() -> Self {
-        // Envoy waits 20 ms for the whole decision by default; the store gets half of it.
-        RedisOptions {
-            connect_timeout: Duration::from_secs(1),
-            command_timeout: Duration::from_millis(10),
-            max_in_flight: 1024,
-            max_wait: DEFAULT_MAX_WAIT,
-            breaker: BreakerConfig::default(),
-            coalesce: CoalesceOptions::default(),
-        }
-    }
-}
-
-/// [`RedisOptions::max_wait`] by default: a burst of thousands on one key, on two busy cores,
-/// is decided by the store well inside it (see docs/burst.md).
-pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(5);
-
-/// Decisions that may wait in tollgate's queue towards one store, per place under the
-/// in-flight cap; more are shed for load.
-pub const QUEUED_PER_IN_FLIGHT: usize = 16;
-
-/// The longest duration [`RedisOptions::check`] accepts, and `tollgate serve` for any of its
-/// settings: a day (past it, deadline arithmetic could overflow, and no deadline of a rate
-/// limiter is meant to be that long).
-pub const MAX_SETTING: Duration = Duration::from_secs(24 * 3600);
-
-impl RedisOptions {
-    /// Refuses settings under which every decision would go to the failure posture with a
-    /// healthy Redis (nothing may be in flight, a breaker that opens on no failure, a batch
-    /// window over half the deadline): each problem, named by its field.
-    pub fn check(&self) -> Result<(), String> {
-        let mut problems = Vec::new();
-        if self.command_timeout.is_zero() {
-            problems.push("command_timeout is 0: every call would miss its deadline".to_owned());
-        }
-        for (name, value) in [
-            ("command_timeout", self.command_timeout),
-            ("connect_timeout", self.connect_timeout),
-            ("breaker.open_for", self.breaker.open_for),
-            ("max_wait", self.max_wait),
-        ] {
-            if value > MAX_SETTING {
-                problems.push(format!(
-                    "{name} ({value:?}) is more than a day: no deadline of the store's is that long"
-                ));
-            }
-        }
-        if self.max_in_flight == 0 {
-            problems.push("max_in_flight is 0: every decision would be shed".to_owned());
-        }
-        if self.breaker.consecutive_failures == 0 {
-            problems.push(
-                "breaker.consecutive_failures is 0: the breaker would open without a failure"
-                    .to_owned(),
-            );
-        }
-        if !(self.breaker.failure_ratio > 0.0 && self.breaker.failure_ratio <= 1.0) {
-            problems.push(format!(
-                "breaker.failure_ratio {} is not above 0 and at most 1",
-                self.breaker.failure_ratio
-            ));
-        }
-        if self.coalesce.in_flight == 0 {
-            problems.push("coalesce.in_flight is 0: no batch could be sent".to_owned());
-        }
-        if !self.coalesce.window_fits(self.command_timeout) {
-            problems.push(format!(
-                "coalesce.window ({:?}) is more than half of command_timeout ({:?}): \
-                 decisions would miss their deadline waiting for their batch",
-                self.coalesce.window, self.command_timeout
-            ));
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems.join("; "))
-        }
-    }
-}
+use crate::resilience::{Breaker, BreakerState, Permit};
 
 enum Connection {
     Single(ConnectionManager),
@@ -379,7 +280,9 @@ impl RedisStore {
         options: RedisOptions,
         clock: SharedClock,
     ) -> Result<Self, StoreError> {
-        options.check().map_err(StoreError::InvalidOptions)?;
+        options
+            .check()
+            .map_err(|e| StoreError::InvalidOptions(e.to_string()))?;
         let (connection, topology, background) = match url {
             StoreUrl::Memory => {
                 return Err(StoreError::Unavailable("memory is not a Redis URL".into()));
@@ -1241,48 +1144,5 @@ impl Store for RedisStore {
         let counts = futures_util::future::try_join_all(counts);
         let counts = within(Instant::now() + deadline, "redis DBSIZE", counts).await?;
         Ok(counts.into_iter().sum())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn options_that_would_never_decide_are_refused_by_name() {
-        assert_eq!(RedisOptions::default().check(), Ok(()));
-        let with = |change: &dyn Fn(&mut RedisOptions), field: &str| {
-            let mut options = RedisOptions::default();
-            change(&mut options);
-            let why = options.check().unwrap_err();
-            assert!(why.starts_with(field), "{field}: {why}");
-        };
-        with(&|o| o.command_timeout = Duration::ZERO, "command_timeout");
-        with(&|o| o.max_in_flight = 0, "max_in_flight");
-        with(
-            &|o| o.breaker.consecutive_failures = 0,
-            "breaker.consecutive_failures",
-        );
-        with(
-            &|o| o.breaker.failure_ratio = f64::NAN,
-            "breaker.failure_ratio",
-        );
-        with(&|o| o.coalesce.in_flight = 0, "coalesce.in_flight");
-        with(
-            &|o| o.coalesce.window = o.command_timeout / 2 + Duration::from_millis(1),
-            "coalesce.window",
-        );
-        // Durations whose deadline arithmetic would overflow: refused, not a panic.
-        with(&|o| o.coalesce.window = Duration::MAX, "coalesce.window");
-        with(&|o| o.connect_timeout = Duration::MAX, "connect_timeout");
-        with(
-            &|o| {
-                o.command_timeout = Duration::MAX;
-                o.coalesce.window = Duration::ZERO;
-            },
-            "command_timeout",
-        );
-        with(&|o| o.breaker.open_for = Duration::MAX, "breaker.open_for");
-        with(&|o| o.max_wait = Duration::MAX, "max_wait");
     }
 }
