@@ -415,7 +415,7 @@ async fn send(driving: &Driving, batch: Vec<Job>, now: NowArg, deadline: Deadlin
             }
         }
         Err(e) => {
-            let error = super::store_error(e);
+            let error = super::error::store_error(e);
             let answered = matches!(error, StoreError::InvalidData(_));
             for (job, mut permit) in batch.into_iter().zip(permits) {
                 permit.record(answered);
@@ -431,7 +431,7 @@ fn parse(reply: Value) -> Result<Vec<i64>, StoreError> {
         && let [Value::Int(-1), message] = items.as_slice()
     {
         let message: String = redis::from_redis_value_ref(message).unwrap_or_default();
-        return Err(super::classify(message));
+        return Err(super::error::script_error(message));
     }
     redis::from_redis_value(reply).map_err(|e| StoreError::InvalidData(e.to_string()))
 }

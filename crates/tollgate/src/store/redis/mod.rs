@@ -30,6 +30,7 @@
 
 mod cluster;
 mod coalesce;
+mod error;
 mod now;
 mod options;
 mod patience;
@@ -55,6 +56,7 @@ use tracing::{info, warn};
 use self::cluster::ClusterRouter;
 pub use self::coalesce::CoalesceOptions;
 use self::coalesce::{Coalescer, Limits, Request};
+use self::error::{store_error, unavailable};
 pub use self::now::LATE_SLACK;
 use self::now::{NowSource, ServerClock};
 pub use self::options::{
@@ -124,37 +126,6 @@ fn open_client(url: &str) -> redis::RedisResult<redis::Client> {
         .into_connection_info()?
         .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
     redis::Client::open(info)
-}
-
-fn unavailable(context: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(format!("{context}: {e}"))
-}
-
-fn store_error(e: redis::RedisError) -> StoreError {
-    use redis::ErrorKind;
-    if matches!(e.kind(), ErrorKind::UnexpectedReturnType | ErrorKind::Parse) {
-        StoreError::InvalidData(e.to_string())
-    } else {
-        classify(e.to_string())
-    }
-}
-
-/// A Redis error message as a store error.
-fn classify(message: String) -> StoreError {
-    // A foreign value at one of our keys fails that call only; retrying will not help and the
-    // store itself is healthy.
-    if message.contains("WRONGTYPE") {
-        StoreError::InvalidData(message)
-    } else if message.contains("NOAUTH") || message.contains("unauthenticated") {
-        // Redis closes an unauthenticated connection that sends a large command (a script
-        // call) with a protocol error that does not say "password".
-        StoreError::Unavailable(format!(
-            "redis: authentication required: the store URL has no password or not the right one ({message})"
-        ))
-    } else {
-        // Unreachable, out of memory, cluster reconfiguring, script cache lost twice...
-        StoreError::Unavailable(format!("redis: {message}"))
-    }
 }
 
 /// Runs `invocation` behind `ASKING` (one pipeline, so nothing else runs between them on the
