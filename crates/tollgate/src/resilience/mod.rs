@@ -4,12 +4,13 @@
 //! whole request when the store fails, or for the limits it could not decide alone
 //! ([`Postures::decide_partly`]).
 
-mod breaker;
 mod partial;
 mod posture;
 mod postures;
 
-pub use breaker::{Breaker, BreakerConfig, BreakerState, Permit};
 pub use partial::Partly;
+// The breaker lives with the Redis store, its one user; its settings and states keep their
+// names here for the callers that configure and report them.
+pub use crate::store::redis::{Breaker, BreakerConfig, BreakerState, Permit};
 pub use posture::Posture;
 pub use postures::{Degraded, FailureSettings, Postures};

@@ -28,10 +28,10 @@ use redis::aio::ConnectionManager;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use super::breaker::{Breaker, Logged};
 use super::now::{NowArg, NowSource, real_now};
 use super::patience::{self, Deadline, Unanswered};
-use super::{Logged, script};
-use crate::resilience::Breaker;
+use super::script;
 use crate::store::{Charge, StoreError};
 
 /// How decisions are coalesced on a single Redis server.

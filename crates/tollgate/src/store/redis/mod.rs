@@ -28,6 +28,7 @@
 //! only under-admit, by at most the request's own cost, never over-admit. (A refund gives back
 //! what the script says it charged: for a limit that charges up to itself, what was left.)
 
+mod breaker;
 mod cluster;
 mod coalesce;
 mod error;
@@ -51,8 +52,10 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tollgate_core::{Decision, Params, Verdict};
-use tracing::{info, warn};
+use tracing::warn;
 
+use self::breaker::Logged;
+pub use self::breaker::{Breaker, BreakerConfig, BreakerState, Permit};
 use self::cluster::ClusterRouter;
 pub use self::coalesce::CoalesceOptions;
 use self::coalesce::{Coalescer, Limits, Request};
@@ -72,7 +75,6 @@ use self::topology::Topology;
 use super::url::StoreUrl;
 use super::{Charge, Decisions, INLINE_CHARGES, Mode, Store, StoreError, Unsupported};
 use crate::clock::SharedClock;
-use crate::resilience::{Breaker, BreakerState, Permit};
 
 enum Connection {
     Single(ConnectionManager),
@@ -142,57 +144,6 @@ async fn invoke_asking<T: redis::FromRedisValue>(
             asking.query_async::<(T,)>(connection).await.map(|(t,)| t)
         }
         answer => answer.map(|(t,)| t),
-    }
-}
-
-/// A breaker's permit that logs the breaker opening or closing, also when the call it covers is
-/// dropped by its deadline (a timeout: the commonest way a breaker opens).
-pub(super) struct Logged<'a> {
-    node: &'a str,
-    permit: Option<Permit>,
-}
-
-impl<'a> Logged<'a> {
-    pub(super) fn new(node: &'a str, permit: Permit) -> Self {
-        Logged {
-            node,
-            permit: Some(permit),
-        }
-    }
-
-    /// The call was given up for load while its node kept answering: neither a success nor a
-    /// failure of the node.
-    pub(super) fn release(mut self) {
-        if let Some(permit) = self.permit.take() {
-            permit.release();
-        }
-    }
-
-    pub(super) fn record(&mut self, answered: bool) {
-        let Some(permit) = self.permit.take() else {
-            return;
-        };
-        let changed = if answered {
-            permit.succeeded()
-        } else {
-            permit.failed()
-        };
-        match changed {
-            // The store is lost for this node's slots: the failure postures answer.
-            Some(BreakerState::Open) => {
-                warn!(node = %self.node, state = "open", "Circuit breaker changed state");
-            }
-            Some(state) => {
-                info!(node = %self.node, state = state.name(), "Circuit breaker changed state");
-            }
-            None => {}
-        }
-    }
-}
-
-impl Drop for Logged<'_> {
-    fn drop(&mut self) {
-        self.record(false);
     }
 }
 

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use super::breaker::BreakerConfig;
 use super::coalesce::CoalesceOptions;
-use crate::resilience::BreakerConfig;
 
 /// Settings [`RedisOptions::check`] refuses: each problem, named by its field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -22,8 +22,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::warn;
 
+use super::breaker::{Breaker, BreakerState};
 use crate::observe::Throttle;
-use crate::resilience::{Breaker, BreakerState};
 use crate::store::StoreError;
 
 /// When a decision's store calls must have answered.
@@ -208,7 +208,7 @@ mod tests {
 
     use super::*;
     use crate::clock::SystemClock;
-    use crate::resilience::BreakerConfig;
+    use crate::store::redis::breaker::BreakerConfig;
 
     fn breaker() -> Arc<Breaker> {
         Arc::new(Breaker::new(

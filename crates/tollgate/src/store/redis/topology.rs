@@ -10,9 +10,9 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 use redis::Value;
 
+use super::breaker::{Breaker, BreakerConfig, BreakerState};
 use super::slot::SLOTS;
 use crate::clock::SharedClock;
-use crate::resilience::{Breaker, BreakerConfig, BreakerState};
 
 /// A node's address and its breaker.
 type Owner = (Arc<str>, Arc<Breaker>);

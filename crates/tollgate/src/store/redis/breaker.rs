@@ -1,4 +1,5 @@
-//! A circuit breaker: stop calling a sick store at once, probe it, and come back when it heals.
+//! A circuit breaker per Redis node: stop calling a sick node at once, probe it, and come back
+//! when it heals; and the permit that logs the breaker changing state.
 //!
 //! Closed: calls go through; the breaker opens after `consecutive_failures` failures in a row,
 //! or when at least `min_calls` calls in the current `window` failed at `failure_ratio` or more.
@@ -12,6 +13,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tollgate_core::Timestamp;
+
+use tracing::{info, warn};
 
 use crate::clock::SharedClock;
 
@@ -275,6 +278,57 @@ impl Breaker {
         inner.calls = 0;
         inner.failures = 0;
         inner.window_start = now;
+    }
+}
+
+/// A breaker's permit that logs the breaker opening or closing, also when the call it covers is
+/// dropped by its deadline (a timeout: the commonest way a breaker opens).
+pub(super) struct Logged<'a> {
+    node: &'a str,
+    permit: Option<Permit>,
+}
+
+impl<'a> Logged<'a> {
+    pub(super) fn new(node: &'a str, permit: Permit) -> Self {
+        Logged {
+            node,
+            permit: Some(permit),
+        }
+    }
+
+    /// The call was given up for load while its node kept answering: neither a success nor a
+    /// failure of the node.
+    pub(super) fn release(mut self) {
+        if let Some(permit) = self.permit.take() {
+            permit.release();
+        }
+    }
+
+    pub(super) fn record(&mut self, answered: bool) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let changed = if answered {
+            permit.succeeded()
+        } else {
+            permit.failed()
+        };
+        match changed {
+            // The store is lost for this node's slots: the failure postures answer.
+            Some(BreakerState::Open) => {
+                warn!(node = %self.node, state = "open", "Circuit breaker changed state");
+            }
+            Some(state) => {
+                info!(node = %self.node, state = state.name(), "Circuit breaker changed state");
+            }
+            None => {}
+        }
+    }
+}
+
+impl Drop for Logged<'_> {
+    fn drop(&mut self) {
+        self.record(false);
     }
 }
 
