@@ -1,0 +1,50 @@
+//! The calls local budgets make (see `limiter::local_budget`): a lease reserved on one counter,
+//! and its unused units given back.
+
+use tollgate_core::Decision;
+
+use super::script::{self, charge_args};
+use super::{Group, RedisStore};
+use crate::store::{Charge, StoreError};
+
+impl RedisStore {
+    /// Charges one enforced counter like [`Store::apply`], and also returns the instant (µs,
+    /// the store's clock) the charge was made at, for a later [`RedisStore::give_back`].
+    pub async fn reserve(&self, charge: Charge<'_>) -> Result<(Decision, i64), StoreError> {
+        script::fits_lua(charge.params).map_err(StoreError::InvalidData)?;
+        let mut keys = Vec::with_capacity(96);
+        let slot = self.key_and_slot(&mut keys, charge.key);
+        let group = Group {
+            slot,
+            indexes: vec![0],
+        };
+        let charges = [charge];
+        let span = 0..keys.len();
+        let spans = std::slice::from_ref(&span);
+        let reply = self
+            .bounded(|deadline| self.run_decide(&charges, &keys, spans, &group, true, deadline))
+            .await?;
+        let decision = reply
+            .decisions
+            .first()
+            .copied()
+            .ok_or_else(|| StoreError::InvalidData("the script answered no decision".into()))?;
+        Ok((decision, reply.now_micros))
+    }
+
+    /// Takes back `charge.cost` of a charge [`RedisStore::reserve`] made at `at` (see the
+    /// REFUND contract in [`script`]: exact when nothing else charged the counter since, never
+    /// more than was charged).
+    pub async fn give_back(&self, charge: Charge<'_>, at: i64) -> Result<(), StoreError> {
+        let mut keys = Vec::with_capacity(96);
+        let slot = self.key_and_slot(&mut keys, charge.key);
+        let mut invocation = self.refund.prepare_invoke();
+        invocation
+            .arg(at)
+            .key(&keys)
+            .arg(&charge_args(charge.params, charge.cost)[..]);
+        self.bounded(|deadline| self.invoke_on_slot::<i64>(slot, &invocation, deadline))
+            .await
+            .map(drop)
+    }
+}
