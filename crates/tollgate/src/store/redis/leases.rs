@@ -11,7 +11,7 @@ impl RedisStore {
     /// Charges one enforced counter like [`Store::apply`], and also returns the instant (µs,
     /// the store's clock) the charge was made at, for a later [`RedisStore::give_back`].
     pub async fn reserve(&self, charge: Charge<'_>) -> Result<(Decision, i64), StoreError> {
-        script::fits_lua(charge.params).map_err(StoreError::InvalidData)?;
+        script::fits_lua(charge.params).map_err(|e| StoreError::InvalidData(e.to_string()))?;
         let mut keys = Vec::with_capacity(96);
         let slot = self.key_and_slot(&mut keys, charge.key);
         let group = Group {

@@ -321,7 +321,7 @@ impl RedisStore {
     }
 
     /// Checks that a limit can be decided exactly by the script (Lua numbers are doubles).
-    pub fn supports(params: &Params) -> Result<(), String> {
+    pub fn supports(params: &Params) -> Result<(), script::InexactInLua> {
         script::fits_lua(params)
     }
 
@@ -702,7 +702,7 @@ impl RedisStore {
         commit: bool,
     ) -> Result<Vec<Decision>, StoreError> {
         for c in charges {
-            script::fits_lua(c.params).map_err(StoreError::InvalidData)?;
+            script::fits_lua(c.params).map_err(|e| StoreError::InvalidData(e.to_string()))?;
         }
         if let Some(coalescer) = &self.coalescer {
             // One server: the whole request is one entry of a batch; the coalescer's queue
@@ -741,7 +741,7 @@ impl RedisStore {
         deadline: Instant,
     ) -> Result<Vec<Decision>, StoreError> {
         for c in charges {
-            script::fits_lua(c.params).map_err(StoreError::InvalidData)?;
+            script::fits_lua(c.params).map_err(|e| StoreError::InvalidData(e.to_string()))?;
         }
         let deadline = Deadline::until(
             deadline,
@@ -783,7 +783,7 @@ impl Store for RedisStore {
     }
 
     fn supports(&self, params: &Params) -> Result<(), Unsupported> {
-        RedisStore::supports(params).map_err(Unsupported)
+        RedisStore::supports(params).map_err(|e| Unsupported(e.to_string()))
     }
 
     fn breakers(&self) -> Vec<(String, BreakerState)> {

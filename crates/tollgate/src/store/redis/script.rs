@@ -187,24 +187,30 @@ pub fn algorithm_code(algorithm: Algorithm) -> u8 {
 /// `burst * period / limit` ahead of now, which must stay far enough below 2^53 µs: that refill
 /// time must be at most [`MAX_REFILL_MICROS`]. Costs need no bound (anything above the
 /// capacity is answered "cost exceeds capacity" even once rounded to a double).
-pub fn fits_lua(params: &Params) -> Result<(), String> {
+pub fn fits_lua(params: &Params) -> Result<(), InexactInLua> {
     if !params.algorithm().uses_burst() {
         return Ok(());
     }
     let refill = u128::from(params.burst()) * u128::from(params.period_micros());
     if refill > u128::from(MAX_REFILL_MICROS) * u128::from(params.limit()) {
-        return Err(format!(
-            "{} with burst {} and limit {} per {:?} takes longer than {} years to refill, \
-             which the Redis store cannot represent exactly",
-            params.algorithm(),
-            params.burst(),
-            params.limit(),
-            params.period(),
-            MAX_REFILL_MICROS / 31_557_600_000_000
-        ));
+        return Err(InexactInLua(*params));
     }
     Ok(())
 }
+
+/// A limit the Redis scripts cannot decide exactly: its bucket takes longer than
+/// [`MAX_REFILL_MICROS`] to refill.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error(
+    "{} with burst {} and limit {} per {:?} takes longer than {} years to refill, \
+     which the Redis store cannot represent exactly",
+    .0.algorithm(),
+    .0.burst(),
+    .0.limit(),
+    .0.period(),
+    MAX_REFILL_MICROS / 31_557_600_000_000
+)]
+pub struct InexactInLua(pub Params);
 
 #[cfg(test)]
 mod tests {
@@ -220,7 +226,7 @@ mod tests {
     }
 
     #[test]
-    fn refill_time_bounds_the_buckets_only() -> Result<(), String> {
+    fn refill_time_bounds_the_buckets_only() -> Result<(), Box<dyn std::error::Error>> {
         let year = Duration::from_secs(365 * 86_400);
         let params = |algorithm, limit, burst| {
             Params::new(algorithm, limit, year, burst).map_err(|e| e.to_string())
