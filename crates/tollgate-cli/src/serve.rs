@@ -10,13 +10,11 @@ use anyhow::Context;
 use clap::Args;
 use tokio::sync::watch;
 use tollgate::background::supervise;
-use tollgate::clock::SystemClock;
-use tollgate::lifecycle::Lifecycle;
-use tollgate::limiter::{FailureSettings, Limiter};
+use tollgate::limiter::FailureSettings;
 use tollgate::policy::Policy;
-use tollgate::policy_sync::{self, SyncState};
+use tollgate::service::{BuildError, Service, Upkeep};
 use tollgate::resilience::{BreakerConfig, Posture};
-use tollgate::store::{CoalesceOptions, RedisOptions, Store, StoreBackend, StoreUrl};
+use tollgate::store::{CoalesceOptions, RedisOptions, StoreUrl};
 use tollgate_server::grpc::{HealthService, RlsService};
 use tollgate_server::http::authorize::{AuthorizeMapping, DescriptorMapping};
 use tollgate_server::listen::{
@@ -394,7 +392,6 @@ async fn serve(
     let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     let mut terminate =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    let clock = Arc::new(SystemClock::new());
     let options = RedisOptions {
         connect_timeout: args.store_connect_timeout,
         command_timeout: args.store_timeout,
@@ -418,60 +415,35 @@ async fn serve(
             humantime::format_duration(options.command_timeout)
         );
     }
-    let store = match StoreBackend::open(&store_url, options, clock.clone())
-        .await
-        .with_context(|| format!("cannot open the store {store_url}"))?
-    {
-        StoreBackend::Memory(memory) => {
-            StoreBackend::Memory(memory.with_max_keys(args.memory_max_keys))
-        }
-        redis => redis,
-    };
-    if let Err(problems) = store.check_policy(&policy) {
-        let summary = format!(
-            "{} rule(s) cannot run on the {} store; not starting",
-            problems.0.len(),
-            store.kind()
-        );
-        return Ok(not_starting(args.logs_json(), &problems, &summary));
-    }
-    if let StoreBackend::Memory(_) = store {
-        let budgeted = policy
-            .rules()
-            .iter()
-            .filter(|r| r.local_budget.is_some())
-            .count();
-        if budgeted > 0 {
-            info!(
-                rules = budgeted,
-                "local_budget has no effect on the memory store (every decision is local already)"
-            );
-        }
-    }
-    match store.ready_within(args.store_connect_timeout).await {
-        Ok(()) => info!(store = %store_url, "Store ready"),
-        Err(e) => {
-            // A TLS client waits for a TLS answer a plaintext server never sends: all it sees
-            // is time running out.
-            let tls_silence = store_url.uses_tls() && e.to_string().contains("deadline");
-            let hint = if tls_silence {
-                " (the URL asks for TLS: does the server speak it?)"
-            } else {
-                ""
-            };
-            warn!(store = %store_url, error = %e, "Store not ready yet{hint}; serving with the failure posture and trying again in the background")
-        }
-    }
     let settings = FailureSettings {
         posture: args.on_store_error,
         local_share: args.local_share,
-        local_max_keys: args.memory_max_keys,
         ..FailureSettings::default()
     };
-    let limiter = Arc::new(
-        Limiter::with_failure_settings(policy, store, settings, clock)
-            .with_prefilter(!args.no_prefilter),
-    );
+    let built = Service::builder(policy, store_url.clone())
+        .redis(options)
+        .failure(settings)
+        .memory_max_keys(args.memory_max_keys)
+        .prefilter(!args.no_prefilter)
+        .config(args.config.clone(), sources)
+        .ready_within(args.store_connect_timeout)
+        .build()
+        .await;
+    let service = match built {
+        Ok(service) => service,
+        Err(BuildError::Store { source, .. }) => {
+            return Err(anyhow::Error::new(source)
+                .context(format!("cannot open the store {store_url}")));
+        }
+        Err(BuildError::Unsupported { store, problems }) => {
+            let summary = format!(
+                "{} rule(s) cannot run on the {store} store; not starting",
+                problems.0.len(),
+            );
+            return Ok(not_starting(args.logs_json(), &problems, &summary));
+        }
+    };
+    let (limiter, lifecycle) = (service.limiter().clone(), service.lifecycle().clone());
 
     let http = bind(args.http_addr, "HTTP")?;
     let grpc = bind(args.grpc_addr, "gRPC")?;
@@ -480,43 +452,21 @@ async fn serve(
     println!("http listening on {}", http.local_addr()?);
     println!("grpc listening on {}", grpc.local_addr()?);
     println!("admin listening on {}", admin.local_addr()?);
-    let lifecycle = Arc::new(Lifecycle::new(
-        limiter.clone(),
-        Some(args.config.clone()),
-        sources,
-    ));
 
     let (stop_tx, stop_rx) = watch::channel(false);
 
     // The background duties, each supervised: a panic is logged and counted, and the duty
     // starts again (see `tollgate::background`); each ends once the shutdown begins.
-    let redis = matches!(limiter.store(), StoreBackend::Redis(_));
     let mut duties = Duties::new(&stop_rx);
-    duties.start("counter_sweep", {
-        let (limiter, stop) = (limiter.clone(), stop_rx.clone());
-        move || sweep_counters(limiter.clone(), args.sweep_interval, stop.clone())
-    });
-    // Leases and remembered denials exist on Redis only.
-    if redis {
-        duties.start("hot_key_sweep", {
-            let (limiter, stop) = (limiter.clone(), stop_rx.clone());
-            move || sweep_hot_keys(limiter.clone(), stop.clone())
-        });
-    }
-    // Shared by every run of the watcher: registered before anything was announced.
-    let hangup = Arc::new(tokio::sync::Mutex::new(hangup));
-    duties.start("policy_watcher", {
-        let (lifecycle, stop, every) = (lifecycle.clone(), stop_rx.clone(), args.watch_interval);
-        move || watch_policy(lifecycle.clone(), every, hangup.clone(), stop.clone())
-    });
-    if redis {
-        duties.start("policy_sync", {
-            let (lifecycle, stop) = (lifecycle.clone(), stop_rx.clone());
-            let every = args.policy_sync_interval;
-            // Kept across runs: a restarted sync publishes what was activated meanwhile.
-            let state = Arc::new(tokio::sync::Mutex::new(SyncState::new(&lifecycle)));
-            move || policy_sync::resume(lifecycle.clone(), every, stop.clone(), state.clone())
-        });
+    let upkeep = Upkeep {
+        sweep_every: args.sweep_interval,
+        watch_every: (!args.watch_interval.is_zero()).then_some(args.watch_interval),
+        // Shared by every run of the watcher: registered before anything was announced.
+        reload_on: Some(Arc::new(tokio::sync::Mutex::new(hangup))),
+        sync_every: Some(args.policy_sync_interval),
+    };
+    for duty in service.duties(&upkeep, &stop_rx) {
+        duties.start(duty.name, duty.run);
     }
     // Kept across runs of the sampler: a restart keeps the history.
     let history = Arc::new(tollgate::observe::history::History::default());
@@ -692,33 +642,7 @@ impl Duties {
     }
 }
 
-/// Drops expired counters from the in-process stores every `every` until the shutdown begins.
-async fn sweep_counters(limiter: Arc<Limiter>, every: Duration, stop: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => limiter.sweep_expired(),
-            _ = stopped(stop.clone()) => return,
-        }
-    }
-}
 
-/// Gives unused local budgets back to Redis and forgets cleared denials every
-/// [`Limiter::HOT_KEY_SWEEP`]; once the shutdown begins, gives every budget back.
-async fn sweep_hot_keys(limiter: Arc<Limiter>, stop: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(Limiter::HOT_KEY_SWEEP);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                limiter.sweep_hot_keys().await;
-            }
-            _ = stopped(stop.clone()) => break,
-        }
-    }
-    limiter.release_local_budgets().await;
-}
 
 /// Waits for a server's task and logs an error it stopped with.
 pub(crate) async fn join_server<E: std::fmt::Display>(
@@ -749,44 +673,6 @@ pub(crate) async fn drain(
     }
 }
 
-/// Reloads the policy on SIGHUP and whenever the config path's contents change.
-async fn watch_policy(
-    lifecycle: Arc<Lifecycle>,
-    every: Duration,
-    hangup: Arc<tokio::sync::Mutex<Option<tokio::signal::unix::Signal>>>,
-    mut stop: watch::Receiver<bool>,
-) {
-    // Held by one run at a time: a run that panicked let go of it.
-    let mut hangup = hangup.lock_owned().await;
-    let mut tick = tokio::time::interval(if every.is_zero() {
-        Duration::from_secs(3600)
-    } else {
-        every
-    });
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let hup = async {
-            match hangup.as_mut() {
-                Some(s) => s.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = tick.tick() => {
-                if every.is_zero() {
-                    continue;
-                }
-                // The life cycle logs a rejected candidate with every problem.
-                let _ = lifecycle.reload_if_files_changed();
-            }
-            _ = hup => {
-                info!("SIGHUP: reloading the policy");
-                let _ = lifecycle.reload();
-            }
-            _ = stop.wait_for(|s| *s) => break,
-        }
-    }
-}
 
 /// Waits for Ctrl-C or SIGTERM. `term` is registered at startup, before the listening lines are
 /// printed, so an early SIGTERM is a clean shutdown rather than the default action.

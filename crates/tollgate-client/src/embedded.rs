@@ -1,13 +1,14 @@
 //! The in-process limiter: the service's [`Limiter`] in the caller's process.
 
 use std::path::Path;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
-use tollgate::clock::SystemClock;
+use tokio::sync::watch;
 use tollgate::limiter::headers::rate_limit_headers;
 use tollgate::limiter::{CheckRequest, CheckResponse, FailureSettings, LimitError, Limiter};
 use tollgate::policy::{Policy, PolicyErrors};
-use tollgate::store::{RedisOptions, StoreBackend, StoreError, StoreUrl};
+use tollgate::service::{BuildError, Service, Upkeep};
+use tollgate::store::{RedisOptions, StoreError, StoreUrl};
 
 use crate::backend::{Backend, BackendError, Outcome, Verdict};
 
@@ -39,6 +40,8 @@ pub enum OpenError {
 #[derive(Debug, Clone)]
 pub struct Embedded {
     limiter: Arc<Limiter>,
+    /// Dropped with the last handle, which ends the upkeep (see [`Embedded::with_policy`]).
+    _upkeep: Option<Arc<watch::Sender<bool>>>,
 }
 
 impl Embedded {
@@ -59,58 +62,42 @@ impl Embedded {
         store_url: &StoreUrl,
         options: Options,
     ) -> Result<Self, OpenError> {
-        let clock = Arc::new(SystemClock::new());
-        let store = StoreBackend::open(store_url, options.redis, clock.clone()).await?;
-        store
-            .check_policy(&policy)
-            .map_err(|problems| OpenError::Unsupported(problems.to_string()))?;
-        let limiter = Arc::new(Limiter::with_failure_settings(
-            policy,
-            store,
-            options.failure,
-            clock,
-        ));
-        let kept = Arc::downgrade(&limiter);
-        let alive = kept.clone();
-        tollgate::background::supervise(
-            "embedded_upkeep",
-            move || alive.strong_count() > 0,
-            move || maintain(kept.clone()),
-        );
-        Ok(Self::from_limiter(limiter))
+        let service = Service::builder(policy, store_url.clone())
+            .redis(options.redis)
+            .failure(options.failure)
+            .build()
+            .await
+            .map_err(|e| match e {
+                BuildError::Store { source, .. } => OpenError::Store(source),
+                BuildError::Unsupported { problems, .. } => {
+                    OpenError::Unsupported(problems.to_string())
+                }
+            })?;
+        // `tollgate serve`'s sweeps, supervised as its are, for as long as a handle lives:
+        // dropping the last one drops the sender, which ends them.
+        let (stop, stopped) = watch::channel(false);
+        for duty in service.duties(&Upkeep::default(), &stopped) {
+            let wanted = stopped.clone();
+            let wanted = move || wanted.has_changed().is_ok() && !*wanted.borrow();
+            tollgate::background::supervise(duty.name, wanted, duty.run);
+        }
+        Ok(Embedded {
+            limiter: service.limiter().clone(),
+            _upkeep: Some(Arc::new(stop)),
+        })
     }
 
     /// Wraps a limiter built elsewhere.
     pub fn from_limiter(limiter: Arc<Limiter>) -> Self {
-        Embedded { limiter }
+        Embedded {
+            limiter,
+            _upkeep: None,
+        }
     }
 
     /// The limiter itself, for decisions with the full [`CheckResponse`].
     pub fn limiter(&self) -> &Arc<Limiter> {
         &self.limiter
-    }
-}
-
-/// What `tollgate serve`'s sweeps do, for as long as the limiter lives: drops expired
-/// counters from the memory stores every second, and gives unused local budgets back to Redis
-/// (and forgets cleared denials) every 50 ms. Supervised: a panic is logged and counted, and
-/// the task started again (see [`tollgate::background`]).
-async fn maintain(limiter: Weak<Limiter>) {
-    // Counters every second: every 20th hot-key sweep.
-    const COUNTERS_EVERY: u32 = 20;
-    let mut tick = tokio::time::interval(Limiter::HOT_KEY_SWEEP);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut n: u32 = 0;
-    loop {
-        tick.tick().await;
-        let Some(limiter) = limiter.upgrade() else {
-            return;
-        };
-        limiter.sweep_hot_keys().await;
-        n = n.wrapping_add(1);
-        if n.is_multiple_of(COUNTERS_EVERY) {
-            limiter.sweep_expired();
-        }
     }
 }
 

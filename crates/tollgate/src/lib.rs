@@ -40,6 +40,7 @@ pub mod policy;
 
 mod random;
 pub mod resilience;
+pub mod service;
 pub mod store;
 
 /// The Redis policy sync, under its earlier path.
