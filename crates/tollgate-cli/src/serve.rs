@@ -12,8 +12,8 @@ use tokio::sync::watch;
 use tollgate::background::supervise;
 use tollgate::limiter::FailureSettings;
 use tollgate::policy::Policy;
-use tollgate::service::{BuildError, Service, Upkeep};
 use tollgate::resilience::{BreakerConfig, Posture};
+use tollgate::service::{BuildError, Service, Upkeep};
 use tollgate::store::{CoalesceOptions, RedisOptions, StoreUrl};
 use tollgate_server::grpc::{HealthService, RlsService};
 use tollgate_server::http::authorize::{AuthorizeMapping, DescriptorMapping};
@@ -432,8 +432,9 @@ async fn serve(
     let service = match built {
         Ok(service) => service,
         Err(BuildError::Store { source, .. }) => {
-            return Err(anyhow::Error::new(source)
-                .context(format!("cannot open the store {store_url}")));
+            return Err(
+                anyhow::Error::new(source).context(format!("cannot open the store {store_url}"))
+            );
         }
         Err(BuildError::Unsupported { store, problems }) => {
             let summary = format!(
@@ -642,8 +643,6 @@ impl Duties {
     }
 }
 
-
-
 /// Waits for a server's task and logs an error it stopped with.
 pub(crate) async fn join_server<E: std::fmt::Display>(
     task: tokio::task::JoinHandle<Result<(), E>>,
@@ -672,7 +671,6 @@ pub(crate) async fn drain(
         _ = shutdown_signal(terminate) => Ok(Drained::SecondSignal),
     }
 }
-
 
 /// Waits for Ctrl-C or SIGTERM. `term` is registered at startup, before the listening lines are
 /// printed, so an early SIGTERM is a clean shutdown rather than the default action.

@@ -151,8 +151,7 @@ impl ServiceBuilder {
                 Err(e) => {
                     // A TLS client waits for a TLS answer a plaintext server never sends: all
                     // it sees is time running out.
-                    let tls_silence =
-                        self.store.uses_tls() && e.to_string().contains("deadline");
+                    let tls_silence = self.store.uses_tls() && e.to_string().contains("deadline");
                     let hint = if tls_silence {
                         " (the URL asks for TLS: does the server speak it?)"
                     } else {
@@ -169,11 +168,7 @@ impl ServiceBuilder {
         let limiter = Limiter::with_failure_settings(self.policy, store, failure, self.clock)
             .with_prefilter(self.prefilter);
         let limiter = Arc::new(limiter);
-        let lifecycle = Arc::new(Lifecycle::new(
-            limiter.clone(),
-            self.config,
-            self.sources,
-        ));
+        let lifecycle = Arc::new(Lifecycle::new(limiter.clone(), self.config, self.sources));
         Ok(Service { limiter, lifecycle })
     }
 }
