@@ -187,8 +187,11 @@ async fn grpc_remote_client_trusts_the_roots_ssl_cert_file_names() {
     let dir = tempfile::tempdir().unwrap();
     let certs = support::certificates(dir.path());
     let server = Server::start_with_args(POLICY, &certs.serve_args(false));
+    // Named as the test harness names it: its module path within the test binary.
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    let exact = format!("{module}::{NAME}");
     let copy = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", NAME, "--nocapture"])
+        .args(["--exact", &exact, "--nocapture"])
         .env(HTTPS_URL, format!("https://{}", server.grpc))
         .env("SSL_CERT_FILE", &certs.ca)
         .output()
