@@ -60,6 +60,19 @@ impl ManualClock {
         ManualClock(AtomicU64::new(at.as_micros()))
     }
 
+    /// A clock stopped just after the second minute boundary ahead of the wall clock, for
+    /// tests on Redis, which expires keys in real time at instants derived from this clock: a
+    /// window that began at the wall time could end, in real time, while the test still counts
+    /// on its key. From a minute boundary at least a minute ahead, a window of any period that
+    /// divides a minute (or an hour) ends more than a minute of real time from now.
+    pub fn ahead_of_wall_clock() -> Self {
+        const MINUTE_US: u64 = 60_000_000;
+        let now = SystemClock::new().now().as_micros();
+        ManualClock::new(Timestamp::from_micros(
+            (now / MINUTE_US + 2) * MINUTE_US + 1_000,
+        ))
+    }
+
     /// Moves the clock forward by `by`.
     pub fn advance(&self, by: Duration) {
         let micros = u64::try_from(by.as_micros()).unwrap_or(u64::MAX);

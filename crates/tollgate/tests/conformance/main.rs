@@ -16,7 +16,7 @@ mod cases;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::clock::{Clock, ManualClock, SystemClock};
+use tollgate::clock::{ManualClock, SystemClock};
 use tollgate::store::{
     CoalesceOptions, MemoryStore, RedisOptions, RedisStore, Store, StoreBackend, StoreUrl,
 };
@@ -34,10 +34,9 @@ pub struct Backend {
     pub redis_cli: RedisCli,
 }
 
-/// A manual clock starting at the real time: Redis expires keys in real time, at instants the
-/// script derives from the pinned time, so the two must not drift apart by more than a TTL.
+/// See [`ManualClock::ahead_of_wall_clock`]: Redis expires keys in real time.
 fn wall_clock() -> Arc<ManualClock> {
-    Arc::new(ManualClock::new(SystemClock::new().now()))
+    Arc::new(ManualClock::ahead_of_wall_clock())
 }
 
 fn options() -> RedisOptions {

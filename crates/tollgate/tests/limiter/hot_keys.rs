@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::clock::{Clock, ManualClock, SystemClock};
+use tollgate::clock::{Clock, ManualClock};
 use tollgate::limiter::{
     Candidate, CheckRequest, CheckResponse, Code, FailureSettings, Limiter, Override,
     RequestDescriptor,
@@ -92,9 +92,9 @@ fn seen(response: &CheckResponse) -> (Code, Option<Duration>) {
     (response.overall, retry)
 }
 
-/// A wall clock start, so Redis TTLs derived from the pinned time are meaningful.
+/// See [`ManualClock::ahead_of_wall_clock`]: Redis TTLs derive from the pinned time.
 fn wall_clock() -> Arc<ManualClock> {
-    Arc::new(ManualClock::new(SystemClock::new().now()))
+    Arc::new(ManualClock::ahead_of_wall_clock())
 }
 
 /// One Redis and a limiter on it (prefilter on, manual clock) whose rule on key `k` of domain
