@@ -10,6 +10,30 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 step() { printf '\n==> %s\n' "$*"; }
 
+if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+
+# apt_install PACKAGE...: installs Debian packages, quietly.
+apt_install() {
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+# apt_install_stopped SERVICE PACKAGE...: the same for a package whose Debian service would start
+# on install and take a port the tests need. Service starts are denied for the install
+# (policy-rc.d exit 101), any policy that was there is restored, and SERVICE is stopped if it
+# started anyway (failing to stop it, with no systemd or nothing running, is fine).
+apt_install_stopped() {
+  local service="$1" policy=/usr/sbin/policy-rc.d saved="" failed=""
+  shift
+  if [ -e "$policy" ]; then saved="$(mktemp)"; $sudo cp -p "$policy" "$saved"; fi
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+  $sudo chmod 755 "$policy"
+  apt_install "$@" || failed=1
+  if [ -n "$saved" ]; then $sudo mv "$saved" "$policy"; else $sudo rm -f "$policy"; fi
+  if [ -n "$failed" ]; then echo "apt-get install $* failed" >&2; exit 1; fi
+  $sudo service "$service" stop >/dev/null 2>&1 || true
+}
+
 # The docs are built with this mdBook (`cargo info mdbook` for the latest).
 MDBOOK_VERSION=0.5.4
 
@@ -24,36 +48,20 @@ fi
 
 step "redis-server and redis-cli (Redis and Redis Cluster tests start real servers)"
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
-  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools >/dev/null
+  apt_install redis-server redis-tools
 fi
 redis-server --version
 
 step "nginx (the forward-auth test runs Debian's /usr/sbin/nginx with auth_request)"
 if [ ! -x /usr/sbin/nginx ]; then
-  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
-  # Debian starts a system nginx on port 80 after installing; the tests run their own. Deny
-  # service starts for the install (policy-rc.d exit 101), restoring any policy that was there.
-  policy=/usr/sbin/policy-rc.d
-  saved=""
-  if [ -e "$policy" ]; then saved="$(mktemp)"; $sudo cp -p "$policy" "$saved"; fi
-  printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
-  $sudo chmod 755 "$policy"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nginx >/dev/null || install_failed=1
-  if [ -n "$saved" ]; then $sudo mv "$saved" "$policy"; else $sudo rm -f "$policy"; fi
-  if [ -n "${install_failed:-}" ]; then echo "apt-get install nginx failed" >&2; exit 1; fi
-  # If a system nginx started anyway, stop it; failing (no systemd, not running) is fine.
-  $sudo service nginx stop >/dev/null 2>&1 || true
+  # Debian starts a system nginx on port 80 after installing; the tests run their own.
+  apt_install_stopped nginx nginx
 fi
 /usr/sbin/nginx -v
 
 step "openssl (the HTTPS test makes a CA and a certificate for nginx to terminate TLS with)"
 if ! command -v openssl >/dev/null; then
-  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openssl >/dev/null
+  apt_install openssl
 fi
 openssl version
 
@@ -63,8 +71,7 @@ if [ ! -x "$venv/bin/python" ]; then
   if ! python3 -m venv "$venv"; then
     # Debian's python3 ships venv without ensurepip: it comes with python3-venv.
     rm -rf "$venv"
-    if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null
+    apt_install python3-venv
     python3 -m venv "$venv"
   fi
 fi
@@ -93,20 +100,9 @@ python3 scripts/check-links.py
 # --- deploy: Prometheus (begin) -------------------------------------------------------------
 step "prometheus and promtool (alert rules' unit tests; the dashboard test runs a real Prometheus)"
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
-  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
   # Debian starts a system Prometheus on port 9090 (tollgate's admin default) after
-  # installing; the test runs its own on a free port. Deny service starts for the install, as
-  # for nginx above.
-  policy=/usr/sbin/policy-rc.d
-  saved=""
-  if [ -e "$policy" ]; then saved="$(mktemp)"; $sudo cp -p "$policy" "$saved"; fi
-  printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
-  $sudo chmod 755 "$policy"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq prometheus >/dev/null || install_failed=1
-  if [ -n "$saved" ]; then $sudo mv "$saved" "$policy"; else $sudo rm -f "$policy"; fi
-  if [ -n "${install_failed:-}" ]; then echo "apt-get install prometheus failed" >&2; exit 1; fi
-  $sudo service prometheus stop >/dev/null 2>&1 || true
+  # installing; the test runs its own on a free port.
+  apt_install_stopped prometheus prometheus
 fi
 promtool --version | head -1
 
@@ -146,9 +142,7 @@ cargo test --workspace --locked
 # --- dashboard: real headless browser (begin) -----------------------------------------------
 step "chromium and chromium-driver (the dashboard test drives Debian's browser through WebDriver)"
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
-  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null
+  apt_install chromium chromium-driver
 fi
 chromium --version
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/dashboard/requirements.txt
@@ -163,9 +157,7 @@ step "container file: structure, and its command run as its USER (scripts/check-
 # The checks run commands in network namespaces of their own (ip, ss from iproute2) and ask
 # them for /healthz (curl).
 if ! command -v ip >/dev/null || ! command -v ss >/dev/null || ! command -v curl >/dev/null; then
-  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq iproute2 curl >/dev/null
+  apt_install iproute2 curl
 fi
 cargo build -p tollgate-cli --bin tollgate --locked
 python3 scripts/check-container.py "$CARGO_TARGET_DIR/debug/tollgate"
@@ -179,9 +171,7 @@ if [ ! -x "$deploy_venv/bin/python" ]; then python3 -m venv "$deploy_venv"; fi
 
 step "systemd unit: systemd-analyze verify and security, ExecStart run (scripts/check-systemd.sh)"
 if ! command -v systemd-analyze >/dev/null; then
-  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq systemd >/dev/null
+  apt_install systemd
 fi
 scripts/check-systemd.sh "$CARGO_TARGET_DIR/debug/tollgate"
 # --- deploy: container, Kubernetes, systemd files (end) -------------------------------------
