@@ -11,9 +11,10 @@ use std::sync::Arc;
 use tollgate_core::Timestamp;
 
 use super::request::RequestDescriptor;
-use super::snapshot::{record_top_key, top_keys_per_rule};
+use super::snapshot::top_keys_per_rule;
 use crate::metrics::{Outcome, RuleCounters, render_outcomes};
 use crate::observe::prometheus::Exposition;
+use crate::observe::shares::{self, ValueShares};
 use crate::observe::{TopEntry, TopKeys};
 use crate::policy::sources::sources_hash;
 use crate::policy::{Policy, Rule, RuleMode};
@@ -30,6 +31,9 @@ pub struct Candidate {
     counters: RuleCounters,
     /// Per rule: the keys it would have denied most often.
     top: Box<[TopKeys]>,
+    /// Per rule (the first [`shares::MAX_RULES`]): the would-deny share of its most frequent
+    /// values.
+    shares: Box<[Option<Arc<ValueShares>>]>,
     started_at: Timestamp,
 }
 
@@ -56,12 +60,15 @@ impl Candidate {
     pub fn new(policy: Policy, sources: Vec<(String, String)>, started_at: Timestamp) -> Self {
         let counters = RuleCounters::for_policy(&policy);
         let top = top_keys_per_rule(&policy);
+        let rules = policy.rules().iter();
+        let shares = shares::tables(rules.clone().map(|_| None), rules.map(|_| true));
         Candidate {
             hash: sources_hash(&sources),
             policy: Arc::new(policy),
             sources,
             counters,
             top,
+            shares,
             started_at,
         }
     }
@@ -69,6 +76,15 @@ impl Candidate {
     /// The candidate policy.
     pub fn policy(&self) -> &Arc<Policy> {
         &self.policy
+    }
+
+    /// The would-deny shares per value of `rule` (one of this candidate's rules), if it has a
+    /// table.
+    pub fn value_shares(&self, rule: &Rule) -> Option<Arc<ValueShares>> {
+        let own = self.policy.rules().get(rule.index)?;
+        (own.domain == rule.domain && own.name == rule.name)
+            .then(|| self.shares.get(rule.index).cloned().flatten())
+            .flatten()
     }
 
     /// The `(file name, text)` pairs it was compiled from.
@@ -115,10 +131,17 @@ impl Candidate {
         }
         self.counters
             .record(rule.index, Outcome::of(denied, rule.mode));
+        let shares = self.shares.get(rule.index).and_then(Option::as_ref);
+        let top = self.top.get(rule.index).filter(|_| denied);
+        if shares.is_none() && top.is_none() {
+            return;
+        }
         let text = super::describe::descriptor_text(descriptor);
-        crate::observe::shares::record_candidate(&self.hash, &rule.identity, text.as_str(), denied);
-        if denied && let Some(top) = self.top.get(rule.index) {
-            record_top_key(top, descriptor);
+        if let Some(shares) = shares {
+            shares.record(text.as_str(), denied);
+        }
+        if let Some(top) = top {
+            top.record(text.as_str(), 1);
         }
     }
 

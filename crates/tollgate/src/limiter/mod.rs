@@ -38,6 +38,7 @@ use crate::clock::{SharedClock, SystemClock};
 use crate::leases::HotKeys;
 use crate::metrics::Outcome;
 use crate::observe::TopEntry;
+use crate::observe::shares::ValueShares;
 use crate::policy::{Policy, Rule};
 use crate::resilience::{Posture, Postures};
 use crate::store::StoreBackend;
@@ -118,6 +119,12 @@ impl Limiter {
     /// (or since a policy change brought the rule in), or `None` if no such rule runs.
     pub fn top_keys(&self, domain: &str, rule: &str, n: usize) -> Option<Vec<TopEntry>> {
         self.snapshot.load().top_keys(domain, rule, n)
+    }
+
+    /// The would-deny shares per value of `rule` (a rule of the policy in force, a shadow rule
+    /// among the first [`MAX_RULES`](crate::observe::shares::MAX_RULES)), or `None`.
+    pub fn value_shares(&self, rule: &Rule) -> Option<Arc<ValueShares>> {
+        self.snapshot.load().value_shares(rule)
     }
 
     /// The policy in force.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::describe::descriptor_text;
 use super::request::RequestDescriptor;
 use crate::metrics::{Outcome, RuleCounters};
+use crate::observe::shares::{self, ValueShares};
 use crate::observe::{TopEntry, TopKeys};
 use crate::policy::{Policy, Rule, RuleMode};
 
@@ -20,6 +21,9 @@ pub(super) struct Snapshot {
     /// Per rule: the keys it denied (or would have, in shadow and soft mode) most often, since
     /// the process started (carried over policy changes that keep the rule, as the counters).
     pub top: Box<[Arc<TopKeys>]>,
+    /// Per rule: the would-deny share of each of its most frequent values, for shadow rules
+    /// (carried over as the top keys).
+    pub shares: Box<[Option<Arc<ValueShares>>]>,
 }
 
 impl Snapshot {
@@ -34,10 +38,17 @@ impl Snapshot {
             Some(p) => policy.carry_over(&p.policy, &p.top, fresh),
             None => policy.rules().iter().map(|_| fresh()).collect(),
         };
+        let carried = match previous {
+            Some(p) => policy.carry_over(&p.policy, &p.shares, || None),
+            None => policy.rules().iter().map(|_| None).collect(),
+        };
+        let shadow = policy.rules().iter().map(|r| r.mode == RuleMode::Shadow);
+        let shares = shares::tables(carried, shadow);
         Snapshot {
             policy: Arc::new(policy),
             counters,
             top,
+            shares,
         }
     }
 
@@ -51,10 +62,18 @@ impl Snapshot {
         Some(self.top.get(rule.index)?.top(n))
     }
 
+    /// The value shares of `rule` (one of this snapshot's rules), if it has a table.
+    pub fn value_shares(&self, rule: &Rule) -> Option<Arc<ValueShares>> {
+        let own = self.policy.rules().get(rule.index)?;
+        (own.domain == rule.domain && own.name == rule.name)
+            .then(|| self.shares.get(rule.index).cloned().flatten())
+            .flatten()
+    }
+
     /// Counts `outcome` of `rule` for `descriptor`: in the rule's counters (its checks' for a
     /// check), per descriptor when the rule has `detailed_metric` and this is not a check, and
     /// among its top keys when it is not an admission (a denied check throttles as much as a
-    /// denied charge).
+    /// denied charge), and in its value shares when it has a table and this is not a check.
     pub fn record_outcome(&self, rule: &Rule, descriptor: &RequestDescriptor, outcome: Outcome) {
         let check = descriptor.cost() == 0;
         if check {
@@ -62,23 +81,23 @@ impl Snapshot {
         } else {
             self.counters.record(rule.index, outcome);
         }
-        if rule.mode == RuleMode::Shadow && !check {
-            let hit = outcome != Outcome::Allowed;
-            crate::observe::shares::record(
-                &rule.identity,
-                descriptor_text(descriptor).as_str(),
-                hit,
-            );
-        }
+        let shares = self
+            .shares
+            .get(rule.index)
+            .and_then(Option::as_ref)
+            .filter(|_| !check);
         let detailed = rule.detailed_metric && !check;
         let top = self
             .top
             .get(rule.index)
             .filter(|_| outcome != Outcome::Allowed);
-        if !detailed && top.is_none() {
+        if shares.is_none() && !detailed && top.is_none() {
             return;
         }
         let text = descriptor_text(descriptor);
+        if let Some(shares) = shares {
+            shares.record(text.as_str(), outcome != Outcome::Allowed);
+        }
         if detailed {
             self.counters
                 .record_value(rule.index, text.as_str(), outcome);
@@ -98,10 +117,4 @@ pub(super) fn top_keys_per_rule(policy: &Policy) -> Box<[TopKeys]> {
 /// An empty table of one rule's top denied keys.
 fn top_keys() -> TopKeys {
     TopKeys::new(TOP_KEYS_PER_RULE)
-}
-
-/// Counts a denial of `descriptor` in `top`: one per denial, whatever its cost, since the
-/// listing ranks who was denied most often.
-pub(super) fn record_top_key(top: &TopKeys, descriptor: &RequestDescriptor) {
-    top.record(descriptor_text(descriptor).as_str(), 1);
 }

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use super::MAX_KEY_BYTES;
 
@@ -207,90 +207,29 @@ impl ValueShares {
     }
 }
 
-/// Most rules tracked in this process; decisions of rules past it are not tracked.
+/// Most rules given a table in one policy (and in one candidate): the first this many of the
+/// rules that want one, in policy order; the others are not tracked. A bound on memory: a full
+/// table holds [`SHARES_CAPACITY`] values of up to [`MAX_KEY_BYTES`] each.
 pub const MAX_RULES: usize = 1024;
 
-/// The tables of this process: per rule of the running policies (by rule identity: domain and
-/// descriptor path, so a rule keeps its table across reloads that keep its path), and per rule
-/// of the one shadow candidate (by its hash, a new candidate starting afresh).
-#[derive(Debug, Default)]
-struct Registry {
-    rules: Tables,
-    /// The candidate's hash and tables.
-    candidate: Option<(Box<str>, Tables)>,
-}
-
-/// Tables by rule identity.
-type Tables = HashMap<Box<str>, Arc<ValueShares>>;
-
-static REGISTRY: RwLock<Option<Registry>> = RwLock::new(None);
-
-fn table_for(
-    identity: &str,
-    find: impl Fn(&Registry) -> Option<Arc<ValueShares>>,
-    insert: impl FnOnce(&mut Registry) -> Option<&mut Tables>,
-) -> Option<Arc<ValueShares>> {
-    if let Some(found) = REGISTRY.read().as_ref().and_then(&find) {
-        return Some(found);
-    }
-    let mut registry = REGISTRY.write();
-    let registry = registry.get_or_insert_with(Registry::default);
-    if let Some(found) = find(registry) {
-        return Some(found);
-    }
-    let map = insert(registry)?;
-    if map.len() >= MAX_RULES {
-        return None;
-    }
-    let table = Arc::new(ValueShares::default());
-    map.insert(identity.into(), table.clone());
-    Some(table)
-}
-
-/// Counts one decision of a running rule (by its identity) for the value `key`.
-pub fn record(identity: &str, key: &str, hit: bool) {
-    let table = table_for(
-        identity,
-        |r| r.rules.get(identity).cloned(),
-        |r| Some(&mut r.rules),
-    );
-    if let Some(table) = table {
-        table.record(key, hit);
-    }
-}
-
-/// Counts one decision of the candidate `hash`'s rule (by its identity) for the value `key`;
-/// the tables of an earlier candidate are dropped.
-pub fn record_candidate(hash: &str, identity: &str, key: &str, hit: bool) {
-    let find = |r: &Registry| {
-        r.candidate
-            .as_ref()
-            .filter(|(h, _)| &**h == hash)
-            .and_then(|(_, rules)| rules.get(identity).cloned())
-    };
-    let table = table_for(identity, find, |r| {
-        if r.candidate.as_ref().is_none_or(|(h, _)| &**h != hash) {
-            r.candidate = Some((hash.into(), HashMap::new()));
-        }
-        r.candidate.as_mut().map(|(_, rules)| rules)
-    });
-    if let Some(table) = table {
-        table.record(key, hit);
-    }
-}
-
-/// The table of a running rule, if it recorded anything.
-pub fn of_rule(identity: &str) -> Option<Arc<ValueShares>> {
-    REGISTRY.read().as_ref()?.rules.get(identity).cloned()
-}
-
-/// The table of the candidate `hash`'s rule, if it recorded anything.
-pub fn of_candidate(hash: &str, identity: &str) -> Option<Arc<ValueShares>> {
-    let registry = REGISTRY.read();
-    let (h, rules) = registry.as_ref()?.candidate.as_ref()?;
-    (&**h == hash)
-        .then(|| rules.get(identity).cloned())
-        .flatten()
+/// Tables for a policy's rules, one slot per rule: for each rule that `wants` one (the first
+/// [`MAX_RULES`] of them), the table `carried` holds for it or a fresh one; `None` for the
+/// others.
+pub fn tables(
+    carried: impl IntoIterator<Item = Option<Arc<ValueShares>>>,
+    wants: impl IntoIterator<Item = bool>,
+) -> Box<[Option<Arc<ValueShares>>]> {
+    let mut given = 0;
+    carried
+        .into_iter()
+        .zip(wants)
+        .map(|(table, wants)| {
+            (wants && given < MAX_RULES).then(|| {
+                given += 1;
+                table.unwrap_or_default()
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -345,21 +284,19 @@ mod tests {
     }
 
     #[test]
-    fn the_registry_keeps_a_table_per_rule_and_one_candidate() {
-        record("test-rule-a", "tenant=acme", true);
-        record("test-rule-a", "tenant=acme", false);
-        record("test-rule-b", "tenant=acme", false);
-        let a = of_rule("test-rule-a").expect("recorded");
-        assert_eq!(a.get("tenant=acme").expect("tracked").share(), 0.5);
-        assert_eq!(of_rule("test-rule-b").expect("recorded").total(), 1);
-        record_candidate("hash-1", "test-rule-a", "tenant=x", true);
-        assert_eq!(
-            of_candidate("hash-1", "test-rule-a").expect("kept").total(),
-            1
-        );
-        record_candidate("hash-2", "test-rule-a", "tenant=x", false);
-        assert!(of_candidate("hash-1", "test-rule-a").is_none());
-        let second = of_candidate("hash-2", "test-rule-a").expect("kept");
-        assert_eq!(second.get("tenant=x").expect("tracked").hits, 0);
+    fn tables_go_to_the_first_rules_that_want_one_carrying_what_they_held() {
+        let held = Arc::new(ValueShares::default());
+        held.record("tenant=acme", true);
+        // Every even rule and rule 1 want one: MAX_RULES + 3 of them.
+        let n = 2 * MAX_RULES + 4;
+        let wants = (0..n).map(|i| i % 2 == 0 || i == 1);
+        let carried = (0..n).map(|i| (i == 0).then(|| held.clone()));
+        let tables = tables(carried, wants);
+        assert_eq!(tables.len(), n);
+        assert!(Arc::ptr_eq(tables[0].as_ref().expect("wanted"), &held));
+        assert_eq!(tables[1].as_ref().expect("wanted").total(), 0);
+        assert!(tables[3].is_none(), "not wanted");
+        assert_eq!(tables.iter().flatten().count(), MAX_RULES);
+        assert!(tables[n - 2].is_none(), "wanted, but past the cap");
     }
 }

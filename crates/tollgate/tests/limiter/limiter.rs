@@ -745,3 +745,45 @@ descriptors:
         "per_ip was charged"
     );
 }
+
+const SHADOW: &str = r#"
+domain: api
+descriptors:
+  - key: tenant
+    rate_limit: {name: per_tenant, unit: minute, requests_per_unit: 1}
+    shadow_mode: true
+"#;
+
+/// A shadow rule's would-deny shares per value belong to the limiter that decided them (two
+/// limiters in one process, as an embedded app beside tests, never mix their tables) and carry
+/// over a reload that keeps the rule.
+#[tokio::test]
+async fn value_shares_are_the_limiters_own_and_survive_a_reload() {
+    let (_, one) = limiter_with(Policy::from_yaml("a.yaml", SHADOW).unwrap());
+    let (_, other) = limiter_with(Policy::from_yaml("a.yaml", SHADOW).unwrap());
+    for _ in 0..4 {
+        one.check(&request(&[&[("tenant", "acme")]])).await.unwrap();
+    }
+    let shares_of = |limiter: &Limiter| {
+        let policy = limiter.policy();
+        limiter.value_shares(&policy.rules()[0])
+    };
+    let acme = shares_of(&one).expect("a shadow rule has a table");
+    let entry = acme.get("tenant=acme").expect("tracked");
+    // One admitted, three that the rule would have denied.
+    assert_eq!((entry.tracked(), entry.hits), (4, 3));
+    assert_eq!(shares_of(&other).expect("its own table").total(), 0);
+
+    one.replace_policy(Policy::from_yaml("a.yaml", SHADOW).unwrap());
+    let kept = shares_of(&one).expect("kept");
+    assert!(
+        Arc::ptr_eq(&kept, &acme),
+        "the reload keeps the rule's table"
+    );
+    let enforced = SHADOW.replace("    shadow_mode: true\n", "");
+    one.replace_policy(Policy::from_yaml("a.yaml", &enforced).unwrap());
+    assert!(
+        shares_of(&one).is_none(),
+        "an enforced rule keeps no shares"
+    );
+}

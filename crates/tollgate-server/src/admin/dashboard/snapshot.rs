@@ -8,8 +8,8 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Value, json};
 use tollgate::observe::history::{COLUMNS, Metrics, Quantiles, RuleSeries, ValueCounts};
-use tollgate::observe::shares::{self, ValueShares};
-use tollgate::policy::{Rule, RuleMode};
+use tollgate::observe::shares::ValueShares;
+use tollgate::policy::Rule;
 use tollgate::resilience::BreakerState;
 use tollgate::store::Store;
 
@@ -200,10 +200,7 @@ fn rule_json(
         "values": top_values,
         "rollup": rollup,
         "values_tracked": per_value.len(),
-        "sketch": (rule.mode == RuleMode::Shadow)
-            .then(|| shares::of_rule(&rule.identity))
-            .flatten()
-            .map(|t| sketch_json(&t)),
+        "sketch": state.admin.lifecycle.limiter().value_shares(rule).map(|t| sketch_json(&t)),
     })
 }
 
@@ -223,7 +220,7 @@ fn candidate_json(state: &DashboardState) -> Value {
                 .rules()
                 .iter()
                 .find(|rule| rule.domain == r.domain && rule.name == r.name)
-                .and_then(|rule| shares::of_candidate(candidate.hash(), &rule.identity))
+                .and_then(|rule| candidate.value_shares(rule))
                 .map(|t| sketch_json(&t));
             json!({
                 "domain": r.domain,
