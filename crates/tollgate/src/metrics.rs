@@ -188,6 +188,17 @@ impl RuleCounters {
         })
     }
 
+    /// Per descriptor value of a `detailed_metric` rule (by its index): its decisions per
+    /// outcome, in the order of the values. Copied out, so decisions do not wait for the caller.
+    pub fn values(&self, index: usize) -> Vec<(Box<str>, [u64; Outcome::ALL.len()])> {
+        let Some(slot) = self.counts.get(index) else {
+            return Vec::new();
+        };
+        let mut sorted: Vec<_> = slot.values.lock().clone().into_iter().collect();
+        sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        sorted
+    }
+
     /// Appends [`DECISIONS`], [`CHECKS`], [`DETAILED_DECISIONS`] and [`DEGRADED_DECISIONS`] in
     /// Prometheus text format.
     pub fn render(&self, policy: &Policy, out: &mut String) {
@@ -233,13 +244,7 @@ impl RuleCounters {
         );
         let mut family = text.family(DETAILED_DECISIONS, &help, Kind::Counter);
         for rule in policy.rules().iter().filter(|r| r.detailed_metric) {
-            let Some(slot) = self.counts.get(rule.index) else {
-                continue;
-            };
-            // Copied out, so that decisions do not wait for the formatting.
-            let mut sorted: Vec<_> = slot.values.lock().clone().into_iter().collect();
-            sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-            for (value, counts) in sorted {
+            for (value, counts) in self.values(rule.index) {
                 for outcome in Outcome::ALL.into_iter().filter(|o| counts[*o as usize] > 0) {
                     let labels = [
                         ("domain", rule.domain.as_str()),

@@ -38,6 +38,7 @@ use crate::clock::{SharedClock, SystemClock};
 use crate::leases::HotKeys;
 use crate::metrics::Outcome;
 use crate::observe::TopEntry;
+use crate::observe::history::Metrics;
 use crate::observe::shares::ValueShares;
 use crate::policy::{Policy, Rule};
 use crate::resilience::{Posture, Postures};
@@ -298,6 +299,11 @@ impl Limiter {
         self.telemetry
             .render_metrics(&snapshot, candidate, hot_keys, &self.store)
             .await
+    }
+
+    /// The counters the dashboard's history samples once a second, read without rendering.
+    pub fn sample_metrics(&self) -> Metrics {
+        self.telemetry.sample(&self.snapshot.load())
     }
 
     /// Count of `outcome` for `rule` in the current policy (for tests and summaries).

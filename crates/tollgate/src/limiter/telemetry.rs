@@ -12,7 +12,9 @@ use super::candidate::Candidate;
 use super::response::CheckResponse;
 use super::snapshot::Snapshot;
 use crate::leases::HotKeys;
+use crate::metrics::Outcome;
 use crate::observe::Histogram;
+use crate::observe::history::{COLUMNS, DEGRADED, Metrics, RuleCounts, ValueCounts, cumulative};
 use crate::resilience::Posture;
 use crate::store::{Store, StoreBackend, StoreError};
 
@@ -104,6 +106,52 @@ impl Telemetry {
         {
             self.fail_open.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// The counters the dashboard's history samples, read directly: no text is rendered and
+    /// the store is not asked anything (a key count on Redis is a call).
+    pub fn sample(&self, snapshot: &Snapshot) -> Metrics {
+        let (policy, counters) = (&snapshot.policy, &snapshot.counters);
+        let mut m = Metrics::default();
+        for rule in policy.rules() {
+            let mut counts = [0; COLUMNS.len()];
+            for outcome in Outcome::ALL {
+                counts[outcome as usize] = counters.get(rule.index, outcome);
+            }
+            if rule.limit.is_some() {
+                for posture in Posture::ALL {
+                    let count = counters.degraded(rule.index, posture);
+                    counts[DEGRADED] += count;
+                    m.degraded.push((
+                        rule.domain.clone(),
+                        rule.name.clone(),
+                        posture.name().to_owned(),
+                        count,
+                    ));
+                }
+            }
+            m.rules.push(RuleCounts {
+                domain: rule.domain.as_str().into(),
+                rule: rule.name.as_str().into(),
+                counts,
+            });
+            if rule.detailed_metric {
+                m.values.extend(counters.values(rule.index).into_iter().map(
+                    |(descriptor, counts)| ValueCounts {
+                        domain: rule.domain.clone(),
+                        rule: rule.name.clone(),
+                        descriptor: descriptor.into(),
+                        counts,
+                    },
+                ));
+            }
+        }
+        m.decision_latency = cumulative(&self.decision_latency);
+        m.store_latency = cumulative(&self.store_latency[0]);
+        m.requests = self.requests.load(Ordering::Relaxed);
+        m.store_errors = self.store_errors.load(Ordering::Relaxed);
+        m.fail_open = self.fail_open.load(Ordering::Relaxed);
+        m
     }
 
     /// Prometheus text for the decision counters and store gauges.
@@ -243,4 +291,66 @@ fn log_due(last: &AtomicU64, now: Timestamp) -> bool {
         && last
             .compare_exchange(then, now, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tollgate_core::Timestamp;
+
+    use crate::clock::ManualClock;
+    use crate::limiter::{CheckRequest, FailureSettings, Limiter, RequestDescriptor};
+    use crate::observe::history::Metrics;
+    use crate::policy::Policy;
+    use crate::store::{MemoryStore, StoreBackend};
+
+    const POLICY: &str = "domain: api
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, unit: minute, requests_per_unit: 2}
+    detailed_metric: true
+  - key: tenant
+    rate_limit: {name: per_tenant, unit: minute, requests_per_unit: 1, mode: shadow}
+  - key: burst
+    rate_limit: {name: soft_burst, unit: minute, requests_per_unit: 1, mode: soft}
+  - key: internal
+    rate_limit: {unlimited: true}
+";
+
+    /// What the sampler reads directly is what `/metrics` shows: the dashboard and Prometheus
+    /// never disagree.
+    #[tokio::test]
+    async fn the_sample_reads_what_the_metrics_text_shows() {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
+            1_700_000_040_000_000,
+        )));
+        let store = StoreBackend::Memory(MemoryStore::new(clock.clone()));
+        let policy = Policy::from_yaml("p.yaml", POLICY).unwrap();
+        let limiter =
+            Limiter::with_failure_settings(policy, store, FailureSettings::default(), clock);
+        for (key, value) in [
+            ("user", "alice"),
+            ("user", "alice"),
+            ("user", "alice"),
+            ("user", "bob"),
+            ("tenant", "acme"),
+            ("tenant", "acme"),
+            ("burst", "x"),
+            ("burst", "x"),
+            ("internal", "y"),
+        ] {
+            let entries = vec![(key.to_owned(), value.to_owned())];
+            let descriptor = RequestDescriptor::new(entries, 1, None).unwrap();
+            let request = CheckRequest::new("api".into(), vec![descriptor]).unwrap();
+            limiter.check(&request).await.unwrap();
+        }
+        let sampled = limiter.sample_metrics();
+        assert_eq!(sampled, Metrics::parse(&limiter.render_metrics().await));
+        // And the sample is not empty: alice's third was denied, counted per value.
+        let alice = sampled.values.iter().find(|v| v.descriptor == "user=alice");
+        assert_eq!(alice.map(|v| v.counts), Some([2, 1, 0, 0]));
+        assert_eq!(sampled.requests, 9);
+        assert_eq!(sampled.rules.len(), 4);
+    }
 }

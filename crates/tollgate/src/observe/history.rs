@@ -1,8 +1,8 @@
 //! A few minutes of per-rule decision counts, one sample a second, for the admin dashboard.
 //!
 //! Decisions are never touched: a background sampler reads the counters that already exist
-//! (the limiter's rendered metrics, see [`Metrics::parse`]) once per interval and pushes one
-//! [`Sample`] into a ring of at most [`History::capacity`] samples. A rate is the difference of
+//! (`Limiter::sample_metrics`: the counters behind `/metrics`, not its text) once per interval
+//! and pushes one [`Sample`] into a ring of at most [`History::capacity`] samples. A rate is the difference of
 //! two consecutive samples over the time between them, so the cost per decision stays the one
 //! atomic add the counters already make, and memory is bounded by the ring's length times the
 //! policy's rules.
@@ -25,7 +25,7 @@ pub const COLUMNS: [&str; 5] = [
 ];
 
 /// Index of the degraded column in [`COLUMNS`].
-const DEGRADED: usize = 4;
+pub const DEGRADED: usize = 4;
 
 /// One rule's counters at one instant, counted since the process started.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,7 +55,7 @@ pub struct ValueCounts {
 /// last bound infinite.
 pub type Buckets = Vec<(f64, u64)>;
 
-/// What a [`Metrics::parse`] of the rendered metrics holds.
+/// The counters the dashboard shows, at one instant.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Metrics {
     /// Per rule, in rendering order.
@@ -76,9 +76,24 @@ pub struct Metrics {
     pub fail_open: u64,
 }
 
+/// `histogram`'s buckets as [`Buckets`]: cumulative, each with its upper bound.
+pub fn cumulative(histogram: &super::Histogram) -> Buckets {
+    use super::prometheus::Distribution;
+    let mut below = 0;
+    histogram
+        .buckets()
+        .map(|(bound, count)| {
+            below += count;
+            (bound.unwrap_or(f64::INFINITY), below)
+        })
+        .collect()
+}
+
+#[cfg(test)]
 /// The labels of one sample line, unescaped, in order: `(name, value)`.
 type Labels<'a> = Vec<(&'a str, String)>;
 
+#[cfg(test)]
 /// The labels of one sample line.
 fn labels(text: &str) -> Option<Labels<'_>> {
     let mut out = Vec::new();
@@ -106,6 +121,7 @@ fn labels(text: &str) -> Option<Labels<'_>> {
     }
 }
 
+#[cfg(test)]
 /// A sample line split into its name, labels and value.
 fn line(text: &str) -> Option<(&str, Labels<'_>, f64)> {
     let (series, value) = text.rsplit_once(' ')?;
@@ -116,6 +132,7 @@ fn line(text: &str) -> Option<(&str, Labels<'_>, f64)> {
     }
 }
 
+#[cfg(test)]
 fn label<'a>(labels: &'a [(&str, String)], name: &str) -> &'a str {
     labels
         .iter()
@@ -123,10 +140,12 @@ fn label<'a>(labels: &'a [(&str, String)], name: &str) -> &'a str {
         .map_or("", |(_, v)| v.as_str())
 }
 
+#[cfg(test)]
 fn outcome_column(outcome: &str) -> Option<usize> {
     COLUMNS[..4].iter().position(|c| *c == outcome)
 }
 
+#[cfg(test)]
 fn bound(le: &str) -> f64 {
     if le == "+Inf" {
         f64::INFINITY
@@ -135,9 +154,11 @@ fn bound(le: &str) -> f64 {
     }
 }
 
+#[cfg(test)]
 impl Metrics {
     /// Reads the series the dashboard shows out of the Prometheus text the limiter renders
-    /// (`Limiter::render_metrics`); other lines are skipped.
+    /// (`Limiter::render_metrics`); other lines are skipped. The sampler reads the counters
+    /// directly (`Limiter::sample_metrics`); this reading of the text checks that both agree.
     pub fn parse(text: &str) -> Metrics {
         let mut m = Metrics::default();
         for text in text.lines().filter(|l| !l.starts_with('#')) {

@@ -1,12 +1,13 @@
 //! The background duty filling the dashboard's history: once per [`SAMPLE_EVERY`], the
-//! limiter's counters are rendered and pushed into the ring, whether or not anyone looks.
+//! limiter's counters are read (not rendered) and pushed into the ring, whether or not anyone
+//! looks.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tollgate::lifecycle::Lifecycle;
-use tollgate::observe::history::{History, Metrics, Sample};
+use tollgate::observe::history::{History, Sample};
 
 /// Time between two samples.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
@@ -24,9 +25,9 @@ pub async fn sample_forever(
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                let text = lifecycle.limiter().render_metrics().await;
-                let now_ms = lifecycle.limiter().clock().now().as_micros() / 1000;
-                history.push(Sample::of(Metrics::parse(&text), now_ms));
+                let limiter = lifecycle.limiter();
+                let now_ms = limiter.clock().now().as_micros() / 1000;
+                history.push(Sample::of(limiter.sample_metrics(), now_ms));
             }
             changed = stop.changed() => {
                 if changed.is_err() || *stop.borrow() {

@@ -250,7 +250,7 @@ pub(super) async fn snapshot(
     Extension(role): Extension<Role>,
 ) -> Response {
     let limiter = state.admin.lifecycle.limiter().clone();
-    let metrics = Metrics::parse(&limiter.render_metrics().await);
+    let metrics = limiter.sample_metrics();
     let series = state.history.series();
     let policy = limiter.policy();
     let rules: Vec<Value> = policy
