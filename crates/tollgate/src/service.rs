@@ -151,7 +151,7 @@ impl ServiceBuilder {
                 Err(e) => {
                     // A TLS client waits for a TLS answer a plaintext server never sends: all
                     // it sees is time running out.
-                    let tls_silence = self.store.uses_tls() && e.to_string().contains("deadline");
+                    let tls_silence = self.store.uses_tls() && matches!(e, StoreError::TimedOut(_));
                     let hint = if tls_silence {
                         " (the URL asks for TLS: does the server speak it?)"
                     } else {

@@ -110,6 +110,11 @@ pub enum StoreError {
     /// succeed.
     #[error("store unavailable, not called: {0}")]
     NotCalled(String),
+    /// The call was sent and no answer came before its deadline: a store that is down or
+    /// overloaded, or one that never answers this client at all (a plaintext server to a TLS
+    /// client). The call may have been applied. A retry may succeed.
+    #[error("store did not answer in time: {0}")]
+    TimedOut(String),
     /// The backend answered something we cannot use (for example a foreign value at our key).
     #[error("store returned invalid data: {0}")]
     InvalidData(String),
@@ -134,7 +139,7 @@ impl StoreError {
     /// Whether retrying later may succeed.
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Unavailable(_) | StoreError::NotCalled(_) => true,
+            StoreError::Unavailable(_) | StoreError::NotCalled(_) | StoreError::TimedOut(_) => true,
             StoreError::Partly { cause, .. } => cause.is_transient(),
             StoreError::InvalidData(_) | StoreError::InvalidOptions(_) => false,
         }
@@ -276,7 +281,7 @@ impl StoreBackend {
             }
             return Ok(());
         }
-        Err(last.unwrap_or_else(|| StoreError::Unavailable(format!("no answer within {within:?}"))))
+        Err(last.unwrap_or_else(|| StoreError::TimedOut(format!("no answer within {within:?}"))))
     }
 
     /// The memory store, if that is the backend: it answers in place, and has its own sweep.

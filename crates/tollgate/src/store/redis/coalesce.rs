@@ -385,7 +385,7 @@ async fn send(driving: &Driving, batch: Vec<Job>, now: NowArg, deadline: Deadlin
         Err(Unanswered::Stalled) => {
             // Dropping the permits unreported counts a failure for each.
             drop(permits);
-            let error = StoreError::Unavailable(format!("{node}: deadline exceeded"));
+            let error = StoreError::TimedOut(format!("{node}: deadline exceeded"));
             for job in batch {
                 let _ = job.reply.send(Err(error.clone()));
             }

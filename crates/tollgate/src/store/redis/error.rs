@@ -10,6 +10,11 @@ pub(super) fn unavailable(context: &str, e: impl std::fmt::Display) -> StoreErro
     StoreError::Unavailable(format!("{context}: {e}"))
 }
 
+/// A call in `context` that got no answer before its deadline.
+pub(super) fn timed_out(context: &str, what: &str) -> StoreError {
+    StoreError::TimedOut(format!("{context}: {what}"))
+}
+
 /// A Redis client error as a store error.
 pub(super) fn store_error(e: redis::RedisError) -> StoreError {
     if matches!(e.kind(), ErrorKind::UnexpectedReturnType | ErrorKind::Parse) {

@@ -59,7 +59,7 @@ pub use self::breaker::{Breaker, BreakerConfig, BreakerState, Permit};
 use self::cluster::ClusterRouter;
 pub use self::coalesce::CoalesceOptions;
 use self::coalesce::{Coalescer, Limits, Request};
-use self::error::{store_error, unavailable};
+use self::error::{store_error, timed_out, unavailable};
 pub use self::now::LATE_SLACK;
 use self::now::{NowSource, ServerClock};
 pub use self::options::{
@@ -390,7 +390,7 @@ impl RedisStore {
                 Err(Some(redirect)) => redirect,
                 Err(None) => {
                     if Instant::now() >= deadline.at {
-                        return Err(unavailable(&node, "deadline exceeded (slot migrating)"));
+                        return Err(timed_out(&node, "deadline exceeded (slot migrating)"));
                     }
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     // From the owner again: an `ASK` that led to the `TRYAGAIN` is no
@@ -444,7 +444,7 @@ impl RedisStore {
                 answer
             }
             // Dropped unreported: a failure.
-            Err(Unanswered::Stalled) => Err(unavailable(node, "deadline exceeded")),
+            Err(Unanswered::Stalled) => Err(timed_out(node, "deadline exceeded")),
             Err(Unanswered::TooLong) => {
                 permit.release();
                 Err(self.shed.shed(ShedReason::WaitedTooLong))
@@ -594,7 +594,7 @@ async fn within<T>(
 ) -> Result<T, StoreError> {
     match tokio::time::timeout_at(deadline, work).await {
         Ok(result) => result,
-        Err(_) => Err(unavailable(what, "deadline exceeded")),
+        Err(_) => Err(timed_out(what, "deadline exceeded")),
     }
 }
 
