@@ -4,6 +4,7 @@ mod decode;
 mod encode;
 mod health;
 mod metadata;
+mod upstream_headers;
 
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ use crate::{ApiError, Decide};
 pub use decode::decode_request;
 pub use encode::encode_response;
 pub use health::HealthService;
+pub use upstream_headers::UpstreamHeaders;
 
 /// The RLS service over a shared decider: a [`tollgate::limiter::Limiter`], or
 /// [`crate::AllowAll`] for the no-op ceiling server.
@@ -29,6 +31,7 @@ pub struct RlsService<D> {
     decider: Arc<D>,
     x_ratelimit: bool,
     dynamic_metadata: bool,
+    upstream_headers: Option<Arc<UpstreamHeaders>>,
 }
 
 impl<D> Clone for RlsService<D> {
@@ -37,6 +40,7 @@ impl<D> Clone for RlsService<D> {
             decider: self.decider.clone(),
             x_ratelimit: self.x_ratelimit,
             dynamic_metadata: self.dynamic_metadata,
+            upstream_headers: self.upstream_headers.clone(),
         }
     }
 }
@@ -48,7 +52,16 @@ impl<D: Decide> RlsService<D> {
             decider,
             x_ratelimit: true,
             dynamic_metadata: false,
+            upstream_headers: None,
         }
+    }
+
+    /// Sends envoyproxy/ratelimit's three response headers, named `names`, in place of
+    /// tollgate's rate-limit headers (see [`UpstreamHeaders`]); its degraded and soft-exceeded
+    /// markers are still sent.
+    pub fn with_upstream_headers(mut self, names: UpstreamHeaders) -> Self {
+        self.upstream_headers = Some(Arc::new(names));
+        self
     }
 
     /// Sends `dynamic_metadata` in every answer, shaped as envoyproxy/ratelimit's with
@@ -96,6 +109,13 @@ impl<D: Decide> RateLimitService for RlsService<D> {
         match self.decider.decide(&check).await {
             Ok(decided) => {
                 let mut wire = encode_response(&decided, self.x_ratelimit);
+                if let Some(names) = &self.upstream_headers {
+                    // tollgate's markers stay; its rate-limit headers give way to upstream's.
+                    wire.response_headers_to_add
+                        .retain(|h| h.key == DEGRADED || h.key == SOFT_EXCEEDED);
+                    let upstream = names.for_statuses(&wire.statuses);
+                    wire.response_headers_to_add.extend(upstream);
+                }
                 wire.dynamic_metadata = echo.map(|echo| echo.into_metadata(&decided));
                 let mut response = Response::new(wire);
                 // tollgate's own markers also travel as gRPC metadata, for callers that read it
