@@ -8,7 +8,7 @@
 //! | `ANY /v1/authorize` | forward auth for nginx `auth_request`: `200` allowed, `403` denied (see [`authorize`]) |
 //! | `GET /healthz` | the process is up |
 //! | `GET /readyz` | a policy is loaded (`ready`, or `ready (degraded)` while the store does not answer and the failure postures do) |
-//! | `GET /healthcheck` | the same as `/readyz`, at envoyproxy/ratelimit's path |
+//! | `GET /healthcheck` | envoyproxy/ratelimit's probe: `200 OK` while running (the store down too), `500` once the shutdown began (see [`Healthcheck`]) |
 //! | `GET /metrics` | Prometheus text |
 
 pub mod authorize;
@@ -16,6 +16,7 @@ mod body;
 mod check;
 mod envoy_json;
 mod explain;
+mod healthcheck;
 mod ops;
 mod respond;
 
@@ -34,6 +35,7 @@ pub use tollgate::limiter::MAX_BODY;
 
 pub(crate) use self::body::Body;
 pub use self::body::body_too_slow;
+pub use self::healthcheck::Healthcheck;
 
 use self::authorize::{AuthorizeMapping, AuthorizeState};
 
@@ -44,9 +46,20 @@ pub fn router(lifecycle: Arc<Lifecycle>) -> Router {
 }
 
 /// The decision routes; `/v1/authorize` checks requests through `authorize` when given.
+/// `/healthcheck` stays healthy while the process runs (see [`router_with`]).
 pub fn router_with_authorize(
     lifecycle: Arc<Lifecycle>,
     authorize: Option<AuthorizeMapping>,
+) -> Router {
+    router_with(lifecycle, authorize, Healthcheck::always())
+}
+
+/// The decision routes, with `/v1/authorize` through `authorize` when given and
+/// `/healthcheck` answering what `health` says.
+pub fn router_with(
+    lifecycle: Arc<Lifecycle>,
+    authorize: Option<AuthorizeMapping>,
+    health: Healthcheck,
 ) -> Router {
     let limiter = lifecycle.limiter().clone();
     let metrics = Router::new()
@@ -64,9 +77,9 @@ pub fn router_with_authorize(
         .route("/json", post(envoy_json::check))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
-        .route("/healthcheck", get(ops::readyz))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(limiter)
+        .merge(health.router())
         .merge(metrics)
         .merge(forward_auth);
     json_fallbacks(router)
