@@ -5,6 +5,7 @@
 //! - [`http`]: serves `POST /v1/check`, `POST /json` (envoyproxy/ratelimit's proto3-JSON),
 //!   `/v1/authorize` (nginx forward auth), `POST /v1/explain` (no charge), health and Prometheus
 //!   metrics.
+//! - [`debug`]: the read-only debug listener (`/rlconfig`).
 //! - [`admin`]: the admin API (policy versions, candidates, overrides, top keys).
 //! - [`listen`]: the listeners that serve them, with the connection hardening (read deadlines,
 //!   keepalive, HTTP/2 preface deadline, TLS, drain counts).
@@ -15,6 +16,7 @@
 
 pub mod admin;
 mod api_error;
+pub mod debug;
 mod decide;
 pub mod grpc;
 pub mod headers;
