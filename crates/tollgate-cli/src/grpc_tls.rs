@@ -13,14 +13,29 @@ pub struct GrpcTlsArgs {
     /// PEM certificate chain served on the gRPC port (with `--grpc-tls-key`); without it gRPC
     /// is plaintext. The files are checked every `--watch-interval`: a renewed certificate is
     /// served to new connections without a restart.
-    #[arg(long, value_name = "PATH", requires = "grpc_tls_key")]
+    #[arg(
+        long,
+        env = "TOLLGATE_GRPC_TLS_CERT",
+        value_name = "PATH",
+        requires = "grpc_tls_key"
+    )]
     grpc_tls_cert: Option<PathBuf>,
     /// PEM private key of `--grpc-tls-cert`.
-    #[arg(long, value_name = "PATH", requires = "grpc_tls_cert")]
+    #[arg(
+        long,
+        env = "TOLLGATE_GRPC_TLS_KEY",
+        value_name = "PATH",
+        requires = "grpc_tls_cert"
+    )]
     grpc_tls_key: Option<PathBuf>,
     /// PEM CA certificate(s): every gRPC client must present a certificate one of them signed
     /// (mutual TLS); others are refused during the handshake.
-    #[arg(long, value_name = "PATH", requires = "grpc_tls_cert")]
+    #[arg(
+        long,
+        env = "TOLLGATE_GRPC_TLS_CLIENT_CA",
+        value_name = "PATH",
+        requires = "grpc_tls_cert"
+    )]
     grpc_tls_client_ca: Option<PathBuf>,
 }
 

@@ -33,14 +33,24 @@ const CUT_EXIT_CODE: u8 = 3;
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Policy file, or a directory of `*.yaml` / `*.yml` files.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, env = "TOLLGATE_CONFIG", value_name = "PATH")]
     config: PathBuf,
     /// Address of the HTTP/JSON API (`/v1/check`, `/v1/explain`, `/json`, `/v1/authorize`,
     /// `/healthz`, `/readyz`, `/healthcheck`, `/metrics`).
-    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
+    #[arg(
+        long,
+        env = "TOLLGATE_HTTP_ADDR",
+        default_value = "127.0.0.1:8080",
+        value_name = "ADDR"
+    )]
     http_addr: SocketAddr,
     /// Address of the Envoy RLS v3 gRPC service.
-    #[arg(long, default_value = "127.0.0.1:8081", value_name = "ADDR")]
+    #[arg(
+        long,
+        env = "TOLLGATE_GRPC_ADDR",
+        default_value = "127.0.0.1:8081",
+        value_name = "ADDR"
+    )]
     grpc_addr: SocketAddr,
     /// Where counters live: `memory` (embedded, the default), `redis://[user:pass@]host:port[/db]`,
     /// `rediss://...` (TLS), or `redis+cluster://host:port[,host:port...]`.
@@ -57,88 +67,103 @@ pub struct ServeArgs {
     /// Deadline of every Redis call from when it is sent; keep it well under Envoy's 20 ms
     /// request timeout. A call past it fails (the failure posture answers) unless Redis is
     /// answering other calls meanwhile: then it is busy, not failing, and the call waits on.
-    #[arg(long, default_value = "10ms", value_parser = humantime_duration, value_name = "DURATION")]
+    #[arg(long, env = "TOLLGATE_STORE_TIMEOUT", default_value = "10ms", value_parser = humantime_duration, value_name = "DURATION")]
     store_timeout: Duration,
     /// The most a decision waits for Redis in all (tollgate's queue, the in-flight cap, a busy
     /// Redis); past it the failure posture answers for load (tollgate_store_shed_total).
-    #[arg(long, default_value = "5s", value_parser = humantime_duration, value_name = "DURATION")]
+    #[arg(long, env = "TOLLGATE_STORE_MAX_WAIT", default_value = "5s", value_parser = humantime_duration, value_name = "DURATION")]
     store_max_wait: Duration,
     /// Time allowed to open a Redis connection.
-    #[arg(long, default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
+    #[arg(long, env = "TOLLGATE_STORE_CONNECT_TIMEOUT", default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
     store_connect_timeout: Duration,
     /// Decisions sent to Redis at once; more wait their turn (on one server, joining larger
     /// batches), up to --store-max-wait.
-    #[arg(long, default_value_t = 1024, value_parser = positive::<usize>, value_name = "N")]
+    #[arg(long, env = "TOLLGATE_STORE_MAX_IN_FLIGHT", default_value_t = 1024, value_parser = positive::<usize>, value_name = "N")]
     store_max_in_flight: usize,
     /// Single Redis server: most concurrent decisions sent in one script call (coalescing);
     /// 0 sends one call per decision.
-    #[arg(long, default_value_t = CoalesceOptions::default().max_batch, value_name = "N")]
+    #[arg(long, env = "TOLLGATE_STORE_BATCH", default_value_t = CoalesceOptions::default().max_batch, value_name = "N")]
     store_batch: usize,
     /// How long a decision waits for others to share its script call; 0 sends at once what is
     /// queued (batches still form while earlier ones are out). Timers tick in milliseconds.
-    #[arg(long, default_value = "0s", value_parser = any_duration, value_name = "DURATION")]
+    #[arg(long, env = "TOLLGATE_STORE_BATCH_WINDOW", default_value = "0s", value_parser = any_duration, value_name = "DURATION")]
     store_batch_window: Duration,
     /// Batched script calls outstanding at once per Redis server.
-    #[arg(long, default_value_t = CoalesceOptions::default().in_flight, value_parser = positive::<usize>, value_name = "N")]
+    #[arg(long, env = "TOLLGATE_STORE_BATCHES_IN_FLIGHT", default_value_t = CoalesceOptions::default().in_flight, value_parser = positive::<usize>, value_name = "N")]
     store_batches_in_flight: usize,
     /// Failure posture of limits without `on_store_error`: open (allow, marked degraded),
     /// closed (deny as unavailable, HTTP 503) or local (in-process with `--local-share`).
-    #[arg(long, default_value = "open", value_name = "POSTURE")]
+    #[arg(
+        long,
+        env = "TOLLGATE_ON_STORE_ERROR",
+        default_value = "open",
+        value_name = "POSTURE"
+    )]
     on_store_error: Posture,
     /// Share of each limit enforced in-process by the `local` posture, for limits without
     /// `local_share` (e.g. 0.25 with four replicas).
-    #[arg(long, default_value_t = 1.0, value_parser = share, value_name = "FRACTION")]
+    #[arg(long, env = "TOLLGATE_LOCAL_SHARE", default_value_t = 1.0, value_parser = share, value_name = "FRACTION")]
     local_share: f64,
     /// Consecutive store failures that open a node's circuit breaker.
-    #[arg(long, default_value_t = 5, value_parser = positive::<u32>, value_name = "N")]
+    #[arg(long, env = "TOLLGATE_BREAKER_FAILURES", default_value_t = 5, value_parser = positive::<u32>, value_name = "N")]
     breaker_failures: u32,
     /// How long an open breaker refuses calls before it lets a probe through.
-    #[arg(long, default_value = "500ms", value_parser = humantime_duration, value_name = "DURATION")]
+    #[arg(long, env = "TOLLGATE_BREAKER_OPEN_FOR", default_value = "500ms", value_parser = humantime_duration, value_name = "DURATION")]
     breaker_open_for: Duration,
     /// Address of the admin API (policy versions, push, rollback, reload, overrides). Loopback
     /// by default; any other address requires a token.
-    #[arg(long, default_value = "127.0.0.1:9090", value_name = "ADDR")]
+    #[arg(
+        long,
+        env = "TOLLGATE_ADMIN_ADDR",
+        default_value = "127.0.0.1:9090",
+        value_name = "ADDR"
+    )]
     admin_addr: SocketAddr,
     /// File holding the admin bearer token (or set `TOLLGATE_ADMIN_TOKEN`). When set, every
     /// admin request needs `Authorization: Bearer TOKEN`.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, env = "TOLLGATE_ADMIN_TOKEN_FILE", value_name = "PATH")]
     admin_token_file: Option<PathBuf>,
     /// File holding a read-only token for the dashboard (or set `TOLLGATE_ADMIN_READ_TOKEN`):
     /// it reads the dashboard's data, never changes anything. Needs `--admin-token-file`.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, env = "TOLLGATE_ADMIN_READ_TOKEN_FILE", value_name = "PATH")]
     admin_read_token_file: Option<PathBuf>,
     /// How often the config path (and the gRPC TLS files) are checked for changes (content
     /// hash; survives editors' rename-and-replace and Kubernetes ConfigMap symlink swaps). `0s`
     /// disables watching; SIGHUP and `POST /v1/admin/reload` still reload the policy. At least
     /// 100ms.
-    #[arg(long, default_value = "1s", value_parser = watch_duration, value_name = "DURATION")]
+    #[arg(long, env = "TOLLGATE_WATCH_INTERVAL", default_value = "1s", value_parser = watch_duration, value_name = "DURATION")]
     watch_interval: Duration,
     /// With a Redis store: how often a replica checks for a policy another replica published.
-    #[arg(long, default_value = "500ms", value_parser = humantime_duration, value_name = "DURATION")]
+    #[arg(long, env = "TOLLGATE_POLICY_SYNC_INTERVAL", default_value = "500ms", value_parser = humantime_duration, value_name = "DURATION")]
     policy_sync_interval: Duration,
     /// Log format: `text` or `json`.
-    #[arg(long, default_value = "text", value_parser = ["text", "json"], value_name = "FORMAT")]
+    #[arg(long, env = "TOLLGATE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"], value_name = "FORMAT")]
     log_format: String,
     /// Enables forward auth for nginx `auth_request` on the HTTP listener (`/v1/authorize`):
     /// every forwarded request is checked in this domain. Without it the endpoint answers 404.
     /// Needs at least one `--authorize-descriptor` (without one it would allow everything).
-    #[arg(long, value_name = "DOMAIN", requires = "authorize_descriptor", value_parser = domain_name)]
+    #[arg(long, env = "TOLLGATE_AUTHORIZE_DOMAIN", value_name = "DOMAIN", requires = "authorize_descriptor", value_parser = domain_name)]
     authorize_domain: Option<String>,
     /// One descriptor built from each `/v1/authorize` request (repeatable; all go in ONE check):
     /// comma-separated `descriptor_key=SOURCE` entries, SOURCE being `header:NAME`, `client_ip`
     /// (first `X-Forwarded-For` address, else `X-Real-IP`), `method` (`X-Original-Method`) or
     /// `path` (path of `X-Original-URI`). A descriptor with a missing source is skipped; with
     /// none left the request is allowed. Example: `api_key=header:x-api-key,path=path`.
-    #[arg(long, value_name = "KEY=SOURCE,...", requires = "authorize_domain")]
+    #[arg(
+        long,
+        env = "TOLLGATE_AUTHORIZE_DESCRIPTOR",
+        value_name = "KEY=SOURCE,...",
+        requires = "authorize_domain"
+    )]
     authorize_descriptor: Vec<DescriptorMapping>,
     /// Do not remember the shared store's denials (the prefilter answers a key denied until
     /// its retry-after without calling Redis; see the README).
-    #[arg(long)]
+    #[arg(long, env = "TOLLGATE_NO_PREFILTER")]
     no_prefilter: bool,
     /// Leave X-RateLimit-Limit, -Remaining and -Reset out of gRPC answers'
     /// `response_headers_to_add`, for an Envoy that adds its own (`enable_x_ratelimit_headers`,
     /// as Envoy Gateway sets it); RateLimit, RateLimit-Policy and Retry-After are still sent.
-    #[arg(long)]
+    #[arg(long, env = "TOLLGATE_NO_RLS_X_RATELIMIT_HEADERS")]
     no_rls_x_ratelimit_headers: bool,
     /// Send `dynamic_metadata` in gRPC answers, as envoyproxy/ratelimit does with
     /// `RESPONSE_DYNAMIC_METADATA=true`: the request's domain, descriptors and hits, and the
@@ -146,35 +171,35 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_RLS_DYNAMIC_METADATA")]
     rls_dynamic_metadata: bool,
     /// How often expired counters are dropped from the in-memory store.
-    #[arg(long, default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
+    #[arg(long, env = "TOLLGATE_SWEEP_INTERVAL", default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
     sweep_interval: Duration,
     /// Most keys the in-memory store holds (about 150 bytes each, more for a sliding log's):
     /// past it a request that needs a new key takes its failure posture, so a flood of new
     /// keys cannot grow the process until it is killed. The `local` posture's store holds as
     /// many at most; past that, a new key is allowed uncounted.
-    #[arg(long, default_value_t = DEFAULT_MEMORY_MAX_KEYS, value_parser = positive::<usize>, value_name = "N")]
+    #[arg(long, env = "TOLLGATE_MEMORY_MAX_KEYS", default_value_t = DEFAULT_MEMORY_MAX_KEYS, value_parser = positive::<usize>, value_name = "N")]
     memory_max_keys: usize,
     /// On SIGTERM or Ctrl-C, how long requests in flight may take to finish before the
     /// connections still open are closed (a client that never answers the server's goodbye
     /// would otherwise hold the shutdown forever). A second signal stops at once. The exit
     /// status is 0 after a complete drain, 3 after one cut short either way.
-    #[arg(long, default_value = "10s", value_parser = any_duration, value_name = "DURATION")]
+    #[arg(long, env = "TOLLGATE_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = any_duration, value_name = "DURATION")]
     shutdown_timeout: Duration,
     /// gRPC connections idle this long get an HTTP/2 ping, and are closed when it goes
     /// unanswered for `--grpc-keepalive-timeout`: a client that vanished (a partition, a NAT
     /// that forgot the connection) does not hold one forever. `0s` disables the pings.
-    #[arg(long, default_value = "60s", value_parser = any_duration, value_name = "DURATION")]
+    #[arg(long, env = "TOLLGATE_GRPC_KEEPALIVE", default_value = "60s", value_parser = any_duration, value_name = "DURATION")]
     grpc_keepalive: Duration,
     /// How long a gRPC keepalive ping may go unanswered; also how long a new gRPC connection
     /// may take to send HTTP/2's preface, after its TLS handshake if any (the pings start only
     /// after the preface).
-    #[arg(long, default_value = "20s", value_parser = humantime_duration, value_name = "DURATION")]
+    #[arg(long, env = "TOLLGATE_GRPC_KEEPALIVE_TIMEOUT", default_value = "20s", value_parser = humantime_duration, value_name = "DURATION")]
     grpc_keepalive_timeout: Duration,
     /// How long an HTTP connection (API and admin) waits for its client: for a request's
     /// headers after it opens or after its previous answer (so a keep-alive connection idle
     /// this long is closed), then again for the body (`408` after it), and for the client to
     /// take its answer. A client sending half a request, or a byte at a time, is closed.
-    #[arg(long, default_value = "60s", value_parser = humantime_duration, value_name = "DURATION")]
+    #[arg(long, env = "TOLLGATE_HTTP_READ_TIMEOUT", default_value = "60s", value_parser = humantime_duration, value_name = "DURATION")]
     http_read_timeout: Duration,
     #[command(flatten)]
     grpc_tls: GrpcTlsArgs,
