@@ -15,7 +15,7 @@ use tollgate::policy::Policy;
 use tollgate::resilience::{BreakerConfig, Posture};
 use tollgate::service::{BuildError, Service, Upkeep};
 use tollgate::store::{CoalesceOptions, RedisOptions, StoreUrl};
-use tollgate_server::grpc::{HealthService, RlsService};
+use tollgate_server::grpc::{HealthService, RlsService, UpstreamHeaders};
 use tollgate_server::http::authorize::{AuthorizeMapping, DescriptorMapping};
 use tollgate_server::listen::{
     Drained, Open, Peer, bind, counted, grpc_accepted, grpc_server, preface_within, serve_http,
@@ -139,6 +139,10 @@ pub struct ServeArgs {
     /// Log format: `text` or `json`.
     #[arg(long, env = "TOLLGATE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"], value_name = "FORMAT")]
     log_format: String,
+    /// Least severe log level written: `trace`, `debug`, `info`, `warn` or `error`. `RUST_LOG`,
+    /// when set, takes its place (it can also set levels per module).
+    #[arg(long, env = "TOLLGATE_LOG_LEVEL", default_value = "info", value_parser = ["trace", "debug", "info", "warn", "error"], value_name = "LEVEL")]
+    log_level: String,
     /// Enables forward auth for nginx `auth_request` on the HTTP listener (`/v1/authorize`):
     /// every forwarded request is checked in this domain. Without it the endpoint answers 404.
     /// Needs at least one `--authorize-descriptor` (without one it would allow everything).
@@ -170,6 +174,26 @@ pub struct ServeArgs {
     /// merged policy `metadata` of every limit that admitted. Off by default.
     #[arg(long, env = "TOLLGATE_RLS_DYNAMIC_METADATA")]
     rls_dynamic_metadata: bool,
+    /// Answer gRPC checks with envoyproxy/ratelimit's three response headers instead of
+    /// tollgate's (as its `LIMIT_RESPONSE_HEADERS_ENABLED=true`): the limit, remaining count and
+    /// seconds to reset of the descriptor closest to its limit (an over-limit one first), on OK
+    /// and OVER_LIMIT answers alike; named by `--rls-header-limit`, `-remaining`, `-reset`.
+    #[arg(long, env = "TOLLGATE_RLS_UPSTREAM_HEADERS")]
+    rls_upstream_headers: bool,
+    /// Name of the limit header `--rls-upstream-headers` sends.
+    #[arg(long, env = "TOLLGATE_RLS_HEADER_LIMIT", default_value = "RateLimit-Limit", value_parser = header_name, value_name = "NAME")]
+    rls_header_limit: String,
+    /// Name of the remaining-count header `--rls-upstream-headers` sends.
+    #[arg(long, env = "TOLLGATE_RLS_HEADER_REMAINING", default_value = "RateLimit-Remaining", value_parser = header_name, value_name = "NAME")]
+    rls_header_remaining: String,
+    /// Name of the reset header (whole seconds) `--rls-upstream-headers` sends.
+    #[arg(long, env = "TOLLGATE_RLS_HEADER_RESET", default_value = "RateLimit-Reset", value_parser = header_name, value_name = "NAME")]
+    rls_header_reset: String,
+    /// Address of a read-only debug listener, as envoyproxy/ratelimit's `DEBUG_PORT`: `GET
+    /// /rlconfig` answers the loaded limits as text, one line each; nothing else is served
+    /// (never the admin API). Off unless given.
+    #[arg(long, env = "TOLLGATE_DEBUG_ADDR", value_name = "ADDR")]
+    debug_addr: Option<SocketAddr>,
     /// How often expired counters are dropped from the in-memory store.
     #[arg(long, env = "TOLLGATE_SWEEP_INTERVAL", default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
     sweep_interval: Duration,
@@ -258,6 +282,15 @@ pub(crate) fn positive<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) ->
     }
 }
 
+/// A response header name: RFC 9110 token characters, not empty.
+fn header_name(s: &str) -> Result<String, String> {
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if s.is_empty() || !s.chars().all(token) {
+        return Err(format!("`{s}` is not a header name"));
+    }
+    Ok(s.to_owned())
+}
+
 /// A domain given on the command line: not empty (every check in it would be refused).
 fn domain_name(s: &str) -> Result<String, String> {
     if s.is_empty() {
@@ -267,7 +300,7 @@ fn domain_name(s: &str) -> Result<String, String> {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    init_logging(&args.log_format);
+    init_logging_at(&args.log_format, &args.log_level);
     // Parsed here rather than by clap, whose error would echo the URL, password and all.
     let store: StoreUrl = args.store.0.parse().context("--store")?;
     let compiled = Policy::read_sources(&args.config)
@@ -354,8 +387,13 @@ impl ServeArgs {
 }
 
 pub(crate) fn init_logging(format: &str) {
+    init_logging_at(format, "info");
+}
+
+/// Logs at `level` and above, unless `RUST_LOG` says otherwise.
+fn init_logging_at(format: &str, level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -474,10 +512,17 @@ async fn serve(
     let http = bind(args.http_addr, "HTTP")?;
     let grpc = bind(args.grpc_addr, "gRPC")?;
     let admin = bind(args.admin_addr, "the admin API")?;
+    let debug = match args.debug_addr {
+        Some(addr) => Some(bind(addr, "the debug listener")?),
+        None => None,
+    };
     // Printed on stdout, one line each, so scripts and tests can find ports chosen with `:0`.
     println!("http listening on {}", http.local_addr()?);
     println!("grpc listening on {}", grpc.local_addr()?);
     println!("admin listening on {}", admin.local_addr()?);
+    if let Some(debug) = &debug {
+        println!("debug listening on {}", debug.local_addr()?);
+    }
 
     let (stop_tx, stop_rx) = watch::channel(false);
 
@@ -520,9 +565,12 @@ async fn serve(
         .clone()
         .map(|domain| AuthorizeMapping::new(domain, args.authorize_descriptor.clone()));
     let (http_open, admin_open, grpc_open) = (Open::default(), Open::default(), Open::default());
+    let debug_open = Open::default();
+    // `/healthcheck`: 500 from the moment the shutdown begins, as upstream's.
+    let health = tollgate_server::http::Healthcheck::new(stop_rx.clone());
     let http_server = serve_http(
         http,
-        tollgate_server::http::router_with_authorize(lifecycle.clone(), authorize),
+        tollgate_server::http::router_with(lifecycle.clone(), authorize, health),
         Peer::Omitted,
         args.http_read_timeout,
         stop_rx.clone(),
@@ -548,6 +596,13 @@ async fn serve(
     if args.rls_dynamic_metadata {
         rls = rls.with_dynamic_metadata();
     }
+    if args.rls_upstream_headers {
+        rls = rls.with_upstream_headers(UpstreamHeaders {
+            limit: args.rls_header_limit.clone(),
+            remaining: args.rls_header_remaining.clone(),
+            reset: args.rls_header_reset.clone(),
+        });
+    }
     let grpc_router = grpc_server(args.grpc_keepalive, args.grpc_keepalive_timeout)
         .add_service(rls.into_server())
         .add_service(HealthService::new(stop_rx.clone()).into_server());
@@ -569,6 +624,19 @@ async fn serve(
 
     let http_task = tokio::spawn(http_server);
     let admin_task = tokio::spawn(admin_server);
+    let debug_server = debug.map(|listener| {
+        let router = tollgate_server::debug::router(lifecycle.clone());
+        let timeout = args.http_read_timeout;
+        serve_http(
+            listener,
+            router,
+            Peer::Omitted,
+            timeout,
+            stop_rx.clone(),
+            debug_open.clone(),
+        )
+    });
+    let debug_task = debug_server.map(tokio::spawn);
 
     shutdown_signal(&mut terminate).await;
     info!(
@@ -582,6 +650,9 @@ async fn serve(
         http_task.await?;
         join_server(grpc_task, "gRPC").await?;
         admin_task.await?;
+        if let Some(debug_task) = debug_task {
+            debug_task.await?;
+        }
         duties.finish().await;
         Ok(())
     };
@@ -607,7 +678,7 @@ async fn serve(
             unfinished.join(", ")
         )
     };
-    let open = [&http_open, &admin_open, &grpc_open];
+    let open = [&http_open, &admin_open, &grpc_open, &debug_open];
     let connections: usize = open.iter().map(|o| o.connections.get()).sum();
     let requests: usize = open.iter().map(|o| o.requests.get()).sum();
     warn!(
@@ -721,8 +792,8 @@ pub(crate) async fn shutdown_signal(term: &mut Option<tokio::signal::unix::Signa
 mod tests {
     /// Every long-lived task `serve` starts beside its servers goes through
     /// `tollgate::background::supervise`, so that a panicking one is logged, counted and started
-    /// again rather than silently gone: the only tasks spawned here directly are the three
-    /// servers (gRPC with or without TLS), whose end the shutdown's drain waits for. The tasks
+    /// again rather than silently gone: the only tasks spawned here directly are the servers
+    /// (gRPC with or without TLS, HTTP, admin, debug), whose end the shutdown's drain waits for. The tasks
     /// themselves are listed by name in `/metrics` (see the e2e tests' `supervised_tasks`).
     #[test]
     fn serve_starts_its_background_tasks_only_through_the_supervisor() {
@@ -740,6 +811,7 @@ mod tests {
                 "None => tokio::spawn(grpc_router.serve_with_incoming_shutdown(",
                 "let http_task = tokio::spawn(http_server);",
                 "let admin_task = tokio::spawn(admin_server);",
+                "let debug_task = debug_server.map(tokio::spawn);",
             ],
             "a task spawned without `supervise`"
         );
