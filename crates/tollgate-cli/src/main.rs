@@ -9,11 +9,12 @@ mod policy;
 mod serve;
 mod stdout;
 mod top;
+mod upstream_env;
 mod validate;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -59,7 +60,22 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut command = Cli::command();
+    // `serve` also reads envoyproxy/ratelimit's environment variables (see `upstream_env`).
+    if std::env::args_os().nth(1).is_some_and(|arg| arg == "serve") {
+        let env = |name: &str| std::env::var(name).ok();
+        match upstream_env::translate(&env).and_then(|t| upstream_env::onto(command, &t)) {
+            Ok(with_upstream) => command = with_upstream,
+            Err(e) => {
+                crate::stdout::errln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let cli = match Cli::from_arg_matches_mut(&mut command.get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.format(&mut Cli::command()).exit(),
+    };
     let json_logs = matches!(&cli.command, Command::Serve(args) if args.logs_json());
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),

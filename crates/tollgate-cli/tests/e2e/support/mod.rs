@@ -362,7 +362,10 @@ impl BenchServer {
 
 /// Spawns `command` (with `RUST_LOG=warn` unless it sets another) and reads the `NAME
 /// listening on ADDR` lines it prints, in the order of `names`.
-fn listening<const N: usize>(mut command: Command, names: [&str; N]) -> (Child, [SocketAddr; N]) {
+pub fn listening<const N: usize>(
+    mut command: Command,
+    names: [&str; N],
+) -> (Child, [SocketAddr; N]) {
     if !command.get_envs().any(|(name, _)| name == "RUST_LOG") {
         command.env("RUST_LOG", "warn");
     }

@@ -1,0 +1,471 @@
+//! The translation table: given an environment, these `TOLLGATE_*` values (or this refusal).
+
+use std::collections::HashMap;
+
+use clap::{CommandFactory, FromArgMatches};
+
+use super::*;
+
+fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let vars: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |name: &str| vars.get(name).cloned()
+}
+
+fn settings(vars: &[(&str, &str)]) -> Vec<(&'static str, String)> {
+    let translated = translate(&env(vars)).unwrap();
+    translated
+        .settings
+        .into_iter()
+        .map(|s| (s.target, s.value))
+        .collect()
+}
+
+fn refusal(vars: &[(&str, &str)]) -> String {
+    translate(&env(vars)).unwrap_err().to_string()
+}
+
+fn owned(pairs: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
+    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
+#[test]
+fn nothing_set_translates_to_nothing() {
+    assert!(settings(&[]).is_empty());
+    // Upstream variables tollgate does not know are ignored; empty ones count as unset.
+    assert!(
+        settings(&[
+            ("REDIS_POOL_SIZE", "20"),
+            ("NEAR_LIMIT_RATIO", "0.9"),
+            ("PORT", "")
+        ])
+        .is_empty()
+    );
+}
+
+#[test]
+fn listeners_take_tollgates_default_for_the_part_not_given() {
+    assert_eq!(
+        settings(&[
+            ("PORT", "9000"),
+            ("GRPC_HOST", "0.0.0.0"),
+            ("DEBUG_HOST", "::"),
+            ("DEBUG_PORT", "6071")
+        ]),
+        owned(&[
+            ("TOLLGATE_HTTP_ADDR", "127.0.0.1:9000"),
+            ("TOLLGATE_GRPC_ADDR", "0.0.0.0:8081"),
+            ("TOLLGATE_DEBUG_ADDR", "[::]:6071"),
+        ])
+    );
+    assert!(refusal(&[("PORT", "http")]).starts_with("PORT=http: not a port number"));
+    assert!(refusal(&[("HOST", "example.com")]).starts_with("HOST=example.com: not an IP address"));
+}
+
+#[test]
+fn the_runtime_directories_give_the_config_path() {
+    assert_eq!(
+        settings(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+        ]),
+        owned(&[("TOLLGATE_CONFIG", "/data/ratelimit/config")])
+    );
+    assert_eq!(
+        settings(&[
+            ("RUNTIME_ROOT", "/srv/current"),
+            ("RUNTIME_APPDIRECTORY", "limits")
+        ]),
+        owned(&[("TOLLGATE_CONFIG", "/srv/current/limits")])
+    );
+    assert!(
+        refusal(&[("RUNTIME_ROOT", "/d"), ("RUNTIME_WATCH_ROOT", "maybe")])
+            .starts_with("RUNTIME_WATCH_ROOT=maybe: not a boolean")
+    );
+}
+
+#[test]
+fn redis_variables_make_one_store_url() {
+    let store = |vars: &[(&str, &str)]| settings(vars);
+    assert_eq!(
+        store(&[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "redis.ns:6379")]),
+        owned(&[("TOLLGATE_STORE", "redis://redis.ns:6379")])
+    );
+    assert_eq!(
+        store(&[
+            ("REDIS_URL", "r:6379"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_AUTH", "app:p@ss w")
+        ]),
+        owned(&[("TOLLGATE_STORE", "rediss://app:p%40ss%20w@r:6379")])
+    );
+    assert_eq!(
+        store(&[("REDIS_URL", "r:6379"), ("REDIS_AUTH", "secret")]),
+        owned(&[("TOLLGATE_STORE", "redis://:secret@r:6379")])
+    );
+    assert_eq!(
+        store(&[("REDIS_TYPE", "CLUSTER"), ("REDIS_URL", "a:7000, b:7001")]),
+        owned(&[("TOLLGATE_STORE", "redis+cluster://a:7000,b:7001")])
+    );
+    // A full URL is kept as it is.
+    assert_eq!(
+        store(&[("REDIS_URL", "rediss://u:p@r:6380/2")]),
+        owned(&[("TOLLGATE_STORE", "rediss://u:p@r:6380/2")])
+    );
+    // Without REDIS_URL, tollgate's default store stays.
+    assert!(store(&[("REDIS_AUTH", "x"), ("REDIS_TLS", "true")]).is_empty());
+}
+
+#[test]
+fn redis_variables_that_contradict_each_other_stop_naming_both() {
+    let e = refusal(&[("REDIS_SOCKET_TYPE", "unix"), ("REDIS_URL", "redis:6379")]);
+    assert_eq!(
+        e,
+        "REDIS_SOCKET_TYPE=unix and REDIS_URL=redis:6379 disagree: a unix socket type with a TCP address"
+    );
+    let e = refusal(&[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "/var/run/redis.sock"),
+    ]);
+    assert!(
+        e.starts_with("REDIS_SOCKET_TYPE=tcp and REDIS_URL=/var/run/redis.sock disagree"),
+        "{e}"
+    );
+    let e = refusal(&[("REDIS_TLS", "false"), ("REDIS_URL", "rediss://r:6379")]);
+    assert!(
+        e.starts_with("REDIS_TLS=false and REDIS_URL=rediss://r:6379 disagree"),
+        "{e}"
+    );
+    let e = refusal(&[
+        ("REDIS_AUTH", "hunter2"),
+        ("REDIS_URL", "redis://u:pw@r:6379"),
+    ]);
+    assert!(
+        e.contains("REDIS_URL=redis://u:***@r:6379 and REDIS_AUTH=*** disagree"),
+        "{e}"
+    );
+    assert!(!e.contains("hunter2") && !e.contains(":pw@"), "{e}");
+    let e = refusal(&[("REDIS_URL", "a:1,b:2")]);
+    assert!(e.contains("several hosts need REDIS_TYPE=cluster"), "{e}");
+}
+
+#[test]
+fn known_variables_tollgate_cannot_honour_stop_saying_why() {
+    for (vars, start) in [
+        (
+            &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "m,s:26379")][..],
+            "REDIS_TYPE=sentinel: Redis Sentinel is not supported",
+        ),
+        (
+            &[
+                ("REDIS_SOCKET_TYPE", "unix"),
+                ("REDIS_URL", "/var/run/nutcracker/ratelimit.sock"),
+            ][..],
+            "REDIS_SOCKET_TYPE=unix: tollgate reaches Redis over TCP only",
+        ),
+        (
+            &[("BACKEND_TYPE", "memcache")][..],
+            "BACKEND_TYPE=memcache: ",
+        ),
+        (
+            &[("MERGE_DOMAIN_CONFIG", "true")][..],
+            "MERGE_DOMAIN_CONFIG=true: ",
+        ),
+        (
+            &[("USE_STATSD", "true")][..],
+            "USE_STATSD=true: tollgate sends no statsd",
+        ),
+        (&[("REDIS_PERSECOND", "1")][..], "REDIS_PERSECOND=1: "),
+        (
+            &[("GRPC_UDS", "/tmp/rl.sock")][..],
+            "GRPC_UDS=/tmp/rl.sock: ",
+        ),
+        (
+            &[("USE_PROMETHEUS", "true"), ("PROMETHEUS_ADDR", ":9090")][..],
+            "PROMETHEUS_ADDR=:9090: tollgate serves /metrics on the HTTP listener",
+        ),
+        (
+            &[
+                ("REDIS_URL", "r:6379"),
+                ("REDIS_TLS", "true"),
+                ("REDIS_TLS_CLIENT_CERT", "/c.pem"),
+            ][..],
+            "REDIS_TLS_CLIENT_CERT=/c.pem: ",
+        ),
+        (
+            &[
+                ("REDIS_URL", "r:6379"),
+                ("REDIS_TLS", "true"),
+                ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+            ][..],
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true: ",
+        ),
+        (
+            &[
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", "c"),
+                ("GRPC_SERVER_TLS_KEY", "k"),
+                ("GRPC_CLIENT_TLS_CACERT", "ca"),
+                ("GRPC_CLIENT_TLS_SAN", "envoy"),
+            ][..],
+            "GRPC_CLIENT_TLS_SAN=envoy: ",
+        ),
+        (
+            &[("CONFIG_TYPE", "GRPC_XDS_DELTA")][..],
+            "CONFIG_TYPE=GRPC_XDS_DELTA: not a config type",
+        ),
+    ] {
+        let e = refusal(vars);
+        assert!(e.starts_with(start), "{vars:?}: {e}");
+    }
+    // The same variables at values tollgate does honour.
+    assert!(
+        settings(&[
+            ("BACKEND_TYPE", "redis"),
+            ("USE_STATSD", "false"),
+            ("MERGE_DOMAIN_CONFIG", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false")
+        ])
+        .is_empty()
+    );
+    // Their settings matter only with TLS on, as upstream reads them.
+    assert!(settings(&[("GRPC_SERVER_TLS_CERT", "c"), ("REDIS_TLS_CACERT", "ca")]).is_empty());
+}
+
+#[test]
+fn grpc_tls_and_its_client_ca_under_either_name() {
+    let base = [
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+        ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+    ];
+    let tls = owned(&[
+        ("TOLLGATE_GRPC_TLS_CERT", "/certs/tls.crt"),
+        ("TOLLGATE_GRPC_TLS_KEY", "/certs/tls.key"),
+    ]);
+    assert_eq!(settings(&base), tls);
+    for name in ["GRPC_CLIENT_TLS_CACERT", "GRPC_SERVER_TLS_CA_CERT"] {
+        let mut vars = base.to_vec();
+        vars.push((name, "/certs/ca.crt"));
+        let mut want = tls.clone();
+        want.push(("TOLLGATE_GRPC_TLS_CLIENT_CA", "/certs/ca.crt".to_owned()));
+        assert_eq!(settings(&vars), want, "{name}");
+    }
+    let mut both = base.to_vec();
+    both.extend([
+        ("GRPC_CLIENT_TLS_CACERT", "/a.crt"),
+        ("GRPC_SERVER_TLS_CA_CERT", "/b.crt"),
+    ]);
+    assert!(
+        refusal(&both).starts_with(
+            "GRPC_CLIENT_TLS_CACERT=/a.crt and GRPC_SERVER_TLS_CA_CERT=/b.crt disagree"
+        )
+    );
+    let e = refusal(&[
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "c"),
+    ]);
+    assert_eq!(e, "GRPC_SERVER_USE_TLS=true: needs GRPC_SERVER_TLS_KEY");
+}
+
+#[test]
+fn logs_and_response_headers() {
+    assert_eq!(
+        settings(&[
+            ("LOG_LEVEL", "WARN"),
+            ("LOG_FORMAT", "json"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "True"),
+            ("LIMIT_LIMIT_HEADER", "X-RateLimit-Limit"),
+            ("LIMIT_REMAINING_HEADER", "X-RateLimit-Remaining"),
+            ("LIMIT_RESET_HEADER", "X-RateLimit-Reset"),
+            ("RESPONSE_DYNAMIC_METADATA", "1"),
+        ]),
+        owned(&[
+            ("TOLLGATE_LOG_LEVEL", "warn"),
+            ("TOLLGATE_LOG_FORMAT", "json"),
+            ("TOLLGATE_RLS_UPSTREAM_HEADERS", "true"),
+            ("TOLLGATE_RLS_HEADER_LIMIT", "X-RateLimit-Limit"),
+            ("TOLLGATE_RLS_HEADER_REMAINING", "X-RateLimit-Remaining"),
+            ("TOLLGATE_RLS_HEADER_RESET", "X-RateLimit-Reset"),
+            ("TOLLGATE_RLS_DYNAMIC_METADATA", "true"),
+        ])
+    );
+    assert!(refusal(&[("LOG_LEVEL", "loud")]).starts_with("LOG_LEVEL=loud: not a log level"));
+    assert!(
+        refusal(&[("LIMIT_LIMIT_HEADER", "Rate Limit")])
+            .starts_with("LIMIT_LIMIT_HEADER=Rate Limit: not a header name")
+    );
+}
+
+/// Envoy Gateway's own Deployment environment (its `internal/infrastructure/kubernetes/
+/// ratelimit`), mTLS both ways: xDS as the source, the RUNTIME_* directories ignored with it.
+#[test]
+fn envoy_gateways_environment_selects_xds_with_mtls() {
+    let vars = [
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis.redis-system.svc.cluster.local:6379"),
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("LOG_LEVEL", "info"),
+        ("USE_STATSD", "false"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+        ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+        ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+    ];
+    assert_eq!(
+        settings(&vars),
+        owned(&[
+            ("TOLLGATE_LOG_LEVEL", "info"),
+            (
+                "TOLLGATE_STORE",
+                "redis://redis.redis-system.svc.cluster.local:6379"
+            ),
+            ("TOLLGATE_GRPC_TLS_CERT", "/certs/tls.crt"),
+            ("TOLLGATE_GRPC_TLS_KEY", "/certs/tls.key"),
+            ("TOLLGATE_GRPC_TLS_CLIENT_CA", "/certs/ca.crt"),
+            ("TOLLGATE_CONFIG_SOURCE", "xds://envoy-gateway:18001"),
+            ("TOLLGATE_XDS_NODE_ID", "envoy-ratelimit"),
+            ("TOLLGATE_FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("TOLLGATE_XDS_TLS", "true"),
+            ("TOLLGATE_XDS_CA_FILE", "/certs/ca.crt"),
+            ("TOLLGATE_XDS_CERT_FILE", "/certs/tls.crt"),
+            ("TOLLGATE_XDS_KEY_FILE", "/certs/tls.key"),
+        ])
+    );
+}
+
+#[test]
+fn the_other_xds_rows() {
+    assert_eq!(
+        settings(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_NODE_METADATA", "zone=a,broken,team=rl"),
+            (
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+                "x-token:abc, x-tenant:t1"
+            ),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "500ms"),
+            ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "1m30s"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "xds.example"),
+        ]),
+        owned(&[
+            ("TOLLGATE_CONFIG_SOURCE", "xds://localhost:18000"),
+            ("TOLLGATE_XDS_NODE_METADATA", "zone=a,team=rl"),
+            ("TOLLGATE_XDS_HEADERS", "x-token=abc,x-tenant=t1"),
+            ("TOLLGATE_XDS_BACKOFF_INITIAL", "500ms"),
+            ("TOLLGATE_XDS_BACKOFF_MAX", "1m30s"),
+            ("TOLLGATE_XDS_TLS", "true"),
+            ("TOLLGATE_XDS_SERVER_NAME", "xds.example"),
+        ])
+    );
+    // Without CONFIG_TYPE=GRPC_XDS_SOTW upstream reads none of them, and neither does tollgate.
+    assert!(
+        settings(&[
+            ("CONFIG_GRPC_XDS_NODE_ID", "n"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true")
+        ])
+        .is_empty()
+    );
+    assert!(
+        refusal(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "soon")
+        ])
+        .starts_with("XDS_CLIENT_BACKOFF_MAX_INTERVAL=soon: not a duration")
+    );
+}
+
+#[test]
+fn a_tollgate_variable_that_agrees_wins_and_one_that_disagrees_stops() {
+    // Agreeing (in any spelling of the same value): nothing left to apply.
+    assert!(settings(&[("PORT", "8080"), ("TOLLGATE_HTTP_ADDR", "127.0.0.1:8080")]).is_empty());
+    assert!(
+        settings(&[
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("TOLLGATE_RLS_UPSTREAM_HEADERS", "yes")
+        ])
+        .is_empty()
+    );
+    let e = refusal(&[("PORT", "8080"), ("TOLLGATE_HTTP_ADDR", "0.0.0.0:9000")]);
+    assert_eq!(
+        e,
+        "TOLLGATE_HTTP_ADDR=0.0.0.0:9000 and PORT=8080 disagree: the upstream variable means TOLLGATE_HTTP_ADDR=127.0.0.1:8080; unset one of them"
+    );
+    let e = refusal(&[
+        ("REDIS_URL", "redis://:hunter2@r:1"),
+        ("TOLLGATE_STORE", "redis://:other@r:2"),
+    ]);
+    assert!(!e.contains("hunter2") && !e.contains("other@"), "{e}");
+    assert!(
+        e.starts_with("TOLLGATE_STORE=redis://:***@r:2 and REDIS_URL disagree"),
+        "{e}"
+    );
+}
+
+/// Flag, then `TOLLGATE_*` (clap reads it before any default), then the upstream variable,
+/// which `onto` makes the flag's default.
+#[test]
+fn a_flag_beats_the_upstream_variable_which_beats_tollgates_default() {
+    let translated = translate(&env(&[("PORT", "9100"), ("RUNTIME_ROOT", "/rt")])).unwrap();
+    let parse = |args: &[&str]| {
+        let command = onto(crate::Cli::command(), &translated).unwrap();
+        let matches = command.try_get_matches_from(args).unwrap();
+        let cli = crate::Cli::from_arg_matches(&matches).unwrap();
+        let crate::Command::Serve(serve) = cli.command else {
+            unreachable!()
+        };
+        format!("{serve:?}")
+    };
+    let upstream = parse(&["tollgate", "serve"]);
+    assert!(upstream.contains("http_addr: 127.0.0.1:9100"), "{upstream}");
+    assert!(upstream.contains("config: \"/rt/config\""), "{upstream}");
+    let flagged = parse(&[
+        "tollgate",
+        "serve",
+        "--http-addr",
+        "127.0.0.2:7000",
+        "--config",
+        "/p.yaml",
+    ]);
+    assert!(flagged.contains("http_addr: 127.0.0.2:7000"), "{flagged}");
+    assert!(flagged.contains("config: \"/p.yaml\""), "{flagged}");
+    let plain = crate::Cli::command()
+        .try_get_matches_from(["tollgate", "serve", "--config", "/p"])
+        .unwrap();
+    let plain = format!("{:?}", crate::Cli::from_arg_matches(&plain).unwrap());
+    assert!(plain.contains("http_addr: 127.0.0.1:8080"), "{plain}");
+}
+
+#[test]
+fn a_setting_this_build_lacks_is_named() {
+    let translated = Translated {
+        settings: vec![apply::Setting {
+            target: "TOLLGATE_NO_SUCH_THING",
+            value: "1".to_owned(),
+            from: "SOMETHING=1".to_owned(),
+        }],
+    };
+    let e = onto(crate::Cli::command(), &translated).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "SOMETHING=1 sets TOLLGATE_NO_SUCH_THING, which this build of tollgate does not have"
+    );
+}
