@@ -268,3 +268,74 @@ fn every_serve_flag_has_its_tollgate_variable_in_help() {
         assert!(help.contains(&env), "--{flag} has no {env}]");
     }
 }
+
+/// A flag beats the upstream variable (here one that could not even be bound); an upstream
+/// variable is otherwise the flag's default.
+#[tokio::test]
+async fn a_flag_beats_the_upstream_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("limits.yaml");
+    std::fs::write(&config, limits(1)).unwrap();
+    let config = config.display().to_string();
+    let mut command = serve_with(&[("PORT", "1"), ("GRPC_PORT", "0"), ("DEBUG_PORT", "0")]);
+    command.args(["--config", config.as_str(), "--http-addr", "127.0.0.1:0"]);
+    let (mut child, [http, _grpc, _admin, _debug]) =
+        listening(command, ["http", "grpc", "admin", "debug"]);
+    assert_ne!(http.port(), 1);
+    let (status, _) = get(format!("http://{http}/healthcheck")).await;
+    assert_eq!(status, 200);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// gRPC mTLS from upstream's variables, the client CA under the name Envoy Gateway's
+/// Deployment gives it (`GRPC_SERVER_TLS_CA_CERT`): a client with a certificate the CA signed is
+/// answered, one without is refused.
+#[tokio::test]
+async fn grpc_mutual_tls_from_upstreams_variables() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let dir = tempfile::tempdir().unwrap();
+    let certs = support::certificates(dir.path());
+    let config = dir.path().join("limits.yaml");
+    std::fs::write(&config, limits(3)).unwrap();
+    let path = |p: &Path| p.display().to_string();
+    let (config, cert, key, ca) = (
+        path(&config),
+        path(&certs.cert),
+        path(&certs.key),
+        path(&certs.ca),
+    );
+    let server = start(&[
+        ("TOLLGATE_CONFIG", config.as_str()),
+        ("PORT", "0"),
+        ("GRPC_PORT", "0"),
+        ("DEBUG_PORT", "0"),
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", cert.as_str()),
+        ("GRPC_SERVER_TLS_KEY", key.as_str()),
+        ("GRPC_SERVER_TLS_CA_CERT", ca.as_str()),
+    ]);
+    let pem = |p: &Path| std::fs::read(p).unwrap();
+    let trusting = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem(&certs.ca)));
+    let with_certificate = trusting.clone().identity(Identity::from_pem(
+        pem(&certs.client_cert),
+        pem(&certs.client_key),
+    ));
+    let ask = async |tls: ClientTlsConfig| {
+        let endpoint = Endpoint::from_shared(format!("https://{}", server.grpc))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap();
+        RateLimitServiceClient::new(endpoint.connect_lazy())
+            .should_rate_limit(RateLimitRequest {
+                domain: "api".into(),
+                descriptors: vec![descriptor(&[("user", "tls")])],
+                hits_addend: 1,
+            })
+            .await
+    };
+    let answered = ask(with_certificate).await.unwrap().into_inner();
+    assert_eq!(answered.statuses[0].limit_remaining, 2);
+    let refused = ask(trusting).await;
+    assert!(refused.is_err(), "{refused:?}");
+}
