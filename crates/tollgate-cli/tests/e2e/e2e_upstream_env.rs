@@ -339,3 +339,62 @@ async fn grpc_mutual_tls_from_upstreams_variables() {
     let refused = ask(trusting).await;
     assert!(refused.is_err(), "{refused:?}");
 }
+
+/// What a third-party RLS client (Python grpcio with `envoy-data-plane`) receives with
+/// `LIMIT_RESPONSE_HEADERS_ENABLED` and the headers renamed: upstream's three, on OK and
+/// OVER_LIMIT alike. `$TOLLGATE_PYTHON` as in `e2e_python_grpcio`.
+#[test]
+fn upstreams_headers_reach_a_grpcio_client() {
+    let root = tempfile::tempdir().unwrap();
+    version(root.path(), "data", 2);
+    let runtime_root = root.path().join("data").display().to_string();
+    let server = start(&[
+        ("RUNTIME_ROOT", runtime_root.as_str()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("PORT", "0"),
+        ("GRPC_PORT", "0"),
+        ("DEBUG_PORT", "0"),
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ("LIMIT_LIMIT_HEADER", "X-RateLimit-Limit"),
+        ("LIMIT_REMAINING_HEADER", "X-RateLimit-Remaining"),
+        ("LIMIT_RESET_HEADER", "X-RateLimit-Reset"),
+    ]);
+    let python = std::env::var("TOLLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/rls_headers_client.py");
+    let output = Command::new(&python)
+        .arg(&script)
+        .args([server.grpc.to_string().as_str(), "api", "user", "py", "3"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<Vec<&str>> = stdout.lines().map(|l| l.split(' ').collect()).collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    for (line, (code, remaining)) in
+        lines
+            .iter()
+            .zip([("OK", "1"), ("OK", "0"), ("OVER_LIMIT", "0")])
+    {
+        assert_eq!(
+            line[..3],
+            [
+                code,
+                "X-RateLimit-Limit=2",
+                &format!("X-RateLimit-Remaining={remaining}")
+            ],
+            "{stdout}"
+        );
+        let reset: u64 = line[3]
+            .strip_prefix("X-RateLimit-Reset=")
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=60).contains(&reset), "{stdout}");
+        assert_eq!(line.len(), 4, "{stdout}");
+    }
+}
