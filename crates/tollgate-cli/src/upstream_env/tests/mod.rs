@@ -322,3 +322,21 @@ fn a_setting_this_build_lacks_is_named() {
         "SOMETHING=1 sets TOLLGATE_NO_SUCH_THING, which this build of tollgate does not have"
     );
 }
+
+/// A switch set by an upstream variable is on without its flag.
+#[test]
+fn an_upstream_switch_turns_its_flag_on() {
+    let parse = |vars: &[(&str, &str)]| {
+        let translated = translate(&env(vars)).unwrap();
+        let command = onto(crate::Cli::command(), &translated).unwrap();
+        let matches = command
+            .try_get_matches_from(["tollgate", "serve", "--config", "/p"])
+            .unwrap();
+        format!("{:?}", crate::Cli::from_arg_matches(&matches).unwrap())
+    };
+    assert!(parse(&[]).contains("rls_upstream_headers: false"));
+    let on = parse(&[("LIMIT_RESPONSE_HEADERS_ENABLED", "true")]);
+    assert!(on.contains("rls_upstream_headers: true"), "{on}");
+    let off = parse(&[("LIMIT_RESPONSE_HEADERS_ENABLED", "false")]);
+    assert!(off.contains("rls_upstream_headers: false"), "{off}");
+}
