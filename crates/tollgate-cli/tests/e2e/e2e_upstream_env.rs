@@ -263,6 +263,14 @@ fn every_serve_flag_has_its_tollgate_variable_in_help() {
         .filter(|flag| *flag != "help")
         .collect();
     assert!(flags.len() > 30, "{help}");
+    // A default an upstream variable gave is shown, but never a store URL's.
+    let upstream = serve_with(&[("PORT", "9999"), ("REDIS_URL", "redis://:hunter2@r:1")])
+        .arg("--help")
+        .output()
+        .unwrap();
+    let upstream = String::from_utf8(upstream.stdout).unwrap();
+    assert!(upstream.contains("[default: 127.0.0.1:9999]"), "{upstream}");
+    assert!(!upstream.contains("hunter2"), "{upstream}");
     for flag in flags {
         let env = format!("[env: TOLLGATE_{}", flag.to_uppercase().replace('-', "_"));
         assert!(help.contains(&env), "--{flag} has no {env}]");
