@@ -222,23 +222,34 @@ async fn cost_above_capacity_is_a_distinct_denial_without_retry_after() {
 #[tokio::test]
 async fn leaky_bucket_answers_carry_the_shaping_delay() {
     let server = Server::start(POLICY);
-    let mut delays = Vec::new();
+    let (mut delays, mut spans) = (Vec::new(), Vec::new());
     for _ in 0..4 {
+        let sent = std::time::Instant::now();
         let r = post(
             &server,
             "/v1/check",
             &check_body("backend", "reports", None),
         )
         .await;
+        spans.push((sent, std::time::Instant::now()));
         assert_eq!(r.status(), 200);
         let body: Value = r.json().await.unwrap();
         delays.push(body["statuses"][0]["delay_ms"].as_u64().unwrap());
     }
-    // Output spaced at 2 per second: each request waits ~500 ms more than the one before.
+    // Output spaced at 2 per second: each request waits 500 ms more than the one before, less
+    // the time that passed between the two decisions. That time lies between the first
+    // answer and the second request being sent, and the first being sent and the second
+    // answered (a loaded machine only widens the bounds); 1 ms for the rounding of each delay.
     assert_eq!(delays[0], 0);
-    for pair in delays.windows(2) {
-        let step = pair[1] as i64 - pair[0] as i64;
-        assert!((400..=500).contains(&step), "delays {delays:?}");
+    for i in 1..delays.len() {
+        let step = delays[i] as i64 - delays[i - 1] as i64;
+        let ms = |d: std::time::Duration| d.as_millis() as i64;
+        let least_between = ms(spans[i].0.saturating_duration_since(spans[i - 1].1));
+        let most_between = ms(spans[i].1 - spans[i - 1].0);
+        assert!(
+            (500 - most_between - 2..=500 - least_between + 2).contains(&step),
+            "delays {delays:?}, step {i}: {least_between}..{most_between} ms between"
+        );
     }
     let r = post(
         &server,
