@@ -9,12 +9,11 @@
 //! rounds down, `retry_after = ceil((new_tat - now_scaled - tolerance) / limit)` and
 //! `reset_after = ceil((tat - now_scaled) / limit)` microseconds.
 //!
-//! A TAT written under another limit is the same instant under this one, rounded up to the next
-//! `1 / limit` µs (see [`State`]): a reload keeps the time at which the key is fully recovered,
-//! and a lower limit meets it with a longer emission interval. When the new tolerance is
-//! smaller than the one the TAT was written under, the TAT moves earlier by the difference, so
-//! that it is never further ahead than the new params can put it (1 per hour loosened to 10 per
-//! minute: a key that used its hour waits 6 s, not the rest of the hour).
+//! Under other params than the TAT was written with (a reload), the key keeps the units it had
+//! used when the TAT was written (see [`State`]): how far the TAT was ahead of that instant is
+//! as many units of the new params, capped at the new burst, draining at the new rate since. A
+//! key that had used 3 of 10 has `max(0, new burst - 3)` left then (1 per hour loosened to 10
+//! per minute: a key that used its one unit has 9 left).
 
 use crate::scaled::{div_ceil, micros, saturate};
 use crate::{Decision, Params, State, Timestamp, Transition};
@@ -41,8 +40,9 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
         let decision = Decision::allowed(limit, remaining(new_ahead), reset_after(new_ahead));
         let state = State::Gcra {
             tat_scaled: now_scaled + new_ahead,
-            scale: params.limit_scale(),
-            tolerance: params.tolerance_micros(),
+            updated: now,
+            limit: params.limit_scale(),
+            period: params.period_scale(),
         };
         return (decision, Transition::Set(state));
     }
@@ -83,87 +83,79 @@ mod tests {
         assert_eq!(on_time.verdict, Verdict::Allowed);
     }
 
-    /// After a reload from 1000/s to 10/s the TAT is the same instant: no absurd wait.
+    /// A reload keeps the units used: 10/s tightened to 5/s (burst 5) leaves a key that used
+    /// 4 one unit and one that used all 10 none (the next after one new emission, 200ms);
+    /// loosened to 20/s, the first key has 16. Before, the arrival time was kept as an instant,
+    /// which under the tighter limit gave the partly used key a fuller bucket than it had.
     #[test]
-    fn a_lower_limit_keeps_the_arrival_time() {
-        let fast = Params::new(Algorithm::Gcra, 1_000, Duration::from_secs(1), None).unwrap();
-        let slow = Params::new(Algorithm::Gcra, 10, Duration::from_secs(1), None).unwrap();
+    fn a_changed_limit_keeps_the_units_used() {
+        let second = Duration::from_secs(1);
+        let ten = Params::new(Algorithm::Gcra, 10, second, None).unwrap();
+        let five = Params::new(Algorithm::Gcra, 5, second, None).unwrap();
+        let twenty = Params::new(Algorithm::Gcra, 20, second, None).unwrap();
         let t = Timestamp::from_micros(1_700_000_000_000_000);
-        let (mut one, mut all) = (State::empty(&fast), State::empty(&fast));
-        one.apply(decide(&fast, &one, t, 1).1);
-        all.apply(decide(&fast, &all, t, 1_000).1);
+        let (mut partly, mut fully) = (State::empty(&ten), State::empty(&ten));
+        partly.apply(decide(&ten, &partly, t, 4).1);
+        fully.apply(decide(&ten, &fully, t, 10).1);
 
-        // 1ms of a 1s tolerance used: 9 more now, the key fully recovered 1ms + 100ms later.
-        let (allowed, transition) = decide(&slow, &one, t, 1);
-        assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 8));
-        assert_eq!(allowed.reset_after, Duration::from_millis(101));
-        assert_eq!(one.expires_at(&slow), one.expires_at(&fast));
-        one.apply(transition);
-        assert_eq!(
-            one.expires_at(&slow),
-            t.saturating_add(Duration::from_millis(101))
-        );
-
-        // The whole second used: one emission interval of the new limit.
-        let (denied, _) = decide(&slow, &all, t, 1);
-        assert_eq!(denied.retry_after, Some(Duration::from_millis(100)));
-        assert_eq!(denied.reset_after, Duration::from_secs(1));
+        let (allowed, _) = decide(&five, &partly, t, 1);
+        assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 0));
+        assert_eq!(decide(&five, &partly, t, 2).0.verdict, Verdict::Denied);
+        let (denied, _) = decide(&five, &fully, t, 1);
+        assert_eq!((denied.verdict, denied.remaining), (Verdict::Denied, 0));
+        assert_eq!(denied.retry_after, Some(Duration::from_millis(200)));
+        assert_eq!(denied.reset_after, second);
+        let (allowed, _) = decide(&twenty, &partly, t, 1);
+        assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 15));
     }
 
     /// Loosened from 1 per hour to 10 per minute (or an hourly override lifted), a key that
-    /// used its hour waits one new emission interval, as a token bucket would, not the rest
-    /// of the hour: its arrival time moves earlier by the tolerance it no longer has.
+    /// used its one unit has 9 left, as a window would; tightened back, the 10 units used of
+    /// the minute are capped at the hour's one: denied, and recovered an hour later.
     #[test]
-    fn a_looser_limit_with_a_smaller_tolerance_does_not_keep_the_old_wait() {
+    fn a_new_period_keeps_the_units_used() {
         let hourly = Params::new(Algorithm::Gcra, 1, Duration::from_secs(3_600), None).unwrap();
         let minute = Params::new(Algorithm::Gcra, 10, Duration::from_secs(60), None).unwrap();
         let t = Timestamp::from_micros(1_700_000_000_000_000);
         let mut state = State::empty(&hourly);
         state.apply(decide(&hourly, &state, t, 1).1);
-        let (before, _) = decide(&hourly, &state, t, 1);
-        assert_eq!(before.retry_after, Some(Duration::from_secs(3_600)));
-
-        let (denied, _) = decide(&minute, &state, t, 1);
-        assert_eq!(denied.verdict, Verdict::Denied);
-        assert_eq!(denied.retry_after, Some(Duration::from_secs(6)));
-        assert_eq!(denied.reset_after, Duration::from_secs(60));
-        // A denial writes nothing, and the next decision reads the same instant: time runs.
-        let later = t.saturating_add(Duration::from_secs(6));
-        let (allowed, _) = decide(&minute, &state, later, 1);
+        let (allowed, _) = decide(&minute, &state, t, 9);
         assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 0));
-        let (early, _) = decide(
-            &minute,
-            &state,
-            Timestamp::from_micros(later.as_micros() - 1),
-            1,
-        );
-        assert_eq!(early.verdict, Verdict::Denied);
+        assert_eq!(decide(&minute, &state, t, 10).0.verdict, Verdict::Denied);
 
-        // Back to hourly: the state written under the minute's tolerance keeps its instant.
         let mut state = State::empty(&minute);
         state.apply(decide(&minute, &state, t, 10).1);
         let (denied, _) = decide(&hourly, &state, t, 1);
-        assert_eq!(denied.retry_after, Some(Duration::from_secs(60)));
+        assert_eq!(denied.retry_after, Some(Duration::from_secs(3_600)));
+        // 30 s later, under the minute's rate 5 units came back before the hour read them.
+        let later = t.saturating_add(Duration::from_secs(30));
+        let (allowed, _) = decide(&minute, &state, later, 5);
+        assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 0));
     }
 
-    /// An instant that is not a whole number of `1 / limit` µs under the new limit is rounded
-    /// up to the next one: never earlier than it was.
+    /// Units used that are not a whole number of scaled units under the new period are rounded
+    /// up to the next one: never more quota than before.
     #[test]
-    fn a_rescaled_arrival_time_rounds_up() {
-        let three = Params::new(Algorithm::Gcra, 3, Duration::from_secs(1), None).unwrap();
-        let seven = Params::new(Algorithm::Gcra, 7, Duration::from_secs(1), None).unwrap();
-        let mut state = State::empty(&three);
-        state.apply(decide(&three, &state, Timestamp::from_micros(1_000), 1).1);
-        // 1000µs + 333_333.33µs, that is 1000µs + 2_333_333.33 units of 1/7µs.
-        let (decision, transition) = decide(&seven, &state, Timestamp::from_micros(1_000), 0);
+    fn converted_units_round_up() {
+        let three = Params::new(Algorithm::Gcra, 3, Duration::from_micros(3_000), None).unwrap();
+        let seven = Params::new(Algorithm::Gcra, 3, Duration::from_micros(7_000), None).unwrap();
+        let state = State::Gcra {
+            tat_scaled: 3_000 * 3 + 1, // 3000µs and 1/3000 of a unit
+            updated: Timestamp::from_micros(3_000),
+            limit: three.limit_scale(),
+            period: three.period_scale(),
+        };
+        let (decision, transition) = decide(&seven, &state, Timestamp::from_micros(3_000), 0);
+        // 7/3 scaled units of the 7ms period, rounded up to 3.
         assert_eq!(
             transition,
             Transition::Set(State::Gcra {
-                tat_scaled: 7_000 + 2_333_334,
-                scale: seven.limit_scale(),
-                tolerance: seven.tolerance_micros(),
+                tat_scaled: 9_000 + 3,
+                updated: Timestamp::from_micros(3_000),
+                limit: seven.limit_scale(),
+                period: seven.period_scale(),
             })
         );
-        assert_eq!(decision.reset_after, Duration::from_micros(333_334));
+        assert_eq!(decision.reset_after, Duration::from_micros(1));
     }
 }

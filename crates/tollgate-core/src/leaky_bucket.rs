@@ -10,11 +10,9 @@
 //! units of free queue space, `floor((burst * period_micros - backlog) / period_micros)`;
 //! `reset_after` (queue empty) and `retry_after` (`c` fits) are rounded up to whole microseconds.
 //!
-//! An `empty_at` written under another limit is the same instant under this one, rounded up to
-//! the next `1 / limit` µs (see [`State`]): the requests already admitted still leave by then.
-//! When the new queue is shorter than the one it was written under, `empty_at` moves earlier by
-//! the difference, as GCRA's arrival time does: the queue is never longer than the new params
-//! allow.
+//! Under other params than `empty_at` was written with (a reload), the queue keeps the units
+//! it held when written, as GCRA keeps its units used (see [`State`]): as many units of the new
+//! params, capped at the new queue (`burst`), leaving at the new rate since.
 
 use crate::scaled::{div_ceil, micros, saturate};
 use crate::{Decision, Params, State, Timestamp, Transition};
@@ -43,8 +41,9 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
         decision.delay = drained_after(backlog);
         let state = State::LeakyBucket {
             empty_at_scaled: now_scaled + new_backlog,
-            scale: params.limit_scale(),
-            tolerance: params.tolerance_micros(),
+            updated: now,
+            limit: params.limit_scale(),
+            period: params.period_scale(),
         };
         return (decision, Transition::Set(state));
     }
@@ -64,11 +63,10 @@ mod tests {
 
     use crate::{Algorithm, Params, State, Timestamp, Verdict, decide};
 
-    /// Loosened from 1 per hour to 10 per minute, a queue that held an hour's unit holds at
-    /// most the new queue: the next unit fits one new drain interval later, and waits out the
-    /// rest of the (new) queue.
+    /// Loosened from 1 per hour to 10 per minute, a queue that held an hour's unit holds one
+    /// unit of the new params: 9 fit, the first of them after the one queued ahead (6 s).
     #[test]
-    fn a_shorter_queue_does_not_keep_the_old_backlog() {
+    fn a_new_period_keeps_the_units_queued() {
         let hourly =
             Params::new(Algorithm::LeakyBucket, 1, Duration::from_secs(3_600), None).unwrap();
         let minute =
@@ -77,12 +75,10 @@ mod tests {
         let mut state = State::empty(&hourly);
         state.apply(decide(&hourly, &state, t, 1).1);
 
-        let (denied, _) = decide(&minute, &state, t, 1);
-        assert_eq!(denied.verdict, Verdict::Denied);
-        assert_eq!(denied.retry_after, Some(Duration::from_secs(6)));
-        let (allowed, _) = decide(&minute, &state, t.saturating_add(Duration::from_secs(6)), 1);
-        assert_eq!(allowed.verdict, Verdict::Allowed);
-        assert_eq!(allowed.delay, Duration::from_secs(54));
+        let (allowed, _) = decide(&minute, &state, t, 9);
+        assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 0));
+        assert_eq!(allowed.delay, Duration::from_secs(6));
+        assert_eq!(decide(&minute, &state, t, 10).0.verdict, Verdict::Denied);
     }
 
     #[test]
@@ -123,29 +119,29 @@ mod tests {
         );
     }
 
-    /// After a reload from 1000/s to 10/s the queue still empties when it did.
+    /// A reload keeps the units queued: 10/s tightened to 5/s (burst 5) leaves a queue of 4
+    /// room for one more (held until the 4 have left at the new rate, 800ms), a full queue of
+    /// 10 no room at all; loosened to 20/s, the first has room for 16.
     #[test]
-    fn a_lower_limit_keeps_the_instant_the_queue_empties() {
-        let fast =
-            Params::new(Algorithm::LeakyBucket, 1_000, Duration::from_secs(1), None).unwrap();
-        let slow = Params::new(Algorithm::LeakyBucket, 10, Duration::from_secs(1), None).unwrap();
+    fn a_changed_limit_keeps_the_units_queued() {
+        let second = Duration::from_secs(1);
+        let ten = Params::new(Algorithm::LeakyBucket, 10, second, None).unwrap();
+        let five = Params::new(Algorithm::LeakyBucket, 5, second, None).unwrap();
+        let twenty = Params::new(Algorithm::LeakyBucket, 20, second, None).unwrap();
         let t = Timestamp::from_micros(1_700_000_000_000_000);
-        let mut state = State::empty(&fast);
-        state.apply(decide(&fast, &state, t, 500).1);
-        // Half a second queued: 5 units at the new rate, 4 free after this one.
-        let (allowed, transition) = decide(&slow, &state, t, 1);
-        assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 4));
-        assert_eq!(allowed.delay, Duration::from_millis(500));
-        assert_eq!(
-            state.expires_at(&slow),
-            t.saturating_add(Duration::from_millis(500))
-        );
-        state.apply(transition);
-        assert_eq!(
-            state.expires_at(&slow),
-            t.saturating_add(Duration::from_millis(600))
-        );
-        let (denied, _) = decide(&slow, &state, t, 5);
-        assert_eq!(denied.retry_after, Some(Duration::from_millis(100)));
+        let (mut partly, mut fully) = (State::empty(&ten), State::empty(&ten));
+        partly.apply(decide(&ten, &partly, t, 4).1);
+        fully.apply(decide(&ten, &fully, t, 10).1);
+
+        let (allowed, _) = decide(&five, &partly, t, 1);
+        assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 0));
+        assert_eq!(allowed.delay, Duration::from_millis(800));
+        assert_eq!(decide(&five, &partly, t, 2).0.verdict, Verdict::Denied);
+        let (denied, _) = decide(&five, &fully, t, 1);
+        assert_eq!((denied.verdict, denied.remaining), (Verdict::Denied, 0));
+        assert_eq!(denied.retry_after, Some(Duration::from_millis(200)));
+        let (allowed, _) = decide(&twenty, &partly, t, 1);
+        assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 15));
+        assert_eq!(allowed.delay, Duration::from_millis(200));
     }
 }

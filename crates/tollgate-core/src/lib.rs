@@ -16,17 +16,18 @@
 //! - all arithmetic is exact integer arithmetic on microseconds and saturates instead of
 //!   overflowing; time is assumed not to run backwards for a key (it never panics if it does);
 //! - a state written under other params of the same algorithm (a policy reload changed the
-//!   key's limit, burst or period) keeps its meaning: the log its entries, GCRA and the leaky
-//!   bucket their instant (moved earlier when the tolerance shrank, so that it is never further
-//!   ahead than the new params can put it), the token bucket its tokens (capped at the new
-//!   burst), windows their counts (see [`State`]), rounded so as to give no more quota than
-//!   before. One exception: a fixed window or sliding
-//!   counter keeps the number of its window, not its bounds, so after a change of *period* the
-//!   count only carries over into a window that happens to bear the same number; otherwise it
-//!   starts from zero, which may admit up to one new limit early. (The stores add a second
-//!   such case: they drop a state at its [`State::expires_at`] under the params it was last
-//!   written with, so a key that goes quiet past that instant after a change that slows its
-//!   refill starts afresh.)
+//!   key's limit, burst or period) keeps the units it has used, and what is left is
+//!   `max(0, new capacity - used)`: a window's count, the log's entries, the token bucket's
+//!   missing tokens, GCRA's and the leaky bucket's backlog (the buckets drained or refilled at the
+//!   rate they were written under until the decision that reads them, converted through the
+//!   period and capped at the new burst, rounded so as to give no more quota than before; see
+//!   [`State`]). A bucket's [`State::expires_at`] is its own, whatever the params, so a store
+//!   that drops it at the TTL it wrote decides as one that keeps it. One exception: a fixed
+//!   window or sliding counter keeps the number of its window, not its bounds, so after a
+//!   change of *period* the count only carries over into a window that happens to bear the same
+//!   number; otherwise it starts from zero, which may admit up to one new limit early. And the
+//!   windows and the log expire at the end of the period they were written under: after a
+//!   change that lengthens the period, the stores forget such a state at that old expiry.
 //!
 //! ```
 //! use std::time::Duration;

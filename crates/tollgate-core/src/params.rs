@@ -131,7 +131,7 @@ impl Params {
         self.limit.get()
     }
 
-    /// The limit, as the scale of a GCRA or leaky bucket state written under these params.
+    /// The limit, as a bucket state written under these params records it.
     pub(crate) fn limit_scale(&self) -> NonZeroU64 {
         self.limit
     }
@@ -146,8 +146,7 @@ impl Params {
         self.period_micros.get()
     }
 
-    /// The period in microseconds, as the scale of a token bucket state written under these
-    /// params.
+    /// The period in microseconds, as a bucket state written under these params records it.
     pub(crate) fn period_scale(&self) -> NonZeroU64 {
         self.period_micros
     }
@@ -159,9 +158,7 @@ impl Params {
 
     /// GCRA's tolerance (the leaky bucket's queue), `burst * period / limit`, in whole
     /// microseconds rounded down and at most 2^52 (the store scripts' numbers are doubles): how
-    /// far ahead of now a key's instant can be once a request has been admitted. A GCRA or
-    /// leaky bucket state records it, to convert itself when a reload lowers it (see
-    /// [`crate::State`]).
+    /// far ahead of now a key's instant can be once a request has been admitted.
     pub fn tolerance_micros(&self) -> u64 {
         let tolerance = u128::from(self.burst) * u128::from(self.period_micros.get())
             / u128::from(self.limit.get());

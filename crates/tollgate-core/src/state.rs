@@ -1,32 +1,37 @@
 use std::num::NonZeroU64;
 
-use crate::scaled::{div_ceil, instant, rescale_down, rescale_up};
+use crate::scaled::{div_ceil, instant};
 use crate::{Algorithm, Params, SlidingLog, Timestamp};
 
 /// Stored state of one key. Which variant is used depends on the limit's algorithm.
 ///
 /// Bucket algorithms keep time in *scaled* units, `micros * limit`, so that a drain or refill of
 /// `limit` units per `period` is exact integer arithmetic (one unit per scaled microsecond per
-/// token of period): a token is worth `period_micros` scaled units.
+/// token of period): a unit of cost is worth `period_micros` scaled units.
 ///
-/// A scaled value records the `scale` it was written in, because a policy reload can change a
-/// live key's limit, burst or period. Under other params the state keeps meaning the same thing:
-/// GCRA's theoretical arrival time and the leaky bucket's empty instant stay the same instants,
-/// the token bucket keeps its number of tokens at `updated`, capped at the new burst. A value
-/// that is not a whole number of units in the new scale is rounded so that it never gives more
-/// quota than before: instants round up (later), tokens round down. The windows and the log
-/// store plain counts and instants, which mean the same under any limit.
+/// # When the params change
 ///
-/// One bound on those instants, as the token bucket's cap at the new burst: GCRA's and the
-/// leaky bucket's states also record the tolerance they were written under
-/// ([`Params::tolerance_micros`]), and when the current one is smaller the instant moves
-/// earlier by the difference. Without it, loosening a limit whose period was longer (1 per hour
-/// to 10 per minute), or lifting a stricter override, left a key that had used its quota denied
-/// until the old instant, up to the old period, where a token bucket waits one new emission.
-/// The instant is then at most the new tolerance ahead of when it was written: a key that had
-/// used all its quota is as used up as the new params can make it, and recovers at their rate
-/// from then on. A state written before the tolerance was recorded reads 0, which moves
-/// nothing.
+/// A policy reload (or an override) can change a live key's limit, burst or period. Every
+/// algorithm then follows one rule: **the key keeps the units it has used, and what is left is
+/// `max(0, new capacity - used)`**.
+///
+/// - The windows and the log store plain counts and instants, which mean the same under any
+///   params: a window's count (or the log's entries in the trailing period) is what has been
+///   used, and the new limit is measured against it.
+/// - The buckets record when they were last written (`updated`) and the limit and period they
+///   were written under. Read under other params, the units used at `updated` (the token
+///   bucket's missing tokens, GCRA's and the leaky bucket's backlog) become as many units of the
+///   new params, capped at the new burst and rounded up to the next `1 / period_micros` unit
+///   (never more quota than before); from `updated` on they drain at the new rate. The cap also
+///   applies when only the burst changed. Converting at `updated`, a fixed instant, keeps every
+///   decision under the new params a function of the state alone, so a denial's `retry_after`
+///   stays exact though a denial writes nothing.
+///
+/// The stores give a state a TTL from [`State::expires_at`] under the params it was written
+/// with, and forget it then. Under new params whose rate is slower per unit (a bucket's units
+/// drain more slowly, a window or log period is longer), a state can still hold units used at
+/// that instant: it is forgotten with them, and the key starts afresh. This is part of the rule:
+/// a state lives until the expiry it was written with.
 ///
 /// A state of a variant that does not match the limit's algorithm (left over after a policy
 /// changed the algorithm of a key) is treated as [`State::empty`] by [`crate::decide`] and by
@@ -54,37 +59,43 @@ pub enum State {
         /// Cost admitted in window `window - 1`.
         previous: u64,
     },
-    /// Tokens at time `updated`, times the period in microseconds they were written under.
+    /// Tokens missing from the bucket at time `updated`, in scaled units of the params it was
+    /// written under (a token is `period` units; `limit` units refill per microsecond).
     TokenBucket {
-        /// Tokens in the bucket at `updated`, times `scale`.
-        tokens_scaled: u128,
-        /// When `tokens_scaled` was computed.
+        /// Tokens used (missing from a full bucket) at `updated`, times `period`.
+        used_scaled: u128,
+        /// When `used_scaled` was computed.
         updated: Timestamp,
-        /// The period in microseconds ([`Params::period_micros`]) of the params the state was
-        /// written under: a token is `scale` units of `tokens_scaled`.
-        scale: NonZeroU64,
+        /// The limit ([`Params::limit`]) of the params the state was written under.
+        limit: NonZeroU64,
+        /// The period in microseconds ([`Params::period_micros`]) of those params.
+        period: NonZeroU64,
     },
     /// Theoretical arrival time, in scaled units (`micros * limit` of the limit it was written
     /// under).
     Gcra {
-        /// Theoretical arrival time of the next request, in `micros * scale`.
+        /// Theoretical arrival time of the next request, in `micros * limit`.
         tat_scaled: u128,
+        /// When the state was written: the instant its units used convert at.
+        updated: Timestamp,
         /// The limit ([`Params::limit`]) of the params the state was written under: a
-        /// microsecond is `scale` units of `tat_scaled`.
-        scale: NonZeroU64,
-        /// [`Params::tolerance_micros`] of the params the state was written under.
-        tolerance: u64,
+        /// microsecond is `limit` units of `tat_scaled`.
+        limit: NonZeroU64,
+        /// The period in microseconds of those params: a unit of cost is `period` units of
+        /// `tat_scaled`.
+        period: NonZeroU64,
     },
     /// Time at which the queue is empty, in scaled units (`micros * limit` of the limit it was
     /// written under).
     LeakyBucket {
-        /// When the last admitted request has fully drained, in `micros * scale`.
+        /// When the last admitted request has fully drained, in `micros * limit`.
         empty_at_scaled: u128,
-        /// The limit ([`Params::limit`]) of the params the state was written under: a
-        /// microsecond is `scale` units of `empty_at_scaled`.
-        scale: NonZeroU64,
-        /// [`Params::tolerance_micros`] (the queue) of the params the state was written under.
-        tolerance: u64,
+        /// When the state was written: the instant its units used convert at.
+        updated: Timestamp,
+        /// The limit ([`Params::limit`]) of the params the state was written under.
+        limit: NonZeroU64,
+        /// The period in microseconds of those params.
+        period: NonZeroU64,
     },
 }
 
@@ -127,50 +138,51 @@ impl State {
                 previous: 0,
             },
             Algorithm::TokenBucket => State::TokenBucket {
-                tokens_scaled: u128::from(params.burst()) * u128::from(params.period_micros()),
+                used_scaled: 0,
                 updated: Timestamp::EPOCH,
-                scale: params.period_scale(),
+                limit: params.limit_scale(),
+                period: params.period_scale(),
             },
             Algorithm::LeakyBucket => State::LeakyBucket {
                 empty_at_scaled: 0,
-                scale: params.limit_scale(),
-                tolerance: params.tolerance_micros(),
+                updated: Timestamp::EPOCH,
+                limit: params.limit_scale(),
+                period: params.period_scale(),
             },
             Algorithm::Gcra => State::Gcra {
                 tat_scaled: 0,
-                scale: params.limit_scale(),
-                tolerance: params.tolerance_micros(),
+                updated: Timestamp::EPOCH,
+                limit: params.limit_scale(),
+                period: params.period_scale(),
             },
         }
     }
 
-    /// A token bucket's tokens at `updated` times `params.period_micros()`, and `updated`:
-    /// rescaled from the period the state was written under, rounded down. Not capped at the
-    /// burst (the caller caps after the refill). `None` for another algorithm's state.
+    /// A token bucket's tokens used at `updated`, in scaled units of `params` (a token is
+    /// `params.period_micros()`), converted (see [`State`]), and `updated`. `None` for another
+    /// algorithm's state.
     pub(crate) fn token_bucket(&self, params: &Params) -> Option<(u128, Timestamp)> {
         match *self {
             State::TokenBucket {
-                tokens_scaled,
+                used_scaled,
                 updated,
-                scale,
-            } => Some((
-                rescale_down(tokens_scaled, scale, params.period_scale()),
-                updated,
-            )),
+                period,
+                ..
+            } => Some((used_under(used_scaled, period, params), updated)),
             _ => None,
         }
     }
 
-    /// GCRA's theoretical arrival time in `micros * params.limit()`: rescaled from the limit
-    /// the state was written under, rounded up, and moved earlier by how much the tolerance
-    /// shrank (see [`State`]). `None` for another algorithm's state.
+    /// GCRA's theoretical arrival time in `micros * params.limit()`, converted (see [`State`]).
+    /// `None` for another algorithm's state.
     pub(crate) fn gcra_tat(&self, params: &Params) -> Option<u128> {
         match *self {
             State::Gcra {
                 tat_scaled,
-                scale,
-                tolerance,
-            } => Some(instant_under(tat_scaled, scale, tolerance, params)),
+                updated,
+                limit,
+                period,
+            } => Some(instant_under(tat_scaled, updated, limit, period, params)),
             _ => None,
         }
     }
@@ -181,9 +193,16 @@ impl State {
         match *self {
             State::LeakyBucket {
                 empty_at_scaled,
-                scale,
-                tolerance,
-            } => Some(instant_under(empty_at_scaled, scale, tolerance, params)),
+                updated,
+                limit,
+                period,
+            } => Some(instant_under(
+                empty_at_scaled,
+                updated,
+                limit,
+                period,
+                params,
+            )),
             _ => None,
         }
     }
@@ -231,15 +250,13 @@ impl State {
     ///
     /// [`Timestamp::EPOCH`] when the state is already equivalent to empty (including a state of
     /// another algorithm than `params`'); saturates at [`Timestamp::MAX`]. A bucket state written
-    /// under other params is read as [`crate::decide`] reads it (see [`State`]): GCRA and the
-    /// leaky bucket expire at the same instant under any params, a token bucket when its kept
-    /// tokens have refilled to the new burst at the new rate.
+    /// under other params is read as [`crate::decide`] reads it (see [`State`]): its units used,
+    /// converted, drained at `params`' rate.
     pub fn expires_at(&self, params: &Params) -> Timestamp {
         if self.algorithm() != params.algorithm() {
             return Timestamp::EPOCH;
         }
         let period = u128::from(params.period_micros());
-        let limit = u128::from(params.limit());
         match self {
             State::FixedWindow { window, count } => {
                 if *count == 0 {
@@ -266,43 +283,73 @@ impl State {
                 };
                 instant((u128::from(*window) + windows_left) * period)
             }
-            // The buckets read their scaled value as `decide` does (`token_bucket`, `gcra_tat`,
-            // `leaky_bucket_empty_at`).
+            // The buckets read their state as `decide` does.
             State::TokenBucket {
-                tokens_scaled,
+                used_scaled,
                 updated,
-                scale,
+                period: written,
+                ..
             } => {
-                let tokens = rescale_down(*tokens_scaled, *scale, params.period_scale());
-                let capacity = u128::from(params.burst()) * period;
-                let missing = capacity.saturating_sub(tokens);
-                instant(u128::from(updated.as_micros()).saturating_add(div_ceil(missing, limit)))
+                let used = used_under(*used_scaled, *written, params);
+                let limit = u128::from(params.limit());
+                instant(u128::from(updated.as_micros()).saturating_add(div_ceil(used, limit)))
             }
             State::Gcra {
                 tat_scaled: at,
-                scale,
-                tolerance,
+                updated,
+                limit,
+                period: written,
             }
             | State::LeakyBucket {
                 empty_at_scaled: at,
-                scale,
-                tolerance,
-            } => instant(div_ceil(
-                instant_under(*at, *scale, *tolerance, params),
+                updated,
                 limit,
+                period: written,
+            } => instant(div_ceil(
+                instant_under(*at, *updated, *limit, *written, params),
+                u128::from(params.limit()),
             )),
         }
     }
 }
 
-/// A GCRA or leaky bucket instant `at`, scaled by `scale` and written under a tolerance of
-/// `tolerance` µs, read under `params`: rescaled to `micros * params.limit()` (rounded up), then
-/// moved earlier by however much `params`' tolerance is smaller (rounded down: never further).
-fn instant_under(at: u128, scale: NonZeroU64, tolerance: u64, params: &Params) -> u128 {
-    let l = u128::from(params.limit());
-    let current = u128::from(params.burst()) * u128::from(params.period_micros());
-    let shrunk = (u128::from(tolerance) * l).saturating_sub(current);
-    rescale_up(at, scale, params.limit_scale()).saturating_sub(shrunk)
+/// A GCRA or leaky bucket instant `at`, scaled by `limit` and written at `updated` under
+/// `limit` per `period` µs, as an instant scaled by `params.limit()`: its backlog at `updated`
+/// (the units used then) converted (see [`used_under`]) and added to `updated`. The identity
+/// under the same limit and period when the backlog fits the burst.
+fn instant_under(
+    at: u128,
+    updated: Timestamp,
+    limit: NonZeroU64,
+    period: NonZeroU64,
+    params: &Params,
+) -> u128 {
+    let from = u128::from(updated.as_micros());
+    let ahead = at.saturating_sub(from * u128::from(limit.get()));
+    let used = used_under(ahead, period, params);
+    if limit == params.limit_scale() && period == params.period_scale() && used == ahead {
+        return at;
+    }
+    from * u128::from(params.limit()) + used
+}
+
+/// Units used, `used` scaled units of a period of `period` µs (a unit is `period` of them), as
+/// scaled units of `params` (a unit is `params.period_micros()`), capped at its burst: rounded up
+/// to the next scaled unit, so never more quota than before; exact (and the identity) when the
+/// period is the same.
+fn used_under(used: u128, period: NonZeroU64, params: &Params) -> u128 {
+    let p = u128::from(params.period_micros());
+    let capacity = u128::from(params.burst()) * p;
+    if period == params.period_scale() {
+        return used.min(capacity);
+    }
+    let from = u128::from(period.get());
+    let units = used / from;
+    if units >= u128::from(params.burst()) {
+        return capacity;
+    }
+    // Below the burst: every product stays below 2^128 (units < 2^40, periods < 2^45).
+    (units * p + div_ceil((used % from) * p, from)).min(capacity)
 }
 
 #[cfg(test)]
@@ -360,8 +407,9 @@ mod tests {
     fn log_append_replaces_a_foreign_state() {
         let mut state = State::Gcra {
             tat_scaled: 7,
-            scale: NonZeroU64::MIN,
-            tolerance: 0,
+            updated: t(0),
+            limit: NonZeroU64::MIN,
+            period: NonZeroU64::MIN,
         };
         state.apply(Transition::LogAppend {
             evict_before: t(0),
@@ -394,39 +442,67 @@ mod tests {
         assert_eq!(counter(0, 0).expires_at(&swc), Timestamp::EPOCH);
         // 4 per 10ms: 10_000 scaled units per token, 4 scaled units per microsecond.
         let bucket = State::TokenBucket {
-            tokens_scaled: 30_000,
+            used_scaled: 10_000,
             updated: t(1_000),
-            scale: scale(10_000),
+            limit: scale(4),
+            period: scale(10_000),
         };
         assert_eq!(bucket.expires_at(&params(Algorithm::TokenBucket)), t(3_500));
         let gcra = State::Gcra {
             tat_scaled: 4_001,
-            scale: scale(4),
-            tolerance: 10_000,
+            updated: t(1_000),
+            limit: scale(4),
+            period: scale(10_000),
         };
         assert_eq!(gcra.expires_at(&params(Algorithm::Gcra)), t(1_001));
         let leaky = State::LeakyBucket {
             empty_at_scaled: 4_000,
-            scale: scale(4),
-            tolerance: 10_000,
+            updated: t(1_000),
+            limit: scale(4),
+            period: scale(10_000),
         };
         assert_eq!(leaky.expires_at(&params(Algorithm::LeakyBucket)), t(1_000));
         assert_eq!(leaky.expires_at(&params(Algorithm::Gcra)), Timestamp::EPOCH);
-        // Written under a tolerance of 1 s where it is 10 ms now: 990 ms earlier (here, at
-        // the epoch at once); a state without a recorded tolerance keeps its instant.
-        let written_looser = |tolerance| State::Gcra {
-            tat_scaled: 4 * 2_000_000,
-            scale: scale(4),
-            tolerance,
+    }
+
+    /// A bucket read under other params expires when its units used, converted at the instant
+    /// it was written, have drained at the new rate.
+    #[test]
+    fn a_bucket_under_other_params_expires_at_the_new_rate() {
+        // One unit used at 1ms, written under 4 per 10ms (a unit is 2.5ms).
+        let bucket = State::TokenBucket {
+            used_scaled: 10_000,
+            updated: t(1_000),
+            limit: scale(4),
+            period: scale(10_000),
         };
-        let gcra = params(Algorithm::Gcra);
-        assert_eq!(gcra.tolerance_micros(), 10_000);
-        assert_eq!(written_looser(0).expires_at(&gcra), t(2_000_000));
-        assert_eq!(written_looser(10_000).expires_at(&gcra), t(2_000_000));
-        assert_eq!(written_looser(1_000_000).expires_at(&gcra), t(1_010_000));
-        assert_eq!(
-            written_looser(5_000_000).expires_at(&gcra),
-            Timestamp::EPOCH
-        );
+        let gcra = State::Gcra {
+            tat_scaled: 4 * 1_000 + 10_000,
+            updated: t(1_000),
+            limit: scale(4),
+            period: scale(10_000),
+        };
+        for (limit, period, expires) in [(4, 10, 3_500), (1, 10, 11_000), (1, 1, 2_000)] {
+            let period = Duration::from_millis(period);
+            let tb = Params::new(Algorithm::TokenBucket, limit, period, None).unwrap();
+            assert_eq!(bucket.expires_at(&tb), t(expires));
+            let g = Params::new(Algorithm::Gcra, limit, period, None).unwrap();
+            assert_eq!(gcra.expires_at(&g), t(expires));
+        }
+    }
+
+    /// Units used convert through the period: exact for the same period, rounded up to the next
+    /// scaled unit otherwise, and capped at the new burst.
+    #[test]
+    fn units_used_convert_through_the_period_and_are_capped() {
+        let second = Params::new(Algorithm::Gcra, 10, Duration::from_secs(1), Some(5)).unwrap();
+        // 3.5 units of a 2 s period (7_000_000 scaled units): 3.5 units of a 1 s period.
+        assert_eq!(used_under(7_000_000, scale(2_000_000), &second), 3_500_000);
+        // 1 scaled unit of a 3 µs period is a third of a unit: 333_334 of a 1 s period.
+        assert_eq!(used_under(1, scale(3), &second), 333_334);
+        // The same period: the same number, capped at the burst (5 units).
+        assert_eq!(used_under(4_000_000, scale(1_000_000), &second), 4_000_000);
+        assert_eq!(used_under(9_000_000, scale(1_000_000), &second), 5_000_000);
+        assert_eq!(used_under(u128::MAX, scale(7), &second), 5_000_000);
     }
 }

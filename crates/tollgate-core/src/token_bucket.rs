@@ -9,10 +9,10 @@
 //! earlier than the last update is decided as at that update, with durations counted from `now`.
 //! Observably identical to [`crate::gcra`] under fixed params.
 //!
-//! Tokens written under another period are the same number of tokens under this one, rounded
-//! down to the next `1 / period_micros` token (see [`State`]); they refill from `updated` at the
-//! current rate and never count for more than the current burst. A reload keeps the key's
-//! tokens, not its refill time (which GCRA keeps), so the two can differ after one.
+//! The state records the tokens *used* (missing from a full bucket) at `updated` and the limit
+//! and period it was written under. Under other params (a reload) the key keeps the tokens it
+//! had used at `updated` (see [`State`]): as many tokens of the new params, capped at the new
+//! burst, so `max(0, new burst - used)` were left then, refilled at the new rate since.
 
 use crate::scaled::{div_ceil, micros, saturate};
 use crate::{Decision, Params, State, Timestamp, Transition};
@@ -23,13 +23,12 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
     let l = u128::from(limit);
     let p = u128::from(params.period_micros());
     let capacity = u128::from(params.burst()) * p;
-    let (stored, updated) = state
-        .token_bucket(params)
-        .unwrap_or((capacity, Timestamp::EPOCH));
+    let (used, updated) = state.token_bucket(params).unwrap_or((0, Timestamp::EPOCH));
     let at = now.max(updated);
     let late = u128::from(at.as_micros() - now.as_micros());
     let refill = u128::from(at.as_micros() - updated.as_micros()) * l;
-    let tokens = stored.saturating_add(refill).min(capacity);
+    // The tokens used at `updated` (at most the burst), less those refilled since.
+    let tokens = capacity - used.saturating_sub(refill);
     let remaining = |tokens: u128| saturate(tokens / p);
     let until_full = |tokens: u128| micros(late.saturating_add(div_ceil(capacity - tokens, l)));
 
@@ -42,9 +41,10 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
     if let Some(left) = tokens.checked_sub(wanted) {
         let decision = Decision::allowed(limit, remaining(left), until_full(left));
         let state = State::TokenBucket {
-            tokens_scaled: left,
+            used_scaled: capacity - left,
             updated: at,
-            scale: params.period_scale(),
+            limit: params.limit_scale(),
+            period: params.period_scale(),
         };
         return (decision, Transition::Set(state));
     }
@@ -87,47 +87,51 @@ mod tests {
         let params =
             Params::new(Algorithm::TokenBucket, 1, Duration::from_secs(1), Some(1)).unwrap();
         let state = State::TokenBucket {
-            tokens_scaled: 0,
+            used_scaled: 1_000_000,
             updated: Timestamp::from_micros(5_000),
-            scale: params.period_scale(),
+            limit: params.limit_scale(),
+            period: params.period_scale(),
         };
         let (denied, _) = decide(&params, &state, Timestamp::from_micros(4_900), 1);
         assert_eq!(denied.retry_after, Some(Duration::from_micros(1_000_100)));
         assert_eq!(denied.reset_after, Duration::from_micros(1_000_100));
     }
 
-    /// After a reload from 1000/s to 10/s the bucket keeps its tokens, up to the new burst.
+    /// A reload keeps the tokens used: 10/s tightened to 5/s (burst 5) leaves a key that used
+    /// 4 one token, one that used all 10 none (one new token after 200ms), and loosened to 20/s
+    /// (burst 20) the first key has 16.
     #[test]
-    fn a_lower_limit_keeps_the_tokens() {
-        let fast =
-            Params::new(Algorithm::TokenBucket, 1_000, Duration::from_secs(1), None).unwrap();
-        let slow = Params::new(Algorithm::TokenBucket, 10, Duration::from_secs(1), None).unwrap();
+    fn a_changed_limit_keeps_the_tokens_used() {
+        let second = Duration::from_secs(1);
+        let ten = Params::new(Algorithm::TokenBucket, 10, second, None).unwrap();
+        let five = Params::new(Algorithm::TokenBucket, 5, second, None).unwrap();
+        let twenty = Params::new(Algorithm::TokenBucket, 20, second, None).unwrap();
         let t = Timestamp::from_micros(1_700_000_000_000_000);
-        let (mut one, mut all) = (State::empty(&fast), State::empty(&fast));
-        one.apply(decide(&fast, &one, t, 1).1);
-        all.apply(decide(&fast, &all, t, 995).1);
-        // 999 tokens left: a full bucket of 10.
-        let (allowed, _) = decide(&slow, &one, t, 10);
+        let (mut partly, mut fully) = (State::empty(&ten), State::empty(&ten));
+        partly.apply(decide(&ten, &partly, t, 4).1);
+        fully.apply(decide(&ten, &fully, t, 10).1);
+
+        let (allowed, _) = decide(&five, &partly, t, 1);
         assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 0));
-        assert_eq!(one.expires_at(&slow), t);
-        // 5 left: 5 now, then one per 100ms.
-        let (denied, _) = decide(&slow, &all, t, 6);
-        assert_eq!(
-            (denied.remaining, denied.retry_after),
-            (5, Some(Duration::from_millis(100)))
-        );
-        assert_eq!(denied.reset_after, Duration::from_millis(500));
+        let (denied, _) = decide(&five, &partly, t, 2);
+        assert_eq!(denied.verdict, Verdict::Denied);
+        let (denied, _) = decide(&five, &fully, t, 1);
+        assert_eq!((denied.verdict, denied.remaining), (Verdict::Denied, 0));
+        assert_eq!(denied.retry_after, Some(Duration::from_millis(200)));
+        assert_eq!(denied.reset_after, second);
+        let (allowed, _) = decide(&twenty, &partly, t, 1);
+        assert_eq!((allowed.verdict, allowed.remaining), (Verdict::Allowed, 15));
     }
 
-    /// A new period keeps the number of tokens; a fraction that the new period cannot express
-    /// rounds down.
+    /// What a state had used when written is as many tokens of a new period, rounded up to the
+    /// next `1 / period_micros` token, refilling at the new rate from then on.
     #[test]
-    fn a_new_period_keeps_the_tokens_rounded_down() {
+    fn a_new_period_converts_the_tokens_used_rounded_up() {
         let per_second =
             Params::new(Algorithm::TokenBucket, 10, Duration::from_secs(1), None).unwrap();
         let per_minute = Params::new(
             Algorithm::TokenBucket,
-            600,
+            60,
             Duration::from_secs(60),
             Some(10),
         )
@@ -135,12 +139,12 @@ mod tests {
         let t = Timestamp::from_micros(1_000_000_000);
         let mut state = State::empty(&per_second);
         state.apply(decide(&per_second, &state, t, 4).1);
+        // 4 used when written, refilling at the new 1 per second since: 50ms later 3.95 are
+        // used, 6 whole tokens left of the new 10, and the 7th is 950ms away.
         let later = t.saturating_add(Duration::from_millis(50));
-        // Same rate: 6.5 tokens either way.
-        let (mut decision, _) = decide(&per_minute, &state, later, 7);
-        assert_eq!(decision.retry_after, Some(Duration::from_millis(50)));
-        decision.limit = per_second.limit();
-        assert_eq!(decision, decide(&per_second, &state, later, 7).0);
+        let (denied, _) = decide(&per_minute, &state, later, 7);
+        assert_eq!((denied.verdict, denied.remaining), (Verdict::Denied, 6));
+        assert_eq!(denied.retry_after, Some(Duration::from_millis(950)));
 
         let p3 = Params::new(
             Algorithm::TokenBucket,
@@ -157,16 +161,18 @@ mod tests {
         )
         .unwrap();
         let state = State::TokenBucket {
-            tokens_scaled: 1, // 1/3000 token: one microsecond of refill
+            used_scaled: 1, // 1/3000 token used
             updated: t,
-            scale: p3.period_scale(),
+            limit: p3.limit_scale(),
+            period: p3.period_scale(),
         };
-        // 7/3 units of 1/7000 token: 2.
+        // 7/3 units of 1/7000 token: 3.
         let (_, transition) = decide(&p7, &state, t, 0);
         let expected = State::TokenBucket {
-            tokens_scaled: 2,
+            used_scaled: 3,
             updated: t,
-            scale: p7.period_scale(),
+            limit: p7.limit_scale(),
+            period: p7.period_scale(),
         };
         assert_eq!(transition, Transition::Set(expected));
     }

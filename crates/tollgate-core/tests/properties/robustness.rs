@@ -91,26 +91,46 @@ fn state_of(algorithm: Algorithm) -> BoxedStrategy<State> {
                 previous,
             })
             .boxed(),
-        Algorithm::TokenBucket => (extreme_u128(), extreme_u64(), extreme_scale())
-            .prop_map(|(tokens_scaled, updated, scale)| State::TokenBucket {
-                tokens_scaled,
+        Algorithm::TokenBucket => (
+            extreme_u128(),
+            extreme_u64(),
+            extreme_scale(),
+            extreme_scale(),
+        )
+            .prop_map(|(used_scaled, updated, limit, period)| State::TokenBucket {
+                used_scaled,
                 updated: Timestamp::from_micros(updated),
-                scale,
+                limit,
+                period,
             })
             .boxed(),
-        Algorithm::Gcra => (extreme_u128(), extreme_scale(), extreme_u64())
-            .prop_map(|(tat_scaled, scale, tolerance)| State::Gcra {
+        Algorithm::Gcra => (
+            extreme_u128(),
+            extreme_u64(),
+            extreme_scale(),
+            extreme_scale(),
+        )
+            .prop_map(|(tat_scaled, updated, limit, period)| State::Gcra {
                 tat_scaled,
-                scale,
-                tolerance,
+                updated: Timestamp::from_micros(updated),
+                limit,
+                period,
             })
             .boxed(),
-        Algorithm::LeakyBucket => (extreme_u128(), extreme_scale(), extreme_u64())
-            .prop_map(|(empty_at_scaled, scale, tolerance)| State::LeakyBucket {
-                empty_at_scaled,
-                scale,
-                tolerance,
-            })
+        Algorithm::LeakyBucket => (
+            extreme_u128(),
+            extreme_u64(),
+            extreme_scale(),
+            extreme_scale(),
+        )
+            .prop_map(
+                |(empty_at_scaled, updated, limit, period)| State::LeakyBucket {
+                    empty_at_scaled,
+                    updated: Timestamp::from_micros(updated),
+                    limit,
+                    period,
+                },
+            )
             .boxed(),
     }
 }

@@ -43,13 +43,20 @@ struct Slot {
 }
 
 impl Slot {
-    /// What a slot occupies: `Key` 64 + 8 + `Stored` 40 bytes, one 128-byte malloc chunk.
+    /// What a slot occupies: `Key` 64 + 8 + `Stored` 48 bytes (a bucket records when and under
+    /// which limit and period it was written), still one 128-byte malloc chunk with its 8-byte
+    /// header.
     #[cfg(test)]
-    const SIZE: usize = 112;
+    const SIZE: usize = 120;
 
     /// Applies `transition` and renews the expiry from the same state, read once. A sliding
     /// log is changed in place (no allocation once its buffer has grown to its longest length).
-    fn apply(&mut self, transition: Transition, params: &Params) {
+    /// A state that had expired at `now` was decided as empty, and is replaced by an empty one
+    /// first.
+    fn apply(&mut self, transition: Transition, params: &Params, now: Timestamp) {
+        if self.expires_at <= now {
+            self.state = Stored::from(State::empty(params));
+        }
         if let Stored::SlidingWindowLog(state) = &mut self.state {
             state.apply(transition);
             self.expires_at = state.expires_at(params);
@@ -78,19 +85,22 @@ enum Stored {
         previous: u64,
     },
     TokenBucket {
-        tokens_scaled: Halves,
+        used_scaled: Halves,
         updated: Timestamp,
-        scale: NonZeroU64,
+        limit: NonZeroU64,
+        period: NonZeroU64,
     },
     Gcra {
         tat_scaled: Halves,
-        scale: NonZeroU64,
-        tolerance: u64,
+        updated: Timestamp,
+        limit: NonZeroU64,
+        period: NonZeroU64,
     },
     LeakyBucket {
         empty_at_scaled: Halves,
-        scale: NonZeroU64,
-        tolerance: u64,
+        updated: Timestamp,
+        limit: NonZeroU64,
+        period: NonZeroU64,
     },
 }
 
@@ -127,31 +137,37 @@ impl Stored {
                 previous,
             },
             Stored::TokenBucket {
-                tokens_scaled,
+                used_scaled,
                 updated,
-                scale,
+                limit,
+                period,
             } => State::TokenBucket {
-                tokens_scaled: tokens_scaled.into(),
+                used_scaled: used_scaled.into(),
                 updated,
-                scale,
+                limit,
+                period,
             },
             Stored::Gcra {
                 tat_scaled,
-                scale,
-                tolerance,
+                updated,
+                limit,
+                period,
             } => State::Gcra {
                 tat_scaled: tat_scaled.into(),
-                scale,
-                tolerance,
+                updated,
+                limit,
+                period,
             },
             Stored::LeakyBucket {
                 empty_at_scaled,
-                scale,
-                tolerance,
+                updated,
+                limit,
+                period,
             } => State::LeakyBucket {
                 empty_at_scaled: empty_at_scaled.into(),
-                scale,
-                tolerance,
+                updated,
+                limit,
+                period,
             },
         })
     }
@@ -172,31 +188,37 @@ impl From<State> for Stored {
                 previous,
             },
             State::TokenBucket {
-                tokens_scaled,
+                used_scaled,
                 updated,
-                scale,
+                limit,
+                period,
             } => Stored::TokenBucket {
-                tokens_scaled: tokens_scaled.into(),
+                used_scaled: used_scaled.into(),
                 updated,
-                scale,
+                limit,
+                period,
             },
             State::Gcra {
                 tat_scaled,
-                scale,
-                tolerance,
+                updated,
+                limit,
+                period,
             } => Stored::Gcra {
                 tat_scaled: tat_scaled.into(),
-                scale,
-                tolerance,
+                updated,
+                limit,
+                period,
             },
             State::LeakyBucket {
                 empty_at_scaled,
-                scale,
-                tolerance,
+                updated,
+                limit,
+                period,
             } => Stored::LeakyBucket {
                 empty_at_scaled: empty_at_scaled.into(),
-                scale,
-                tolerance,
+                updated,
+                limit,
+                period,
             },
         }
     }
@@ -329,7 +351,7 @@ impl MemoryStore {
             let held = held_slot(&guards[shard_ids[i]], hashes[i], charge);
             held_keys.push(held.is_some());
             let repeated = charges[..i].iter().any(|c| c.key == charge.key);
-            let stored = state_of(held, charge);
+            let stored = state_of(held, charge, now);
             let (decision, transition) = if repeated {
                 // The same counter twice in one request: decide against the state the earlier
                 // charges of this request leave behind.
@@ -373,7 +395,7 @@ impl MemoryStore {
             // they stand, not as after a charge that is never made.
             for (i, charge) in charges.iter().enumerate() {
                 if decisions[i].is_allowed() && transitions[i] != Transition::Keep {
-                    let stored = stored_state(&guards[shard_ids[i]], hashes[i], charge);
+                    let stored = stored_state(&guards[shard_ids[i]], hashes[i], charge, now);
                     decisions[i] = as_is(charge.params, &stored, now);
                 }
             }
@@ -397,7 +419,7 @@ impl MemoryStore {
                     (!on_new_key).then(|| {
                         if decisions[i].is_allowed() && transitions[i] != Transition::Keep {
                             let stored =
-                                stored_state(&guards[shard_ids[i]], hashes[i], &charges[i]);
+                                stored_state(&guards[shard_ids[i]], hashes[i], &charges[i], now);
                             as_is(charges[i].params, &stored, now)
                         } else {
                             decisions[i]
@@ -422,7 +444,7 @@ impl MemoryStore {
                 let table = &mut guards[shard_ids[i]];
                 let hash = hashes[i];
                 if let Some(slot) = table.find_mut(hash, |slot| *slot.key == *charge.key) {
-                    slot.apply(transition, charge.params);
+                    slot.apply(transition, charge.params, now);
                     continue;
                 }
                 let mut state = State::empty(charge.params);
@@ -441,8 +463,13 @@ impl MemoryStore {
 }
 
 /// The state `table` holds for `charge`'s key (`hash`), or an empty one.
-fn stored_state<'a>(table: &'a Shard, hash: u64, charge: &Charge<'_>) -> Cow<'a, State> {
-    state_of(held_slot(table, hash, charge), charge)
+fn stored_state<'a>(
+    table: &'a Shard,
+    hash: u64,
+    charge: &Charge<'_>,
+    now: Timestamp,
+) -> Cow<'a, State> {
+    state_of(held_slot(table, hash, charge), charge, now)
 }
 
 /// The slot `table` holds for `charge`'s key (`hash`).
@@ -452,12 +479,16 @@ fn held_slot<'a>(table: &'a Shard, hash: u64, charge: &Charge<'_>) -> Option<&'a
         .map(|slot| &**slot)
 }
 
-/// The state of `held`, or an empty one for `charge`'s limit.
-fn state_of<'a>(held: Option<&'a Slot>, charge: &Charge<'_>) -> Cow<'a, State> {
-    held.map_or_else(
-        || Cow::Owned(State::empty(charge.params)),
-        |slot| slot.state.load(),
-    )
+/// The state of `held`, or an empty one for `charge`'s limit: also when it has expired at
+/// `now` (its expiry computed from the params it was written with), as a Redis TTL drops it.
+/// Under those params an expired state decides like an empty one anyway; under others (a
+/// window or log whose period was lengthened since) this is what makes both stores forget it at
+/// the same instant.
+fn state_of<'a>(held: Option<&'a Slot>, charge: &Charge<'_>, now: Timestamp) -> Cow<'a, State> {
+    match held {
+        Some(slot) if slot.expires_at > now => slot.state.load(),
+        _ => Cow::Owned(State::empty(charge.params)),
+    }
 }
 
 impl Store for MemoryStore {
@@ -525,8 +556,9 @@ mod tests {
         }
         let wide = State::Gcra {
             tat_scaled: u128::MAX - 5,
-            scale: NonZeroU64::MIN,
-            tolerance: u64::MAX,
+            updated: Timestamp::MAX,
+            limit: NonZeroU64::MIN,
+            period: NonZeroU64::MAX,
         };
         assert_eq!(*Stored::from(wide.clone()).load(), wide);
     }

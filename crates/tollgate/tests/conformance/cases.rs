@@ -29,6 +29,8 @@ cases!(
     concurrent_requests_admit_exactly_the_limit,
     checks_charge_nothing_and_deny_when_one_unit_would_not_fit,
     charging_up_to_the_limit_counts_what_is_left,
+    a_changed_limit_keeps_the_units_used,
+    a_state_lives_until_the_ttl_it_was_written_with,
 );
 
 fn params(algorithm: Algorithm, limit: u64, period: Duration, burst: Option<u64>) -> Params {
@@ -419,6 +421,98 @@ async fn concurrent_requests_admit_exactly_the_limit(b: Backend) {
             (d.verdict, d.remaining),
             (Verdict::Denied, 0),
             "{algorithm}"
+        );
+    }
+}
+
+/// A reload tightens a live key's limit, then loosens it (10 a minute, then 5, then 20), for
+/// every algorithm: what is left is `max(0, new limit - used)`. A key that used all its 10 is
+/// denied under 5; one that used 3 is admitted once more with 1 left, then denied; loosened to
+/// 20 it has 20 - 4 - 1 = 15 left after one more.
+async fn a_changed_limit_keeps_the_units_used(b: Backend) {
+    let minute = Duration::from_secs(60);
+    // Start just after a window boundary, so no window ends in between.
+    let minute_us = minute.as_micros() as u64;
+    let now = b.clock.now().as_micros();
+    b.clock.set(tollgate_core::Timestamp::from_micros(
+        (now / minute_us + 1) * minute_us + 1_000,
+    ));
+    for algorithm in Algorithm::ALL {
+        let (ten, five, twenty) = (
+            params(algorithm, 10, minute, None),
+            params(algorithm, 5, minute, None),
+            params(algorithm, 20, minute, None),
+        );
+        let (full, partly) = (format!("full-{algorithm}"), format!("partly-{algorithm}"));
+        let (full, partly) = (full.as_bytes(), partly.as_bytes());
+        assert!(
+            one(&b.store, full, &ten, 10).await.is_allowed(),
+            "{algorithm}"
+        );
+        assert!(
+            one(&b.store, partly, &ten, 3).await.is_allowed(),
+            "{algorithm}"
+        );
+        b.clock.advance(Duration::from_micros(1));
+
+        let denied = one(&b.store, full, &five, 1).await;
+        assert_eq!(denied.verdict, Verdict::Denied, "{algorithm}: fully used");
+        assert_eq!(denied.remaining, 0, "{algorithm}: fully used");
+        let tightened = one(&b.store, partly, &five, 1).await;
+        assert_eq!(
+            (tightened.verdict, tightened.remaining),
+            (Verdict::Allowed, 1),
+            "{algorithm}: partly used"
+        );
+        let over = one(&b.store, partly, &five, 2).await;
+        assert_eq!(over.verdict, Verdict::Denied, "{algorithm}: partly used");
+        let loosened = one(&b.store, partly, &twenty, 1).await;
+        assert_eq!(
+            (loosened.verdict, loosened.remaining),
+            (Verdict::Allowed, 15),
+            "{algorithm}: loosened"
+        );
+    }
+}
+
+/// A state keeps the TTL it was written with: 1 per 200ms lengthened to 1 an hour, a key that
+/// used its unit is denied (the log keeps its entry, the buckets their unit used), and once the
+/// old TTL has passed both stores have forgotten it: admitted, on every algorithm (the windows
+/// start afresh at once, their window number changing with the period).
+async fn a_state_lives_until_the_ttl_it_was_written_with(b: Backend) {
+    let short = Duration::from_millis(200);
+    let hour = Duration::from_secs(3_600);
+    for algorithm in Algorithm::ALL {
+        let key = format!("lengthened-{algorithm}");
+        let key = key.as_bytes();
+        let (before, after) = (
+            params(algorithm, 1, short, None),
+            params(algorithm, 1, hour, None),
+        );
+        assert!(
+            one(&b.store, key, &before, 1).await.is_allowed(),
+            "{algorithm}"
+        );
+        if !matches!(
+            algorithm,
+            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter
+        ) {
+            let denied = one(&b.store, key, &after, 1).await;
+            assert_eq!(denied.verdict, Verdict::Denied, "{algorithm}: still used");
+        }
+    }
+    // Real time must pass for Redis to expire keys; the pinned clock follows it.
+    tokio::time::sleep(2 * short + Duration::from_millis(100)).await;
+    b.clock.advance(2 * short + Duration::from_millis(100));
+    for algorithm in Algorithm::ALL {
+        let key = format!("lengthened-{algorithm}");
+        let after = params(algorithm, 1, hour, None);
+        let decision = one(&b.store, key.as_bytes(), &after, 1).await;
+        assert_eq!(
+            (decision.verdict, decision.remaining),
+            (Verdict::Allowed, 0),
+            "{}: {algorithm} past the TTL it was written with",
+            b.name
         );
     }
 }

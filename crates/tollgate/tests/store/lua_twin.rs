@@ -457,11 +457,18 @@ fn refund_state(state: &mut State, params: &Params, now: u64, cost: u64) -> bool
                 false
             }
         }
-        State::TokenBucket { tokens_scaled, .. } => {
-            let capacity = u128::from(params.burst()) * p;
-            let refilled = (*tokens_scaled + u128::from(cost) * p).min(capacity);
-            let changed = refilled != *tokens_scaled;
-            *tokens_scaled = refilled;
+        // A bucket written under another limit or period than the refund's is left alone.
+        State::TokenBucket { limit, period, .. }
+        | State::Gcra { limit, period, .. }
+        | State::LeakyBucket { limit, period, .. }
+            if (limit.get(), period.get()) != (params.limit(), params.period_micros()) =>
+        {
+            false
+        }
+        State::TokenBucket { used_scaled, .. } => {
+            let refilled = used_scaled.saturating_sub(u128::from(cost) * p);
+            let changed = refilled != *used_scaled;
+            *used_scaled = refilled;
             changed
         }
         State::Gcra { tat_scaled: t, .. }
@@ -721,43 +728,35 @@ fn shared_vectors_decide_like_the_core() {
     assert!(count >= 20, "only {count} vectors");
 }
 
-/// A key charged under one tolerance and decided under a smaller one (1 per hour loosened to
-/// 10 per minute): the script moves the instant earlier exactly as the core does, for GCRA and
-/// the leaky bucket, and caps the token bucket's full instant at one new refill, which for a
-/// key that used its tokens is what the core's kept tokens give (a wait of one new emission,
-/// not the rest of the hour, and `retry_after` exact); back under the larger tolerance, GCRA
-/// and the leaky bucket stay denied.
+/// A key's limit tightened, then loosened, for every algorithm: a key that used all its 10 a
+/// minute is denied under 5 a minute, one that used 3 is admitted once more (5 - 3 - 1 = 1
+/// left), and loosened to 20 a minute it has 20 - 4 - 1 = 15 left after one more; the script
+/// answers exactly as the core, with the same TTLs.
 #[test]
-fn a_smaller_tolerance_moves_the_instant_like_the_core() {
+fn a_changed_limit_keeps_the_units_used_like_the_core() {
     let mut redis = Redis::start();
-    for algorithm in [
-        Algorithm::Gcra,
-        Algorithm::LeakyBucket,
-        Algorithm::TokenBucket,
-    ] {
-        let hourly = Params::new(algorithm, 1, Duration::from_secs(3_600), None).unwrap();
-        let minute = Params::new(algorithm, 10, Duration::from_secs(60), None).unwrap();
-        let key = fresh_key("tolerance");
+    for algorithm in Algorithm::ALL {
+        let minute = Duration::from_secs(60);
+        let per_minute = |limit| Params::new(algorithm, limit, minute, None).unwrap();
+        let (ten, five, twenty) = (per_minute(10), per_minute(5), per_minute(20));
+        let (full, partly) = (fresh_key("full"), fresh_key("partly"));
         let mut reference = Reference::default();
-        let mut decide = |params, at, cost| {
-            let charge = [Charge::new(&key, params, cost)];
-            both(&mut redis, &mut reference, &charge, at, true, &[&key]).unwrap()
+        let mut call = |key: &str, params, at, cost| {
+            let charge = [Charge::new(key, params, cost)];
+            both(&mut redis, &mut reference, &charge, at, true, &[key]).unwrap()
         };
-        assert!(decide(hourly, BASE, 1).admitted);
-        let denied = decide(minute, BASE, 1);
+        assert!(call(&full, ten, BASE, 10).admitted, "{algorithm}");
+        assert!(call(&partly, ten, BASE, 3).admitted, "{algorithm}");
+        let denied = call(&full, five, BASE + 1, 1);
+        assert_eq!(denied.decisions[0][..2], [1, 0], "{algorithm}: fully used");
+        let tightened = call(&partly, five, BASE + 1, 1);
         assert_eq!(
-            denied.decisions[0][..4],
-            [1, 0, 60_000_000, 6_000_000],
-            "{algorithm}"
+            tightened.decisions[0][..2],
+            [0, 1],
+            "{algorithm}: partly used"
         );
-        assert!(decide(minute, BASE + 6_000_000, 1).admitted, "{algorithm}");
-        if algorithm == Algorithm::TokenBucket {
-            // Under a longer refill the core keeps the tokens (none) and the script its full
-            // instant (a minute away): they differ there, as script.rs says.
-            continue;
-        }
-        let back = decide(hourly, BASE + 6_000_000, 1);
-        assert!(!back.admitted, "{algorithm}");
+        let loosened = call(&partly, twenty, BASE + 2, 1);
+        assert_eq!(loosened.decisions[0][..2], [0, 15], "{algorithm}: loosened");
     }
 }
 
@@ -782,22 +781,48 @@ fn random_sequences_decide_like_the_core() {
     }
 }
 
-/// Every algorithm's params, plus a second variant of the windows and the log (keys that switch
-/// params). See `multi_charge_calls_are_all_or_nothing`.
+/// Random parameters changing between the calls on one key (a reload tightening or loosening
+/// its limit, burst or period, back and forth), for every algorithm: the script keeps the
+/// units used exactly as the core does, with the same TTLs.
+#[test]
+fn changed_params_decide_like_the_core() {
+    let redis = RefCell::new(Redis::start());
+    for algorithm in Algorithm::ALL {
+        let strategy = (
+            proptest::array::uniform3(params(algorithm)),
+            start(),
+            steps(1..40),
+            proptest::collection::vec(0..3usize, 40),
+        );
+        check(
+            &redis,
+            64,
+            strategy,
+            |redis, (by_step, start, steps, picks)| {
+                let key = fresh_key(algorithm.name());
+                let mut reference = Reference::default();
+                let mut now = start;
+                for (step, pick) in steps.iter().zip(picks) {
+                    let params = by_step[pick];
+                    now = step_clock(now, step.advance(params.period_micros()));
+                    let charge = [Charge::new(&key, params, step.cost(params.capacity()))];
+                    both(redis, &mut reference, &charge, now, true, &[&key])?;
+                }
+                Ok(())
+            },
+        );
+    }
+}
+
+/// Every algorithm's params, then a second variant of each (keys that switch params: a reload
+/// tightening or loosening a live key's limit, burst or period). See
+/// `multi_charge_calls_are_all_or_nothing`.
 fn params_by_algorithm() -> impl Strategy<Value = Vec<Params>> {
-    (
-        Algorithm::ALL.map(params),
-        [
-            params(Algorithm::FixedWindow),
-            params(Algorithm::SlidingWindowLog),
-            params(Algorithm::SlidingWindowCounter),
-        ],
-    )
-        .prop_map(|(main, variants)| {
-            let mut all = main.to_vec();
-            all.extend(variants);
-            all
-        })
+    (Algorithm::ALL.map(params), Algorithm::ALL.map(params)).prop_map(|(main, variants)| {
+        let mut all = main.to_vec();
+        all.extend(variants);
+        all
+    })
 }
 
 /// One call of up to three charges on three keys.
@@ -835,9 +860,12 @@ impl Call {
         self.picks
             .iter()
             .map(|&(k, algorithm, cost, enforce)| {
-                // Mostly the key's own algorithm; sometimes another one (a policy switch).
+                // Mostly the key's own algorithm, under its params or their variant (a reload
+                // changed them); sometimes another one (a policy switch).
                 let a = if algorithm % 8 == 0 {
                     usize::from(algorithm / 8) % by_algorithm.len()
+                } else if algorithm % 8 < 3 {
+                    homes[k] + Algorithm::ALL.len()
                 } else {
                     homes[k]
                 };
@@ -867,11 +895,9 @@ impl Call {
 }
 
 /// Several limits per call: all-or-nothing, shadow (`enforce = 0`) charges, the same key twice
-/// in one call, decide-only calls, and keys that switch algorithm (a policy reload), including
-/// between the hash and the ZSET layouts. The windows and the log keep counts and instants, so
-/// they also stay exact when a key's limit or period changes: they get a second variant (the
-/// buckets convert their state on a change, with rounding that differs from the script's; see
-/// script.rs).
+/// in one call, decide-only calls, keys that switch algorithm (a policy reload), including
+/// between the hash and the ZSET layouts, and keys whose params change between calls (every
+/// algorithm has a second variant).
 #[test]
 fn multi_charge_calls_are_all_or_nothing() {
     let redis = RefCell::new(Redis::start());

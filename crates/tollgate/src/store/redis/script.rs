@@ -66,8 +66,9 @@
 //! counter's previous window once it has rolled, nothing if older); the sliding log takes
 //! `cost` back from its entries at that instant; the token bucket gets its tokens back, capped
 //! at burst; GCRA and the leaky bucket move their time back by `cost * period / limit`, never
-//! before the charge instant. TTLs follow the new state. Replies the number of distinct keys
-//! whose state changed.
+//! before the charge instant; a bucket written under another limit or period than the
+//! refund's (a reload converted it since) is left alone. TTLs follow the new state. Replies the
+//! number of distinct keys whose state changed.
 //!
 //! # Storage
 //!
@@ -80,9 +81,11 @@
 //!   `z` = previous; token bucket `x` = updated (µs), `y`,`z` = the instant the bucket is full
 //!   again; leaky bucket `x`,`y` = the instant the queue is empty; GCRA `x`,`y` = the
 //!   theoretical arrival time. An instant is a pair `(w, f)` = `w * limit + f` in Rust's scaled
-//!   units (`micros * limit`), `0 <= f < limit`. The leaky bucket's and GCRA's `z` is the
-//!   tolerance they were written under (`Params::tolerance_micros`); a state written before it
-//!   was recorded has none and reads as 0, as in Rust. `b` is the instant (µs) the hash was
+//!   units (`micros * limit`), `0 <= f < limit`. The leaky bucket's and GCRA's `z` is when they
+//!   were written (µs). The buckets' `l` and `p` are the limit and period they were written
+//!   under, which a decision under other params converts them from (see "When the params
+//!   change" in `tollgate_core::State`); a bucket written before they were recorded has none and
+//!   is read as written under the current params. `b` is the instant (µs) the hash was
 //!   made, written once: REFUND leaves a hash made after the charge it undoes alone (Redis lost
 //!   the counter charged, say a `FLUSHALL` before a local budget's give-back, and a new one was
 //!   made since; a clock stepped back in between drops the refund too, conservatively).
@@ -92,15 +95,11 @@
 //!
 //! # Where the scripts and the core may differ
 //!
-//! - Params changed on a live key. The windows and the log store counts and instants, which mean
-//!   the same under any params: they stay identical to the core. GCRA and the leaky bucket keep
-//!   an instant (µs and a remainder in 1/limit µs), moved earlier when the tolerance shrank, as
-//!   the core does (see `tollgate_core::State`), but their sub-microsecond rounding can differ
-//!   by one emission. The token bucket differs more: the script keeps the instant the bucket is
-//!   full (capped at `updated` plus the new refill time) where the core keeps the tokens
-//!   (capped at the new burst). They agree for a key that had used all its tokens, and for any
-//!   key once it is full; in between they can differ by a few tokens either way (the script
-//!   carries the time the bucket still needs to refill, the core the tokens it holds).
+//! - Params changed on a live key: none. Every algorithm keeps the units used, exactly as the
+//!   core does (the windows and the log their counts, the buckets their units used when last
+//!   written, converted through the period and capped at the new burst). The TTL a key was
+//!   given under its old params stands, on either store (see `tollgate_core::State`). REFUND
+//!   leaves a bucket written under another limit or period than the refund's alone.
 //! - `now` at or past [`MAX_NOW_MICROS`] is an error, and a bucket whose refill time fails
 //!   [`fits_lua`] must not reach the script.
 //! - A state that has expired when written is deleted: the same from then on (the core's

@@ -25,25 +25,26 @@
 -- Storage: see state.lua (hash layout) and each algorithm's file (fields, sliding-log ZSET).
 
 -- One charge of `cost` against its key's context c: verdict, remaining, reset, retry, delay,
--- then what to apply when allowed (for the sliding log, true; else the new state's fields).
+-- then what to apply when allowed (for the sliding log, true; else the new state's fields; a
+-- bucket's is written under this charge's limit and period).
 local function decide_charge(c, alg, now, limit, period, burst, cost)
   if alg == 2 then
     return sliding_window_log_decide(c, now, limit, period, cost)
   end
-  local x, y, z
+  local x, y, z, l, p
   if c.tag == alg then
-    x, y, z = c.x, c.y, c.z
+    x, y, z, l, p = c.x, c.y, c.z, c.l, c.p
   end
   if alg == 1 then
     return fixed_window_decide(x, y, now, limit, period, cost)
   elseif alg == 3 then
     return sliding_window_counter_decide(x, y, z, now, limit, period, cost)
   elseif alg == 4 then
-    return token_bucket_decide(x, y, z, now, limit, period, burst, cost)
+    return token_bucket_decide(x, y, z, l, p, now, limit, period, burst, cost)
   elseif alg == 5 then
-    return leaky_bucket_decide(x, y, z, now, limit, period, burst, cost)
+    return leaky_bucket_decide(x, y, z, l, p, now, limit, period, burst, cost)
   elseif alg == 6 then
-    return gcra_decide(x, y, z, now, limit, period, burst, cost)
+    return gcra_decide(x, y, z, l, p, now, limit, period, burst, cost)
   end
   error({ err = 'ERR tollgate: unknown algorithm code ' .. tostring(alg) })
 end
@@ -104,7 +105,7 @@ local function decide_request(first, n, arg, commit, now)
     if nx and alg == 2 then
       sliding_window_log_apply(c, period, cost)
     elseif nx then
-      c.tag, c.x, c.y, c.z = alg, nx, ny, nz
+      c.tag, c.x, c.y, c.z, c.l, c.p = alg, nx, ny, nz, limit, period
       c.base, c.T, c.dirty, c.ep = false, 0, true, period
     end
     local charged = 0

@@ -1,19 +1,20 @@
 -- Twin of tollgate_core::gcra, and the meter arithmetic that token_bucket.lua and
 -- leaky_bucket.lua share with it. Hash state: x, y = the theoretical arrival time as a scaled
--- pair (tat = x * limit + y, 0 <= y < limit); z = the tolerance it was written under, in whole
--- µs (Params::tolerance_micros; absent in a state written before it was recorded).
+-- pair (tat = x * l + y, 0 <= y < l); z = when it was written (µs); l, p = the limit and
+-- period (µs) it was written under (state.lua). A state written before l and p were recorded
+-- (its z was a tolerance) is read as written under the current params.
 --
 -- Rust keeps tat_scaled = micros * limit in u128; here it is (whole µs, remainder in 1/limit
 -- µs), so now_scaled is (now, 0) for free. The tolerance burst * period and the increment
 -- cost * period become pairs through muldivmod; `remaining` needs one more muldivmod.
 
-local meter_ahead, meter_decide, meter_refund, meter_within, meter_capped
+local meter_ahead, meter_decide, meter_refund, meter_converted
 local gcra_decide, gcra_expires, gcra_refund
 
--- Builds the meter (see state.lua). Returns ahead, decide, refund, within, capped.
+-- Builds the meter (see state.lua). Returns ahead, decide, refund, converted.
 local function meter_twin(fmod, divmod, muldivmod, ceil_us)
   -- The tolerance burst * period as a pair (whole µs, remainder in 1/limit µs). The last one
-  -- is kept: a twin reads it for the state (within, capped), then the meter for the decision,
+  -- is kept: a twin reads it for the state (converted), then the meter for the decision,
   -- and a batch's charges mostly share their params.
   local t_limit, t_period, t_burst, t_w, t_f
   local function tolerance(limit, period, burst)
@@ -107,61 +108,69 @@ local function meter_twin(fmod, divmod, muldivmod, ceil_us)
     return nw, nf
   end
 
-  -- The instant (w, f), written under a tolerance of z whole µs (nil or 0: not recorded),
-  -- moved earlier by however much the current tolerance burst * period (scaled) is smaller, as
-  -- tollgate_core::State reads it: never further ahead than the current params can put it.
-  -- Returns the pair, and the current tolerance in whole µs (what a write records).
-  local function within(w, f, z, limit, period, burst)
-    local tw, tf = tolerance(limit, period, burst)
-    if not w or not z or z <= tw then
-      return w, f, tw
-    end
-    -- The shift z * limit - (tw * limit + tf), as a pair.
-    local sw, sf = z - tw, -tf
-    if sf < 0 then
-      sw, sf = sw - 1, sf + limit
-    end
-    w, f = carried(w, f, limit)
-    local nw, nf = w - sw, f - sf
-    if nf < 0 then
-      nw, nf = nw - 1, nf + limit
-    end
-    if nw < 0 then
-      return 0, 0, tw
-    end
-    return nw, nf, tw
-  end
-
-  -- The instant (w, f), no later than `from` plus the tolerance burst * period: a token
-  -- bucket's full instant, written at `from` under params with a longer refill, is at most
-  -- empty under the current ones. Returns the pair.
-  local function capped(w, f, from, limit, period, burst)
-    if not w then
+  -- The scaled instant (w, f) of a state written at `from` (whole µs) under wl per wp µs, as an
+  -- instant of the current params, as tollgate_core::State converts it: its backlog at `from`
+  -- (the units used then, a unit being wp scaled units) as units of the current params,
+  -- ceil(used * period / wp), capped at the tolerance burst * period, added to `from`. The
+  -- identity under the same limit and period when the backlog fits; wl nil (a state written
+  -- before the params were recorded) reads as written under the current ones.
+  local function converted(w, f, from, wl, wp, limit, period, burst)
+    if not w or not wl then
       return w, f
     end
     local tw, tf = tolerance(limit, period, burst)
-    w, f = carried(w, f, limit)
-    local cw = from + tw
-    if w > cw or (w == cw and f > tf) then
-      return cw, tf
+    w, f = carried(w, f, wl)
+    local aw, af = 0, 0
+    if w >= from then
+      aw, af = w - from, f
     end
-    return w, f
+    if wl == limit and wp == period then
+      if aw > tw or (aw == tw and af > tf) then
+        return from + tw, tf
+      end
+      return w, f
+    end
+    -- The backlog aw * wl + af: q whole units and s scaled units left over (below wp).
+    local q, s = muldivmod(aw, wl, wp)
+    s = s + af
+    if s >= wp then
+      local q2
+      q2, s = divmod(s, wp)
+      q = q + q2
+    end
+    if q >= burst then
+      return from + tw, tf
+    end
+    -- q * period + ceil(s * period / wp) scaled units of the current limit, as a pair.
+    local qw, qf = muldivmod(q, period, limit)
+    local c, m = muldivmod(s, period, wp)
+    if m > 0 then
+      c = c + 1
+    end
+    local cw, cf = divmod(c, limit)
+    aw, af = qw + cw, qf + cf
+    if af >= limit then
+      aw, af = aw + 1, af - limit
+    end
+    if aw > tw or (aw == tw and af > tf) then
+      return from + tw, tf
+    end
+    return from + aw, af
   end
 
-  return ahead, decide, refund, within, capped
+  return ahead, decide, refund, converted
 end
 
 -- Builds the twin on the meter. Returns decide, expires, refund.
-local function gcra_twin(ahead, meter, rewind, ceil_us, within)
-  -- Returns verdict, remaining, reset_after, retry_after, delay, then the new (x, y, z) if
-  -- allowed.
-  local function decide(tat_w, tat_f, tolerance, now, limit, period, burst, cost)
-    local tw
-    tat_w, tat_f, tw = within(tat_w, tat_f, tolerance, limit, period, burst)
+local function gcra_twin(ahead, meter, rewind, ceil_us, converted)
+  -- The TAT (tat_w, tat_f) was written at `written` under wl per wp µs. Returns verdict,
+  -- remaining, reset_after, retry_after, delay, then the new (x, y, z) if allowed.
+  local function decide(tat_w, tat_f, written, wl, wp, now, limit, period, burst, cost)
+    tat_w, tat_f = converted(tat_w, tat_f, written, wl, wp, limit, period, burst)
     local aw, af = ahead(tat_w, tat_f, now, limit)
     local verdict, remaining, reset, retry, nw, nf = meter(aw, af, limit, period, burst, cost)
     if verdict == 0 then
-      return 0, remaining, reset, -1, 0, now + nw, nf, tw
+      return 0, remaining, reset, -1, 0, now + nw, nf, now
     end
     return verdict, remaining, reset, retry, 0
   end

@@ -1,20 +1,19 @@
 -- Twin of tollgate_core::leaky_bucket: GCRA's admission (the meter in gcra.lua) plus the delay
--- ceil(backlog / limit). Hash state: x, y = when the queue runs dry, as a scaled pair; z = the
--- tolerance (the queue) it was written under, as GCRA's.
+-- ceil(backlog / limit). Hash state: x, y = when the queue runs dry, as a scaled pair; z = when
+-- it was written; l, p = the limit and period it was written under, as GCRA's.
 
 local leaky_bucket_decide, leaky_bucket_expires, leaky_bucket_refund
 
 -- Builds the twin on the meter (see state.lua). Returns decide, expires, refund.
-local function leaky_bucket_twin(ahead, meter, rewind, ceil_us, within)
-  -- Returns verdict, remaining, reset_after, retry_after, delay, then the new (x, y, z) if
-  -- allowed.
-  local function decide(empty_w, empty_f, tolerance, now, limit, period, burst, cost)
-    local tw
-    empty_w, empty_f, tw = within(empty_w, empty_f, tolerance, limit, period, burst)
+local function leaky_bucket_twin(ahead, meter, rewind, ceil_us, converted)
+  -- The drain time (empty_w, empty_f) was written at `written` under wl per wp µs. Returns
+  -- verdict, remaining, reset_after, retry_after, delay, then the new (x, y, z) if allowed.
+  local function decide(empty_w, empty_f, written, wl, wp, now, limit, period, burst, cost)
+    empty_w, empty_f = converted(empty_w, empty_f, written, wl, wp, limit, period, burst)
     local bw, bf = ahead(empty_w, empty_f, now, limit)
     local verdict, remaining, reset, retry, nw, nf = meter(bw, bf, limit, period, burst, cost)
     if verdict == 0 then
-      return 0, remaining, reset, -1, ceil_us(bw, bf), now + nw, nf, tw
+      return 0, remaining, reset, -1, ceil_us(bw, bf), now + nw, nf, now
     end
     return verdict, remaining, reset, retry, 0
   end

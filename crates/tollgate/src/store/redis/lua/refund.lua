@@ -10,7 +10,8 @@
 -- charge landed in (the counter's previous one if the window has rolled, nothing if older);
 -- the sliding log takes `cost` back from its entries at that instant (newest first); the token
 -- bucket gets the tokens back (capped at burst); GCRA and the leaky bucket move their time
--- back by cost * period, never before the charge instant. A hash made after the charge instant
+-- back by cost * period, never before the charge instant; a bucket written under another limit
+-- or period than the refund's (a reload since the charge) is left alone. A hash made after the charge instant
 -- (Redis lost the counter charged and a new one was made) is left alone, as the sliding log
 -- has no entries at that instant then. TTLs follow the new state (a state
 -- that has expired is deleted). A key of another algorithm is left alone; a key of a foreign
@@ -44,6 +45,9 @@ for i = 1, #KEYS do
       nx, ny = fixed_window_refund(c.x, c.y, now, period, cost)
     elseif alg == 3 then
       nx, ny, nz = sliding_window_counter_refund(c.x, c.y, c.z, now, period, cost)
+    elseif c.l and (c.l ~= limit or c.p ~= period) then
+      -- A bucket written under other params since the charge: a reload converted what it had
+      -- used, and the charge is no longer one of its units to take back (nothing changes).
     elseif alg == 4 then
       nx, ny, nz = token_bucket_refund(c.x, c.y, c.z, limit, period, burst, cost)
     elseif alg == 5 then
@@ -54,7 +58,11 @@ for i = 1, #KEYS do
       nz = c.z
     end
     if nx then
+      if alg >= 5 and not c.l then
+        nz = now -- a state from before the params were recorded: its z was no instant
+      end
       c.x, c.y, c.z, c.dirty, c.ep = nx, ny, nz, true, period
+      c.l, c.p = limit, period
     end
   end
 end

@@ -2,7 +2,8 @@
 -- call, holding what was read and the tentative state the call's charges leave behind.
 --
 -- Hash layout (every algorithm but the sliding log): t = algorithm code, then x, y[, z] as
--- each twin documents. A hash of another algorithm (a policy switched algorithm on a live key)
+-- each twin documents; the buckets add l, p = the limit and period (µs) the state was written
+-- under, which a decision under other params converts it from (gcra.lua, `converted`). A hash of another algorithm (a policy switched algorithm on a live key)
 -- is an empty state, as in Rust; so is a ZSET (a sliding log) read by a hash algorithm and the
 -- other way round. Any other Redis type at a key is an error, raised before anything is written.
 --
@@ -10,7 +11,7 @@
 -- before it is of a counter Redis has since lost (flushed, restarted empty) and is dropped.
 --
 -- Fields: key; kind = 'h' (hash or missing) or 'z' (ZSET or missing); born = b; tag, x, y, z = the
--- tentative state (tag 0 = empty, 2 = the sliding log); base = the stored ZSET is part of the
+-- tentative state (tag 0 = empty, 2 = the sliding log), l, p = the params it was written under; base = the stored ZSET is part of the
 -- log; T = cost appended to the log by this call; dirty = a transition was applied; ep = the
 -- period of the last charge that applied one (its expires_at sets the TTL, as in Rust).
 --
@@ -26,6 +27,7 @@ local function state_load_hash(c, reply)
   c.tag = tonumber(reply[1]) or 0
   c.x, c.y, c.z = tonumber(reply[2]), tonumber(reply[3]), tonumber(reply[4])
   c.born = tonumber(reply[5])
+  c.l, c.p = tonumber(reply[6]), tonumber(reply[7])
 end
 
 -- Raises the read error unless the key holds `other` (the other type tollgate writes).
@@ -43,13 +45,13 @@ local function state_open(key, as_log)
     local r = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
     if r.err then
       state_other_type(c, r, 'hash')
-      state_load_hash(c, redis.call('HMGET', key, 't', 'x', 'y', 'z', 'b'))
+      state_load_hash(c, redis.call('HMGET', key, 't', 'x', 'y', 'z', 'b', 'l', 'p'))
     else
       c.kind, c.tag, c.base = 'z', 2, true
       sliding_window_log_set_last(c, r)
     end
   else
-    local r = redis.pcall('HMGET', key, 't', 'x', 'y', 'z', 'b')
+    local r = redis.pcall('HMGET', key, 't', 'x', 'y', 'z', 'b', 'l', 'p')
     if r.err then
       state_other_type(c, r, 'zset')
       c.kind, c.tag, c.base = 'z', 2, true
@@ -91,7 +93,15 @@ local function state_commit_hash(c, now)
   end
   -- One HSET: b too when the hash is new (a ZSET it replaces was deleted above).
   local new = not c.born or c.kind == 'z'
-  if c.tag ~= 1 and c.z then
+  local tag = c.tag
+  if tag >= 4 then
+    if new then
+      redis.call('HSET', key, 't', tag, 'x', c.x, 'y', c.y, 'z', c.z, 'l', c.l, 'p', c.p, 'b',
+        int(now))
+    else
+      redis.call('HSET', key, 't', tag, 'x', c.x, 'y', c.y, 'z', c.z, 'l', c.l, 'p', c.p)
+    end
+  elseif tag ~= 1 and c.z then
     if new then
       redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y, 'z', c.z, 'b', int(now))
     else
@@ -127,18 +137,18 @@ local function state_build_twin(alg)
     end
   elseif alg == 4 or alg == 5 or alg == 6 then
     if not meter_decide then
-      meter_ahead, meter_decide, meter_refund, meter_within, meter_capped =
+      meter_ahead, meter_decide, meter_refund, meter_converted =
         meter_twin(fmod, divmod, muldivmod, ceil_us)
     end
     if alg == 4 and not token_bucket_decide then
       token_bucket_decide, token_bucket_expires, token_bucket_refund =
-        token_bucket_twin(meter_ahead, meter_decide, meter_refund, ceil_us, meter_capped)
+        token_bucket_twin(meter_ahead, meter_decide, meter_refund, ceil_us, meter_converted)
     elseif alg == 5 and not leaky_bucket_decide then
       leaky_bucket_decide, leaky_bucket_expires, leaky_bucket_refund =
-        leaky_bucket_twin(meter_ahead, meter_decide, meter_refund, ceil_us, meter_within)
+        leaky_bucket_twin(meter_ahead, meter_decide, meter_refund, ceil_us, meter_converted)
     elseif alg == 6 and not gcra_decide then
       gcra_decide, gcra_expires, gcra_refund =
-        gcra_twin(meter_ahead, meter_decide, meter_refund, ceil_us, meter_within)
+        gcra_twin(meter_ahead, meter_decide, meter_refund, ceil_us, meter_converted)
     end
   end
 end

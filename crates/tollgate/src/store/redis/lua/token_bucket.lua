@@ -1,29 +1,27 @@
 -- Twin of tollgate_core::token_bucket. Hash state: x = updated (µs), y, z = when the bucket is
--- full again, as a scaled pair (full_at = y * limit + z = updated * limit + missing, where
--- missing = burst * period - tokens_scaled).
+-- full again, as a scaled pair (full_at = y * l + z = updated * l + missing, where missing =
+-- the tokens used times p); l, p = the limit and period it was written under (state.lua).
 --
--- Refilling e µs removes e * limit from `missing`, so missing at `at` is max(full_at - at *
--- limit, 0) and the decision is the meter's (gcra.lua) with backlog = missing, plus `late`
--- (the clock ran behind `updated`) added to every duration, as in Rust.
---
--- Under other params the state keeps its full instant (Rust keeps its tokens), but never later
--- than `updated` plus the current refill time: a key that had used all its tokens is empty
--- under the new params at `updated`, as in Rust, rather than waiting out a longer old refill.
+-- Under other params the full instant is converted at `updated` (the meter's `converted`,
+-- gcra.lua): the tokens used then, as tokens of the current params, as in Rust. Refilling e µs
+-- removes e * limit from `missing`, so missing at `at` is max(full_at - at * limit, 0) and the
+-- decision is the meter's with backlog = missing, plus `late` (the clock ran behind `updated`)
+-- added to every duration, as in Rust.
 
 local token_bucket_decide, token_bucket_expires, token_bucket_refund
 
 -- Builds the twin on the meter (see state.lua). Returns decide, expires, refund.
-local function token_bucket_twin(ahead, meter, rewind, ceil_us, capped)
-  -- Returns verdict, remaining, reset_after, retry_after, delay, then the new (x, y, z) if
-  -- allowed.
-  local function decide(updated, full_w, full_f, now, limit, period, burst, cost)
+local function token_bucket_twin(ahead, meter, rewind, ceil_us, converted)
+  -- The state was written under wl per wp µs. Returns verdict, remaining, reset_after,
+  -- retry_after, delay, then the new (x, y, z) if allowed.
+  local function decide(updated, full_w, full_f, wl, wp, now, limit, period, burst, cost)
     local at = now
     if updated and updated > now then
       at = updated
     end
     local late = at - now
     if updated then
-      full_w, full_f = capped(full_w, full_f, updated, limit, period, burst)
+      full_w, full_f = converted(full_w, full_f, updated, wl, wp, limit, period, burst)
     end
     local mw, mf = ahead(full_w, full_f, at, limit)
     local verdict, remaining, reset, retry, nw, nf = meter(mw, mf, limit, period, burst, cost)
