@@ -1100,8 +1100,8 @@ async fn a_large_policy_can_be_pushed_up_to_the_admin_limit() {
 }
 
 /// Lifting a stricter override from a GCRA rule (1 a day on a rule of 10 a minute) leaves a
-/// key that used its day waiting one emission of the rule (6 s), not the rest of the day: the
-/// rule carries the key's state over, bounded by what the rule itself can reach.
+/// key that used its day with the rule's 10 less the one it used, not the rest of the day to
+/// wait: a changed limit keeps the key's units used, and the rule meters them at its own rate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifting_a_stricter_gcra_override_does_not_keep_its_wait() {
     let server = Server::start(
@@ -1132,6 +1132,9 @@ async fn lifting_a_stricter_gcra_override_does_not_keep_its_wait() {
         .await
         .unwrap();
     assert_eq!(r.status(), 204);
-    let wait = retry_ms().await.expect("still denied for now");
+    for i in 0..9 {
+        assert_eq!(retry_ms().await, None, "request {i} of the 9 left");
+    }
+    let wait = retry_ms().await.expect("the minute's 10 used");
     assert!(wait <= 6_000, "{wait} ms");
 }
