@@ -288,7 +288,10 @@ fn wire((d, charged): &(Decision, u64)) -> [i64; 6] {
 }
 
 /// The store the script should behave like: the memory store's composition of the core, plus
-/// Redis deleting a state that has expired when it is written.
+/// Redis deleting a state that has expired when it is written. A state past its TTL is read as
+/// it stands, as the script reads it here (Redis expires keys by its wall clock, years before
+/// these pinned instants); that both stores forget it at that TTL is the conformance suite's
+/// `a_state_lives_until_the_ttl_it_was_written_with`.
 #[derive(Debug, Default, Clone)]
 struct Reference {
     /// State and `expires_at` (from the params of the last charge that changed it).
