@@ -3,7 +3,9 @@
 //! A request's charges are applied in one atomic step: the shards its keys live in are locked in
 //! ascending order (so two requests never deadlock), every charge is decided, and the transitions
 //! are committed only if the request is admitted. Every entry carries the instant its state
-//! becomes equivalent to an empty one; [`MemoryStore::sweep`] drops entries past it, so memory is
+//! becomes equivalent to an empty one, under the params it was written with; a decision reads an
+//! entry past it as empty (as a Redis TTL drops the key, which matters once a policy changed the
+//! params: see `tollgate_core::State`), and [`MemoryStore::sweep`] drops it, so memory is
 //! bounded by live keys, and those by [`MemoryStore::with_max_keys`]: a flood of new keys (one
 //! per client address, say) is refused past it, as Redis refuses writes at `maxmemory`, rather
 //! than growing the process until it is killed.
