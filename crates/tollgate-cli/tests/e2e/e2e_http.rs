@@ -224,14 +224,14 @@ async fn leaky_bucket_answers_carry_the_shaping_delay() {
     let server = Server::start(POLICY);
     let (mut delays, mut spans) = (Vec::new(), Vec::new());
     for _ in 0..4 {
-        let sent = std::time::Instant::now();
+        let sent = tokio::time::Instant::now();
         let r = post(
             &server,
             "/v1/check",
             &check_body("backend", "reports", None),
         )
         .await;
-        spans.push((sent, std::time::Instant::now()));
+        spans.push((sent, tokio::time::Instant::now()));
         assert_eq!(r.status(), 200);
         let body: Value = r.json().await.unwrap();
         delays.push(body["statuses"][0]["delay_ms"].as_u64().unwrap());
