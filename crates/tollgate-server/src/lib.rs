@@ -24,6 +24,7 @@ pub mod http;
 mod json_object;
 pub mod listen;
 mod units;
+pub mod xds;
 
 pub use api_error::{ApiError, ErrorKind};
 pub use decide::{AllowAll, Decide};
