@@ -67,6 +67,7 @@ pub struct ServiceBuilder {
     sources: Vec<(String, String)>,
     ready_within: Option<Duration>,
     clock: SharedClock,
+    managed_by: Option<&'static str>,
 }
 
 impl ServiceBuilder {
@@ -106,6 +107,16 @@ impl ServiceBuilder {
     /// then is logged and the service starts anyway (its failure postures answer until it is).
     pub fn ready_within(mut self, within: Duration) -> Self {
         self.ready_within = Some(within);
+        self
+    }
+
+    /// Makes `source` (`"xDS"`) the only writer of the policy: the life cycle starts from the
+    /// builder's policy (the empty one) as its first version, the admin API's writes are
+    /// refused, and [`Service::duties`] leaves out the file watcher and the Redis policy sync
+    /// (each replica subscribes to the source itself). The source applies its pushes through
+    /// [`Lifecycle::apply_managed`].
+    pub fn managed_by(mut self, source: &'static str) -> Self {
+        self.managed_by = Some(source);
         self
     }
 
@@ -168,7 +179,11 @@ impl ServiceBuilder {
         let limiter = Limiter::with_failure_settings(self.policy, store, failure, self.clock)
             .with_prefilter(self.prefilter);
         let limiter = Arc::new(limiter);
-        let lifecycle = Arc::new(Lifecycle::new(limiter.clone(), self.config, self.sources));
+        let lifecycle = match self.managed_by {
+            Some(source) => Lifecycle::managed(limiter.clone(), source),
+            None => Lifecycle::new(limiter.clone(), self.config, self.sources),
+        };
+        let lifecycle = Arc::new(lifecycle);
         Ok(Service { limiter, lifecycle })
     }
 }
@@ -241,6 +256,7 @@ impl Service {
             sources: Vec::new(),
             ready_within: None,
             clock: Arc::new(SystemClock::new()),
+            managed_by: None,
         }
     }
 
@@ -257,9 +273,11 @@ impl Service {
     /// The duties this service needs kept, each ending once `stop` says stop or its sender is
     /// dropped: the counter sweep; on Redis the hot-key sweep (it gives every local budget back
     /// when it ends) and, with `sync_every`, the policy sync; with `watch_every` or
-    /// `reload_now`, the policy watcher.
+    /// `reload_now`, the policy watcher. A policy managed from outside (see
+    /// [`ServiceBuilder::managed_by`]) has neither the watcher nor the sync.
     pub fn duties(&self, upkeep: &Upkeep, stop: &watch::Receiver<bool>) -> Vec<Duty> {
         let redis = matches!(self.limiter.store(), StoreBackend::Redis(_));
+        let own_policy = self.lifecycle.managed_by().is_none();
         let mut duties = Vec::new();
         let (limiter, every, stop_rx) = (self.limiter.clone(), upkeep.sweep_every, stop.clone());
         duties.push(duty("counter_sweep", move || {
@@ -272,7 +290,7 @@ impl Service {
                 Box::pin(sweep_hot_keys(limiter.clone(), stop_rx.clone()))
             }));
         }
-        if upkeep.watch_every.is_some() || upkeep.reload_on.is_some() {
+        if own_policy && (upkeep.watch_every.is_some() || upkeep.reload_on.is_some()) {
             let (lifecycle, stop_rx) = (self.lifecycle.clone(), stop.clone());
             let (every, now) = (upkeep.watch_every, upkeep.reload_on.clone());
             duties.push(duty("policy_watcher", move || {
@@ -284,7 +302,7 @@ impl Service {
                 ))
             }));
         }
-        if let (true, Some(every)) = (redis, upkeep.sync_every) {
+        if let (true, true, Some(every)) = (own_policy, redis, upkeep.sync_every) {
             let (lifecycle, stop_rx) = (self.lifecycle.clone(), stop.clone());
             // Kept across runs: a restarted sync publishes what was activated meanwhile.
             let state = Arc::new(tokio::sync::Mutex::new(SyncState::new(&self.lifecycle)));

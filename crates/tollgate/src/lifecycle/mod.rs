@@ -21,6 +21,7 @@ use crate::policy::sources::sources_hash;
 use crate::policy::{Policy, PolicyErrors};
 
 mod diff;
+mod managed;
 pub mod sync;
 mod version;
 mod watch;
@@ -149,6 +150,8 @@ pub struct Lifecycle {
     /// Told about every version this replica activates itself (not ones it adopted), so they can
     /// be published to the other replicas.
     published: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Arc<PolicyVersion>>>>,
+    /// Set when a source outside tollgate (xDS) is the only writer of the policy.
+    managed: managed::Managed,
 }
 
 impl Lifecycle {
@@ -180,6 +183,7 @@ impl Lifecycle {
             unreadable_checks: AtomicU64::new(0),
             unreadable_logged: Mutex::new(String::new()),
             published: Mutex::new(None),
+            managed: managed::Managed::default(),
         }
     }
 

@@ -13,6 +13,9 @@ pub enum Origin {
     Rollback,
     /// Adopted from the version another replica published to the shared store.
     Shared,
+    /// Sent by an xDS management server (`--config-source xds://...`), or the empty policy
+    /// served before its first push.
+    Xds,
 }
 
 impl Origin {
@@ -23,6 +26,7 @@ impl Origin {
             Origin::Push => "push",
             Origin::Rollback => "rollback",
             Origin::Shared => "shared",
+            Origin::Xds => "xds",
         }
     }
 }
