@@ -11,6 +11,7 @@ mod stdout;
 mod top;
 mod upstream_env;
 mod validate;
+mod xds_args;
 
 use std::process::ExitCode;
 

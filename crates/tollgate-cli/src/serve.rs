@@ -24,6 +24,7 @@ use tollgate_server::listen::{
 use tracing::{info, warn};
 
 use crate::grpc_tls::GrpcTlsArgs;
+use crate::xds_args::XdsArgs;
 
 /// How `serve` exits when the drain was cut: connections (or a give-back to a hung store) were
 /// still open when `--shutdown-timeout` ran out or a second signal came. A complete drain exits
@@ -32,9 +33,15 @@ const CUT_EXIT_CODE: u8 = 3;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Policy file, or a directory of `*.yaml` / `*.yml` files.
-    #[arg(long, env = "TOLLGATE_CONFIG", value_name = "PATH")]
-    config: PathBuf,
+    /// Policy file, or a directory of `*.yaml` / `*.yml` files. Not needed (and not read) with
+    /// `--config-source`.
+    #[arg(
+        long,
+        env = "TOLLGATE_CONFIG",
+        value_name = "PATH",
+        required_unless_present = "config_source"
+    )]
+    config: Option<PathBuf>,
     /// Address of the HTTP/JSON API (`/v1/check`, `/v1/explain`, `/json`, `/v1/authorize`,
     /// `/healthz`, `/readyz`, `/healthcheck`, `/metrics`).
     #[arg(
@@ -227,6 +234,8 @@ pub struct ServeArgs {
     http_read_timeout: Duration,
     #[command(flatten)]
     grpc_tls: GrpcTlsArgs,
+    #[command(flatten)]
+    xds: XdsArgs,
 }
 
 fn share(s: &str) -> Result<f64, String> {
@@ -263,7 +272,7 @@ fn watch_duration(s: &str) -> Result<Duration, String> {
 
 const MIN_WATCH_INTERVAL: Duration = Duration::from_millis(100);
 
-fn humantime_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn humantime_duration(s: &str) -> Result<Duration, String> {
     let parsed = any_duration(s)?;
     if parsed.is_zero() {
         return Err("the interval must be greater than zero".into());
@@ -303,29 +312,49 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging_at(&args.log_format, &args.log_level);
     // Parsed here rather than by clap, whose error would echo the URL, password and all.
     let store: StoreUrl = args.store.0.parse().context("--store")?;
-    let compiled = Policy::read_sources(&args.config)
-        .and_then(|sources| Policy::from_sources(&sources).map(|policy| (sources, policy)));
-    let (sources, policy) = match compiled {
-        Ok(found) => found,
-        Err(errors) => {
-            let summary = format!(
-                "{}: {} problem(s); not starting",
-                args.config.display(),
-                errors.0.len()
-            );
-            return Ok(not_starting(args.logs_json(), &errors, &summary));
+    let xds = args.xds.settings().context("--config-source")?;
+    let (config, sources, policy) = match (&xds, &args.config) {
+        (Some(xds), config) => {
+            if let Some(path) = config {
+                warn!(path = %path.display(), "--config is not read: the policy comes from --config-source");
+            }
+            info!(server = %xds.server, node = %xds.node_id, "The policy comes from an xDS management server");
+            (
+                None,
+                Vec::new(),
+                Policy::from_sources(&[]).map_err(anyhow::Error::new)?,
+            )
         }
+        (None, Some(config)) => {
+            let compiled = Policy::read_sources(config)
+                .and_then(|sources| Policy::from_sources(&sources).map(|policy| (sources, policy)));
+            let (sources, policy) = match compiled {
+                Ok(found) => found,
+                Err(errors) => {
+                    let summary = format!(
+                        "{}: {} problem(s); not starting",
+                        config.display(),
+                        errors.0.len()
+                    );
+                    return Ok(not_starting(args.logs_json(), &errors, &summary));
+                }
+            };
+            for rule in policy.rules() {
+                info!(domain = %rule.domain, rule = %rule.name, at = %rule.location, "Loaded rule");
+            }
+            info!(
+                path = %config.display(),
+                domains = policy.domains().count(),
+                rules = policy.rules().len(),
+                "Loaded policy"
+            );
+            (Some(config.clone()), sources, policy)
+        }
+        // clap requires one of them.
+        (None, None) => anyhow::bail!("give --config or --config-source"),
     };
-    for rule in policy.rules() {
-        info!(domain = %rule.domain, rule = %rule.name, at = %rule.location, "Loaded rule");
-    }
-    info!(
-        path = %args.config.display(),
-        domains = policy.domains().count(),
-        rules = policy.rules().len(),
-        "Loaded policy"
-    );
     if let Some(domain) = args.authorize_domain.as_deref()
+        && xds.is_none()
         && !policy.has_domain(domain)
     {
         warn!(
@@ -336,7 +365,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let stopped = runtime.block_on(serve(args, store, sources, policy));
+    let source = match (xds, config) {
+        (Some(xds), _) => Source::Xds(Arc::new(xds)),
+        (None, Some(path)) => Source::Files(path, sources),
+        (None, None) => anyhow::bail!("give --config or --config-source"),
+    };
+    let stopped = runtime.block_on(serve(args, store, source, policy));
     // Whatever the drain left (a connection, a call to a hung store) is dropped, not awaited.
     runtime.shutdown_background();
     stopped
@@ -436,10 +470,18 @@ fn admin_read_token(args: &ServeArgs, full: Option<&str>) -> anyhow::Result<Opti
     }
 }
 
+/// Where the policy comes from.
+enum Source {
+    /// The config path and the sources read from it.
+    Files(PathBuf, Vec<(String, String)>),
+    /// An xDS management server.
+    Xds(Arc<tollgate_server::xds::XdsSettings>),
+}
+
 async fn serve(
     args: ServeArgs,
     store_url: StoreUrl,
-    sources: Vec<(String, String)>,
+    source: Source,
     policy: Policy,
 ) -> anyhow::Result<ExitCode> {
     let token = admin_token(&args)?;
@@ -483,15 +525,17 @@ async fn serve(
         local_share: args.local_share,
         ..FailureSettings::default()
     };
-    let built = Service::builder(policy, store_url.clone())
+    let builder = Service::builder(policy, store_url.clone())
         .redis(options)
         .failure(settings)
         .memory_max_keys(args.memory_max_keys)
         .prefilter(!args.no_prefilter)
-        .config(args.config.clone(), sources)
-        .ready_within(args.store_connect_timeout)
-        .build()
-        .await;
+        .ready_within(args.store_connect_timeout);
+    let builder = match &source {
+        Source::Files(path, sources) => builder.config(path.clone(), sources.clone()),
+        Source::Xds(_) => builder.managed_by(tollgate_server::xds::SOURCE),
+    };
+    let built = builder.build().await;
     let service = match built {
         Ok(service) => service,
         Err(BuildError::Store { source, .. }) => {
@@ -509,6 +553,25 @@ async fn serve(
     };
     let (limiter, lifecycle) = (service.limiter().clone(), service.lifecycle().clone());
 
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // The background duties, each supervised: a panic is logged and counted, and the duty
+    // starts again (see `tollgate::background`); each ends once the shutdown begins.
+    let mut duties = Duties::new(&stop_rx);
+    if let Source::Xds(xds) = &source {
+        duties.start("xds_client", {
+            let (lifecycle, xds, stop) = (lifecycle.clone(), xds.clone(), stop_rx.clone());
+            move || tollgate_server::xds::subscribe(lifecycle.clone(), xds.clone(), stop.clone())
+        });
+        if !args.xds.force_start_without_initial_config
+            && !first_push(&lifecycle, &mut terminate).await
+        {
+            let _ = stop_tx.send(true);
+            duties.finish().await;
+            info!("Stopped before the first xDS configuration arrived");
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+
     let http = bind(args.http_addr, "HTTP")?;
     let grpc = bind(args.grpc_addr, "gRPC")?;
     let admin = bind(args.admin_addr, "the admin API")?;
@@ -524,11 +587,6 @@ async fn serve(
         println!("debug listening on {}", debug.local_addr()?);
     }
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-
-    // The background duties, each supervised: a panic is logged and counted, and the duty
-    // starts again (see `tollgate::background`); each ends once the shutdown begins.
-    let mut duties = Duties::new(&stop_rx);
     let upkeep = Upkeep {
         sweep_every: args.sweep_interval,
         watch_every: (!args.watch_interval.is_zero()).then_some(args.watch_interval),
@@ -693,6 +751,26 @@ async fn serve(
         "Shutdown drain cut ({why}): closing {connections} connection(s) still open, with {requests} HTTP request(s) in flight{tasks}; exiting with status {CUT_EXIT_CODE}"
     );
     Ok(ExitCode::from(CUT_EXIT_CODE))
+}
+
+/// Waits for the xDS source's first valid configuration (as envoyproxy/ratelimit does without
+/// `FORCE_START_WITHOUT_INITIAL_CONFIG`); `false` when a stop signal came first.
+async fn first_push(
+    lifecycle: &tollgate::lifecycle::Lifecycle,
+    terminate: &mut Option<tokio::signal::unix::Signal>,
+) -> bool {
+    info!(
+        "Waiting for the first configuration from the xDS management server before listening (--force-start-without-initial-config serves the empty policy meanwhile)"
+    );
+    let arrived = async {
+        while lifecycle.awaiting_first_push() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::select! {
+        () = arrived => true,
+        () = shutdown_signal(terminate) => false,
+    }
 }
 
 /// `serve`'s background duties, each started under `tollgate::background::supervise` and

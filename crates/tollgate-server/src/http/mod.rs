@@ -7,7 +7,7 @@
 //! | `POST /json` | envoyproxy/ratelimit's proto3-JSON endpoint, for drop-in users |
 //! | `ANY /v1/authorize` | forward auth for nginx `auth_request`: `200` allowed, `403` denied (see [`authorize`]) |
 //! | `GET /healthz` | the process is up |
-//! | `GET /readyz` | a policy is loaded (`ready`, or `ready (degraded)` while the store does not answer and the failure postures do) |
+//! | `GET /readyz` | a policy is loaded (`ready`, or `ready (degraded)` while the store does not answer and the failure postures do; with xDS before its first configuration, `ready (no xDS configuration yet)`) |
 //! | `GET /healthcheck` | envoyproxy/ratelimit's probe: `200 OK` while running (the store down too), `500` once the shutdown began (see [`Healthcheck`]) |
 //! | `GET /metrics` | Prometheus text |
 
@@ -64,6 +64,7 @@ pub fn router_with(
     let limiter = lifecycle.limiter().clone();
     let metrics = Router::new()
         .route("/metrics", get(ops::metrics))
+        .route("/readyz", get(ops::readyz))
         .with_state(lifecycle);
     let forward_auth = Router::new()
         .route("/v1/authorize", any(authorize::authorize))
@@ -76,7 +77,6 @@ pub fn router_with(
         .route("/v1/explain", post(explain::explain))
         .route("/json", post(envoy_json::check))
         .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(limiter)
         .merge(health.router())

@@ -16,8 +16,11 @@ pub async fn healthz() -> &'static str {
 
 /// Ready when a policy is loaded: every decision gets an answer, from the store or, while it
 /// is unreachable, from the failure postures (reported as `degraded`). The body details the
-/// store's health and each circuit breaker.
-pub async fn readyz(State(limiter): State<Arc<Limiter>>) -> impl IntoResponse {
+/// store's health and each circuit breaker. A policy from xDS that has not arrived yet is the
+/// empty one (every request allowed), said in the first line; still `200`, as
+/// envoyproxy/ratelimit's `/healthcheck` answers when started without its first config.
+pub async fn readyz(State(lifecycle): State<Arc<Lifecycle>>) -> impl IntoResponse {
+    let limiter: &Limiter = lifecycle.limiter();
     let policy = limiter.policy();
     let mut body = String::new();
     let store = limiter.store();
@@ -28,7 +31,21 @@ pub async fn readyz(State(limiter): State<Arc<Limiter>>) -> impl IntoResponse {
             format!("degraded ({e}); failure postures answer"),
         ),
     };
+    let waiting = lifecycle.awaiting_first_push();
+    let headline = match (headline, waiting) {
+        (_, false) => headline.to_owned(),
+        ("ready", true) => "ready (no xDS configuration yet)".to_owned(),
+        (_, true) => "ready (degraded, no xDS configuration yet)".to_owned(),
+    };
     let _ = writeln!(body, "{headline}");
+    if let Some(source) = lifecycle.managed_by() {
+        let state = if waiting {
+            "waiting for the first configuration; every descriptor is unmatched (allowed)"
+        } else {
+            "configuration received"
+        };
+        let _ = writeln!(body, "policy source: {source}, {state}");
+    }
     let _ = writeln!(
         body,
         "policy: {} domains, {} rules",
