@@ -72,6 +72,7 @@ pub async fn set(
     State(state): State<AdminState>,
     Body(body): Body<{ super::MAX_BODY }>,
 ) -> Result<Json<Report>, ApiError> {
+    super::managed::writable(&state)?;
     let sources = pushed_sources(&body).map_err(ApiError::invalid)?;
     match state.lifecycle.set_candidate(sources) {
         Ok(candidate) => Ok(Json(report(&state, &candidate))),
@@ -91,6 +92,7 @@ pub async fn show(State(state): State<AdminState>) -> Result<Json<Report>, ApiEr
 
 /// `POST /v1/admin/policy/promote`: the candidate becomes the running policy.
 pub async fn promote(State(state): State<AdminState>) -> Result<Json<Activated>, ApiError> {
+    super::managed::writable(&state)?;
     if state.lifecycle.limiter().candidate().is_none() {
         return Err(no_candidate());
     }
@@ -109,6 +111,7 @@ pub struct Dropped {
 
 /// `DELETE /v1/admin/policy/candidate`: stop shadowing.
 pub async fn remove(State(state): State<AdminState>) -> Result<Json<Dropped>, ApiError> {
+    super::managed::writable(&state)?;
     let candidate = state.lifecycle.drop_candidate().ok_or_else(no_candidate)?;
     Ok(Json(Dropped {
         hash: candidate.hash().to_owned(),

@@ -18,12 +18,16 @@
 //! | `DELETE /v1/admin/overrides/{id}` | remove one |
 //! | `GET /v1/admin/top?domain=D&rule=R&n=10` | the keys a rule denied most often |
 //!
+//! With xDS as the policy's source, pushes, reloads, rollbacks and candidates answer `409`
+//! ("policy is managed by xDS"); the versions stay readable.
+//!
 //! When a token is configured every request needs `Authorization: Bearer TOKEN`; a missing or
 //! wrong token gets `401` and changes nothing, on any path: an unknown path is `404` (a known
 //! one asked with another method `405`) only for a caller with the token.
 
 mod candidate;
 pub mod dashboard;
+mod managed;
 mod overrides;
 mod policy;
 mod top;

@@ -241,6 +241,7 @@ pub async fn push(
     State(state): State<AdminState>,
     Body(body): Body<{ super::MAX_BODY }>,
 ) -> Result<Json<Activated>, ApiError> {
+    super::managed::writable(&state)?;
     let sources = pushed_sources(&body).map_err(ApiError::invalid)?;
     let lifecycle = state.lifecycle.clone();
     activation(lifecycle.activate(sources, Origin::Push))
@@ -256,6 +257,7 @@ pub async fn rollback(
     State(state): State<AdminState>,
     Body(body): Body<{ super::MAX_BODY }>,
 ) -> Result<Json<Activated>, ApiError> {
+    super::managed::writable(&state)?;
     let request: RollbackBody = if body.is_empty() {
         RollbackBody::default()
     } else {
@@ -269,6 +271,7 @@ pub async fn rollback(
 }
 
 pub async fn reload(State(state): State<AdminState>) -> Result<Json<Activated>, ApiError> {
+    super::managed::writable(&state)?;
     activation(state.lifecycle.reload())
 }
 
