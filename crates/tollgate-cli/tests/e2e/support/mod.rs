@@ -2,6 +2,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(dead_code)] // each test file uses part of this kit
 
+pub mod ads;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -90,6 +92,30 @@ impl Server {
         std::fs::write(&path, policy).unwrap();
         let log = std::fs::File::create(dir.path().join(LOG)).unwrap();
         Self::spawn_at(level, &path, args, dir, Stdio::from(log))
+    }
+
+    /// A server given no `--config` (its policy comes from `--config-source` in `args`), its
+    /// log kept at `info` for [`Server::log`].
+    pub fn start_sourced(args: &[&str]) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let log = std::fs::File::create(dir.path().join(LOG)).unwrap();
+        let mut command = Command::new(binary());
+        command
+            .env("RUST_LOG", "info")
+            .arg("serve")
+            .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+            .args(["--admin-addr", "127.0.0.1:0"])
+            .args(args)
+            .stderr(Stdio::from(log));
+        let (child, [http, grpc, admin]) = listening(command, ["http", "grpc", "admin"]);
+        Server {
+            child,
+            http,
+            grpc,
+            admin,
+            config: dir.path().join("no-config"),
+            dir,
+        }
     }
 
     /// What a server started with [`Server::start_logged`] has logged so far.
