@@ -33,14 +33,11 @@ const CUT_EXIT_CODE: u8 = 3;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Policy file, or a directory of `*.yaml` / `*.yml` files. Not needed (and not read) with
-    /// `--config-source`.
-    #[arg(
-        long,
-        env = "TOLLGATE_CONFIG",
-        value_name = "PATH",
-        required_unless_present = "config_source"
-    )]
+    /// Policy file, or a directory of `*.yaml` / `*.yml` files. Required unless
+    /// `--config-source` is given (then it is not read).
+    // Checked in `run`, not by clap: upstream's RUNTIME_ROOT sets it as a default, which clap's
+    // required check does not count.
+    #[arg(long, env = "TOLLGATE_CONFIG", value_name = "PATH")]
     config: Option<PathBuf>,
     /// Address of the HTTP/JSON API (`/v1/check`, `/v1/explain`, `/json`, `/v1/authorize`,
     /// `/healthz`, `/readyz`, `/healthcheck`, `/metrics`).
@@ -350,8 +347,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             );
             (Some(config.clone()), sources, policy)
         }
-        // clap requires one of them.
-        (None, None) => anyhow::bail!("give --config or --config-source"),
+        (None, None) => anyhow::bail!(
+            "no policy: give --config PATH (or TOLLGATE_CONFIG, or upstream's RUNTIME_ROOT) or --config-source xds://HOST:PORT"
+        ),
     };
     if let Some(domain) = args.authorize_domain.as_deref()
         && xds.is_none()
