@@ -107,6 +107,10 @@ impl AdminClient {
         let mut request = self.request(method, path)?;
         if let Some(body) = body {
             request = request.json(&body);
+        } else if !matches!(method, "GET" | "HEAD") {
+            // The server takes a write only marked as JSON, body or not (a cross-site form
+            // cannot send that).
+            request = request.header(reqwest::header::CONTENT_TYPE, "application/json");
         }
         self.runtime.block_on(async {
             let response = self.execute(request, path).await?;

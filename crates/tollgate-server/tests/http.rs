@@ -25,14 +25,22 @@ descriptors:
     rate_limit: {name: per_user, unit: day, requests_per_unit: 3}
 ";
 
-/// The decision routes over a memory store and `POLICY`.
-fn app() -> Router {
+#[path = "http/admin_writes.rs"]
+mod admin_writes;
+
+/// A limiter over a memory store and `POLICY`, version 1.
+fn lifecycle() -> Arc<Lifecycle> {
     let policy = Policy::from_yaml("policy.yaml", POLICY).unwrap();
     let clock = Arc::new(SystemClock::new());
     let store = StoreBackend::Memory(MemoryStore::new(clock));
     let limiter = Arc::new(Limiter::new(policy, store));
     let sources = vec![("policy.yaml".to_owned(), POLICY.to_owned())];
-    tollgate_server::http::router(Arc::new(Lifecycle::new(limiter, None, sources)))
+    Arc::new(Lifecycle::new(limiter, None, sources))
+}
+
+/// The decision routes over [`lifecycle`].
+fn app() -> Router {
+    tollgate_server::http::router(lifecycle())
 }
 
 fn check_body(user: &str) -> Vec<u8> {

@@ -166,8 +166,8 @@ async fn each_token_may_do_what_it_is_for() {
     let refused = [
         ("look-token", json, None, 403),
         ("wrong", json, None, 401),
-        ("full-token", "text/plain", None, 403),
-        ("full-token", "application/x-www-form-urlencoded", None, 403),
+        ("full-token", "text/plain", None, 415),
+        ("full-token", "application/x-www-form-urlencoded", None, 415),
         ("full-token", json, Some("http://evil.example"), 403),
     ];
     for (token, content_type, origin, expected) in refused {

@@ -319,6 +319,7 @@ async fn push_list_diff_and_rollback_from_the_cli() {
     // Over the API, a version that is not kept is not found, as `show` answers it.
     let missing = reqwest::Client::new()
         .post(format!("http://{}/v1/admin/policy/rollback", server.admin))
+        .header("content-type", "application/json")
         .body(r#"{"to": 99}"#)
         .send()
         .await
@@ -576,6 +577,7 @@ async fn overrides_change_one_value_expire_and_survive_reloads() {
     assert_eq!(list["overrides"].as_array().unwrap().len(), 0);
     let r = admin
         .delete(server.admin_url(&format!("/v1/admin/overrides/{id}")))
+        .header("content-type", "application/json")
         .send()
         .await
         .unwrap();
@@ -1024,6 +1026,7 @@ async fn malformed_admin_paths_and_queries_answer_json_errors() {
     }
     let r = reqwest::Client::new()
         .delete(server.admin_url("/v1/admin/overrides/x"))
+        .header("content-type", "application/json")
         .send()
         .await
         .unwrap();
@@ -1128,6 +1131,7 @@ async fn lifting_a_stricter_gcra_override_does_not_keep_its_wait() {
 
     let r = admin
         .delete(server.admin_url(&format!("/v1/admin/overrides/{id}")))
+        .header("content-type", "application/json")
         .send()
         .await
         .unwrap();

@@ -459,9 +459,10 @@ async fn a_body_that_cannot_be_read_is_refused_before_reading_it() {
     use support::{read_until_closed, silent_client};
     let within = Duration::from_secs(5);
     let server = Server::start(POLICY);
+    // A loopback `Host`: the admin listener, without a token, takes a write for no other.
     let head = |path: &str, framing: &str| {
         format!(
-            "POST {path} HTTP/1.1\r\nHost: tollgate\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n{framing}\r\n\r\n"
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n{framing}\r\n\r\n"
         )
     };
     let cases = [
@@ -505,6 +506,7 @@ async fn a_body_that_cannot_be_read_is_refused_before_reading_it() {
     // malformed JSON, so 400.
     let r = reqwest::Client::new()
         .post(server.admin_url("/v1/admin/policy"))
+        .header("content-type", "application/json")
         .body(vec![b'x'; 100_000])
         .send()
         .await

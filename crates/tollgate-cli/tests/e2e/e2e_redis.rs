@@ -453,6 +453,7 @@ async fn a_push_and_a_rollback_reach_every_replica_sharing_redis() {
     // Roll back on replica 2: everyone returns to 5.
     let r = http
         .post(servers[2].admin_url("/v1/admin/policy/rollback"))
+        .header("content-type", "application/json")
         .send()
         .await
         .unwrap();
@@ -522,6 +523,7 @@ async fn overrides_reach_every_replica_sharing_redis() {
 
     let r = http
         .delete(servers[1].admin_url(&format!("/v1/admin/overrides/{id}")))
+        .header("content-type", "application/json")
         .send()
         .await
         .unwrap();

@@ -24,6 +24,10 @@
 //! When a token is configured every request needs `Authorization: Bearer TOKEN`; a missing or
 //! wrong token gets `401` and changes nothing, on any path: an unknown path is `404` (a known
 //! one asked with another method `405`) only for a caller with the token.
+//!
+//! Every write (`POST`, `PUT`, `PATCH`, `DELETE`, here and on the dashboard) also needs
+//! `Content-Type: application/json`, a loopback `Host` when no token is configured, and an
+//! `Origin`, when sent, that agrees with the `Host`: see [`writes`].
 
 mod candidate;
 pub mod dashboard;
@@ -31,6 +35,7 @@ mod managed;
 mod overrides;
 mod policy;
 mod top;
+mod writes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -73,6 +78,9 @@ pub fn router(lifecycle: Arc<Lifecycle>, token: Option<String>) -> Router {
         token: token.map(Into::into),
         refusals: Arc::new(Throttle::new(REFUSALS_LOGGED_EVERY)),
     };
+    let guard = writes::WriteGuard {
+        token_configured: state.token.is_some(),
+    };
     let router = Router::new()
         .route("/v1/admin/policy", get(policy::list).post(policy::push))
         .route("/v1/admin/policy/diff", get(policy::diff))
@@ -95,8 +103,9 @@ pub fn router(lifecycle: Arc<Lifecycle>, token: Option<String>) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(state.clone());
     // The token is checked before routing: a `404` or `405` to a caller without it would
-    // map the API for them.
+    // map the API for them. Then every write's headers, before any handler reads a body.
     json_fallbacks(router)
+        .layer(middleware::from_fn_with_state(guard, writes::guard))
         .layer(middleware::from_fn_with_state(state, require_token))
         .layer(middleware::from_fn(in_client_span))
 }

@@ -13,10 +13,10 @@
 //!
 //! With no token configured (a loopback admin listener), a request must name a loopback host
 //! in `Host` (an IP literal or `localhost`), so a page served from another name that resolves
-//! to 127.0.0.1 (DNS rebinding) is refused. Every write also needs
-//! `Content-Type: application/json` (which a cross-site form cannot send without a preflight
-//! this listener never answers) and, when the browser sends `Origin`, an origin whose host is
-//! the `Host`.
+//! to 127.0.0.1 (DNS rebinding) is refused. Every write also needs what every admin write
+//! needs (see [`super::writes`]): `Content-Type: application/json` (which a cross-site form
+//! cannot send without a preflight this listener never answers) and, when the browser sends
+//! `Origin`, an origin whose host is the `Host`.
 
 mod access;
 mod page;
@@ -36,6 +36,7 @@ use tollgate::observe::history::History;
 pub use access::Tokens;
 pub use sampler::{SAMPLE_EVERY, sample_forever};
 
+use super::writes::{self, WriteGuard};
 use super::{AdminState, REFUSALS_LOGGED_EVERY};
 
 /// What the dashboard's handlers share.
@@ -69,6 +70,9 @@ pub fn around(
         history,
         tokens,
     };
+    let guard = WriteGuard {
+        token_configured: state.tokens.full.is_some(),
+    };
     let reads = Router::new()
         .route("/v1/admin/dashboard/snapshot", get(snapshot::snapshot))
         .route("/v1/admin/dashboard/diff", get(super::policy::diff))
@@ -83,6 +87,7 @@ pub fn around(
             post(super::candidate::promote),
         )
         .route("/v1/admin/dashboard/drop", post(super::candidate::remove))
+        .layer(middleware::from_fn_with_state(guard, writes::guard))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             access::writes,
