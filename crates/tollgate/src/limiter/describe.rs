@@ -13,14 +13,15 @@ pub(super) fn descriptor_text(descriptor: &RequestDescriptor) -> TopKeyText {
 
 /// `key=value,key=value`: how a descriptor is shown in top-key listings. In keys and values,
 /// `\`, `,` and `=` are escaped with a `\` and control characters (and the bidirectional
-/// formatting ones, which could show a key reversed) as `\u{..}`, so two descriptors never
-/// read the same and a value cannot put escape codes on an operator's terminal.
+/// formatting ones, which could show a key reversed, and the line and paragraph separators
+/// U+2028 and U+2029, which break a line where they are shown) as `\u{..}`, so two descriptors
+/// never read the same and a value cannot put escape codes on an operator's terminal.
 pub(super) fn describe_entries(descriptor: &RequestDescriptor, out: &mut impl Write) {
     fn escaped(text: &str, out: &mut impl Write) -> std::fmt::Result {
         for c in text.chars() {
             match c {
                 '\\' | ',' | '=' => write!(out, "\\{c}")?,
-                c if c.is_control() || crate::policy::is_bidi_control(c) => {
+                c if c.is_control() || crate::policy::is_bidi_control(c) || is_separator(c) => {
                     write!(out, "{}", c.escape_unicode())?;
                 }
                 c => out.write_char(c)?,
@@ -37,6 +38,11 @@ pub(super) fn describe_entries(descriptor: &RequestDescriptor, out: &mut impl Wr
             break;
         }
     }
+}
+
+/// The line and paragraph separators: not control characters, yet a line ends at them.
+fn is_separator(c: char) -> bool {
+    matches!(c, '\u{2028}' | '\u{2029}')
 }
 
 /// A top-key description on the stack: the top-keys table keeps at most
@@ -106,6 +112,11 @@ mod tests {
         assert_eq!(described(&[("k", "\u{1b}[31mred")]), "k=\\u{1b}[31mred");
         // A right-to-left override would show the rest of the line reversed.
         assert_eq!(described(&[("k", "\u{202e}gpj.exe")]), "k=\\u{202e}gpj.exe");
+        // A line or paragraph separator would show the rest on a line of its own.
+        assert_eq!(
+            described(&[("k", "a\u{2028}b\u{2029}c")]),
+            "k=a\\u{2028}b\\u{2029}c"
+        );
         assert_eq!(described(&[("k", "café")]), "k=café", "other text is kept");
     }
 }
