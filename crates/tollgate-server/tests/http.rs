@@ -150,3 +150,23 @@ async fn unknown_paths_methods_and_encodings_are_json_errors() {
     let error = json_body(r).await["error"].as_str().unwrap().to_owned();
     assert!(error.contains("Content-Encoding `gzip`"), "{error}");
 }
+
+/// A lone surrogate escape is a `400` naming it and where it is, not serde_json's "unexpected
+/// end of hex escape"; nothing is counted.
+#[tokio::test]
+async fn a_lone_surrogate_is_a_400_that_names_it() {
+    let app = app();
+    let body =
+        br#"{"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "\ud800"}]}]}"#;
+    let r = post(&app, "/v1/check", body.to_vec()).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let error = json_body(r).await["error"].as_str().unwrap().to_owned();
+    assert!(
+        error.contains(r"lone UTF-16 surrogate \ud800 at line 1 column 74"),
+        "{error}"
+    );
+    assert!(!error.contains("hex escape"), "{error}");
+    // Nothing was counted: a first check has two left after it.
+    let r = post(&app, "/v1/check", check_body("x")).await;
+    assert_eq!(header(&r, "x-ratelimit-remaining"), Some("2"));
+}
