@@ -54,6 +54,8 @@ mod describe;
 #[cfg(feature = "embedded")]
 mod embedded;
 mod layer;
+#[cfg(feature = "remote-grpc")]
+mod quota_headers;
 #[cfg(any(feature = "remote-http", feature = "remote-grpc"))]
 mod remote;
 #[cfg(feature = "remote-grpc")]

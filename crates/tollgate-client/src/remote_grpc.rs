@@ -13,6 +13,7 @@ use tollgate::limiter::{CheckRequest, headers};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::backend::{Backend, BackendError, Outcome, Verdict};
+use crate::quota_headers;
 use crate::remote::{
     FORWARDED, Posture, binding_name, fallback, refuse_limit_overrides, service_url,
 };
@@ -130,6 +131,7 @@ impl Backend for RemoteGrpc {
                 Some((*name, h.value.clone()))
             })
             .collect();
+        let headers = quota_headers::completed(headers, &response);
         let degraded_closed = headers
             .iter()
             .any(|(n, v)| *n == headers::DEGRADED && v == "closed");

@@ -4,4 +4,5 @@
 
 mod embedded_upkeep;
 mod layer;
+mod remote_grpc_headers;
 mod remote_unreachable;
