@@ -107,14 +107,15 @@ def main():
             expect(1 <= seconds <= 3600 and seconds == int(seconds), f"block reset {seconds}")
 
         # A descriptor's hits_addend of 0 (an empty UInt64Value on the wire) checks without
-        # counting, until no unit is left.
+        # counting; on a limit exactly used up it is still OK, as envoyproxy/ratelimit answers.
         for _ in range(2):
             response = check(stub, [[("client", "checker")]], descriptor_hits=0)
             expect(response.overall_code == RateLimitResponseCode.OK, "a check is allowed")
             expect(response.statuses[0].limit_remaining == 3, "a check counts nothing")
         check(stub, [[("client", "checker")]], descriptor_hits=3)
         response = check(stub, [[("client", "checker")]], descriptor_hits=0)
-        expect(response.overall_code == RateLimitResponseCode.OVER_LIMIT, "no unit left")
+        expect(response.overall_code == RateLimitResponseCode.OK, "used up, not past it")
+        expect(response.statuses[0].limit_remaining == 0, "nothing left")
 
         try:
             check(stub, [[("", "empty key")]])

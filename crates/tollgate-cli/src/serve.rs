@@ -11,7 +11,7 @@ use clap::Args;
 use tokio::sync::watch;
 use tollgate::background::supervise;
 use tollgate::limiter::FailureSettings;
-use tollgate::policy::Policy;
+use tollgate::policy::{ChargeMode, Policy, PolicyDefaults};
 use tollgate::resilience::{BreakerConfig, Posture};
 use tollgate::service::{BuildError, Service, Upkeep};
 use tollgate::store::{CoalesceOptions, RedisOptions, StoreUrl};
@@ -104,6 +104,16 @@ pub struct ServeArgs {
         value_name = "POSTURE"
     )]
     on_store_error: Posture,
+    /// `charge` of rules that do not set one: whole (a cost that does not fit is denied) or
+    /// up_to_limit (admitted while a unit is left, charged what is left). For policies that
+    /// cannot say it, such as those xDS sends; a rule with `local_budget` stays whole.
+    #[arg(
+        long,
+        default_value = "whole",
+        value_name = "CHARGE",
+        env = "TOLLGATE_DEFAULT_CHARGE"
+    )]
+    default_charge: ChargeMode,
     /// Share of each limit enforced in-process by the `local` posture, for limits without
     /// `local_share` (e.g. 0.25 with four replicas).
     #[arg(long, env = "TOLLGATE_LOCAL_SHARE", default_value_t = 1.0, value_parser = share, value_name = "FRACTION")]
@@ -309,6 +319,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging_at(&args.log_format, &args.log_level);
     // Parsed here rather than by clap, whose error would echo the URL, password and all.
     let store: StoreUrl = args.store.0.parse().context("--store")?;
+    let defaults = PolicyDefaults {
+        charge: args.default_charge,
+    };
     let xds = args.xds.settings().context("--config-source")?;
     let (config, sources, policy) = match (&xds, &args.config) {
         (Some(xds), config) => {
@@ -319,12 +332,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             (
                 None,
                 Vec::new(),
-                Policy::from_sources(&[]).map_err(anyhow::Error::new)?,
+                Policy::from_sources_with(&[], defaults).map_err(anyhow::Error::new)?,
             )
         }
         (None, Some(config)) => {
-            let compiled = Policy::read_sources(config)
-                .and_then(|sources| Policy::from_sources(&sources).map(|policy| (sources, policy)));
+            let compiled = Policy::read_sources(config).and_then(|sources| {
+                Policy::from_sources_with(&sources, defaults).map(|policy| (sources, policy))
+            });
             let (sources, policy) = match compiled {
                 Ok(found) => found,
                 Err(errors) => {
@@ -528,6 +542,9 @@ async fn serve(
         .failure(settings)
         .memory_max_keys(args.memory_max_keys)
         .prefilter(!args.no_prefilter)
+        .policy_defaults(PolicyDefaults {
+            charge: args.default_charge,
+        })
         .ready_within(args.store_connect_timeout);
     let builder = match &source {
         Source::Files(path, sources) => builder.config(path.clone(), sources.clone()),

@@ -5,16 +5,28 @@ use std::process::ExitCode;
 
 use crate::stdout::out;
 use clap::Args;
-use tollgate::policy::{Policy, Rule};
+use tollgate::policy::{ChargeMode, Policy, PolicyDefaults, Rule};
 
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
     /// Policy file, or a directory of `*.yaml` / `*.yml` files.
     path: PathBuf,
+    /// `charge` of rules that do not set one, as `serve --default-charge` gives it: whole or
+    /// up_to_limit.
+    #[arg(
+        long,
+        default_value = "whole",
+        value_name = "CHARGE",
+        env = "TOLLGATE_DEFAULT_CHARGE"
+    )]
+    default_charge: ChargeMode,
 }
 
 pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
-    match Policy::load(&args.path) {
+    let defaults = PolicyDefaults {
+        charge: args.default_charge,
+    };
+    match Policy::load_with(&args.path, defaults) {
         Ok(policy) => {
             out!("{}", summary(&policy));
             Ok(ExitCode::SUCCESS)
@@ -68,6 +80,9 @@ fn describe(rule: &Rule) -> String {
     }
     if rule.limit.is_some_and(|p| p.charges_up_to_limit()) {
         flags.push_str(" [charges up to the limit]");
+    }
+    if rule.quota_mode {
+        flags.push_str(" [quota mode]");
     }
     if !rule.replaces.is_empty() {
         flags.push_str(&format!(" [replaces {}]", rule.replaces.join(", ")));

@@ -123,6 +123,17 @@ pub fn check(params: &Params, state: &State, now: Timestamp) -> Decision {
     as_is(params, state, now)
 }
 
+/// Checks one limit without charging it as envoyproxy/ratelimit answers `hits_addend: 0`:
+/// over only when the state is already past the limit (a cost of 0 would be denied), so a
+/// limit exactly used up still admits. When admitted, the figures of [`as_is`].
+pub fn check_as_is(params: &Params, state: &State, now: Timestamp) -> Decision {
+    let (zero, _) = decide(params, state, now, 0);
+    if !zero.is_allowed() {
+        return zero;
+    }
+    as_is(params, state, now)
+}
+
 /// The figures of a limit as its state stands: allowed, `remaining` and `reset_after`
 /// counting nothing more, no `retry_after` and no `delay` (a decision of cost 0). What an
 /// admitted [`check`] answers, and what a limit that allowed its charge answers in a request

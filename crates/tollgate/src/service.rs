@@ -68,6 +68,7 @@ pub struct ServiceBuilder {
     ready_within: Option<Duration>,
     clock: SharedClock,
     managed_by: Option<&'static str>,
+    policy_defaults: crate::policy::PolicyDefaults,
 }
 
 impl ServiceBuilder {
@@ -117,6 +118,14 @@ impl ServiceBuilder {
     /// [`Lifecycle::apply_managed`].
     pub fn managed_by(mut self, source: &'static str) -> Self {
         self.managed_by = Some(source);
+        self
+    }
+
+    /// What the rules of every policy this service compiles (reloads, pushes, candidates, a
+    /// shared store's versions) get for the settings they leave out. The first policy, given
+    /// to [`Service::builder`], must have been compiled with the same defaults.
+    pub fn policy_defaults(mut self, defaults: crate::policy::PolicyDefaults) -> Self {
+        self.policy_defaults = defaults;
         self
     }
 
@@ -182,7 +191,8 @@ impl ServiceBuilder {
         let lifecycle = match self.managed_by {
             Some(source) => Lifecycle::managed(limiter.clone(), source),
             None => Lifecycle::new(limiter.clone(), self.config, self.sources),
-        };
+        }
+        .with_policy_defaults(self.policy_defaults);
         let lifecycle = Arc::new(lifecycle);
         Ok(Service { limiter, lifecycle })
     }
@@ -257,6 +267,7 @@ impl Service {
             ready_within: None,
             clock: Arc::new(SystemClock::new()),
             managed_by: None,
+            policy_defaults: crate::policy::PolicyDefaults::default(),
         }
     }
 

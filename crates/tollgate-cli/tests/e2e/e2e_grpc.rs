@@ -159,7 +159,8 @@ async fn hits_addend_zero_means_one_and_descriptor_hits_override_the_request() {
 }
 
 /// Envoy's per-descriptor `hits_addend: 0` (the request-time check of a limit whose cost is
-/// only known when the response is done) checks without counting, as in envoyproxy/ratelimit.
+/// only known when the response is done) checks without counting, as in envoyproxy/ratelimit,
+/// and, as there, is OK on a limit exactly used up (a rule charged whole).
 #[tokio::test]
 async fn a_descriptor_hits_addend_of_zero_checks_without_counting() {
     let server = Server::start(POLICY);
@@ -180,7 +181,8 @@ async fn a_descriptor_hits_addend_of_zero_checks_without_counting() {
     assert_eq!(ask(4).await, (Code::Ok, 1));
     assert_eq!(ask(0).await, (Code::Ok, 1), "one unit is left");
     assert_eq!(ask(1).await, (Code::Ok, 0));
-    assert_eq!(ask(0).await, (Code::OverLimit, 0), "none is left");
+    assert_eq!(ask(0).await, (Code::Ok, 0), "used up, not past it");
+    assert_eq!(ask(1).await, (Code::OverLimit, 0));
 }
 
 /// A token budget as Envoy drives it: a check (`hits_addend: 0`) before the request, the

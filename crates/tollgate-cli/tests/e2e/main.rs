@@ -18,5 +18,6 @@ mod e2e_prometheus;
 mod e2e_python_grpcio;
 mod e2e_redis;
 mod e2e_remote_client;
+mod e2e_rls_quota;
 mod e2e_upstream_env;
 mod e2e_xds;

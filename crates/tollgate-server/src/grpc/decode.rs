@@ -22,7 +22,8 @@ pub fn decode_request(request: RateLimitRequest) -> Result<CheckRequest, Invalid
             )));
         }
         // A per-descriptor hits_addend overrides the request's. Being a wrapper, it can say 0,
-        // which means "check without counting" (as in envoyproxy/ratelimit).
+        // which means "check without counting", answered as envoyproxy/ratelimit answers it
+        // (see `with_checks_as_is` below).
         let cost = match d.hits_addend {
             Some(v) => v.value,
             None => request_cost,
@@ -48,5 +49,7 @@ pub fn decode_request(request: RateLimitRequest) -> Result<CheckRequest, Invalid
                 .map_err(|e| InvalidRequest(format!("descriptor {i}: {e}")))?,
         );
     }
-    CheckRequest::new(request.domain, descriptors)
+    // A check is over only past the limit, as envoyproxy/ratelimit answers it; rules with
+    // `charge: up_to_limit` keep "would one more unit fit" (token budgets need it).
+    CheckRequest::new(request.domain, descriptors).map(|r| r.with_checks_as_is(true))
 }

@@ -18,7 +18,7 @@ use tracing::{info, warn};
 use crate::limiter::Limiter;
 use crate::observe::prometheus::{Exposition, Kind};
 use crate::policy::sources::sources_hash;
-use crate::policy::{Policy, PolicyErrors};
+use crate::policy::{Policy, PolicyDefaults, PolicyErrors};
 
 mod diff;
 mod managed;
@@ -152,6 +152,8 @@ pub struct Lifecycle {
     published: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Arc<PolicyVersion>>>>,
     /// Set when a source outside tollgate (xDS) is the only writer of the policy.
     managed: managed::Managed,
+    /// What the rules of every policy compiled here get for the settings they leave out.
+    defaults: PolicyDefaults,
 }
 
 impl Lifecycle {
@@ -184,7 +186,15 @@ impl Lifecycle {
             unreadable_logged: Mutex::new(String::new()),
             published: Mutex::new(None),
             managed: managed::Managed::default(),
+            defaults: PolicyDefaults::default(),
         }
+    }
+
+    /// This life cycle compiling every policy with `defaults` (the first one, which the limiter
+    /// already runs, must have been compiled with them too).
+    pub fn with_policy_defaults(mut self, defaults: PolicyDefaults) -> Self {
+        self.defaults = defaults;
+        self
     }
 
     /// A stream of the versions this replica activates on its own (file, push, rollback), for
@@ -323,7 +333,7 @@ impl Lifecycle {
 
     /// Compiles `sources` and checks that the store can decide every limit exactly.
     fn compile(&self, sources: &[(String, String)]) -> Result<Policy, PolicyErrors> {
-        let policy = Policy::from_sources(sources)?;
+        let policy = Policy::from_sources_with(sources, self.defaults)?;
         self.limiter.store().check_policy(&policy)?;
         Ok(policy)
     }

@@ -68,9 +68,6 @@ pub(super) fn build(
         } else {
             Code::Ok
         };
-        if code == Code::OverLimit {
-            response.overall = Code::OverLimit;
-        }
         statuses[*i] = DescriptorStatus {
             code,
             limit,
@@ -95,12 +92,36 @@ pub(super) fn build(
                 shadow_would_deny: !enforced,
                 ..DescriptorStatus::unlimited()
             };
-            if enforced {
-                response.overall = Code::OverLimit;
-            }
         }
     }
+    response.overall = overall(&response.statuses);
     response
+}
+
+/// The request's code from its descriptors' (as envoyproxy/ratelimit decides it):
+/// `OVER_LIMIT` when a limit without quota mode is over, or when the request has quota-mode
+/// limits and every one of them is over.
+fn overall(statuses: &[DescriptorStatus]) -> Code {
+    let (mut quotas, mut quota_passes) = (false, false);
+    for status in statuses {
+        let quota = status
+            .limit
+            .as_ref()
+            .and_then(AppliedLimit::rule)
+            .is_some_and(|rule| rule.quota_mode);
+        let over = status.code == Code::OverLimit;
+        if quota {
+            quotas = true;
+            quota_passes |= !over;
+        } else if over {
+            return Code::OverLimit;
+        }
+    }
+    if quotas && !quota_passes {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    }
 }
 
 /// Marks the statuses of descriptors that matched an `unlimited: true` rule (the plan keeps no

@@ -10,17 +10,20 @@ use crate::store::Charge;
 
 /// Whether `charges[i]` takes its counter past what it can ever hold, with the charges before
 /// it in the request on the same counter. A check counts as the one unit it is decided as; a
-/// limit that charges up to itself, or that does not enforce, denies nothing for it.
+/// limit that charges up to itself, or that does not enforce, denies nothing for it; nor does
+/// a quota limit on its own (the store answers it over, and the other quota limits decide).
 pub(super) fn exceeds_with_earlier(charges: &[Charge<'_>], i: usize) -> bool {
     let charge = &charges[i];
-    if !charge.enforce || charge.params.charges_up_to_limit() {
+    if !charge.enforce || charge.quota || charge.params.charges_up_to_limit() {
         return false;
     }
     let earlier = charges[..i]
         .iter()
         .filter(|c| c.key == charge.key)
         .fold(0u64, |sum, c| sum.saturating_add(c.cost));
-    earlier > 0 && earlier.saturating_add(charge.cost.max(1)) > charge.params.capacity()
+    // A check answered as the counter stands takes no unit.
+    let cost = charge.cost.max(u64::from(!charge.checks_as_is));
+    earlier > 0 && earlier.saturating_add(cost) > charge.params.capacity()
 }
 
 /// Whether `charges[i]` can never be admitted: its cost alone, or with the charges before it
@@ -29,6 +32,7 @@ pub(super) fn never_admitted(charges: &[Charge<'_>], i: usize) -> bool {
     let charge = &charges[i];
     exceeds_with_earlier(charges, i)
         || (charge.enforce
+            && !charge.quota
             && !charge.params.charges_up_to_limit()
             && charge.cost > charge.params.capacity())
 }

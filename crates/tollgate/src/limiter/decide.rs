@@ -214,15 +214,14 @@ impl Pipeline<'_> {
     /// The charges of `planned`, and how many of them are the live policy's: one store call
     /// for both, the candidate's charges after the live ones.
     fn charges<'p>(&self, request: &CheckRequest, planned: &'p Planned) -> (Charges<'p>, usize) {
-        let descriptors = request.descriptors();
         let settings = &self.postures.settings;
         let mut charges = Charges::new();
         planned
             .live
-            .push_charges(descriptors, true, settings, &mut charges);
+            .push_charges(request, true, settings, &mut charges);
         let live = charges.len();
         if let Some((_, plan)) = &planned.candidate {
-            plan.push_charges(descriptors, false, settings, &mut charges);
+            plan.push_charges(request, false, settings, &mut charges);
         }
         (charges, live)
     }

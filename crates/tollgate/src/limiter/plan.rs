@@ -8,7 +8,7 @@ use tollgate_core::Timestamp;
 
 use super::keys::{self, KeyBuf};
 use super::overrides::Overrides;
-use super::request::{CheckRequest, InvalidRequest, MAX_DESCRIPTORS, RequestDescriptor};
+use super::request::{CheckRequest, InvalidRequest, MAX_DESCRIPTORS};
 use super::response::AppliedLimit;
 use crate::policy::{LocalBudget, Policy, Rule, RuleMode};
 use crate::resilience::{FailureSettings, Posture};
@@ -160,31 +160,41 @@ impl Plan {
     /// takes no local budget nor the prefilter.
     pub fn push_charges<'a>(
         &'a self,
-        descriptors: &[RequestDescriptor],
+        request: &CheckRequest,
         live: bool,
         settings: &FailureSettings,
         charges: &mut impl Extend<Charge<'a>>,
     ) {
+        let descriptors = request.descriptors();
         charges.extend(self.spans.iter().filter_map(|(i, span)| {
             let limit = self.limits[*i].as_ref()?;
+            let quota = live && quota_of(limit);
+            let params = limit.params()?;
             Some(Charge {
                 key: &self.key_buf[span.clone()],
-                params: limit.params()?,
+                params,
                 cost: descriptors[*i].cost(),
+                checks_as_is: request.checks_as_is() && !params.charges_up_to_limit(),
                 enforce: live && mode_of(limit) == RuleMode::Enforce,
+                quota,
                 posture: posture_of(Some(limit), settings),
                 local_share: share_of(Some(limit), settings),
                 local_budget: budget_of(limit).filter(|_| live),
-                prefilterable: live && prefilterable(limit),
+                // A quota limit's denial may not deny the request: nothing to remember.
+                prefilterable: live && !quota && prefilterable(limit),
             })
         }));
     }
 
-    /// Whether a limit of 0 (a caller's, or an enforced rule's) blocks one of the descriptors.
+    /// Whether a limit of 0 (a caller's, or an enforced rule's) blocks the request: one
+    /// without quota mode, or one with it when no other quota limit of the request could
+    /// admit (every quota limit then is over: see [`crate::store::admitted`]).
     pub fn blocks(&self) -> bool {
-        self.limits
-            .iter()
-            .any(|l| matches!(l, Some(AppliedLimit::Blocked(_, rule)) if enforces(rule)))
+        let blocked = |l: &Option<AppliedLimit>| matches!(l, Some(AppliedLimit::Blocked(_, rule)) if enforces(rule));
+        let quota = |l: &Option<AppliedLimit>| l.as_ref().is_some_and(quota_of);
+        let blocked_quota = self.limits.iter().any(|l| blocked(l) && quota(l));
+        let other_quota = self.limits.iter().any(|l| quota(l) && !blocked(l));
+        self.limits.iter().any(|l| blocked(l) && !quota(l)) || (blocked_quota && !other_quota)
     }
 }
 
@@ -230,6 +240,11 @@ fn prefilterable(limit: &AppliedLimit) -> bool {
 pub(super) fn enforces(rule: &Option<Arc<Rule>>) -> bool {
     rule.as_ref()
         .is_none_or(|rule| rule.mode != RuleMode::Shadow)
+}
+
+/// Whether the rule behind `limit` has `quota_mode: true`; a caller-supplied limit has not.
+pub(super) fn quota_of(limit: &AppliedLimit) -> bool {
+    limit.rule().is_some_and(|r| r.quota_mode)
 }
 
 /// The mode of the rule behind `limit`; a caller-supplied limit enforces.

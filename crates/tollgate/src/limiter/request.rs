@@ -151,6 +151,9 @@ fn truncate(s: &str) -> &str {
 pub struct CheckRequest {
     domain: String,
     descriptors: Vec<RequestDescriptor>,
+    /// Whether a check (cost 0) answers as the counter stands (see
+    /// [`CheckRequest::with_checks_as_is`]).
+    checks_as_is: bool,
 }
 
 impl CheckRequest {
@@ -179,7 +182,24 @@ impl CheckRequest {
         Ok(CheckRequest {
             domain,
             descriptors,
+            checks_as_is: false,
         })
+    }
+
+    /// This request with its checks (descriptors of cost 0) answered as envoyproxy/ratelimit
+    /// answers `hits_addend: 0` when `on`: over only when the counter is already past its
+    /// limit, so a limit exactly used up still admits. Limits with `charge: up_to_limit` keep
+    /// tollgate's check, over once no unit is left: a charge there stops at the limit, so
+    /// nothing else would ever answer over. Off, every check is tollgate's. The RLS transports
+    /// turn it on.
+    pub fn with_checks_as_is(mut self, on: bool) -> Self {
+        self.checks_as_is = on;
+        self
+    }
+
+    /// Whether checks answer as the counter stands (see [`CheckRequest::with_checks_as_is`]).
+    pub fn checks_as_is(&self) -> bool {
+        self.checks_as_is
     }
 
     /// The domain.

@@ -11,7 +11,7 @@ use tollgate_core::{Algorithm, MAX_LIMIT, MAX_LOG_LIMIT, Params};
 
 use super::document::{Count, DescriptorDoc, DomainDoc, RateLimitDoc, ReplacesDoc};
 use super::identity::{self, PathStep};
-use super::rule::{LocalBudget, RuleMode};
+use super::rule::{ChargeMode, LocalBudget, PolicyDefaults, RuleMode};
 use super::snapshot::DomainTable;
 use super::tree::{Level, MAX_WILDCARDS_PER_LEVEL, Node, ValueMatch};
 use super::{Location, MAX_FIELD_LEN, Policy, PolicyError, PolicyErrors, Rule, Unit};
@@ -25,6 +25,8 @@ use crate::resilience::Posture;
 /// Accumulates sources (one domain each) into one policy.
 #[derive(Debug, Default)]
 pub(super) struct Compiler {
+    /// What a rule that leaves a setting out gets.
+    pub defaults: PolicyDefaults,
     rules: Vec<Arc<Rule>>,
     domains: Vec<DomainTable>,
     /// Where each registered domain was defined, to name both files on a duplicate.
@@ -45,6 +47,7 @@ impl Compiler {
         let mut source = SourceCompiler {
             file,
             domain: "",
+            defaults: self.defaults,
             errors: Vec::new(),
             named: Vec::new(),
         };
@@ -156,6 +159,7 @@ struct NamedRule {
 struct SourceCompiler<'f> {
     file: &'f str,
     domain: &'f str,
+    defaults: PolicyDefaults,
     errors: Vec<PolicyError>,
     named: Vec<NamedRule>,
 }
@@ -324,6 +328,7 @@ impl<'f> SourceCompiler<'f> {
         let up_to_limit = self.charges_up_to_limit(doc);
         let limit = limit.map(|params| params.charging_up_to_limit(up_to_limit));
         let blocked = limit.is_some() && self.blocks(doc, mode);
+        let quota_mode = self.quota_mode(descriptor, doc);
 
         let (name, name_location, explicit) =
             match doc.name.as_ref().filter(|n| !n.value.is_empty()) {
@@ -369,6 +374,7 @@ impl<'f> SourceCompiler<'f> {
             blocked,
             unit,
             mode,
+            quota_mode,
             detailed_metric: descriptor.detailed_metric.unwrap_or(false),
             replaces: replaces.iter().map(|(name, _)| name.clone()).collect(),
             metadata,
@@ -466,10 +472,32 @@ impl<'f> SourceCompiler<'f> {
         parsed
     }
 
-    /// Whether `charge: up_to_limit` is set (validated against the other fields).
+    /// The descriptor's `quota_mode` (validated against its `rate_limit`).
+    fn quota_mode(&mut self, descriptor: &DescriptorDoc, doc: &RateLimitDoc) -> bool {
+        let Some(quota) = descriptor.quota_mode.as_ref().filter(|q| q.value) else {
+            return false;
+        };
+        if doc.local_budget.is_some() {
+            self.error(
+                self.location(&quota.referenced),
+                "`quota_mode: true` cannot be used with `local_budget`: whether an over quota \
+                 denies depends on the request's other quota limits, which a replica's \
+                 reservation does not see",
+            );
+            return false;
+        }
+        true
+    }
+
+    /// Whether `charge: up_to_limit` is set (validated against the other fields); without
+    /// `charge`, the policy's default, on a limit it can apply to (not `unlimited`, nor with a
+    /// `local_budget`).
     fn charges_up_to_limit(&mut self, doc: &RateLimitDoc) -> bool {
         let Some(charge) = &doc.charge else {
-            return false;
+            let unlimited = doc.unlimited.as_ref().is_some_and(|u| u.value);
+            return self.defaults.charge == ChargeMode::UpToLimit
+                && !unlimited
+                && doc.local_budget.is_none();
         };
         let at = self.location(&charge.referenced);
         let up_to_limit = match charge.value.as_str() {

@@ -34,6 +34,10 @@ pub(super) struct DescriptorDoc {
     pub descriptors: Option<Vec<Spanned<DescriptorDoc>>>,
     /// Count and report, but never deny.
     pub shadow_mode: Option<bool>,
+    /// envoyproxy/ratelimit's quota mode: a request over this descriptor's limit is denied
+    /// only when every quota-mode descriptor of the request is over its limit (and, as always,
+    /// when a descriptor without quota mode is). Only read on a descriptor with a `rate_limit`.
+    pub quota_mode: Option<Spanned<bool>>,
     /// Let metrics carry the matched value of a key-only descriptor.
     pub detailed_metric: Option<bool>,
     /// envoyproxy/ratelimit's metrics option; accepted, with no effect here.

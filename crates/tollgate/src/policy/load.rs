@@ -2,7 +2,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::compiler::Compiler;
-use super::{Policy, PolicyError, PolicyErrors};
+use super::{Policy, PolicyDefaults, PolicyError, PolicyErrors};
 
 impl Policy {
     /// Loads a policy file, or every `*.yaml`/`*.yml` file of a directory (in any case; not
@@ -11,7 +11,12 @@ impl Policy {
     /// Every problem of every file is reported, each with its file, line and column. A directory
     /// without policy files is an error.
     pub fn load(path: &Path) -> Result<Policy, PolicyErrors> {
-        Policy::from_sources(&Policy::read_sources(path)?)
+        Policy::load_with(path, PolicyDefaults::default())
+    }
+
+    /// [`Policy::load`], with `defaults` for the settings the rules leave out.
+    pub fn load_with(path: &Path, defaults: PolicyDefaults) -> Result<Policy, PolicyErrors> {
+        Policy::from_sources_with(&Policy::read_sources(path)?, defaults)
     }
 
     /// Reads the texts [`Policy::load`] would compile, as `(file name, text)` pairs in load
@@ -59,7 +64,16 @@ impl Policy {
     /// Parses several files' texts, as `(name, text)` pairs in load order, like a directory:
     /// each is one domain and no domain may appear twice.
     pub fn from_sources(sources: &[(String, String)]) -> Result<Policy, PolicyErrors> {
+        Policy::from_sources_with(sources, PolicyDefaults::default())
+    }
+
+    /// [`Policy::from_sources`], with `defaults` for the settings the rules leave out.
+    pub fn from_sources_with(
+        sources: &[(String, String)],
+        defaults: PolicyDefaults,
+    ) -> Result<Policy, PolicyErrors> {
         let mut compiler = Compiler::default();
+        compiler.defaults = defaults;
         for (name, text) in sources {
             compiler.add_source(name, text);
         }

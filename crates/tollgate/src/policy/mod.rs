@@ -20,7 +20,7 @@ mod unit;
 
 pub use error::{Location, PolicyError, PolicyErrors};
 pub use load::MAX_POLICY_FILE;
-pub use rule::{LocalBudget, Rule, RuleMode};
+pub use rule::{ChargeMode, LocalBudget, PolicyDefaults, Rule, RuleMode, UnknownChargeMode};
 pub use snapshot::Policy;
 pub use tree::MAX_WILDCARDS_PER_LEVEL;
 pub use unit::{Unit, parse_period};

@@ -38,6 +38,10 @@ pub struct Rule {
     /// `enforce` (default), `shadow` (`shadow_mode: true`: count and report, never deny) or
     /// `soft` (allow, but mark the request as over its limit with a suggested delay).
     pub mode: RuleMode,
+    /// `quota_mode: true`: over its limit, this rule denies the request only when every
+    /// quota-mode rule the request matched is over its limit too; otherwise it charges nothing
+    /// and reports OVER_LIMIT in its status while the request is admitted.
+    pub quota_mode: bool,
     /// `detailed_metric: true`: its outcomes are also counted per descriptor value (see
     /// `metrics::MAX_DETAILED_VALUES`).
     pub detailed_metric: bool,
@@ -71,6 +75,52 @@ impl LocalBudget {
     pub const DEFAULT_TTL: Duration = Duration::from_millis(100);
     /// The shortest and longest `local_budget_ttl` accepted.
     pub const TTL_RANGE: (Duration, Duration) = (Duration::from_millis(1), Duration::from_secs(60));
+}
+
+/// How a request whose cost does not fit is charged: the policy file's `charge`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ChargeMode {
+    /// `whole`: denied, charging nothing.
+    #[default]
+    Whole,
+    /// `up_to_limit`: admitted while a unit is left, charging what is left.
+    UpToLimit,
+}
+
+impl ChargeMode {
+    /// The policy-file spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            ChargeMode::Whole => "whole",
+            ChargeMode::UpToLimit => "up_to_limit",
+        }
+    }
+}
+
+impl std::str::FromStr for ChargeMode {
+    type Err = UnknownChargeMode;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "whole" => Ok(ChargeMode::Whole),
+            "up_to_limit" => Ok(ChargeMode::UpToLimit),
+            other => Err(UnknownChargeMode(other.to_owned())),
+        }
+    }
+}
+
+/// A `charge` that is neither `whole` nor `up_to_limit`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown charge `{0}`, expected whole or up_to_limit")]
+pub struct UnknownChargeMode(pub String);
+
+/// What the rules of a policy that leave a setting out get, set by the server rather than the
+/// files (a policy that arrives over xDS carries none of tollgate's extensions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PolicyDefaults {
+    /// The `charge` of a rule without one (`serve --default-charge`). A rule with a
+    /// `local_budget` stays `whole`, the only charge it can have.
+    pub charge: ChargeMode,
 }
 
 /// How a rule acts on a request over its limit.

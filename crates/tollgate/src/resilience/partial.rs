@@ -9,11 +9,13 @@
 
 use smallvec::SmallVec;
 use tokio::time::Instant;
-use tollgate_core::{Decision, Verdict};
+use tollgate_core::Decision;
 
 use super::postures::{Degraded, Postures};
 use crate::observe::Histogram;
-use crate::store::{Charge, Decisions, INLINE_CHARGES, Store, StoreError, timed_store_call};
+use crate::store::{
+    Charge, Decisions, INLINE_CHARGES, Store, StoreError, admitted, timed_store_call,
+};
 
 /// The store's answer where its node answered (see [`StoreError::Partly`]): per charge, its
 /// decision as it stands, `None` where it could not be decided; and the request's deadline.
@@ -27,8 +29,14 @@ struct Look<'c> {
     admitted: bool,
 }
 
-fn denies(c: &Charge<'_>, d: &Decision) -> bool {
-    c.enforce && d.verdict != Verdict::Allowed
+/// Whether the request is still admitted with the store's charged `answer` for `healthy` and
+/// the postures' look at the others: the quota limits together.
+fn admitted_with(look: &Look<'_>, healthy: &[Charge<'_>], answer: &[Decision]) -> bool {
+    let failed: &[Charge<'_>] = &look.failed;
+    let charges: SmallVec<[Charge<'_>; INLINE_CHARGES]> =
+        healthy.iter().chain(failed).copied().collect();
+    let decisions: Decisions = answer.iter().chain(&look.answered).copied().collect();
+    admitted(&charges, &decisions)
 }
 
 impl Postures {
@@ -84,11 +92,13 @@ impl Postures {
             .collect();
         // What the postures would answer, charging nothing yet.
         let answered = self.decide(&failed, false);
-        let admitted = charges
+        // The store's decisions where it decided, the postures' elsewhere, in request order.
+        let mut postured = answered.iter();
+        let whole: Decisions = decided
             .iter()
-            .zip(decided)
-            .all(|(c, d)| d.as_ref().is_none_or(|d| !denies(c, d)))
-            && failed.iter().zip(&answered).all(|(c, d)| !denies(c, d));
+            .filter_map(|d| d.or_else(|| postured.next().copied()))
+            .collect();
+        let admitted = whole.len() == charges.len() && admitted(charges, &whole);
         Look {
             failed,
             answered,
@@ -101,7 +111,7 @@ impl Postures {
     /// are charged after the store: one taken meanwhile on this replica leaves the store's
     /// charges standing for a denied request, under the limit, never over.)
     fn charged(&self, look: &mut Look<'_>, healthy: &[Charge<'_>], answer: &[Decision]) {
-        if healthy.iter().zip(answer).all(|(c, d)| !denies(c, d)) {
+        if admitted_with(look, healthy, answer) {
             look.answered = self.decide(&look.failed, true);
         }
     }

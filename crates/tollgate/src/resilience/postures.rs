@@ -13,7 +13,7 @@ use tollgate_core::{Decision, Params, Verdict};
 
 use super::posture::Posture;
 use crate::clock::SharedClock;
-use crate::store::{Charge, Decisions, INLINE_CHARGES, MemoryStore};
+use crate::store::{Charge, Decisions, INLINE_CHARGES, MemoryStore, Quotas};
 
 /// Per charge: the posture that answered for it, `None` where the store decided.
 pub type Degraded = SmallVec<[Option<Posture>; INLINE_CHARGES]>;
@@ -72,9 +72,12 @@ impl Postures {
     pub fn decide(&self, charges: &[Charge<'_>], commit: bool) -> Decisions {
         // An enforced `closed` limit denies the request as unavailable: the local shares are
         // then only looked at, and answer as they stand (nothing is charged).
-        let closed = charges
+        // Quota limits deny together: every one of them `closed` (see `store::admitted`).
+        let mut quotas = Quotas::default();
+        let closed = !charges
             .iter()
-            .any(|c| c.enforce && c.posture == Posture::Closed);
+            .all(|c| quotas.admits(c, c.posture != Posture::Closed))
+            || !quotas.satisfied();
         let local_params: SmallVec<[Option<Params>; INLINE_CHARGES]> = charges
             .iter()
             .map(|c| (c.posture == Posture::Local).then(|| scaled(c.params, c.local_share)))
@@ -102,7 +105,10 @@ impl Postures {
             .iter()
             .zip(&local_params)
             .map(|(c, params)| match (c.posture, params) {
-                (Posture::Closed, _) if closed => self.unavailable(c.params),
+                // A closed quota limit is over, whether or not the request is admitted.
+                (Posture::Closed, _) if closed || (c.quota && c.enforce) => {
+                    self.unavailable(c.params)
+                }
                 (_, Some(_)) => local.next().unwrap_or_else(|| unknown(c.params)),
                 _ => unknown(c.params),
             })

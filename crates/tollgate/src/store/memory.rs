@@ -19,7 +19,7 @@ use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 use tollgate_core::{
-    Decision, Params, State, Timestamp, Transition, Verdict, as_is, decide_or_check,
+    Decision, Params, State, Timestamp, Transition, Verdict, as_is, check_as_is, decide_or_check,
 };
 
 use super::{Charge, Decisions, INLINE_CHARGES, Mode, Store, StoreError, Unsupported, admitted};
@@ -369,8 +369,7 @@ impl MemoryStore {
                         }
                     }
                 }
-                let (mut decision, transition) =
-                    decide_or_check(charge.params, &scratch, now, charge.cost);
+                let (mut decision, transition) = decide_charge(charge, &scratch, now);
                 if decision.verdict == Verdict::Denied
                     && denied_before > 0
                     && charge.cost > 0
@@ -386,7 +385,7 @@ impl MemoryStore {
                 }
                 (decision, transition)
             } else {
-                decide_or_check(charge.params, &stored, now, charge.cost)
+                decide_charge(charge, &stored, now)
             };
             decisions.push(decision);
             transitions.push(transition);
@@ -462,6 +461,15 @@ impl MemoryStore {
         }
         Ok(())
     }
+}
+
+/// `charge` decided on `state`: a check (cost 0) as [`Charge::checks_as_is`] says, charging
+/// nothing; any other cost as [`decide_or_check`] decides it.
+fn decide_charge(charge: &Charge<'_>, state: &State, now: Timestamp) -> (Decision, Transition) {
+    if charge.cost == 0 && charge.checks_as_is {
+        return (check_as_is(charge.params, state, now), Transition::Keep);
+    }
+    decide_or_check(charge.params, state, now, charge.cost)
 }
 
 /// The state `table` holds for `charge`'s key (`hash`), or an empty one.

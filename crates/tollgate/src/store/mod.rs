@@ -34,6 +34,13 @@ pub struct Charge<'a> {
     pub cost: u64,
     /// Whether a denial of this charge denies the request (false for shadow-mode rules).
     pub enforce: bool,
+    /// A live limit of a `quota_mode` rule: its denial denies the request only when every
+    /// quota charge of the request is denied (see [`admitted`]).
+    pub quota: bool,
+    /// A check (`cost` 0) answers as the counter stands: over only when it is already past
+    /// its limit, as envoyproxy/ratelimit answers `hits_addend: 0` ([`tollgate_core::check_as_is`]).
+    /// Otherwise a check is over when a cost of 1 would be ([`tollgate_core::check`]).
+    pub checks_as_is: bool,
     /// What answers for this charge when the store cannot decide it: its rule's
     /// `on_store_error`, else the server's default posture.
     pub posture: Posture,
@@ -58,6 +65,8 @@ impl<'a> Charge<'a> {
             params,
             cost,
             enforce: true,
+            quota: false,
+            checks_as_is: false,
             posture: Posture::Open,
             local_share: 1.0,
             local_budget: None,
@@ -394,10 +403,44 @@ impl Store for StoreBackend {
     }
 }
 
-/// Whether a request whose charges got `decisions` is admitted.
+/// Whether a request whose charges got `decisions` is admitted: every enforced charge
+/// without [`Charge::quota`] is allowed, and so is at least one quota charge when there are
+/// any, as envoyproxy/ratelimit's quota mode answers (a quota charge that does not enforce,
+/// a shadow rule's, never counts as over). Then every allowed charge is committed; a denied
+/// quota charge charges nothing.
 pub fn admitted(charges: &[Charge<'_>], decisions: &[Decision]) -> bool {
-    charges
-        .iter()
-        .zip(decisions)
-        .all(|(c, d)| !c.enforce || d.is_allowed())
+    let mut quotas = Quotas::default();
+    for (c, d) in charges.iter().zip(decisions) {
+        if !quotas.admits(c, d.is_allowed()) {
+            return false;
+        }
+    }
+    quotas.satisfied()
+}
+
+/// The quota charges of one request seen so far (see [`admitted`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Quotas {
+    /// Whether there is one.
+    any: bool,
+    /// Whether one of them is allowed (or does not enforce).
+    passes: bool,
+}
+
+impl Quotas {
+    /// Takes in `charge`, allowed or not; false when it denies the request on its own (an
+    /// enforced charge without quota mode, denied).
+    pub fn admits(&mut self, charge: &Charge<'_>, allowed: bool) -> bool {
+        if charge.quota {
+            self.any = true;
+            self.passes |= allowed || !charge.enforce;
+            return true;
+        }
+        allowed || !charge.enforce
+    }
+
+    /// Whether the quota charges taken in let the request through: none, or one allowed.
+    pub fn satisfied(self) -> bool {
+        !self.any || self.passes
+    }
 }

@@ -6,3 +6,4 @@ mod faults;
 mod hot_keys;
 mod limiter;
 mod policy_sync;
+mod quota_mode;

@@ -6,3 +6,4 @@ mod policy_directory;
 mod policy_envoy;
 mod policy_errors;
 mod policy_matching;
+mod policy_quota;

@@ -64,7 +64,7 @@ descriptors:
 "
         ),
         "t.yaml:5:5: unknown field `shadowmode`, expected one of key, value, rate_limit, descriptors, \
-         shadow_mode, detailed_metric, value_to_metric, share_threshold, metadata, replaces"
+         shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata, replaces"
     );
     // `shadow_mode` belongs to the descriptor, not to `rate_limit`.
     let misplaced = error(

@@ -12,7 +12,7 @@ use tracing::warn;
 use super::patience::Deadline;
 use super::script::charge_args;
 use super::{Group, RedisStore, Reply, within};
-use crate::store::{Charge, StoreError};
+use crate::store::{Charge, StoreError, admitted};
 
 impl RedisStore {
     async fn run_refund(
@@ -64,7 +64,15 @@ impl RedisStore {
         commit: bool,
         deadline: Deadline,
     ) -> Result<Vec<Decision>, StoreError> {
+        // Quota limits deny together, across slots: each slot's script sees them as limits
+        // that do not enforce (an allowed one charges, a denied one does not), and the
+        // request's admission is decided here from every slot's decisions.
+        let scripted: Vec<Charge<'_>> = charges.iter().map(slot_local).collect();
+        let (whole, charges) = (charges, scripted.as_slice());
         let gather = |replies: &[Reply]| gather(charges.len(), groups, replies);
+        let admits = |replies: &[Reply]| {
+            replies.iter().all(|r| r.admitted) && admitted(whole, &gather(replies))
+        };
         // Each call has the decision's deadline: one slow node fails its own call, and the
         // others' answers (charges to refund) are still known.
         let all = |commit: bool| {
@@ -83,7 +91,7 @@ impl RedisStore {
                 .await);
         }
         let mut peeks: Vec<Reply> = peeks.into_iter().flatten().collect();
-        if peeks.iter().any(|r| !r.admitted) {
+        if !admits(&peeks) {
             self.as_they_stand(charges, keys, spans, groups, &mut peeks, deadline)
                 .await;
             return Ok(gather(&peeks));
@@ -92,10 +100,32 @@ impl RedisStore {
             return Ok(gather(&peeks));
         }
         let commits = all(true).await;
-        if commits.iter().all(|r| r.as_ref().is_ok_and(|r| r.admitted)) {
-            let commits: Vec<Reply> = commits.into_iter().flatten().collect();
-            return Ok(gather(&commits));
+        if commits.iter().all(Result::is_ok) {
+            let replies: Vec<Reply> = commits.into_iter().flatten().collect();
+            if admits(&replies) {
+                return Ok(gather(&replies));
+            }
+            let commits = replies.into_iter().map(Ok).collect();
+            return self
+                .refunded(charges, keys, spans, groups, commits, deadline)
+                .await;
         }
+        self.refunded(charges, keys, spans, groups, commits, deadline)
+            .await
+    }
+
+    /// The second step denied the request (a slot lost a race or failed, or every quota limit
+    /// turned out over): the slots that charged are refunded, and the decisions answer with the
+    /// figures as they stand.
+    async fn refunded(
+        &self,
+        charges: &[Charge<'_>],
+        keys: &[u8],
+        spans: &[Range<usize>],
+        groups: &[Group],
+        commits: Vec<Result<Reply, StoreError>>,
+        deadline: Deadline,
+    ) -> Result<Vec<Decision>, StoreError> {
         // Past the decision's deadline when a slow node used it up: each refund gets a deadline
         // of its own, or the charges it gives back would stand.
         let refunds = groups.iter().zip(&commits).filter_map(|(group, reply)| {
@@ -112,7 +142,7 @@ impl RedisStore {
         let mut commits = commits.into_iter().collect::<Result<Vec<_>, _>>()?;
         self.as_they_stand(charges, keys, spans, groups, &mut commits, deadline)
             .await;
-        Ok(gather(&commits))
+        Ok(gather(charges.len(), groups, &commits))
     }
 
     /// A first step that some slots could not answer: the cause, with the other slots'
@@ -208,6 +238,20 @@ impl RedisStore {
                 }
             }
         }
+    }
+}
+
+/// `charge` as one slot's script decides it within a request across slots: a quota limit
+/// as one that does not enforce (see [`RedisStore::apply_across_slots`]).
+fn slot_local<'a>(charge: &Charge<'a>) -> Charge<'a> {
+    if charge.quota {
+        Charge {
+            enforce: false,
+            quota: false,
+            ..*charge
+        }
+    } else {
+        *charge
     }
 }
 

@@ -21,11 +21,14 @@
 //! - then 6 per charge, from `ARGV[3 + 6 * (i - 1)]` ([`decide_args`]): [`algorithm_code`],
 //!   limit, period in microseconds, burst, cost (0: a check, which charges nothing), flags (1
 //!   enforced, plus 2 when the limit charges up to the limit: a charge that does not fit whole
-//!   is decided again for what is left, as `tollgate_core::decide` does).
+//!   is decided again for what is left, as `tollgate_core::decide` does; plus 4 for a quota-mode
+//!   charge; plus 8 when a check answers as the counter stands, `tollgate_core::check_as_is`,
+//!   rather than as a cost of 1 would).
 //!
 //! Every charge is decided against the current state; charges on the same key are decided in
 //! order, each seeing the tentative effect of the earlier ones. The call is admitted when every
-//! enforced charge is allowed; then (with `ARGV[1] == "1"`) every allowed charge is committed,
+//! enforced charge without quota mode is allowed and, when there are quota-mode charges, at
+//! least one of them is allowed or not enforced (`store::admitted`); then (with `ARGV[1] == "1"`) every allowed charge is committed,
 //! denied ones consume nothing; otherwise nothing is written. All reads happen before the first
 //! write, so a key holding a foreign Redis type fails the call (`WRONGTYPE`) with every key
 //! unchanged. Every key written gets `PEXPIREAT ceil(expires_at / 1000)` ms, `expires_at` being
@@ -152,10 +155,15 @@ pub fn charge_args(params: &Params, cost: u64) -> [u64; 5] {
 }
 
 /// The six numbers that describe a charge to DECIDE: its [`charge_args`], then its flags, 1
-/// when it is enforced plus 2 when its limit charges up to the limit.
+/// when it is enforced, plus 2 when its limit charges up to the limit, plus 4 when it is a
+/// quota-mode charge ([`Charge::quota`]), plus 8 when a check answers as the counter stands
+/// ([`Charge::checks_as_is`]).
 pub fn decide_args(charge: &Charge<'_>) -> [u64; 6] {
     let [algorithm, limit, period, burst, cost] = charge_args(charge.params, charge.cost);
-    let flags = u64::from(charge.enforce) | u64::from(charge.params.charges_up_to_limit()) << 1;
+    let flags = u64::from(charge.enforce)
+        | u64::from(charge.params.charges_up_to_limit()) << 1
+        | u64::from(charge.quota) << 2
+        | u64::from(charge.checks_as_is) << 3;
     [algorithm, limit, period, burst, cost, flags]
 }
 

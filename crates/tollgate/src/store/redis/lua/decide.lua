@@ -4,13 +4,14 @@
 -- decide_request(first, n, arg, commit, now): the request's n charges are KEYS[first + i] with
 -- 6 arguments each from ARGV[arg + 6 * (i - 1)]: algorithm (1 fixed_window, 2
 -- sliding_window_log, 3 sliding_window_counter, 4 token_bucket, 5 leaky_bucket, 6 gcra),
--- limit, period_us, burst, cost, flags (1 enforced, plus 2 charging up to the limit). A cost
--- of 0 is a check, which charges nothing. commit: write if admitted; now: whole microseconds
--- since the epoch.
+-- limit, period_us, burst, cost, flags (the sum of 1 enforced, 2 charging up to the limit, 4
+-- quota mode, 8 a check answers as the state stands). A cost of 0 is a check, which charges
+-- nothing. commit: write if admitted; now: whole microseconds since the epoch.
 --
 -- Every charge is decided against the current state; charges on the same key are decided in
 -- order, each seeing the tentative effect of the earlier ones. The request is admitted when every
--- enforced charge is allowed; then, if commit, every allowed charge is committed (denied
+-- enforced charge without quota mode is allowed and, if there are quota-mode charges, one of
+-- them is allowed or not enforced; then, if commit, every allowed charge is committed (denied
 -- ones consume nothing); otherwise nothing is written, and an allowed charge answers with the
 -- figures of a cost of 0 on the state as stored. All reads happen before the first write,
 -- so an error (a key of a foreign type, raised as a Redis error table) leaves every key of the
@@ -49,11 +50,17 @@ local function decide_charge(c, alg, now, limit, period, burst, cost)
   error({ err = 'ERR tollgate: unknown algorithm code ' .. tostring(alg) })
 end
 
+-- Whether `flags` holds `bit` (1, 2, 4 or 8).
+local function has_flag(flags, bit)
+  return fmod(flags, bit * 2) >= bit
+end
+
 local function decide_request(first, n, arg, commit, now)
   local out = { now, 1 }
   local contexts = {} -- charge index -> its key's context
   local opened = {} -- distinct contexts, in order
   local admitted = 1
+  local quotas, quota_passes = false, false
   for i = 1, n do
     local a = arg + 6 * (i - 1)
     local alg, limit, period = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
@@ -63,10 +70,15 @@ local function decide_request(first, n, arg, commit, now)
 
     local verdict, remaining, reset, retry, delay, nx, ny, nz
     if cost == 0 then
-      -- A check (tollgate_core::check): the verdict of a cost of 1; admitted, the figures of a
-      -- cost of 0 and no delay. Nothing is applied.
+      -- A check (tollgate_core::check): the verdict of a cost of 1 (with flag 8, of a cost of
+      -- 0: tollgate_core::check_as_is); admitted, the figures of a cost of 0 and no delay.
+      -- Nothing is applied.
+      local probe = 1
+      if has_flag(flags, 8) then
+        probe = 0
+      end
       verdict, remaining, reset, retry, delay =
-        decide_charge(c, alg, now, limit, period, burst, 1)
+        decide_charge(c, alg, now, limit, period, burst, probe)
       if verdict == 0 then
         verdict, remaining, reset, retry = decide_charge(c, alg, now, limit, period, burst, 0)
         delay = 0
@@ -74,7 +86,7 @@ local function decide_request(first, n, arg, commit, now)
     else
       verdict, remaining, reset, retry, delay, nx, ny, nz =
         decide_charge(c, alg, now, limit, period, burst, cost)
-      if verdict ~= 0 and flags >= 2 and cost > 1 then
+      if verdict ~= 0 and has_flag(flags, 2) and cost > 1 then
         -- Charging up to the limit (tollgate_core::decide): decided again for what is left,
         -- at least 1, if that is less than the whole cost.
         local part = remaining
@@ -90,7 +102,7 @@ local function decide_request(first, n, arg, commit, now)
         end
       end
     end
-    if verdict == 1 and cost > 0 and flags < 2 then
+    if verdict == 1 and cost > 0 and not has_flag(flags, 2) then
       -- Denied: when earlier charges of this request on the same key were denied too (and so
       -- applied nothing), the request fits only once all of them do, so the retry is the wait
       -- for their sum (as the memory store answers).
@@ -115,9 +127,16 @@ local function decide_request(first, n, arg, commit, now)
     local o = 6 * i - 3
     out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4] = verdict, remaining, reset, retry, delay
     out[o + 5] = charged
-    if verdict ~= 0 and fmod(flags, 2) == 1 then
+    local enforced = has_flag(flags, 1)
+    if has_flag(flags, 4) then
+      quotas = true
+      quota_passes = quota_passes or verdict == 0 or not enforced
+    elseif verdict ~= 0 and enforced then
       admitted = 0
     end
+  end
+  if quotas and not quota_passes then
+    admitted = 0
   end
   out[2] = admitted
 
