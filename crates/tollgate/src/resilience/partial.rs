@@ -56,7 +56,9 @@ impl Postures {
         let mut charged = None;
         if look.admitted && commit {
             let healthy = healthy(charges, &decided);
-            let call = store.apply_before(&healthy, deadline);
+            // The request's quota limits are decided here, across both parts.
+            let apart = apart(&healthy);
+            let call = store.apply_before(&apart, deadline);
             let answer = timed_store_call(latency, call).await?;
             self.charged(&mut look, &healthy, &answer);
             charged = Some(answer);
@@ -78,7 +80,7 @@ impl Postures {
         let mut charged = None;
         if look.admitted && commit {
             let healthy = healthy(charges, &decided);
-            let answer = apply(&healthy)?;
+            let answer = apply(&apart(&healthy))?;
             self.charged(&mut look, &healthy, &answer);
             charged = Some(answer);
         }
@@ -126,6 +128,12 @@ fn healthy<'c>(
         .filter(|&i| decided[i].is_some())
         .map(|i| charges[i])
         .collect()
+}
+
+/// `charges` for a store call that decides them apart from the rest of their request: each
+/// quota limit as one that does not enforce (see [`Charge::apart`]).
+fn apart<'c>(charges: &[Charge<'c>]) -> SmallVec<[Charge<'c>; INLINE_CHARGES]> {
+    charges.iter().map(Charge::apart).collect()
 }
 
 /// Fills `decisions`: the store's (as charged, else as they stood) where it decided, the

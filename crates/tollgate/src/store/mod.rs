@@ -75,6 +75,24 @@ impl<'a> Charge<'a> {
     }
 }
 
+impl<'a> Charge<'a> {
+    /// This charge in a store call that decides part of its request (one cluster slot, the
+    /// slots a partial answer left): a quota limit as one that does not enforce, since whether
+    /// its denial denies depends on quota limits outside the call. Allowed, it is charged;
+    /// denied, it charges nothing; the caller decides the request with [`admitted`].
+    pub fn apart(&self) -> Charge<'a> {
+        if self.quota {
+            Charge {
+                enforce: false,
+                quota: false,
+                ..*self
+            }
+        } else {
+            *self
+        }
+    }
+}
+
 /// Whether a store call charges what it admits or only looks (for explain).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {

@@ -31,6 +31,9 @@ descriptors:
     quota_mode: true
     shadow_mode: true
     rate_limit: {unit: day, requests_per_unit: 1}
+  - key: qz
+    quota_mode: true
+    rate_limit: {unit: day, requests_per_unit: 0}
   - key: budget
     rate_limit: {unit: day, requests_per_unit: 3, charge: up_to_limit}
 "#;
@@ -111,6 +114,19 @@ async fn quota_mode_on(limiter: &Limiter, run: &str) {
     let shadowed = ask(limiter, &[("plain", s, 1), ("qa", s, 1), ("qs", s, 1)]).await;
     assert_eq!(codes(&shadowed), (Ok, vec![Ok, Over, Ok]), "{shadowed:?}");
     assert_eq!(remaining(&shadowed, 0), 9, "the plain limit is charged");
+
+    // A quota limit of 0 is one always over: alone among the quota limits it denies, charging
+    // nothing; beside one with room it reports OVER_LIMIT and the request is admitted.
+    let z = &format!("z{run}");
+    let blocked = ask(limiter, &[("plain", z, 1), ("qz", z, 1)]).await;
+    assert_eq!(codes(&blocked), (Over, vec![Ok, Over]), "{blocked:?}");
+    let beside = ask(limiter, &[("plain", z, 1), ("qz", z, 1), ("qb", z, 1)]).await;
+    assert_eq!(codes(&beside), (Ok, vec![Ok, Over, Ok]), "{beside:?}");
+    assert_eq!(
+        remaining(&beside, 0),
+        9,
+        "charged once: the block charged nothing before"
+    );
 }
 
 /// A check (cost 0) on a limit exactly used up: OK when it answers as the counter stands

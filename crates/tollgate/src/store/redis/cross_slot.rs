@@ -67,7 +67,7 @@ impl RedisStore {
         // Quota limits deny together, across slots: each slot's script sees them as limits
         // that do not enforce (an allowed one charges, a denied one does not), and the
         // request's admission is decided here from every slot's decisions.
-        let scripted: Vec<Charge<'_>> = charges.iter().map(slot_local).collect();
+        let scripted: Vec<Charge<'_>> = charges.iter().map(Charge::apart).collect();
         let (whole, charges) = (charges, scripted.as_slice());
         let gather = |replies: &[Reply]| gather(charges.len(), groups, replies);
         let admits = |replies: &[Reply]| {
@@ -238,20 +238,6 @@ impl RedisStore {
                 }
             }
         }
-    }
-}
-
-/// `charge` as one slot's script decides it within a request across slots: a quota limit
-/// as one that does not enforce (see [`RedisStore::apply_across_slots`]).
-fn slot_local<'a>(charge: &Charge<'a>) -> Charge<'a> {
-    if charge.quota {
-        Charge {
-            enforce: false,
-            quota: false,
-            ..*charge
-        }
-    } else {
-        *charge
     }
 }
 
