@@ -170,6 +170,22 @@ mod tests {
 
     use super::*;
 
+    /// On a limit exactly used up, tollgate's check is over (one more unit does not fit) and
+    /// envoyproxy/ratelimit's is not (the counter is not past the limit); past it, both are.
+    #[test]
+    fn a_check_as_is_is_over_only_past_the_limit() {
+        let params = Params::new(Algorithm::FixedWindow, 2, Duration::from_secs(60), None).unwrap();
+        let now = Timestamp::from_micros(60_000_000);
+        let window = now.as_micros() / 60_000_000;
+        let at = |count| State::FixedWindow { window, count };
+        assert!(!check(&params, &at(2), now).is_allowed());
+        let as_is = check_as_is(&params, &at(2), now);
+        assert!(as_is.is_allowed());
+        assert_eq!((as_is.remaining, as_is.retry_after), (0, None));
+        assert!(check_as_is(&params, &at(1), now).is_allowed());
+        assert!(!check_as_is(&params, &at(3), now).is_allowed());
+    }
+
     /// A log holding more than a lowered limit: a cost of 0 is denied there, but a limit that
     /// allowed its charge (on a tentative state) still answers allowed, without a retry.
     #[test]
