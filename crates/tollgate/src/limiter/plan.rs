@@ -190,7 +190,10 @@ impl Plan {
     /// without quota mode, or one with it when no other quota limit of the request could
     /// admit (every quota limit then is over: see [`crate::store::admitted`]).
     pub fn blocks(&self) -> bool {
-        let blocked = |l: &Option<AppliedLimit>| matches!(l, Some(AppliedLimit::Blocked(_, rule)) if enforces(rule));
+        let blocked = |l: &Option<AppliedLimit>| match l {
+            Some(AppliedLimit::Blocked(_, rule)) => enforces(rule),
+            _ => false,
+        };
         let quota = |l: &Option<AppliedLimit>| l.as_ref().is_some_and(quota_of);
         let blocked_quota = self.limits.iter().any(|l| blocked(l) && quota(l));
         let other_quota = self.limits.iter().any(|l| quota(l) && !blocked(l));
