@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tollgate::clock::SystemClock;
 use tollgate::limiter::{
-    CheckRequest, CheckResponse, FailureSettings, LimitOverride, Limiter, RequestDescriptor,
+    CheckRequest, CheckResponse, Code, FailureSettings, LimitOverride, Limiter, RequestDescriptor,
 };
 use tollgate::policy::Policy;
 use tollgate::resilience::{BreakerConfig, BreakerState, Posture};
@@ -30,6 +30,9 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 8, on_store_error: local, local_share: 0.25}
   - key: tokens
     rate_limit: {unit: day, requests_per_unit: 10, charge: up_to_limit, on_store_error: open}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: day, requests_per_unit: 1, on_store_error: open}
 "#;
 
 /// The store deadline in these tests, and how much later than it a decision may finish on a
@@ -889,6 +892,48 @@ async fn counter_placed(
         }
     }
     panic!("no `{key}` counter placed (on: {on}) on {port}");
+}
+
+/// Quota limits on a dead primary and on a healthy one decide together: the healthy one over
+/// and the dead one answered by its `open` posture, the request is admitted, and Redis charges
+/// the healthy primary's limit that admits (the part Redis decides is not denied on its own
+/// because its only quota limit is over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_limits_across_a_dead_primary_decide_together() {
+    let _serial = SERIAL.lock().await;
+    let (cluster, limiter, placed) = cluster_with_placed_users(Duration::from_millis(500)).await;
+    let [(_, dead), (healthy, _), ..] = placed.as_slice() else {
+        unreachable!("two at least");
+    };
+    // Each charged once: a quota of 1 a day, used up.
+    let quota_healthy = counter_placed(&cluster, &limiter, "quota", *dead, false).await;
+    let quota_on_dead = counter_placed(&cluster, &limiter, "quota", *dead, true).await;
+    let used = async |value: &str| {
+        let answer = limiter.explain(&request("open", value)).await.unwrap();
+        assert!(
+            answer.degraded().is_none(),
+            "open={value} is decided by Redis"
+        );
+        1000 - answer.statuses[0].decision.unwrap().remaining
+    };
+    let before = used(healthy).await;
+    let proxy = behind_proxy(&cluster, &limiter, *dead).await;
+    proxy.set_mode(Mode::Refuse);
+    let both = request_of(&[
+        ("open", healthy, 1),
+        ("quota", &quota_healthy, 1),
+        ("quota", &quota_on_dead, 1),
+    ]);
+    let answer = limiter.check(&both).await.unwrap();
+    assert!(answer.allowed(), "{answer:?}");
+    assert_eq!(answer.statuses[1].code, Code::OverLimit, "{answer:?}");
+    assert_eq!(answer.statuses[1].degraded, None);
+    assert_eq!(answer.statuses[2].degraded, Some(Posture::Open));
+    assert_eq!(
+        used(healthy).await,
+        before + 1,
+        "the limit that admits is charged"
+    );
 }
 
 /// A request whose limits live on two primaries, one of them gone: the postures answer for
