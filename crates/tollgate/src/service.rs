@@ -401,7 +401,7 @@ async fn watch_policy(
             }
             _ = reload_now => {
                 info!("SIGHUP: reloading the policy");
-                let _ = lifecycle.reload();
+                let _ = lifecycle.fleet_reload().await;
             }
             _ = stopped(stop.clone()) => return,
         }

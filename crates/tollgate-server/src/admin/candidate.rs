@@ -96,7 +96,7 @@ pub async fn promote(State(state): State<AdminState>) -> Result<Json<Activated>,
     if state.lifecycle.limiter().candidate().is_none() {
         return Err(no_candidate());
     }
-    match state.lifecycle.promote() {
+    match state.lifecycle.fleet_promote().await {
         Ok(a) => activation(Ok(a)),
         Err(why) => Err(ApiError::invalid(why.to_string())),
     }

@@ -244,7 +244,7 @@ pub async fn push(
     super::managed::writable(&state)?;
     let sources = pushed_sources(&body).map_err(ApiError::invalid)?;
     let lifecycle = state.lifecycle.clone();
-    activation(lifecycle.activate(sources, Origin::Push))
+    activation(lifecycle.fleet_activate(sources, Origin::Push).await)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -263,7 +263,7 @@ pub async fn rollback(
     } else {
         from_body(&body).map_err(ApiError::invalid)?
     };
-    match state.lifecycle.rollback(request.to) {
+    match state.lifecycle.fleet_rollback(request.to).await {
         Ok(a) => activation(Ok(a)),
         Err(e @ RollbackError::NotKept(_)) => Err(ApiError::not_found(e.to_string())),
         Err(e) => Err(ApiError::invalid(e.to_string())),
@@ -272,7 +272,7 @@ pub async fn rollback(
 
 pub async fn reload(State(state): State<AdminState>) -> Result<Json<Activated>, ApiError> {
     super::managed::writable(&state)?;
-    activation(state.lifecycle.reload())
+    activation(state.lifecycle.fleet_reload().await)
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use crate::policy::sources::sources_hash;
 use crate::policy::{Policy, PolicyDefaults, PolicyErrors};
 
 mod diff;
+mod fleet;
 mod managed;
 pub mod sync;
 mod version;
@@ -129,6 +130,45 @@ impl Counts {
     }
 }
 
+/// How the fleet's policy bears on one activation.
+struct Fleet {
+    /// The fleet runs other texts than the candidate's: a new version even if this replica
+    /// runs the candidate's texts.
+    differs: bool,
+    /// The fleet runs the candidate's texts already: adopted (as shared, not published) and
+    /// answered as unchanged.
+    runs_them: bool,
+    /// The origin the activation is recorded with.
+    origin: Origin,
+}
+
+impl Fleet {
+    /// For `sources` activated from `origin`, the fleet running the texts hashed `fleet`.
+    fn new(fleet: Option<&str>, sources: &[(String, String)], origin: Origin) -> Self {
+        let Some(fleet) = fleet else {
+            return Fleet {
+                differs: false,
+                runs_them: false,
+                origin,
+            };
+        };
+        let runs_them = fleet == sources_hash(sources);
+        Fleet {
+            differs: !runs_them,
+            runs_them,
+            origin: if runs_them { Origin::Shared } else { origin },
+        }
+    }
+
+    /// What the command answers: unchanged when the fleet already ran the texts.
+    fn answer(&self, result: Result<Activation, PolicyErrors>) -> Result<Activation, PolicyErrors> {
+        match result {
+            Ok(Activation::Activated(v)) if self.runs_them => Ok(Activation::Unchanged(v)),
+            other => other,
+        }
+    }
+}
+
 /// Owns the running policy's history; every change goes through here.
 #[derive(Debug)]
 pub struct Lifecycle {
@@ -154,6 +194,9 @@ pub struct Lifecycle {
     managed: managed::Managed,
     /// What the rules of every policy compiled here get for the settings they leave out.
     defaults: PolicyDefaults,
+    /// The last version a command published itself (see [`Lifecycle::fleet_activate`]): the
+    /// sync need not publish it again.
+    published_seq: AtomicU64,
 }
 
 impl Lifecycle {
@@ -187,6 +230,7 @@ impl Lifecycle {
             published: Mutex::new(None),
             managed: managed::Managed::default(),
             defaults: PolicyDefaults::default(),
+            published_seq: AtomicU64::new(0),
         }
     }
 
@@ -248,16 +292,31 @@ impl Lifecycle {
         origin: Origin,
         expected: Option<u64>,
     ) -> Result<Activation, PolicyErrors> {
+        self.activate_against(sources, origin, expected, None)
+    }
+
+    /// [`Lifecycle::activate_over`], deciding "unchanged" against `fleet`, the hash of the
+    /// policy the fleet runs (when known): texts this replica runs but the fleet does not are
+    /// a new version (to be published over the fleet's), and texts the fleet runs but this
+    /// replica has not adopted yet are adopted and answered as unchanged.
+    fn activate_against(
+        &self,
+        sources: Vec<(String, String)>,
+        origin: Origin,
+        expected: Option<u64>,
+        fleet: Option<&str>,
+    ) -> Result<Activation, PolicyErrors> {
+        let fleet = Fleet::new(fleet, &sources, origin);
         let result = {
             let mut current = self.current.lock();
             if expected.is_some_and(|seq| seq != current.seq) {
                 Ok(Activation::Superseded(current.clone()))
             } else {
-                self.swap_in(&mut current, sources, origin, None)
+                self.swap_in(&mut current, sources, fleet.origin, None, fleet.differs)
             }
         };
-        self.settle(&result, origin);
-        result
+        self.settle(&result, fleet.origin);
+        fleet.answer(result)
     }
 
     /// Counts, logs and publishes what an activation did, once `current` is unlocked.
@@ -303,11 +362,13 @@ impl Lifecycle {
         sources: Vec<(String, String)>,
         origin: Origin,
         restored: Option<u64>,
+        fleet_differs: bool,
     ) -> Result<Activation, PolicyErrors> {
         let hash = sources_hash(&sources);
         // Rolling back to the texts that run is no change either: a new version would only
-        // restart the top keys and the hot-key state.
-        if current.hash == hash {
+        // restart the top keys and the hot-key state. Unless the fleet runs other texts: then
+        // a new version of these is published over them.
+        if current.hash == hash && !fleet_differs {
             return Ok(Activation::Unchanged(current.clone()));
         }
         let policy = self.compile(&sources)?;
@@ -342,6 +403,16 @@ impl Lifecycle {
     /// made, the one before the version it restored, so plain rollbacks step back one version
     /// each.
     pub fn rollback(&self, to: Option<u64>) -> Result<Activation, RollbackError> {
+        self.rollback_against(to, None)
+    }
+
+    /// [`Lifecycle::rollback`], deciding "unchanged" against `fleet` as
+    /// [`Lifecycle::activate_against`] does.
+    fn rollback_against(
+        &self,
+        to: Option<u64>,
+        fleet: Option<&str>,
+    ) -> Result<Activation, RollbackError> {
         // Chosen and activated under `current`'s lock, which every activation holds from its
         // choice to its swap: two rollbacks at once end where two in a row do (each chose
         // against the same running version, and the second undid the first or failed), and no
@@ -360,15 +431,19 @@ impl Lifecycle {
                 Some(seq) => RollbackError::NotKept(seq),
                 None => RollbackError::NoEarlier,
             })?;
-            self.swap_in(
+            let fleet = Fleet::new(fleet, &target.sources, Origin::Rollback);
+            let swapped = self.swap_in(
                 &mut current,
                 target.sources.clone(),
-                Origin::Rollback,
+                fleet.origin,
                 Some(target.seq),
-            )
+                fleet.differs,
+            );
+            (swapped, fleet)
         };
-        self.settle(&result, Origin::Rollback);
-        result.map_err(RollbackError::Rejected)
+        let (result, fleet) = result;
+        self.settle(&result, fleet.origin);
+        fleet.answer(result).map_err(RollbackError::Rejected)
     }
 
     /// Appends [`POLICY_VERSION`], [`POLICY_RELOADS`] and [`POLICY_LAST_RELOAD_SUCCESSFUL`] in
@@ -447,9 +522,15 @@ impl Lifecycle {
 
     /// Activates the shadow candidate's texts (as a push) and clears it.
     pub fn promote(&self) -> Result<Activation, PromoteError> {
+        self.promote_against(None)
+    }
+
+    /// [`Lifecycle::promote`], deciding "unchanged" against `fleet` as
+    /// [`Lifecycle::activate_against`] does.
+    fn promote_against(&self, fleet: Option<&str>) -> Result<Activation, PromoteError> {
         let candidate = self.limiter.candidate().ok_or(PromoteError::NoCandidate)?;
         let activation = self
-            .activate(candidate.sources().to_vec(), Origin::Push)
+            .activate_against(candidate.sources().to_vec(), Origin::Push, None, fleet)
             .map_err(PromoteError::Rejected)?;
         // A candidate set meanwhile is a different one: it keeps shadowing.
         self.limiter.clear_candidate(&candidate);

@@ -105,6 +105,10 @@ pub async fn resume(
                 // another replica's document over a version set here and not yet published.
                 biased;
                 Some(version) = activated.recv() => {
+                    // A command published it before it answered (see `Lifecycle::fleet_activate`).
+                    if version.seq <= lifecycle.published_by_command() {
+                        continue;
+                    }
                     // Marked before it is tried, so that a run cut short meanwhile (a panic)
                     // leaves it to be published at the next check.
                     *unpublished = Some(version.seq);
@@ -340,7 +344,7 @@ fn files_are_news(lifecycle: &Lifecycle, shared: &SharedPolicy) -> bool {
 /// Where `version` ranks against other publications: when it was accepted, except the version
 /// a replica started with, which ranks below every version activated while running (a replica
 /// starting after Redis lost the shared policy must not undo the fleet's push).
-fn rank(version: &PolicyVersion) -> Timestamp {
+pub(super) fn rank(version: &PolicyVersion) -> Timestamp {
     if version.seq == 1 {
         Timestamp::from_micros(0)
     } else {
@@ -351,7 +355,7 @@ fn rank(version: &PolicyVersion) -> Timestamp {
 /// Publishes `version`, ranked at `rank`, with the hash of the files this replica last read:
 /// its stamp, `None` if Redis kept a version ranked later, `Err` if Redis could not be asked
 /// (logged here).
-async fn publish_policy(
+pub(super) async fn publish_policy(
     store: &RedisStore,
     lifecycle: &Lifecycle,
     version: &PolicyVersion,
