@@ -608,6 +608,7 @@ async fn serve(
         // Shared by every run of the watcher: registered before anything was announced.
         reload_on: Some(Arc::new(tokio::sync::Mutex::new(hangup))),
         sync_every: Some(args.policy_sync_interval),
+        sync_follows: false,
     };
     for duty in service.duties(&upkeep, &stop_rx) {
         duties.start(duty.name, duty.run);

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tollgate::limiter::headers::rate_limit_headers;
@@ -12,13 +13,42 @@ use tollgate::store::{RedisOptions, StoreError, StoreUrl};
 
 use crate::backend::{Backend, BackendError, Outcome, Verdict};
 
+/// How often an embedded limiter on Redis looks at the fleet's shared policy and overrides by
+/// default: `tollgate serve`'s `--policy-sync-interval` default.
+pub const DEFAULT_POLICY_SYNC: Duration = Duration::from_millis(500);
+
 /// How [`Embedded::open`] reaches its store and what it answers when the store fails.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// Redis connection, deadline and breaker settings (ignored by the memory store).
     pub redis: RedisOptions,
     /// Failure posture of limits that do not set `on_store_error`.
     pub failure: FailureSettings,
+    /// On Redis, how often the limiter follows the fleet: it adopts the policy the
+    /// `tollgate serve` replicas on the same Redis share (pushes, rollbacks, reloads) and
+    /// their runtime overrides, and notices Redis losing its data, as a replica does; it
+    /// never publishes its own policy. `None` runs no sync: the limiter keeps its own policy
+    /// and no overrides. [`DEFAULT_POLICY_SYNC`] by default; ignored by the memory store.
+    pub policy_sync: Option<Duration>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            redis: RedisOptions::default(),
+            failure: FailureSettings::default(),
+            policy_sync: Some(DEFAULT_POLICY_SYNC),
+        }
+    }
+}
+
+impl Options {
+    /// These options, following the fleet every `every` (`None`: not at all); see
+    /// [`Options::policy_sync`].
+    pub fn policy_sync(mut self, every: Option<Duration>) -> Self {
+        self.policy_sync = every;
+        self
+    }
 }
 
 /// Why [`Embedded::open`] failed.
@@ -75,8 +105,14 @@ impl Embedded {
             })?;
         // `tollgate serve`'s sweeps, supervised as its are, for as long as a handle lives:
         // dropping the last one drops the sender, which ends them.
+        // On Redis, the policy sync too: it follows the fleet and publishes no policy.
         let (stop, stopped) = watch::channel(false);
-        for duty in service.duties(&Upkeep::default(), &stopped) {
+        let upkeep = Upkeep {
+            sync_every: options.policy_sync,
+            sync_follows: true,
+            ..Upkeep::default()
+        };
+        for duty in service.duties(&upkeep, &stopped) {
             let wanted = stopped.clone();
             let wanted = move || wanted.has_changed().is_ok() && !*wanted.borrow();
             tollgate::background::supervise(duty.name, wanted, duty.run);

@@ -66,7 +66,7 @@ mod remote_http;
 pub use backend::{Backend, BackendError, Outcome, Verdict};
 pub use describe::{AuthenticatedUser, Describe, Descriptors};
 #[cfg(feature = "embedded")]
-pub use embedded::{Embedded, OpenError, Options, verdict};
+pub use embedded::{DEFAULT_POLICY_SYNC, Embedded, OpenError, Options, verdict};
 pub use layer::{Cost, RateLimit, RateLimitLayer};
 #[cfg(any(feature = "remote-http", feature = "remote-grpc"))]
 pub use remote::Posture;

@@ -218,6 +218,9 @@ pub struct Upkeep {
     pub reload_on: Option<ReloadSignal>,
     /// The fleet's shared policy and overrides in Redis are looked at this often.
     pub sync_every: Option<Duration>,
+    /// Whether the sync only follows the fleet's policy and never publishes this service's own
+    /// (an embedded limiter beside `tollgate serve` replicas; see [`SyncState::follower`]).
+    pub sync_follows: bool,
 }
 
 impl Default for Upkeep {
@@ -227,6 +230,7 @@ impl Default for Upkeep {
             watch_every: None,
             reload_on: None,
             sync_every: None,
+            sync_follows: false,
         }
     }
 }
@@ -316,7 +320,12 @@ impl Service {
         if let (true, true, Some(every)) = (own_policy, redis, upkeep.sync_every) {
             let (lifecycle, stop_rx) = (self.lifecycle.clone(), stop.clone());
             // Kept across runs: a restarted sync publishes what was activated meanwhile.
-            let state = Arc::new(tokio::sync::Mutex::new(SyncState::new(&self.lifecycle)));
+            let state = if upkeep.sync_follows {
+                SyncState::follower(&self.lifecycle)
+            } else {
+                SyncState::new(&self.lifecycle)
+            };
+            let state = Arc::new(tokio::sync::Mutex::new(state));
             duties.push(duty("policy_sync", move || {
                 Box::pin(policy_sync::resume(
                     lifecycle.clone(),

@@ -58,6 +58,9 @@ pub struct SyncState {
     first_look: bool,
     /// Whether the earlier version's list of overrides was looked for (once is enough).
     legacy_read: bool,
+    /// Whether this sync only follows the fleet's policy (an embedded limiter): it adopts what
+    /// the replicas publish and never publishes its own policy (its overrides are shared).
+    follower: bool,
 }
 
 impl SyncState {
@@ -72,6 +75,17 @@ impl SyncState {
             unpublished: None,
             first_look: true,
             legacy_read: false,
+            follower: false,
+        }
+    }
+
+    /// [`SyncState::new`] for a limiter that follows the fleet's policy and never publishes
+    /// its own (an embedded limiter beside `tollgate serve` replicas): it adopts the shared
+    /// policy, pushes and rollbacks, and shares the overrides as a replica does.
+    pub fn follower(lifecycle: &Lifecycle) -> Self {
+        SyncState {
+            follower: true,
+            ..SyncState::new(lifecycle)
         }
     }
 }
@@ -95,7 +109,9 @@ pub async fn resume(
         unpublished,
         first_look,
         legacy_read,
+        follower,
     } = &mut *state;
+    let follower = *follower;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let checks = async {
@@ -133,7 +149,7 @@ pub async fn resume(
                 }
                 _ = tick.tick() => {
                     let policy = (&mut *policy_seen, &mut *unpublished, &mut *first_look);
-                    sync_policy(store, &lifecycle, policy).await;
+                    sync_policy(store, &lifecycle, policy, follower).await;
                     sync_overrides(store, &lifecycle, overrides_seen, legacy_read).await;
                 }
             }
@@ -150,11 +166,12 @@ pub async fn resume(
 /// One check of the shared policy: publishes a version activated here that Redis missed, or
 /// adopts one another replica published. At the first look, a replica still on the files it
 /// started with publishes them over the shared policy when the fleet's policy was made beside
-/// other files (see [`files_are_news`]).
+/// other files (see [`files_are_news`]). A `follower` only adopts.
 async fn sync_policy(
     store: &RedisStore,
     lifecycle: &Lifecycle,
     (seen, unpublished, first_look): (&mut Option<Stamp>, &mut Option<u64>, &mut bool),
+    follower: bool,
 ) {
     let current = lifecycle.current();
     // A version activated here whose publishing failed (Redis was unreachable) is published
@@ -179,6 +196,7 @@ async fn sync_policy(
         Err(e) => return read_failed("policy", &e), // try again at the next tick
     };
     if let Some(shared) = &shared
+        && !follower
         && *first_look
         && current.seq == 1
         && shared.hash != current.hash
@@ -213,10 +231,11 @@ async fn sync_policy(
     }
     // Nothing shared yet, or made again since this replica last looked (Redis lost it, and the
     // replica that made it may run an older version): this replica's version goes in, and
-    // Redis keeps whichever was accepted later.
-    if shared
-        .as_ref()
-        .is_none_or(|s| remade(seen.as_ref(), &s.stamp) && s.hash != current.hash)
+    // Redis keeps whichever was accepted later. (A follower waits for a replica to.)
+    if !follower
+        && shared
+            .as_ref()
+            .is_none_or(|s| remade(seen.as_ref(), &s.stamp) && s.hash != current.hash)
     {
         match publish_policy(store, lifecycle, &current, rank(&current)).await {
             Ok(Some(stamp)) => *seen = Some(stamp),
