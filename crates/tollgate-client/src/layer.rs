@@ -4,6 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
@@ -199,6 +200,12 @@ where
 /// [`MAX_COST`] as that much). Returns the charge's verdict when it was admitted: its headers
 /// tell the quota left after it. The charge runs as a task of its own, so that it is made even
 /// if the caller goes away (a client reset, an outer timeout) once the response is made.
+///
+/// A charge is all or nothing for the descriptors of one check, so one descriptor that cannot
+/// hold the cost (a request limit below it) would leave the others, a `charge: up_to_limit`
+/// budget among them, charged nothing. When the whole charge is refused, each descriptor is
+/// charged on its own, what it can; those that still refuse are counted in
+/// [`refused_charges`] and logged.
 async fn charge_cost<K: Backend>(
     backend: Arc<K>,
     check: CheckRequest,
@@ -206,8 +213,51 @@ async fn charge_cost<K: Backend>(
 ) -> Option<Verdict> {
     let &Cost(cost) = extensions.get::<Cost>().filter(|c| c.0 > 0)?;
     let charge = check.with_cost(cost.min(MAX_COST)).ok()?;
-    let charged = tokio::spawn(async move { backend.check(&charge).await });
-    charged.await.ok()?.ok().filter(Verdict::allowed)
+    let charged = tokio::spawn(async move {
+        let whole = backend.check(&charge).await.ok()?;
+        if whole.allowed() || whole.outcome != Outcome::Limited || charge.descriptors().len() < 2 {
+            if whole.outcome == Outcome::Limited {
+                refused(&charge, 1, cost);
+            }
+            return Some(whole);
+        }
+        let mut last_allowed = None;
+        let mut refused_here = 0;
+        for descriptor in charge.descriptors() {
+            let one = CheckRequest::new(charge.domain().to_owned(), vec![descriptor.clone()]);
+            let Ok(one) = one else { continue };
+            match backend.check(&one).await {
+                Ok(verdict) if verdict.allowed() => last_allowed = Some(verdict),
+                _ => refused_here += 1,
+            }
+        }
+        if refused_here > 0 {
+            refused(&charge, refused_here, cost);
+        }
+        last_allowed
+    });
+    charged.await.ok()?.filter(Verdict::allowed)
+}
+
+/// Descriptors charged after the response that refused their charge, since the process
+/// started; see [`refused_charges`].
+static REFUSED_CHARGES: AtomicU64 = AtomicU64::new(0);
+
+/// How many descriptors refused a cost reported after the response (see
+/// [`RateLimitLayer::charge_after_response`]) since the process started: a cost above what a
+/// rule without `charge: up_to_limit` has left. Each is logged too.
+pub fn refused_charges() -> u64 {
+    REFUSED_CHARGES.load(Ordering::Relaxed)
+}
+
+fn refused(charge: &CheckRequest, descriptors: u64, cost: u64) {
+    REFUSED_CHARGES.fetch_add(descriptors, Ordering::Relaxed);
+    tracing::warn!(
+        domain = charge.domain(),
+        descriptors,
+        cost,
+        "A cost reported after the response was refused by a limit that cannot hold it (give the rule `charge: up_to_limit`); the other descriptors were charged"
+    );
 }
 
 fn detail(verdict: &Verdict) -> String {

@@ -67,7 +67,7 @@ pub use backend::{Backend, BackendError, Outcome, Verdict};
 pub use describe::{AuthenticatedUser, Describe, Descriptors};
 #[cfg(feature = "embedded")]
 pub use embedded::{DEFAULT_POLICY_SYNC, Embedded, OpenError, Options, verdict};
-pub use layer::{Cost, RateLimit, RateLimitLayer};
+pub use layer::{Cost, RateLimit, RateLimitLayer, refused_charges};
 #[cfg(any(feature = "remote-http", feature = "remote-grpc"))]
 pub use remote::Posture;
 #[cfg(feature = "remote-grpc")]

@@ -406,3 +406,59 @@ async fn a_cost_is_charged_even_when_the_caller_leaves_during_the_charge() {
     }
     assert_eq!(remaining.as_deref(), Some("1"), "2 of the 3 charged");
 }
+
+/// A cost one descriptor can never hold (400 against 30 an hour, a rule without
+/// `charge: up_to_limit`) still charges the `up_to_limit` token budget beside it, and is
+/// counted as refused. The whole charge used to be refused, so the budget was charged nothing
+/// and never ran out (every answer 200).
+#[tokio::test]
+async fn a_cost_one_descriptor_refuses_still_charges_the_others() {
+    let policy = Policy::from_yaml(
+        "inline.yaml",
+        "domain: api\ndescriptors:\n  - key: api_key\n    rate_limit: {name: tokens, unit: hour, requests_per_unit: 1000, charge: up_to_limit}\n  - key: user\n    rate_limit: {name: per_user, unit: hour, requests_per_unit: 30}\n",
+    )
+    .unwrap();
+    let limiter = Embedded::with_policy(policy, &StoreUrl::Memory, Options::default())
+        .await
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|| async {
+                let mut response = axum::response::Response::new(Body::from("answer"));
+                response.extensions_mut().insert(Cost(400));
+                response
+            }),
+        )
+        .layer(
+            RateLimitLayer::new(
+                limiter,
+                Descriptors::new("api")
+                    .header("x-api-key", "api_key")
+                    .header("x-user", "user"),
+            )
+            .charge_after_response(),
+        );
+    let call = async || {
+        let request = Request::get("/")
+            .header("x-api-key", "k")
+            .header("x-user", "u")
+            .body(Body::empty())
+            .unwrap();
+        app.clone().oneshot(request).await.unwrap().status()
+    };
+    let refused_before = tollgate_client::refused_charges();
+    // 400, 800, then the last 200 of the 1,000 tokens: the budget is used up.
+    for _ in 0..3 {
+        assert_eq!(call().await, StatusCode::OK);
+    }
+    assert_eq!(
+        call().await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the token budget was charged"
+    );
+    assert!(
+        tollgate_client::refused_charges() >= refused_before + 3,
+        "each charge per_user could not hold is counted"
+    );
+}
