@@ -38,17 +38,13 @@ impl Lifecycle {
 
     /// [`Lifecycle::reload`] decided against the fleet's policy.
     pub async fn fleet_reload(&self) -> Result<Activation, PolicyErrors> {
-        let Some(path) = self.config.clone() else {
-            return self.reload();
-        };
         let fleet = self.fleet_hash().await;
-        let result = match crate::policy::sources::read_settled(&path) {
-            Ok(sources) => {
-                *self.files_seen.lock() = crate::policy::sources::sources_hash(&sources);
+        let result = match self.read_for_reload() {
+            Some(Ok(sources)) => {
                 self.activate_against(sources, Origin::File, None, fleet.as_deref())
             }
-            // Counted and logged as a plain reload does.
-            Err(_) => return self.reload(),
+            Some(Err(errors)) => Err(errors),
+            None => Ok(Activation::Unchanged(self.current())),
         };
         self.publish_now(result).await
     }

@@ -19,20 +19,28 @@ impl Lifecycle {
 
     /// Re-reads the config path and activates it if it changed.
     pub fn reload(&self) -> Result<Activation, PolicyErrors> {
-        let Some(path) = &self.config else {
-            return Ok(Activation::Unchanged(self.current()));
-        };
+        match self.read_for_reload() {
+            Some(Ok(sources)) => self.activate(sources, Origin::File),
+            Some(Err(errors)) => Err(errors),
+            None => Ok(Activation::Unchanged(self.current())),
+        }
+    }
+
+    /// The config path's files for a reload, noted as the files last read; `None` without a
+    /// config path. Files that cannot be read are counted as a rejection and logged.
+    pub(super) fn read_for_reload(&self) -> Option<Result<Vec<(String, String)>, PolicyErrors>> {
+        let path = self.config.as_ref()?;
         match read_settled(path) {
             Ok(sources) => {
                 *self.files_seen.lock() = sources_hash(&sources);
-                self.activate(sources, Origin::File)
+                Some(Ok(sources))
             }
             Err(errors) => {
                 self.counts.reject();
                 for e in errors.iter() {
                     warn!(problem = %e, "Cannot read the policy files; the running policy stays");
                 }
-                Err(errors)
+                Some(Err(errors))
             }
         }
     }
