@@ -64,12 +64,26 @@ async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
         stop_rx.clone(),
         tollgate_server::listen::Open::default(),
     );
-    let grpc_server = tollgate_server::listen::grpc_server(KEEPALIVE, KEEPALIVE_TIMEOUT)
+    let limits = tollgate_server::listen::GrpcLimits {
+        keepalive: KEEPALIVE,
+        keepalive_timeout: KEEPALIVE_TIMEOUT,
+        ..Default::default()
+    };
+    // `serve`'s default budgets of request bytes, so the ceiling pays for them too.
+    let request_bytes = tollgate_server::listen::RequestBytes::new(
+        tollgate_server::listen::CONNECTION_REQUEST_BYTES,
+        tollgate_server::listen::REQUEST_BYTES,
+        tollgate_server::grpc::MAX_MESSAGE,
+    );
+    let grpc_server = tollgate_server::listen::grpc_server(&limits)
         .add_service(RlsService::new(Arc::new(AllowAll::default())).into_server())
         .serve_with_incoming_shutdown(
-            tollgate_server::listen::preface_within(
-                tollgate_server::listen::grpc_accepted(grpc),
-                KEEPALIVE_TIMEOUT,
+            tollgate_server::listen::metered(
+                tollgate_server::listen::preface_within(
+                    tollgate_server::listen::grpc_accepted(grpc),
+                    KEEPALIVE_TIMEOUT,
+                ),
+                &request_bytes,
             ),
             stopped(stop_rx.clone()),
         );

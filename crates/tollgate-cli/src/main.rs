@@ -4,6 +4,7 @@ mod admin_client;
 mod bench;
 mod bench_server;
 mod check;
+mod grpc_limits;
 mod grpc_tls;
 mod policy;
 mod serve;

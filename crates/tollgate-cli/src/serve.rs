@@ -18,11 +18,12 @@ use tollgate::store::{CoalesceOptions, RedisOptions, StoreUrl};
 use tollgate_server::grpc::{HealthService, RlsService, UpstreamHeaders};
 use tollgate_server::http::authorize::{AuthorizeMapping, DescriptorMapping};
 use tollgate_server::listen::{
-    Drained, Open, Peer, bind, counted, grpc_accepted, grpc_server, preface_within, serve_http,
-    stopped,
+    Drained, Gauge, Open, Peer, bind, capped, counted, grpc_accepted, grpc_server, metered,
+    preface_within, serve_http, stopped,
 };
 use tracing::{info, warn};
 
+use crate::grpc_limits::GrpcLimitArgs;
 use crate::grpc_tls::GrpcTlsArgs;
 use crate::xds_args::XdsArgs;
 
@@ -243,6 +244,8 @@ pub struct ServeArgs {
     grpc_tls: GrpcTlsArgs,
     #[command(flatten)]
     xds: XdsArgs,
+    #[command(flatten)]
+    grpc_limits: GrpcLimitArgs,
 }
 
 fn share(s: &str) -> Result<f64, String> {
@@ -677,21 +680,37 @@ async fn serve(
             reset: args.rls_header_reset.clone(),
         });
     }
-    let grpc_router = grpc_server(args.grpc_keepalive, args.grpc_keepalive_timeout)
+    let limits = args
+        .grpc_limits
+        .limits(args.grpc_keepalive, args.grpc_keepalive_timeout);
+    let grpc_router = grpc_server(&limits)
         .add_service(rls.into_server())
         .add_service(HealthService::new(stop_rx.clone()).into_server());
-    let accepted = grpc_accepted(grpc);
+    // Capped from the accept, TLS handshakes included; each connection then gets its budget
+    // of request bytes (see `tollgate_server::listen::grpc_server`).
+    let accepted = capped(
+        grpc_accepted(grpc),
+        args.grpc_limits.grpc_max_connections,
+        &Gauge::default(),
+    );
+    let request_bytes = args.grpc_limits.request_bytes();
     let within = args.grpc_keepalive_timeout;
     let grpc_task = match &tls {
         Some(tls) => tokio::spawn(grpc_router.serve_with_incoming_shutdown(
-            counted(
-                preface_within(tls.clone().handshakes(accepted), within),
-                &grpc_open.connections,
+            metered(
+                counted(
+                    preface_within(tls.clone().handshakes(accepted), within),
+                    &grpc_open.connections,
+                ),
+                &request_bytes,
             ),
             stopped(stop_rx.clone()),
         )),
         None => tokio::spawn(grpc_router.serve_with_incoming_shutdown(
-            counted(preface_within(accepted, within), &grpc_open.connections),
+            metered(
+                counted(preface_within(accepted, within), &grpc_open.connections),
+                &request_bytes,
+            ),
             stopped(stop_rx.clone()),
         )),
     };

@@ -11,6 +11,7 @@ mod e2e_candidate;
 mod e2e_dashboard;
 mod e2e_governance;
 mod e2e_grpc;
+mod e2e_grpc_buffers;
 mod e2e_http;
 mod e2e_mixed_fleet;
 mod e2e_nginx;

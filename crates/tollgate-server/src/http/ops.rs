@@ -69,6 +69,7 @@ pub async fn metrics(State(lifecycle): State<Arc<Lifecycle>>) -> impl IntoRespon
     lifecycle.limiter().store().render_metrics(&mut text);
     lifecycle.render_metrics(&mut text);
     tollgate::background::render_metrics(&mut text);
+    crate::listen::render_metrics(&mut text);
     (
         [(
             header::CONTENT_TYPE,

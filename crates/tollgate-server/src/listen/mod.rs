@@ -6,8 +6,9 @@
 //! - HTTP ([`serve_http`]): a read deadline per connection ([`IdleDeadline`]), graceful close on
 //!   stop or idleness, a `408` for a stalled HTTP/2 stream, `TCP_NODELAY`.
 //! - gRPC ([`grpc_server`], [`grpc_accepted`], [`preface_within`]): keepalive pings, a bound on
-//!   streams per connection, HTTP/2's preface within a deadline, `TCP_NODELAY`; TLS with files
-//!   reloaded while serving ([`ServingTls`]).
+//!   streams and request bytes per connection ([`RequestBytes`], [`metered`]) and of connections
+//!   ([`capped`]), HTTP/2's preface within a deadline, `TCP_NODELAY`; TLS with files reloaded
+//!   while serving ([`ServingTls`]).
 //! - Both: a backlog sized for bursts of new clients ([`bind`]), and counts of what a shutdown's
 //!   drain waits for ([`Open`], [`counted`]).
 
@@ -16,6 +17,8 @@ mod cert_validity;
 mod drain;
 mod first_bytes;
 mod grpc;
+mod grpc_bytes;
+mod grpc_connections;
 mod grpc_tls;
 mod http_listener;
 mod idle_deadline;
@@ -26,7 +29,12 @@ pub use bind::{BindError, bind};
 pub use cert_validity::Validity;
 pub use drain::{Counted, Drained, Gauge, Held, InFlight, Open, Tracked};
 pub use first_bytes::{FirstBytesWithin, Preface};
-pub use grpc::{GRPC_MAX_STREAMS, counted, grpc_accepted, grpc_server, preface_within};
+pub use grpc::{GRPC_MAX_STREAMS, GrpcLimits, counted, grpc_accepted, grpc_server, preface_within};
+pub use grpc_bytes::{
+    CONNECTION_REQUEST_BYTES, Charge, ChargeLayer, Charged, ConnectionBytes, REQUEST_BYTES,
+    RequestBytes,
+};
+pub use grpc_connections::{Metered, capped, metered, render_metrics};
 pub use grpc_tls::{ServingTls, TlsError, TlsFile, TlsFiles};
 pub use http_listener::{Peer, serve as serve_http};
 pub use idle_deadline::{Idle, IdleDeadline, Progress, STOPPING_GRACE};

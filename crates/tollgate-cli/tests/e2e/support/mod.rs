@@ -118,6 +118,11 @@ impl Server {
         }
     }
 
+    /// The server's process id (for its `/proc/PID/status`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// What a server started with [`Server::start_logged`] has logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join(LOG)).unwrap_or_default()
