@@ -127,6 +127,14 @@ async fn one_connection_of_unfinished_streams_holds_a_bounded_memory() {
         grown
     );
     assert!(grown < 64 * 1024, "the server grew by {} MB", grown / 1024);
+    // The streams past the connection's budget were refused (and so freed), not left to grow.
+    let metrics = server.metrics().await;
+    let refused: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("tollgate_grpc_requests_refused_total "))
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("no refused requests counted:\n{metrics}"));
+    assert!(refused > 0, "{metrics}");
     drop(held);
 }
 
