@@ -209,6 +209,11 @@ pub struct ServeArgs {
     /// (never the admin API). Off unless given.
     #[arg(long, env = "TOLLGATE_DEBUG_ADDR", value_name = "ADDR")]
     debug_addr: Option<SocketAddr>,
+    /// Address of a listener serving only `GET /metrics` (the HTTP port's exposition), as
+    /// envoyproxy/ratelimit's `PROMETHEUS_ADDR`. Off unless given; `/metrics` on the HTTP port
+    /// stays either way.
+    #[arg(long, env = "TOLLGATE_METRICS_ADDR", value_name = "ADDR")]
+    metrics_addr: Option<SocketAddr>,
     /// How often expired counters are dropped from the in-memory store.
     #[arg(long, env = "TOLLGATE_SWEEP_INTERVAL", default_value = "1s", value_parser = humantime_duration, value_name = "DURATION")]
     sweep_interval: Duration,
@@ -597,12 +602,19 @@ async fn serve(
         Some(addr) => Some(bind(addr, "the debug listener")?),
         None => None,
     };
+    let metrics = match args.metrics_addr {
+        Some(addr) => Some(bind(addr, "the metrics listener")?),
+        None => None,
+    };
     // Printed on stdout, one line each, so scripts and tests can find ports chosen with `:0`.
     println!("http listening on {}", http.local_addr()?);
     println!("grpc listening on {}", grpc.local_addr()?);
     println!("admin listening on {}", admin.local_addr()?);
     if let Some(debug) = &debug {
         println!("debug listening on {}", debug.local_addr()?);
+    }
+    if let Some(metrics) = &metrics {
+        println!("metrics listening on {}", metrics.local_addr()?);
     }
 
     let upkeep = Upkeep {
@@ -642,7 +654,7 @@ async fn serve(
         .clone()
         .map(|domain| AuthorizeMapping::new(domain, args.authorize_descriptor.clone()));
     let (http_open, admin_open, grpc_open) = (Open::default(), Open::default(), Open::default());
-    let debug_open = Open::default();
+    let (debug_open, metrics_open) = (Open::default(), Open::default());
     // `/healthcheck`: 500 from the moment the shutdown begins, as upstream's.
     let health = tollgate_server::http::Healthcheck::new(stop_rx.clone());
     let http_server = serve_http(
@@ -730,6 +742,19 @@ async fn serve(
         )
     });
     let debug_task = debug_server.map(tokio::spawn);
+    let metrics_server = metrics.map(|listener| {
+        let router = tollgate_server::http::metrics_router(lifecycle.clone());
+        let timeout = args.http_read_timeout;
+        serve_http(
+            listener,
+            router,
+            Peer::Omitted,
+            timeout,
+            stop_rx.clone(),
+            metrics_open.clone(),
+        )
+    });
+    let metrics_task = metrics_server.map(tokio::spawn);
 
     shutdown_signal(&mut terminate).await;
     info!(
@@ -745,6 +770,9 @@ async fn serve(
         admin_task.await?;
         if let Some(debug_task) = debug_task {
             debug_task.await?;
+        }
+        if let Some(metrics_task) = metrics_task {
+            metrics_task.await?;
         }
         duties.finish().await;
         Ok(())
@@ -771,7 +799,13 @@ async fn serve(
             unfinished.join(", ")
         )
     };
-    let open = [&http_open, &admin_open, &grpc_open, &debug_open];
+    let open = [
+        &http_open,
+        &admin_open,
+        &grpc_open,
+        &debug_open,
+        &metrics_open,
+    ];
     let connections: usize = open.iter().map(|o| o.connections.get()).sum();
     let requests: usize = open.iter().map(|o| o.requests.get()).sum();
     warn!(
@@ -906,7 +940,7 @@ mod tests {
     /// Every long-lived task `serve` starts beside its servers goes through
     /// `tollgate::background::supervise`, so that a panicking one is logged, counted and started
     /// again rather than silently gone: the only tasks spawned here directly are the servers
-    /// (gRPC with or without TLS, HTTP, admin, debug), whose end the shutdown's drain waits for. The tasks
+    /// (gRPC with or without TLS, HTTP, admin, debug, metrics), whose end the shutdown's drain waits for. The tasks
     /// themselves are listed by name in `/metrics` (see the e2e tests' `supervised_tasks`).
     #[test]
     fn serve_starts_its_background_tasks_only_through_the_supervisor() {
@@ -925,6 +959,7 @@ mod tests {
                 "let http_task = tokio::spawn(http_server);",
                 "let admin_task = tokio::spawn(admin_server);",
                 "let debug_task = debug_server.map(tokio::spawn);",
+                "let metrics_task = metrics_server.map(tokio::spawn);",
             ],
             "a task spawned without `supervise`"
         );

@@ -85,6 +85,15 @@ pub fn router_with(
     json_fallbacks(router)
 }
 
+/// `GET /metrics` alone, for a listener of its own (`--metrics-addr`, envoyproxy/ratelimit's
+/// `PROMETHEUS_ADDR`): the same exposition as the HTTP port's, and nothing else.
+pub fn metrics_router(lifecycle: Arc<Lifecycle>) -> Router {
+    let router = Router::new()
+        .route("/metrics", get(ops::metrics))
+        .with_state(lifecycle);
+    json_fallbacks(router)
+}
+
 /// The no-op ceiling router: `POST /v1/check` through the same decoder, validation, encoder and
 /// body limit as [`router`], answered by [`AllowAll`]; `GET /healthz`. Nothing is counted. For
 /// `tollgate bench-server` only, never for production.
