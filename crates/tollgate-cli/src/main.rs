@@ -61,12 +61,36 @@ enum Command {
     BenchServer(bench_server::BenchServerArgs),
 }
 
+/// The file name envoyproxy/ratelimit's image runs (`/bin/ratelimit`, Envoy Gateway's
+/// Deployment's command): the binary under that name is `tollgate serve` with upstream's
+/// listener defaults.
+const UPSTREAM_NAME: &str = "ratelimit";
+
+/// The arguments clap reads, and whose listener defaults apply: run as `ratelimit`, the
+/// binary is `tollgate serve` and every argument after the name is serve's.
+fn arguments() -> (Vec<std::ffi::OsString>, Option<upstream_env::Defaults>) {
+    let mut args: Vec<_> = std::env::args_os().collect();
+    let as_upstream = args
+        .first()
+        .and_then(|name| std::path::Path::new(name).file_name())
+        .is_some_and(|name| name == UPSTREAM_NAME);
+    if as_upstream {
+        args.splice(0..1, ["tollgate".into(), "serve".into()]);
+        return (args, Some(upstream_env::Defaults::Upstream));
+    }
+    let serve = args.get(1).is_some_and(|arg| arg == "serve");
+    (args, serve.then_some(upstream_env::Defaults::Tollgate))
+}
+
 fn main() -> ExitCode {
     let mut command = Cli::command();
+    let (args, defaults) = arguments();
     // `serve` also reads envoyproxy/ratelimit's environment variables (see `upstream_env`).
-    if std::env::args_os().nth(1).is_some_and(|arg| arg == "serve") {
+    if let Some(defaults) = defaults {
         let env = |name: &str| std::env::var(name).ok();
-        match upstream_env::translate(&env).and_then(|t| upstream_env::onto(command, &t)) {
+        match upstream_env::translate_with(&env, defaults)
+            .and_then(|t| upstream_env::onto(command, &t))
+        {
             Ok(with_upstream) => command = with_upstream,
             Err(e) => {
                 crate::stdout::errln!("error: {e}");
@@ -74,7 +98,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    let cli = match Cli::from_arg_matches_mut(&mut command.get_matches()) {
+    let cli = match Cli::from_arg_matches_mut(&mut command.get_matches_from(args)) {
         Ok(cli) => cli,
         Err(e) => e.format(&mut Cli::command()).exit(),
     };

@@ -29,16 +29,38 @@ const RUNTIME_ROOT_DEFAULT: &str = "/srv/runtime_data/current";
 const RUNTIME_APPDIRECTORY_DEFAULT: &str = "config";
 const XDS_SERVER_URL_DEFAULT: &str = "localhost:18000";
 
+/// The binary name under which upstream's defaults apply.
+const UPSTREAM: &str = "ratelimit";
+
+/// Whose defaults fill in a listener address upstream's variables leave out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Defaults {
+    /// `tollgate serve`: loopback, and only the listeners a variable names.
+    Tollgate,
+    /// Run as `ratelimit` (upstream's binary name, as Envoy Gateway's Deployment does): every
+    /// interface, and upstream's three listeners (HTTP 8080, gRPC 8081, debug 6070) whether a
+    /// variable names them or not.
+    Upstream,
+}
+
 /// Translates upstream's environment. Fails on a known variable tollgate cannot honour, on a
 /// malformed value, and on two variables (upstream's, or upstream's and a `TOLLGATE_*` one)
-/// that disagree.
+/// that disagree. (`serve` calls [`translate_with`], saying whose listener defaults apply.)
+#[cfg(test)]
 pub fn translate(env: &dyn Env) -> Result<Translated, UpstreamEnvError> {
+    translate_with(env, Defaults::Tollgate)
+}
+
+/// [`translate`], with `defaults` for the listener addresses.
+pub fn translate_with(env: &dyn Env, defaults: Defaults) -> Result<Translated, UpstreamEnvError> {
     refuse_unhonourable(env)?;
     let mut out = Vec::new();
+    // Upstream's defaults as `ratelimit`: they give way to a `TOLLGATE_*` variable, no conflict.
+    let mut fallbacks = Vec::new();
     for row in ALWAYS {
         one(env, row, &mut out)?;
     }
-    listeners(env, &mut out)?;
+    listeners(env, defaults, &mut out, &mut fallbacks)?;
     if let Some(url) = redis::store(env)? {
         let from = [
             "REDIS_URL",
@@ -58,16 +80,7 @@ pub fn translate(env: &dyn Env) -> Result<Translated, UpstreamEnvError> {
         });
     }
     grpc_tls(env, &mut out)?;
-    if let Some(on) = env.get("USE_PROMETHEUS")
-        && boolean("USE_PROMETHEUS", &on)?
-        && let Some(addr) = env.get("PROMETHEUS_ADDR")
-    {
-        return Err(UpstreamEnvError::Unhonourable {
-            var: "PROMETHEUS_ADDR",
-            value: addr,
-            why: "tollgate serves /metrics on the HTTP listener (HOST, PORT), not on a listener of its own; unset PROMETHEUS_ADDR and scrape the HTTP port",
-        });
-    }
+    prometheus(env, defaults, &mut out)?;
     config_source(env, &mut out)?;
     for setting in &out {
         if let Some(own) = env.get(setting.target)
@@ -88,6 +101,7 @@ pub fn translate(env: &dyn Env) -> Result<Translated, UpstreamEnvError> {
             });
         }
     }
+    out.extend(fallbacks);
     out.retain(|setting| env.get(setting.target).is_none());
     Ok(Translated { settings: out })
 }
@@ -150,28 +164,87 @@ fn one(env: &dyn Env, row: &Row, out: &mut Vec<Setting>) -> Result<(), UpstreamE
     Ok(())
 }
 
-fn listeners(env: &dyn Env, out: &mut Vec<Setting>) -> Result<(), UpstreamEnvError> {
-    // tollgate's defaults: loopback, upstream's ports.
+/// The unspecified address a listener binds to when no variable names its host.
+fn default_ip(defaults: Defaults) -> Ipv4Addr {
+    match defaults {
+        Defaults::Tollgate => Ipv4Addr::LOCALHOST,
+        Defaults::Upstream => Ipv4Addr::UNSPECIFIED,
+    }
+}
+
+fn listeners(
+    env: &dyn Env,
+    defaults: Defaults,
+    out: &mut Vec<Setting>,
+    fallbacks: &mut Vec<Setting>,
+) -> Result<(), UpstreamEnvError> {
+    // Upstream's ports; the host is loopback for `tollgate serve`, every interface as `ratelimit`.
     for (host, port, target, default_port) in [
         ("HOST", "PORT", "TOLLGATE_HTTP_ADDR", 8080),
         ("GRPC_HOST", "GRPC_PORT", "TOLLGATE_GRPC_ADDR", 8081),
         ("DEBUG_HOST", "DEBUG_PORT", "TOLLGATE_DEBUG_ADDR", 6070),
     ] {
-        let default = SocketAddr::from((Ipv4Addr::LOCALHOST, default_port));
+        let default = SocketAddr::from((default_ip(defaults), default_port));
         let given = address((host, env.get(host)), (port, env.get(port)), default)?;
-        if let Some(value) = given {
-            let from = [host, port]
-                .into_iter()
-                .filter_map(|var| env.get(var).map(|v| format!("{var}={v}")))
-                .collect::<Vec<_>>()
-                .join(", ");
-            out.push(Setting {
+        let from = [host, port]
+            .into_iter()
+            .filter_map(|var| env.get(var).map(|v| format!("{var}={v}")))
+            .collect::<Vec<_>>()
+            .join(", ");
+        match (given, defaults) {
+            (Some(value), _) => out.push(Setting {
                 target,
                 value,
                 from,
-            });
+            }),
+            (None, Defaults::Upstream) => fallbacks.push(Setting {
+                target,
+                value: default.to_string(),
+                from: format!("{host} and {port} unset: upstream's default as {UPSTREAM}"),
+            }),
+            (None, Defaults::Tollgate) => {}
         }
     }
+    Ok(())
+}
+
+/// `USE_PROMETHEUS=true` with `PROMETHEUS_ADDR` (`[HOST]:PORT`, Go's form: an empty host is
+/// the default one): a listener of its own serving `/metrics`, as upstream's. Without the
+/// address, `/metrics` stays on the HTTP port only.
+fn prometheus(
+    env: &dyn Env,
+    defaults: Defaults,
+    out: &mut Vec<Setting>,
+) -> Result<(), UpstreamEnvError> {
+    let Some(on) = env.get("USE_PROMETHEUS") else {
+        return Ok(());
+    };
+    if !boolean("USE_PROMETHEUS", &on)? {
+        return Ok(());
+    }
+    let Some(addr) = env.get("PROMETHEUS_ADDR") else {
+        return Ok(());
+    };
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err(UpstreamEnvError::Invalid {
+            var: "PROMETHEUS_ADDR",
+            value: addr,
+            why: "not [HOST]:PORT".to_owned(),
+        });
+    };
+    let host = (!host.is_empty()).then(|| host.to_owned());
+    let default = SocketAddr::from((default_ip(defaults), 9090));
+    let value = address(
+        ("PROMETHEUS_ADDR", host),
+        ("PROMETHEUS_ADDR", Some(port.to_owned())),
+        default,
+    )?
+    .unwrap_or_else(|| default.to_string());
+    out.push(Setting {
+        target: "TOLLGATE_METRICS_ADDR",
+        value,
+        from: format!("USE_PROMETHEUS={on}, PROMETHEUS_ADDR={addr}"),
+    });
     Ok(())
 }
 

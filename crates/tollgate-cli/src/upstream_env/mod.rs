@@ -15,7 +15,9 @@ mod redis;
 mod rows;
 mod values;
 
-pub use apply::{Translated, translate};
+#[cfg(test)]
+pub use apply::translate;
+pub use apply::{Defaults, Translated, translate_with};
 
 /// Why upstream's environment cannot start `serve`. Each names the variables involved.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

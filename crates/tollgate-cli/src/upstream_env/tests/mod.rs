@@ -163,8 +163,8 @@ fn known_variables_tollgate_cannot_honour_stop_saying_why() {
             "GRPC_UDS=/tmp/rl.sock: ",
         ),
         (
-            &[("USE_PROMETHEUS", "true"), ("PROMETHEUS_ADDR", ":9090")][..],
-            "PROMETHEUS_ADDR=:9090: tollgate serves /metrics on the HTTP listener",
+            &[("USE_PROMETHEUS", "true"), ("PROMETHEUS_ADDR", "9090")][..],
+            "PROMETHEUS_ADDR=9090: not [HOST]:PORT",
         ),
         (
             &[
@@ -342,4 +342,78 @@ fn an_upstream_switch_turns_its_flag_on() {
     assert!(on.contains("rls_upstream_headers: true"), "{on}");
     let off = parse(&[("LIMIT_RESPONSE_HEADERS_ENABLED", "false")]);
     assert!(off.contains("rls_upstream_headers: false"), "{off}");
+}
+
+/// `PROMETHEUS_ADDR` (with `USE_PROMETHEUS=true`) is a listener of its own; an empty host takes
+/// the default host, as `PORT` without `HOST` does.
+#[test]
+fn prometheus_addr_gives_a_metrics_listener() {
+    assert_eq!(
+        settings(&[("USE_PROMETHEUS", "true"), ("PROMETHEUS_ADDR", ":19001")]),
+        owned(&[("TOLLGATE_METRICS_ADDR", "127.0.0.1:19001")])
+    );
+    assert_eq!(
+        settings(&[("USE_PROMETHEUS", "1"), ("PROMETHEUS_ADDR", "[::1]:9100")]),
+        owned(&[("TOLLGATE_METRICS_ADDR", "[::1]:9100")])
+    );
+    // Upstream reads the address only with USE_PROMETHEUS on.
+    assert!(settings(&[("USE_PROMETHEUS", "false"), ("PROMETHEUS_ADDR", ":19001")]).is_empty());
+    assert!(settings(&[("PROMETHEUS_ADDR", ":19001")]).is_empty());
+    assert!(
+        refusal(&[("USE_PROMETHEUS", "true"), ("PROMETHEUS_ADDR", ":http")])
+            .starts_with("PROMETHEUS_ADDR=http: not a port number")
+    );
+}
+
+/// Run as `ratelimit`, the listeners take upstream's defaults: every interface, and all three
+/// of them even when no variable names one.
+#[test]
+fn as_ratelimit_the_listeners_take_upstreams_defaults() {
+    let upstream = |vars: &[(&str, &str)]| {
+        let translated = translate_with(&env(vars), Defaults::Upstream).unwrap();
+        translated
+            .settings
+            .into_iter()
+            .map(|s| (s.target, s.value))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        upstream(&[]),
+        owned(&[
+            ("TOLLGATE_HTTP_ADDR", "0.0.0.0:8080"),
+            ("TOLLGATE_GRPC_ADDR", "0.0.0.0:8081"),
+            ("TOLLGATE_DEBUG_ADDR", "0.0.0.0:6070"),
+        ])
+    );
+    assert_eq!(
+        upstream(&[
+            ("PORT", "9000"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":19001")
+        ]),
+        owned(&[
+            ("TOLLGATE_HTTP_ADDR", "0.0.0.0:9000"),
+            ("TOLLGATE_GRPC_ADDR", "127.0.0.1:8081"),
+            ("TOLLGATE_METRICS_ADDR", "0.0.0.0:19001"),
+            // Defaults come last.
+            ("TOLLGATE_DEBUG_ADDR", "0.0.0.0:6070"),
+        ])
+    );
+    // A TOLLGATE_* variable comes first, and an upstream default is no conflict with it.
+    let translated = translate_with(
+        &env(&[("TOLLGATE_HTTP_ADDR", "127.0.0.1:9000")]),
+        Defaults::Upstream,
+    )
+    .unwrap();
+    let targets: Vec<_> = translated.settings.iter().map(|s| s.target).collect();
+    assert_eq!(targets, ["TOLLGATE_GRPC_ADDR", "TOLLGATE_DEBUG_ADDR"]);
+    // An upstream variable that names the address still conflicts with one that differs.
+    assert!(
+        translate_with(
+            &env(&[("PORT", "8080"), ("TOLLGATE_HTTP_ADDR", "127.0.0.1:9000")]),
+            Defaults::Upstream,
+        )
+        .is_err()
+    );
 }

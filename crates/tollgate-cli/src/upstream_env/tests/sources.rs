@@ -66,7 +66,7 @@ fn grpc_tls_and_its_client_ca_under_either_name() {
 fn envoy_gateways_environment_selects_xds_with_mtls() {
     let vars = [
         ("REDIS_SOCKET_TYPE", "tcp"),
-        ("REDIS_URL", "redis.redis-system.svc.cluster.local:6379"),
+        ("REDIS_URL", "redis.redis.svc:6379"),
         ("RUNTIME_ROOT", "/data"),
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
         ("RUNTIME_IGNOREDOTFILES", "true"),
@@ -85,18 +85,20 @@ fn envoy_gateways_environment_selects_xds_with_mtls() {
         ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
         ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
         ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ("USE_PROMETHEUS", "true"),
+        ("PROMETHEUS_ADDR", ":19001"),
+        // The statsd exporter's mapping of upstream's metric names: not read by tollgate.
+        ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
     ];
     assert_eq!(
         settings(&vars),
         owned(&[
             ("TOLLGATE_LOG_LEVEL", "info"),
-            (
-                "TOLLGATE_STORE",
-                "redis://redis.redis-system.svc.cluster.local:6379"
-            ),
+            ("TOLLGATE_STORE", "redis://redis.redis.svc:6379"),
             ("TOLLGATE_GRPC_TLS_CERT", "/certs/tls.crt"),
             ("TOLLGATE_GRPC_TLS_KEY", "/certs/tls.key"),
             ("TOLLGATE_GRPC_TLS_CLIENT_CA", "/certs/ca.crt"),
+            ("TOLLGATE_METRICS_ADDR", "127.0.0.1:19001"),
             ("TOLLGATE_CONFIG_SOURCE", "xds://envoy-gateway:18001"),
             ("TOLLGATE_XDS_NODE_ID", "envoy-ratelimit"),
             ("TOLLGATE_FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
