@@ -9,6 +9,7 @@ mod bench;
 mod cli;
 mod e2e_candidate;
 mod e2e_dashboard;
+mod e2e_envoy_gateway;
 mod e2e_governance;
 mod e2e_grpc;
 mod e2e_grpc_buffers;
