@@ -63,6 +63,7 @@ pub struct ServiceBuilder {
     failure: FailureSettings,
     memory_max_keys: usize,
     prefilter: bool,
+    max_overrides: usize,
     config: Option<PathBuf>,
     sources: Vec<(String, String)>,
     ready_within: Option<Duration>,
@@ -93,6 +94,13 @@ impl ServiceBuilder {
     /// Whether remembered store denials answer without calling Redis (on by default).
     pub fn prefilter(mut self, on: bool) -> Self {
         self.prefilter = on;
+        self
+    }
+
+    /// Most runtime overrides in force ([`crate::limiter::DEFAULT_MAX_OVERRIDES`] by default):
+    /// a set past it is refused.
+    pub fn max_overrides(mut self, max: usize) -> Self {
+        self.max_overrides = max;
         self
     }
 
@@ -186,7 +194,8 @@ impl ServiceBuilder {
             ..self.failure
         };
         let limiter = Limiter::with_failure_settings(self.policy, store, failure, self.clock)
-            .with_prefilter(self.prefilter);
+            .with_prefilter(self.prefilter)
+            .with_max_overrides(self.max_overrides);
         let limiter = Arc::new(limiter);
         let lifecycle = match self.managed_by {
             Some(source) => Lifecycle::managed(limiter.clone(), source),
@@ -266,6 +275,7 @@ impl Service {
             failure: FailureSettings::default(),
             memory_max_keys: usize::MAX,
             prefilter: true,
+            max_overrides: crate::limiter::DEFAULT_MAX_OVERRIDES,
             config: None,
             sources: Vec::new(),
             ready_within: None,

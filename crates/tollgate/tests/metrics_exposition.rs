@@ -160,17 +160,20 @@ async fn scenario() -> String {
     limiter.note_invalid(Transport::Grpc, &"no domain");
 
     // An override for one user: a higher limit, then past it.
-    limiter.overrides().set(Override {
-        id: 0,
-        domain: "api".into(),
-        rule: "per_user".into(),
-        entries: vec![("user".into(), "bob".into())],
-        requests_per_unit: 4,
-        period: None,
-        expires_at: None,
-        set_at: clock.now(),
-        reason: "golden".into(),
-    });
+    limiter
+        .overrides()
+        .set(Override {
+            id: 0,
+            domain: "api".into(),
+            rule: "per_user".into(),
+            entries: vec![("user".into(), "bob".into())],
+            requests_per_unit: 4,
+            period: None,
+            expires_at: None,
+            set_at: clock.now(),
+            reason: "golden".into(),
+        })
+        .unwrap();
     send(&limiter, "api", &[("user", "bob")], 1, 5).await;
 
     // A shadow candidate decided beside the live policy.

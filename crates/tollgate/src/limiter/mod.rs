@@ -23,7 +23,9 @@ use tollgate_core::Timestamp;
 
 pub use crate::resilience::FailureSettings;
 pub use candidate::{CANDIDATE_DECISIONS, Candidate, RuleReport};
-pub use overrides::{Override, OverrideChange, Overrides};
+pub use overrides::{
+    DEFAULT_MAX_OVERRIDES, Override, OverrideChange, OverrideError, Overrides, Target,
+};
 pub use request::{
     CheckRequest, InvalidRequest, LimitError, LimitOverride, MAX_BODY, MAX_COST, MAX_DESCRIPTORS,
     MAX_ENTRIES, MAX_FIELD_LEN, RequestDescriptor, check_cost, normalized_path,
@@ -92,6 +94,13 @@ impl Limiter {
     /// Turns the prefilter (remembered denials, Redis store only) on or off; on by default.
     pub fn with_prefilter(mut self, on: bool) -> Self {
         self.hot_keys = HotKeys::new(on);
+        self
+    }
+
+    /// At most `max` runtime overrides in force (sets past it are refused);
+    /// [`DEFAULT_MAX_OVERRIDES`] by default.
+    pub fn with_max_overrides(mut self, max: usize) -> Self {
+        self.overrides = Overrides::with_max(max);
         self
     }
 

@@ -158,10 +158,13 @@ async fn the_prefilter_never_changes_an_answer() {
                     reason: "test".into(),
                 };
                 for (domain, limiter) in [("a", &with), ("b", &without)] {
-                    let id = limiter.overrides().set(Override {
-                        domain: domain.into(),
-                        ..o.clone()
-                    });
+                    let id = limiter
+                        .overrides()
+                        .set(Override {
+                            domain: domain.into(),
+                            ..o.clone()
+                        })
+                        .unwrap();
                     override_ids.push((domain, id));
                 }
             }

@@ -481,17 +481,20 @@ async fn long_values_match_wildcards_and_are_limited() {
 async fn a_runtime_override_keeps_charging_up_to_the_limit() {
     let yaml = "domain: api\ndescriptors:\n  - key: llm_user\n    rate_limit: {name: tokens, unit: minute, requests_per_unit: 100, charge: up_to_limit}\n";
     let (clock, limiter) = limiter_with(Policy::from_yaml("t.yaml", yaml).unwrap());
-    limiter.overrides().set(Override {
-        id: 0,
-        domain: "api".into(),
-        rule: "tokens".into(),
-        entries: vec![("llm_user".into(), "ada".into())],
-        requests_per_unit: 5,
-        period: None,
-        expires_at: None,
-        set_at: clock.now(),
-        reason: "test".into(),
-    });
+    limiter
+        .overrides()
+        .set(Override {
+            id: 0,
+            domain: "api".into(),
+            rule: "tokens".into(),
+            entries: vec![("llm_user".into(), "ada".into())],
+            requests_per_unit: 5,
+            period: None,
+            expires_at: None,
+            set_at: clock.now(),
+            reason: "test".into(),
+        })
+        .unwrap();
     let tokens = |cost: u64| {
         let d = RequestDescriptor::new(vec![("llm_user".into(), "ada".into())], cost, None);
         CheckRequest::new("api".into(), vec![d.unwrap()]).unwrap()

@@ -67,17 +67,21 @@ impl Replica {
     }
 
     fn set(&self, tenant: &str, limit: u64) -> u64 {
-        self.lifecycle.limiter().overrides().set(Override {
-            id: 0,
-            domain: "api".into(),
-            rule: "per_tenant".into(),
-            entries: vec![("tenant".into(), tenant.into())],
-            requests_per_unit: limit,
-            period: None,
-            expires_at: None,
-            set_at: self.lifecycle.limiter().clock().now(),
-            reason: String::new(),
-        })
+        self.lifecycle
+            .limiter()
+            .overrides()
+            .set(Override {
+                id: 0,
+                domain: "api".into(),
+                rule: "per_tenant".into(),
+                entries: vec![("tenant".into(), tenant.into())],
+                requests_per_unit: limit,
+                period: None,
+                expires_at: None,
+                set_at: self.lifecycle.limiter().clock().now(),
+                reason: String::new(),
+            })
+            .unwrap()
     }
 
     /// The overrides in force here: (tenant, limit, id), by tenant.
