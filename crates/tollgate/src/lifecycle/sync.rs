@@ -14,7 +14,7 @@ use tollgate_core::Timestamp;
 use tracing::{info, warn};
 
 use super::{Activation, Lifecycle, Origin, PolicyVersion};
-use crate::limiter::{Override, OverrideChange};
+use crate::limiter::{Override, OverrideChange, Target};
 use crate::observe::Throttle;
 use crate::store::redis::{SharedOverride, SharedOverrideChange, SharedOverrides, Stamp};
 use crate::store::{RedisStore, SharedPolicy, StoreBackend, StoreError};
@@ -274,7 +274,7 @@ async fn sync_overrides(
         return;
     }
     // (Changes that could not be shared stay pending, and are kept over what is adopted.)
-    let shared = match store.shared_overrides().await {
+    let shared = match store.shared_overrides(seen.as_ref()).await {
         Ok(shared) => shared,
         Err(e) => return read_failed("overrides", &e), // try again at the next tick
     };
@@ -285,7 +285,7 @@ async fn sync_overrides(
         .as_ref()
         .is_none_or(|s| remade(seen.as_ref(), &s.stamp))
     {
-        if shared.is_none() && overrides.all().is_empty() && !*legacy_read {
+        if shared.is_none() && overrides.is_empty() && !*legacy_read {
             *legacy_read = carry_over_legacy(store, lifecycle).await;
         }
         match share_overrides(store, lifecycle, true, None).await {
@@ -555,7 +555,7 @@ async fn share_overrides(
         return Ok(None);
     }
     let now = lifecycle.limiter().clock().now();
-    let mut merged = store.merge_overrides(&changes, now).await;
+    let mut merged = store.merge_overrides(&changes, now, seen).await;
     // Redis had lost them (made now, or since this replica last looked): what was sent may
     // be all it holds. Send every override this replica knows, or the others would adopt only
     // the changes and drop the rest.
@@ -564,7 +564,7 @@ async fn share_overrides(
         && !seed
     {
         let all: Vec<SharedOverrideChange> = overrides.all().iter().map(shared_set).collect();
-        merged = store.merge_overrides(&all, now).await;
+        merged = store.merge_overrides(&all, now, None).await;
     }
     match merged {
         Ok((_, shared)) => {
@@ -581,21 +581,20 @@ async fn share_overrides(
     }
 }
 
+/// Adopts what was read from the shared overrides: every override, or the targets changed
+/// since this replica last looked.
 fn adopt_overrides(lifecycle: &Lifecycle, shared: &SharedOverrides) {
+    if !shared.whole {
+        return adopt_changes(lifecycle, shared);
+    }
     let mut list = Vec::with_capacity(shared.overrides.len());
     for o in &shared.overrides {
-        if o.value.ends_with(" -") {
-            continue; // a deleted override's tombstone
-        }
-        let parsed = o
-            .value
-            .splitn(4, ' ')
-            .nth(3)
-            .and_then(|json| serde_json::from_str::<OverrideDoc>(json).ok())
-            .map(Override::from);
-        match parsed {
-            Some(parsed) => list.push(parsed),
-            None => warn!(target = %o.target, "A shared override in Redis is unreadable; skipped"),
+        match read_value(o) {
+            Value::Held(parsed) => list.push(parsed),
+            Value::Nothing => {} // a deleted override's tombstone
+            Value::Unreadable => {
+                warn!(target = %o.target, "A shared override in Redis is unreadable; skipped");
+            }
         }
     }
     // The same order on every replica.
@@ -605,10 +604,63 @@ fn adopt_overrides(lifecycle: &Lifecycle, shared: &SharedOverrides) {
     overrides.adopt(list, lifecycle.limiter().clock().now());
     if overrides.generation() != before {
         info!(
-            count = overrides.all().len(),
+            count = overrides.len(),
             "Adopted the overrides as shared by every replica"
         );
     }
+}
+
+/// Adopts the targets the other replicas changed: what each holds now, or nothing.
+fn adopt_changes(lifecycle: &Lifecycle, shared: &SharedOverrides) {
+    let mut changes = Vec::with_capacity(shared.overrides.len());
+    for o in &shared.overrides {
+        let Ok(target) = serde_json::from_str::<Target>(&o.target) else {
+            warn!(target = %o.target, "A shared override's target in Redis is unreadable; skipped");
+            continue;
+        };
+        let value = match read_value(o) {
+            Value::Held(parsed) => Some(parsed),
+            Value::Nothing => None,
+            Value::Unreadable => {
+                warn!(target = %o.target, "A shared override in Redis is unreadable; dropped");
+                None
+            }
+        };
+        changes.push((target, value));
+    }
+    if changes.is_empty() {
+        return;
+    }
+    let limiter = lifecycle.limiter();
+    let changed = limiter
+        .overrides()
+        .adopt_changes(changes, limiter.clock().now());
+    if changed > 0 {
+        info!(
+            changed,
+            count = limiter.overrides().len(),
+            "Adopted the overrides other replicas changed"
+        );
+    }
+}
+
+/// What a shared value holds.
+enum Value {
+    Held(Override),
+    /// A deleted override's tombstone, or an empty value (the target holds nothing now).
+    Nothing,
+    Unreadable,
+}
+
+fn read_value(o: &SharedOverride) -> Value {
+    if o.value.is_empty() || o.value.ends_with(" -") {
+        return Value::Nothing;
+    }
+    o.value
+        .splitn(4, ' ')
+        .nth(3)
+        .and_then(|json| serde_json::from_str::<OverrideDoc>(json).ok())
+        .map_or(Value::Unreadable, |doc| Value::Held(Override::from(doc)))
 }
 
 #[cfg(test)]

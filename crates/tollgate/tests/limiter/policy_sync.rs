@@ -24,6 +24,21 @@ fn policy(n: u64) -> Vec<(String, String)> {
     )]
 }
 
+/// An override of `tenant`'s limit, set at `set_at`.
+fn tenant(tenant: &str, limit: u64, set_at: tollgate_core::Timestamp) -> Override {
+    Override {
+        id: 0,
+        domain: "api".into(),
+        rule: "per_tenant".into(),
+        entries: vec![("tenant".into(), tenant.into())],
+        requests_per_unit: limit,
+        period: None,
+        expires_at: None,
+        set_at,
+        reason: String::new(),
+    }
+}
+
 /// How often the replicas here look at Redis.
 const EVERY: Duration = Duration::from_millis(100);
 
@@ -82,6 +97,11 @@ impl Replica {
                 reason: String::new(),
             })
             .unwrap()
+    }
+
+    /// The time on this replica's clock.
+    fn now(&self) -> tollgate_core::Timestamp {
+        self.lifecycle.limiter().clock().now()
     }
 
     /// The overrides in force here: (tenant, limit, id), by tenant.
@@ -346,15 +366,26 @@ async fn a_replica_with_nothing_to_add_adopts_a_remade_list() {
     converge(&[&a, &b], &[("globex", 200)]).await;
 }
 
-/// The README's cost of sharing: per replica and interval, one `HMGET` of the policy and one
-/// `HGETALL` of the overrides, each pipelined with the `PEXPIRE` that renews its key, and
-/// nothing else while nothing changes.
+/// The cost of sharing: per replica and interval, one `HMGET` of the policy pipelined with
+/// the `PEXPIRE` that renews its key, and one script call for the overrides that reads their
+/// `seq` and `epoch` (one `HMGET`) and renews their four keys; nothing else while nothing
+/// changes, and never the overrides themselves, however many are in force (they were read
+/// whole, with an `HGETALL`, at every check).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_replica_costs_two_reads_and_two_renewals_an_interval() {
     let redis = RedisServer::start();
     let replica = Replica::start(&redis.url()).await;
     replica.set("acme", 100);
     converge(&[&replica], &[("acme", 100)]).await;
+    let many: Vec<Override> = (0..1_000)
+        .map(|i| tenant(&format!("t{i}"), 5, replica.now()))
+        .collect();
+    replica
+        .lifecycle
+        .limiter()
+        .overrides()
+        .set_all(many)
+        .unwrap();
     // Past the first checks (the one-time look for an earlier version's overrides).
     tokio::time::sleep(EVERY * 3).await;
     redis.cli(&["CONFIG", "RESETSTAT"]);
@@ -368,28 +399,147 @@ async fn an_idle_replica_costs_two_reads_and_two_renewals_an_interval() {
             .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
     };
     let intervals = (window.as_millis() / EVERY.as_millis()) as u64;
-    let (hmget, hgetall) = (calls("hmget"), calls("hgetall"));
+    let (scripts, hmget) = (calls("evalsha"), calls("hmget"));
+    let policy_reads = hmget.saturating_sub(scripts);
     assert!(
-        (intervals - 3..=intervals + 1).contains(&hmget),
-        "one HMGET an interval over {intervals}: {stats}"
+        (intervals - 3..=intervals + 1).contains(&policy_reads),
+        "one policy HMGET an interval over {intervals}: {stats}"
     );
     // Off by one at most: the statistics can be reset or read between a check's two reads.
     assert!(
-        hgetall.abs_diff(hmget) <= 1,
-        "one HGETALL with each: {stats}"
+        scripts.abs_diff(policy_reads) <= 1,
+        "one script call for the overrides with each: {stats}"
     );
+    assert_eq!(calls("hgetall"), 0, "the overrides are not read: {stats}");
     assert!(
-        calls("pexpire").abs_diff(hmget + hgetall) <= 1,
+        calls("pexpire").abs_diff(policy_reads + 4 * scripts) <= 4,
         "a renewal with each read: {stats}"
     );
     let others: Vec<&str> = stats
         .lines()
         .filter(|l| l.starts_with("cmdstat_"))
         .filter(|l| {
-            !["hmget", "hgetall", "pexpire", "info", "config|resetstat"]
+            !["hmget", "evalsha", "pexpire", "info", "config|resetstat"]
                 .iter()
                 .any(|c| l.starts_with(&format!("cmdstat_{c}:")))
         })
         .collect();
     assert!(others.is_empty(), "nothing else: {others:?}");
+}
+
+/// Waits (5 s at most) until `replica` holds `n` overrides and `has` says yes.
+async fn holds(replica: &Replica, n: usize, has: impl Fn(&[(String, u64, u64)]) -> bool) {
+    for _ in 0..50 {
+        let held = replica.overrides();
+        if held.len() == n && has(&held) {
+            return;
+        }
+        tokio::time::sleep(EVERY).await;
+    }
+    panic!("never held {n}: {:?}", replica.overrides().len());
+}
+
+/// Whether `tenant` is among `held`.
+fn has(tenant: &str) -> impl Fn(&[(String, u64, u64)]) -> bool + '_ {
+    move |held| held.iter().any(|(t, _, _)| t == tenant)
+}
+
+/// A set or a delete travels as itself: with 500 overrides shared, what changed since a
+/// replica last looked is the one target changed (a delete, its tombstone), and nothing when
+/// nothing changed; only a replica that never looked reads them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_is_shared_as_itself_not_the_whole_list() {
+    let redis = RedisServer::start();
+    let a = Replica::start(&redis.url()).await;
+    let b = Replica::start(&redis.url()).await;
+    let many: Vec<Override> = (0..500)
+        .map(|i| tenant(&format!("t{i}"), 5, a.now()))
+        .collect();
+    a.lifecycle.limiter().overrides().set_all(many).unwrap();
+    holds(&b, 500, |_| true).await;
+    let StoreBackend::Redis(store) = b.lifecycle.limiter().store() else {
+        panic!("a Redis store");
+    };
+    let whole = store.shared_overrides(None).await.unwrap().unwrap();
+    assert!(whole.whole);
+    assert_eq!(whole.overrides.len(), 500);
+
+    let acme = a.set("acme", 7);
+    holds(&b, 501, has("acme")).await;
+    let since = store
+        .shared_overrides(Some(&whole.stamp))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!since.whole, "{since:?}");
+    assert_eq!(since.overrides.len(), 1, "{since:?}");
+    assert!(since.overrides[0].target.contains("acme"), "{since:?}");
+    let current = store
+        .shared_overrides(Some(&since.stamp))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !current.whole && current.overrides.is_empty(),
+        "{current:?}"
+    );
+
+    let now = a.lifecycle.limiter().clock().now();
+    a.lifecycle.limiter().overrides().delete(acme, now).unwrap();
+    holds(&b, 500, |held| !has("acme")(held)).await;
+    let deleted = store
+        .shared_overrides(Some(&since.stamp))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(deleted.overrides.len(), 1, "{deleted:?}");
+    assert!(
+        deleted.overrides[0].value.ends_with(" -"),
+        "a tombstone: {deleted:?}"
+    );
+}
+
+/// A replica of the earlier version, in a rolling upgrade, changes the shared hash without
+/// logging its change: the replicas of this version read the hash whole then, and after their
+/// next change they read changes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_an_earlier_version_made_is_adopted() {
+    let redis = RedisServer::start();
+    let a = Replica::start(&redis.url()).await;
+    let b = Replica::start(&redis.url()).await;
+    a.set("acme", 100);
+    converge(&[&a, &b], &[("acme", 100)]).await;
+
+    // What the earlier version's merge does to set one: the field, and `seq` raised.
+    let key = "tg:{tollgate-policy}:overrides:2";
+    let doc = r#"{"domain":"api","entries":[["tenant","old"]],"expires_at_us":null,"id":77,"period_us":null,"reason":"","requests_per_unit":40,"rule":"per_tenant","set_at_us":1}"#;
+    let target = r#"["api","per_tenant",[["tenant","old"]]]"#;
+    redis.cli(&["HSET", key, target, &format!("77 0 1 {doc}")]);
+    redis.cli(&["HINCRBY", key, "seq", "1"]);
+    converge(&[&a, &b], &[("acme", 100), ("old", 40)]).await;
+
+    b.set("globex", 200);
+    converge(&[&a, &b], &[("acme", 100), ("globex", 200), ("old", 40)]).await;
+    let StoreBackend::Redis(store) = a.lifecycle.limiter().store() else {
+        panic!("a Redis store");
+    };
+    let seen = store.shared_overrides(None).await.unwrap().unwrap();
+    b.set("initech", 300);
+    converge(
+        &[&a, &b],
+        &[
+            ("acme", 100),
+            ("globex", 200),
+            ("initech", 300),
+            ("old", 40),
+        ],
+    )
+    .await;
+    let since = store
+        .shared_overrides(Some(&seen.stamp))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!since.whole, "read as changes again: {since:?}");
+    assert_eq!(since.overrides.len(), 1, "{since:?}");
 }

@@ -38,6 +38,7 @@ mod now;
 mod options;
 mod patience;
 pub mod script;
+mod shared_overrides;
 mod shared_policy;
 mod slot;
 mod topology;
@@ -67,10 +68,8 @@ pub use self::options::{
 };
 use self::patience::{Deadline, Shed, ShedReason, Unanswered};
 use self::script::decide_args;
-pub use self::shared_policy::{
-    LEGACY_OVERRIDES_KEY, POLICY_KEY, SharedOverride, SharedOverrideChange, SharedOverrides,
-    SharedPolicy, Stamp,
-};
+pub use self::shared_overrides::{SharedOverride, SharedOverrideChange, SharedOverrides};
+pub use self::shared_policy::{LEGACY_OVERRIDES_KEY, POLICY_KEY, SharedPolicy, Stamp};
 use self::topology::Topology;
 use super::url::StoreUrl;
 use super::{Charge, Decisions, INLINE_CHARGES, Mode, Store, StoreError, Unsupported};

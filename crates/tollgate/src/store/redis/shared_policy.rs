@@ -5,14 +5,9 @@
 //! JSON). A replica publishes each version it activates itself and adopts a newer `seq`
 //! published by another.
 //!
-//! The overrides are one hash too, `tg:{tollgate-policy}:overrides:2`, but merged rather than
-//! replaced: one field per override target (domain, rule and entries) holding `id expires_at
-//! set_at json`, and `seq`, raised by every change; of two overrides set for one target, the
-//! one set later stays. A replica sends only its own changes (set this
-//! target, delete this id), which one script applies, so changes made on different replicas at
-//! the same time all survive. Expired overrides are dropped by the same script.
+//! The overrides are shared beside it (see [`super::shared_overrides`]).
 //!
-//! Each hash also holds an `epoch`, set when it is created: a hash Redis lost and a replica
+//! The hash also holds an `epoch`, set when it is created: a hash Redis lost and a replica
 //! made again is told apart from the one before even at the same `seq`.
 //!
 //! The keys' TTL (30 days) is renewed on every publish and every check, so they live as long
@@ -28,12 +23,10 @@ use crate::store::StoreError;
 
 /// The running policy.
 pub const POLICY_KEY: &str = "tg:{tollgate-policy}:current";
-/// The runtime overrides (`:2`: merged per target).
-const OVERRIDES_KEY: &str = "tg:{tollgate-policy}:overrides:2";
 /// Where versions before the merged format kept the overrides, as one list: read once, to carry
 /// them over, while the merged hash does not exist yet.
 pub const LEGACY_OVERRIDES_KEY: &str = "tg:{tollgate-policy}:overrides";
-const TTL: Duration = Duration::from_secs(30 * 86_400);
+pub(super) const TTL: Duration = Duration::from_secs(30 * 86_400);
 
 /// Publishes atomically: raise `seq`, store the version, renew the TTL, unless the stored
 /// version was accepted later than this one (`accepted_at`, µs): a version published late (its
@@ -63,102 +56,8 @@ pub struct Stamp {
 }
 
 /// A random epoch for a hash this call may create.
-fn fresh_epoch() -> String {
+pub(super) fn fresh_epoch() -> String {
     format!("{:016x}", crate::random::random_u64())
-}
-
-/// Applies override changes and answers `{existed, the whole hash}`, `existed` 0 when the hash
-/// had to be made (Redis lost it, or none was ever shared). ARGV: the TTL in ms, the time in µs,
-/// an epoch for a new hash, then per change `S field value` (set the target `field`, unless it
-/// holds something set later) or `D field tombstone` (the target's override, if it is still the
-/// tombstone's id or there is none, becomes the tombstone, so an older set arriving late cannot
-/// bring it back). A value is `id expires_at_us set_at_us json`, `expires_at_us` 0 for none; a
-/// tombstone is `id expires_at_us deleted_at_us -`. Values expired at that time are dropped.
-const MERGE_OVERRIDES: &str = r"
-local existed = redis.call('HEXISTS', KEYS[1], 'seq')
-redis.call('HSETNX', KEYS[1], 'epoch', ARGV[3])
-local now = tonumber(ARGV[2])
-local function set_at(value)
-  return tonumber(string.match(value, '^%d+ %d+ (%d+) '))
-end
-for i = 4, #ARGV, 3 do
-  local field, value = ARGV[i + 1], ARGV[i + 2]
-  if ARGV[i] == 'S' then
-    local stored = redis.call('HGET', KEYS[1], field)
-    if not stored or (set_at(stored) or 0) <= (set_at(value) or 0) then
-      redis.call('HSET', KEYS[1], field, value)
-    end
-  else
-    local stored = redis.call('HGET', KEYS[1], field)
-    if not stored or string.match(stored, '^(%d+) ') == string.match(value, '^(%d+) ') then
-      redis.call('HSET', KEYS[1], field, value)
-    end
-  end
-end
-redis.call('HINCRBY', KEYS[1], 'seq', 1)
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-local all = redis.call('HGETALL', KEYS[1])
-local kept = {}
-for i = 1, #all, 2 do
-  local expires = tonumber(string.match(all[i + 1], '^%d+ (%d+) '))
-  if all[i] ~= 'seq' and all[i] ~= 'epoch' and expires and expires > 0 and expires <= now then
-    redis.call('HDEL', KEYS[1], all[i])
-  else
-    kept[#kept + 1] = all[i]
-    kept[#kept + 1] = all[i + 1]
-  end
-end
-return {existed, kept}
-";
-
-/// One override as shared: its target (the hash field) and its value (see `MERGE_OVERRIDES`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SharedOverride {
-    /// Domain, rule and entries, encoded; one override per target.
-    pub target: String,
-    /// `id expires_at_us set_at_us json`.
-    pub value: String,
-}
-
-/// One change to the shared overrides.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SharedOverrideChange {
-    /// Store this override at its target.
-    Set(SharedOverride),
-    /// Replace the override at its target with this tombstone, if it is still the tombstone's
-    /// id (or there is none).
-    Delete(SharedOverride),
-}
-
-/// The shared overrides: the stamp of their last change, and every override.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SharedOverrides {
-    /// Which change.
-    pub stamp: Stamp,
-    /// Every override stored.
-    pub overrides: Vec<SharedOverride>,
-}
-
-impl SharedOverrides {
-    /// Reads an `HGETALL` reply; `None` when there is no `seq` (nothing shared).
-    fn from_fields(fields: Vec<(String, String)>) -> Option<Self> {
-        let (mut seq, mut epoch) = (None, String::new());
-        let mut overrides = Vec::with_capacity(fields.len());
-        for (field, value) in fields {
-            match field.as_str() {
-                "seq" => seq = value.parse().ok(),
-                "epoch" => epoch = value,
-                _ => overrides.push(SharedOverride {
-                    target: field,
-                    value,
-                }),
-            }
-        }
-        Some(SharedOverrides {
-            stamp: Stamp { epoch, seq: seq? },
-            overrides,
-        })
-    }
 }
 
 /// The published version.
@@ -173,7 +72,7 @@ pub struct SharedPolicy {
 }
 
 impl RedisStore {
-    fn policy_connection(&self) -> Result<ConnectionManager, StoreError> {
+    pub(super) fn policy_connection(&self) -> Result<ConnectionManager, StoreError> {
         let slot = slot::crc16(b"tollgate-policy") % slot::SLOTS;
         let (node, _) = self
             .topology
@@ -182,7 +81,7 @@ impl RedisStore {
         self.connection_to(&node)
     }
 
-    async fn policy_call<T: redis::FromRedisValue>(
+    pub(super) async fn policy_call<T: redis::FromRedisValue>(
         &self,
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
@@ -263,43 +162,5 @@ impl RedisStore {
             .policy_call(invocation.invoke_async(&mut connection))
             .await?;
         Ok((published == 1).then_some(Stamp { epoch, seq }))
-    }
-
-    /// The shared overrides, if any were ever shared; renews their TTL.
-    pub async fn shared_overrides(&self) -> Result<Option<SharedOverrides>, StoreError> {
-        let mut cmd = redis::cmd("HGETALL");
-        cmd.arg(OVERRIDES_KEY);
-        let fields: Vec<(String, String)> = self.read(OVERRIDES_KEY, cmd, true).await?;
-        Ok(SharedOverrides::from_fields(fields))
-    }
-
-    /// Applies `changes` to the shared overrides, dropping those expired at `now`; returns
-    /// whether the hash existed before (false: Redis lost it, or none was ever shared) and
-    /// them all, changed.
-    pub async fn merge_overrides(
-        &self,
-        changes: &[SharedOverrideChange],
-        now: tollgate_core::Timestamp,
-    ) -> Result<(bool, SharedOverrides), StoreError> {
-        let mut connection = self.policy_connection()?;
-        let script = redis::Script::new(MERGE_OVERRIDES);
-        let mut invocation = script.prepare_invoke();
-        invocation
-            .key(OVERRIDES_KEY)
-            .arg(TTL.as_millis() as u64)
-            .arg(now.as_micros())
-            .arg(fresh_epoch());
-        for change in changes {
-            match change {
-                SharedOverrideChange::Set(o) => invocation.arg("S").arg(&o.target).arg(&o.value),
-                SharedOverrideChange::Delete(o) => invocation.arg("D").arg(&o.target).arg(&o.value),
-            };
-        }
-        let (existed, fields): (i64, Vec<(String, String)>) = self
-            .policy_call(invocation.invoke_async(&mut connection))
-            .await?;
-        let merged = SharedOverrides::from_fields(fields)
-            .ok_or_else(|| StoreError::InvalidData("the merged overrides have no seq".into()))?;
-        Ok((existed == 1, merged))
     }
 }
