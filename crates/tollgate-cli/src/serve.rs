@@ -175,6 +175,10 @@ pub struct ServeArgs {
         requires = "authorize_domain"
     )]
     authorize_descriptor: Vec<DescriptorMapping>,
+    /// Most runtime overrides in force (set through the admin API): a set that would pass it is
+    /// refused with 409 naming the cap, and a bulk set that would is refused whole.
+    #[arg(long, env = "TOLLGATE_MAX_OVERRIDES", default_value_t = tollgate::limiter::DEFAULT_MAX_OVERRIDES, value_parser = positive::<usize>, value_name = "N")]
+    max_overrides: usize,
     /// Do not remember the shared store's denials (the prefilter answers a key denied until
     /// its retry-after without calling Redis; see the README).
     #[arg(long, env = "TOLLGATE_NO_PREFILTER")]
@@ -553,6 +557,7 @@ async fn serve(
         .policy_defaults(PolicyDefaults {
             charge: args.default_charge,
         })
+        .max_overrides(args.max_overrides)
         .ready_within(args.store_connect_timeout);
     let builder = match &source {
         Source::Files(path, sources) => builder.config(path.clone(), sources.clone()),

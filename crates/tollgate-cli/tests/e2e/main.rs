@@ -16,6 +16,7 @@ mod e2e_grpc_buffers;
 mod e2e_http;
 mod e2e_mixed_fleet;
 mod e2e_nginx;
+mod e2e_overrides_bulk;
 mod e2e_prometheus;
 mod e2e_python_grpcio;
 mod e2e_redis;

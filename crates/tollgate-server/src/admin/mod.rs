@@ -15,6 +15,7 @@
 //! | `POST /v1/admin/reload` | re-read the config path |
 //! | `GET /v1/admin/overrides` | overrides in force |
 //! | `PUT /v1/admin/overrides` | set one: `domain`, `rule`, `entries`, `requests_per_unit`, optional `period`, `expires_in`, `reason` |
+//! | `PUT /v1/admin/overrides/bulk` | set many, all or none: `{"overrides": [...]}`, each as above |
 //! | `DELETE /v1/admin/overrides/{id}` | remove one |
 //! | `GET /v1/admin/top?domain=D&rule=R&n=10` | the keys a rule denied most often |
 //!
@@ -47,7 +48,7 @@ use axum::http::header;
 use axum::http::request::Parts;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tollgate::lifecycle::Lifecycle;
@@ -98,6 +99,7 @@ pub fn router(lifecycle: Arc<Lifecycle>, token: Option<String>) -> Router {
             "/v1/admin/overrides",
             get(overrides::list).put(overrides::set),
         )
+        .route("/v1/admin/overrides/bulk", put(overrides::set_bulk))
         .route("/v1/admin/overrides/{id}", delete(overrides::delete))
         .route("/v1/admin/top", get(top::top))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))

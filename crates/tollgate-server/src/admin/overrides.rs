@@ -15,7 +15,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use tollgate::limiter::Override;
+use tollgate::limiter::{Limiter, Override, OverrideError};
 use tollgate::policy::Policy;
 use tollgate::store::Store;
 use tollgate_core::Timestamp;
@@ -134,6 +134,84 @@ pub async fn list(State(state): State<AdminState>) -> Json<Overrides> {
     Json(Overrides { overrides })
 }
 
+/// Reads one override of a set body at `now`, or says why it is refused.
+fn parse(
+    body: &SetBody,
+    limiter: &Limiter,
+    policy: &Policy,
+    now: Timestamp,
+) -> Result<Override, String> {
+    let period = body
+        .period
+        .as_deref()
+        .map(|p| tollgate::policy::parse_period(p).map_err(|e| format!("`period`: {e}")))
+        .transpose()?;
+    let expires_at = body
+        .expires_in
+        .as_deref()
+        .map(|e| match duration("expires_in", e)? {
+            // Already over when set: an operator's typo, not an intent.
+            d if d.is_zero() => Err("`expires_in` must be longer than zero".to_owned()),
+            // Without `expires_in` an override lasts until deleted; a longer one is a typo.
+            d if d > MAX_EXPIRES_IN => Err(format!(
+                "`expires_in` may be at most {} days; leave it out for an override that lasts until deleted",
+                MAX_EXPIRES_IN.as_secs() / 86_400
+            )),
+            d => Ok(now.saturating_add(d)),
+        })
+        .transpose()?;
+    let entries: Vec<(String, String)> = body
+        .entries
+        .iter()
+        .map(|Object(e)| (e.key.clone(), e.value.clone()))
+        .collect();
+    // The reason goes into the audit log's lines as it is: a line break there would forge
+    // the next one.
+    if body.reason.chars().any(char::is_control) {
+        return Err(format!(
+            "`reason` {:?} holds a control character (a line break, an escape)",
+            body.reason
+        ));
+    }
+    let rule = policy
+        .rules()
+        .iter()
+        .find(|r| r.domain == body.domain && r.name == body.rule)
+        .ok_or_else(|| format!("no rule `{}` in domain `{}`", body.rule, body.domain))?;
+    if policy.find(&body.domain, &entries).map(|r| r.index) != Some(rule.index) {
+        return Err(format!("those entries do not match rule `{}`", body.rule));
+    }
+    let o = Override {
+        id: 0,
+        domain: body.domain.clone(),
+        rule: body.rule.clone(),
+        entries,
+        requests_per_unit: body.requests_per_unit,
+        period,
+        expires_at,
+        set_at: now,
+        reason: body.reason.clone(),
+    };
+    let params = o.params_for(rule)?;
+    limiter
+        .store()
+        .supports(&params)
+        .map_err(|why| why.to_string())?;
+    Ok(o)
+}
+
+/// The answer to a set that passed the cap: `409`, naming it.
+fn too_many(e: &OverrideError) -> ApiError {
+    let OverrideError::TooMany { max, .. } = e;
+    ApiError::conflict(e.to_string()).with_detail("max_overrides", max)
+}
+
+/// Logs the audit line of an override set.
+fn log_set(o: &Override, now: Timestamp) {
+    let (expires_in, expires_at) = expiry(o, now);
+    info!(id = o.id, domain = %o.domain, rule = %o.rule, entries = ?o.entries, requests_per_unit = o.requests_per_unit, period = ?o.period, expires_in = %expires_in, expires_at = %expires_at, reason = %o.reason, "Override set");
+}
+
 pub async fn set(
     State(state): State<AdminState>,
     Body(body): Body<{ super::MAX_BODY }>,
@@ -141,77 +219,100 @@ pub async fn set(
     let body: SetBody = from_body(&body).map_err(ApiError::invalid)?;
     let limiter = state.lifecycle.limiter();
     let now = limiter.clock().now();
-    let parse = || -> Result<Override, String> {
-        let period = body
-            .period
-            .as_deref()
-            .map(|p| tollgate::policy::parse_period(p).map_err(|e| format!("`period`: {e}")))
-            .transpose()?;
-        let expires_at = body
-            .expires_in
-            .as_deref()
-            .map(|e| match duration("expires_in", e)? {
-                // Already over when set: an operator's typo, not an intent.
-                d if d.is_zero() => Err("`expires_in` must be longer than zero".to_owned()),
-                // Without `expires_in` an override lasts until deleted; a longer one is a typo.
-                d if d > MAX_EXPIRES_IN => Err(format!(
-                    "`expires_in` may be at most {} days; leave it out for an override that lasts until deleted",
-                    MAX_EXPIRES_IN.as_secs() / 86_400
-                )),
-                d => Ok(now.saturating_add(d)),
-            })
-            .transpose()?;
-        let entries: Vec<(String, String)> = body
-            .entries
-            .iter()
-            .map(|Object(e)| (e.key.clone(), e.value.clone()))
-            .collect();
-        // The reason goes into the audit log's lines as it is: a line break there would forge
-        // the next one.
-        if body.reason.chars().any(char::is_control) {
-            return Err(format!(
-                "`reason` {:?} holds a control character (a line break, an escape)",
-                body.reason
-            ));
+    let policy = limiter.policy();
+    let mut o = parse(&body, limiter, &policy, now)
+        .map_err(|why| ApiError::invalid(format!("invalid override: {why}")))?;
+    o.id = limiter
+        .overrides()
+        .set(o.clone())
+        .map_err(|e| too_many(&e))?;
+    log_set(&o, now);
+    Ok(Json(describe(&o, now.as_micros(), &policy)))
+}
+
+/// `PUT /v1/admin/overrides/bulk`: `{"overrides": [...]}`, each element a body of
+/// `PUT /v1/admin/overrides`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BulkBody {
+    overrides: Elements,
+}
+
+/// The elements of a bulk set, each read as an object; an element that does not read is
+/// named by its index.
+#[derive(Debug)]
+struct Elements(Vec<SetBody>);
+
+impl<'de> Deserialize<'de> for Elements {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ElementsVisitor;
+
+        impl<'de> serde::de::Visitor<'de> for ElementsVisitor {
+            type Value = Elements;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array of overrides")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Elements, A::Error> {
+                let mut all = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+                loop {
+                    match seq.next_element::<Object<SetBody>>() {
+                        Ok(Some(Object(one))) => all.push(one),
+                        Ok(None) => return Ok(Elements(all)),
+                        Err(e) => {
+                            return Err(serde::de::Error::custom(format!(
+                                "override {}: {e}",
+                                all.len()
+                            )));
+                        }
+                    }
+                }
+            }
         }
-        let policy = limiter.policy();
-        let rule = policy
-            .rules()
-            .iter()
-            .find(|r| r.domain == body.domain && r.name == body.rule)
-            .ok_or_else(|| format!("no rule `{}` in domain `{}`", body.rule, body.domain))?;
-        if policy.find(&body.domain, &entries).map(|r| r.index) != Some(rule.index) {
-            return Err(format!("those entries do not match rule `{}`", body.rule));
-        }
-        let o = Override {
-            id: 0,
-            domain: body.domain.clone(),
-            rule: body.rule.clone(),
-            entries,
-            requests_per_unit: body.requests_per_unit,
-            period,
-            expires_at,
-            set_at: now,
-            reason: body.reason.clone(),
-        };
-        let params = o.params_for(rule)?;
-        limiter
-            .store()
-            .supports(&params)
-            .map_err(|why| why.to_string())?;
-        Ok(o)
-    };
-    match parse() {
-        Ok(o) => {
-            let id = limiter.overrides().set(o.clone());
-            let (expires_in, expires_at) = expiry(&o, now);
-            info!(id, domain = %o.domain, rule = %o.rule, entries = ?o.entries, requests_per_unit = o.requests_per_unit, period = ?o.period, expires_in = %expires_in, expires_at = %expires_at, reason = %o.reason, "Override set");
-            let mut stored = o;
-            stored.id = id;
-            Ok(Json(describe(&stored, now.as_micros(), &limiter.policy())))
-        }
-        Err(why) => Err(ApiError::invalid(format!("invalid override: {why}"))),
+
+        deserializer.deserialize_seq(ElementsVisitor)
     }
+}
+
+/// Sets every override of a bulk body, or none: the first that is refused is named by its
+/// index (from 0) and nothing is set; a set that would pass the cap sets nothing either.
+pub async fn set_bulk(
+    State(state): State<AdminState>,
+    Body(body): Body<{ super::MAX_BODY }>,
+) -> Result<Json<Overrides>, ApiError> {
+    let body: BulkBody = from_body(&body).map_err(ApiError::invalid)?;
+    let limiter = state.lifecycle.limiter();
+    let now = limiter.clock().now();
+    let policy = limiter.policy();
+    let list = body
+        .overrides
+        .0
+        .iter()
+        .enumerate()
+        .map(|(i, one)| {
+            parse(one, limiter, &policy, now).map_err(|why| {
+                ApiError::invalid(format!("invalid override {i}: {why}")).with_detail("index", i)
+            })
+        })
+        .collect::<Result<Vec<Override>, ApiError>>()?;
+    let ids = limiter
+        .overrides()
+        .set_all(list.clone())
+        .map_err(|e| too_many(&e))?;
+    let overrides = list
+        .into_iter()
+        .zip(ids)
+        .map(|(mut o, id)| {
+            o.id = id;
+            log_set(&o, now);
+            describe(&o, now.as_micros(), &policy)
+        })
+        .collect();
+    Ok(Json(Overrides { overrides }))
 }
 
 pub async fn delete(
