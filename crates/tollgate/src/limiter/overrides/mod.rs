@@ -305,11 +305,15 @@ impl Overrides {
         for change in pending.iter() {
             change.apply(&mut index);
         }
-        for o in index.drop_expired(now) {
-            log_expired(&o);
+        let expired = index.drop_expired(now);
+        for o in &expired {
+            log_expired(o);
         }
-        if changed > 0 || !held.same_as(&index) {
+        // No pass over every override: what the changes did is known.
+        if changed > 0 || !expired.is_empty() {
             self.index.store(Arc::new(index));
+        }
+        if changed > 0 {
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
         changed
