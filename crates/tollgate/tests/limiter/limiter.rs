@@ -506,6 +506,45 @@ async fn a_runtime_override_keeps_charging_up_to_the_limit() {
     assert!(!limiter.check(&tokens(0)).await.unwrap().allowed());
 }
 
+/// With 20,000 runtime overrides in force, a decision's lookup compares its descriptor with at
+/// most the one override it finds (it scanned all 20,000), and decides as before: an unrelated
+/// user gets the rule's limit, an overridden one its override.
+#[tokio::test]
+async fn twenty_thousand_overrides_cost_a_decision_one_lookup() {
+    let (clock, limiter) = limiter();
+    let user = |name: String, limit: u64| Override {
+        id: 0,
+        domain: "api".into(),
+        rule: "per_user".into(),
+        entries: vec![("user".into(), name)],
+        requests_per_unit: limit,
+        period: None,
+        expires_at: None,
+        set_at: clock.now(),
+        reason: String::new(),
+    };
+    let list = (0..20_000)
+        .map(|i| user(format!("tenant-{i}"), 4))
+        .collect();
+    limiter.overrides().set_all(list).unwrap();
+    let entries = |v: &str| vec![("user".to_owned(), v.to_owned())];
+    let probes = |v: &str| limiter.overrides().probes("api", "per_user", &entries(v));
+    assert!(probes("unrelated") <= 1, "{}", probes("unrelated"));
+    assert!(probes("tenant-12345") <= 2, "{}", probes("tenant-12345"));
+
+    let allowed = async |v: &str| {
+        let r = limiter.check(&request(&[&[("user", v)]])).await.unwrap();
+        (r.allowed(), r.statuses[0].decision.unwrap().limit)
+    };
+    assert_eq!(allowed("unrelated").await, (true, 2));
+    assert_eq!(allowed("unrelated").await, (true, 2));
+    assert_eq!(allowed("unrelated").await, (false, 2));
+    for _ in 0..4 {
+        assert_eq!(allowed("tenant-12345").await, (true, 4));
+    }
+    assert_eq!(allowed("tenant-12345").await, (false, 4));
+}
+
 /// `detailed_metric: true` (envoyproxy/ratelimit's per-value statistics) counts a rule's
 /// outcomes per descriptor value as well, for the first 1000 values; the later ones are
 /// counted together. Rules without it get no per-value series.
