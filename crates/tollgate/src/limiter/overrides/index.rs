@@ -12,6 +12,7 @@ use std::sync::Arc;
 use equivalent::Equivalent;
 use tollgate_core::Timestamp;
 
+use super::filter::{self, Filter};
 use super::target::Override;
 
 /// An override, hashed and compared by its target.
@@ -61,9 +62,13 @@ impl Equivalent<ByTarget> for Lookup<'_> {
     }
 }
 
-/// The overrides in force: cheap to clone (the copies share their nodes).
-#[derive(Debug, Clone, Default)]
+/// The overrides in force: cheap to clone (the copies share their nodes and their filter).
+#[derive(Debug, Clone)]
 pub(super) struct Index {
+    /// Passes every target held (and a few others): see [`filter`].
+    filter: Arc<Filter>,
+    /// Targets marked in `filter` since it was built.
+    marked: usize,
     /// Each override, with its place in `by_order`.
     by_target: imbl::HashMap<ByTarget, u64>,
     by_id: imbl::HashMap<u64, (Arc<Override>, u64)>,
@@ -71,6 +76,20 @@ pub(super) struct Index {
     /// `(expires_at in µs, place)` of each override that expires.
     expiries: imbl::OrdSet<(u64, u64)>,
     next_order: u64,
+}
+
+impl Default for Index {
+    fn default() -> Self {
+        Index {
+            filter: Arc::new(Filter::for_targets(0)),
+            marked: 0,
+            by_target: imbl::HashMap::default(),
+            by_id: imbl::HashMap::default(),
+            by_order: imbl::OrdMap::default(),
+            expiries: imbl::OrdSet::default(),
+            next_order: 0,
+        }
+    }
 }
 
 impl Index {
@@ -96,7 +115,7 @@ impl Index {
         rule: &str,
         entries: &[(String, String)],
     ) -> (Option<&Arc<Override>>, usize) {
-        if self.by_target.is_empty() {
+        if self.by_target.is_empty() || !self.filter.may_hold(filter::hash(domain, rule, entries)) {
             return (None, 0);
         }
         let lookup = Lookup {
@@ -133,6 +152,7 @@ impl Index {
         {
             self.remove(&held, order);
         }
+        self.mark(&o);
         let order = self.next_order;
         self.next_order += 1;
         self.by_target.insert(ByTarget(o.clone()), order);
@@ -159,6 +179,22 @@ impl Index {
     ) -> Option<Arc<Override>> {
         let held = self.find(domain, rule, entries).0?.clone();
         self.remove_id(held.id)
+    }
+
+    /// Marks `o`'s target in the filter (before the index holding it is published), first
+    /// building a bigger filter from what is held when the targets marked outgrow this one.
+    fn mark(&mut self, o: &Override) {
+        if self.marked >= self.filter.capacity() {
+            let filter = Filter::for_targets(self.len() + 1);
+            for held in self.by_order.values() {
+                filter.insert(filter::hash(&held.domain, &held.rule, &held.entries));
+            }
+            self.filter = Arc::new(filter);
+            self.marked = self.len();
+        }
+        self.filter
+            .insert(filter::hash(&o.domain, &o.rule, &o.entries));
+        self.marked += 1;
     }
 
     fn remove(&mut self, held: &Arc<Override>, order: u64) {

@@ -17,6 +17,7 @@ use tracing::{info, warn};
 
 use crate::policy::{Policy, Rule};
 
+mod filter;
 mod index;
 mod target;
 
