@@ -171,6 +171,9 @@ impl Overrides {
     /// Adds or replaces every override of `list`, in order, or none of them if that would pass
     /// the cap; returns their ids, in order.
     pub fn set_all(&self, list: Vec<Override>) -> Result<Vec<u64>, OverrideError> {
+        if list.is_empty() {
+            return Ok(Vec::new());
+        }
         if let Some(now) = list.iter().map(|o| o.set_at).max() {
             self.drop_expired(now);
         }
