@@ -112,6 +112,13 @@ impl Backend for RemoteGrpc {
     async fn check(&self, request: &CheckRequest) -> Result<Verdict, BackendError> {
         let wire = wire_request(request)?;
         let mut client = self.client.clone();
+        // Its checks ask "would one more unit fit", as over HTTP: a check before the request
+        // must see a limit that is exactly used up as reached.
+        let mut wire = tonic::Request::new(wire);
+        wire.metadata_mut().insert(
+            headers::CHECKS,
+            tonic::metadata::MetadataValue::from_static(headers::CHECKS_NEXT_UNIT),
+        );
         let answer = tokio::time::timeout(self.timeout, client.should_rate_limit(wire)).await;
         let response = match answer {
             Ok(Ok(response)) => response.into_inner(),

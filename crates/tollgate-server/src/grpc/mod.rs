@@ -98,14 +98,21 @@ impl<D: Decide> RateLimitService for RlsService<D> {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        // A tollgate client's checks ask "would one more unit fit" (see `headers::CHECKS`).
+        let next_unit = request
+            .metadata()
+            .get(tollgate::limiter::headers::CHECKS)
+            .is_some_and(|v| v == tollgate::limiter::headers::CHECKS_NEXT_UNIT);
         let request = request.into_inner();
         let echo = self
             .dynamic_metadata
             .then(|| metadata::RequestEcho::of(&request));
-        let check = decode_request(request).map_err(|e| {
-            self.decider.refused(Transport::Grpc, &e);
-            Status::from(ApiError::invalid(e.to_string()))
-        })?;
+        let check = decode_request(request)
+            .map(|check| check.with_checks_as_is(!next_unit))
+            .map_err(|e| {
+                self.decider.refused(Transport::Grpc, &e);
+                Status::from(ApiError::invalid(e.to_string()))
+            })?;
         match self.decider.decide(&check).await {
             Ok(decided) => {
                 let mut wire = encode_response(&decided, self.x_ratelimit);

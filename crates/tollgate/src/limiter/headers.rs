@@ -26,6 +26,13 @@ pub const RETRY_AFTER: &str = "retry-after";
 pub const DEGRADED: &str = "x-tollgate-degraded";
 /// Set when a `mode: soft` limit was exceeded: the suggested delay in milliseconds.
 pub const SOFT_EXCEEDED: &str = "x-tollgate-soft-exceeded";
+/// gRPC request metadata a tollgate client sends so that its checks (`hits_addend: 0`) answer
+/// "would one more unit fit", as `/v1/check` does, rather than envoyproxy/ratelimit's "is the
+/// counter past the limit": a check before the request, charged after it, must see the limit
+/// reached. Its one value is [`CHECKS_NEXT_UNIT`].
+pub const CHECKS: &str = "x-tollgate-checks";
+/// The value of [`CHECKS`].
+pub const CHECKS_NEXT_UNIT: &str = "next-unit";
 
 /// A request header's value as a descriptor value: `None` when missing or empty (an empty
 /// value would be one key every such client shares, and could exhaust for the others); bytes
