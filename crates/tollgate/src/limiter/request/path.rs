@@ -12,27 +12,7 @@ pub fn normalized_path(target: &str) -> String {
     if path.is_empty() {
         return String::new();
     }
-    let mut decoded = String::with_capacity(path.len());
-    let mut rest = path;
-    while let Some(at) = rest.find('%') {
-        decoded.push_str(&rest[..at]);
-        let escape = rest
-            .get(at + 1..at + 3)
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
-        match escape {
-            Some(byte) if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) => {
-                decoded.push(char::from(byte));
-            }
-            Some(byte) => decoded.push_str(&format!("%{byte:02X}")),
-            None => {
-                decoded.push('%');
-                rest = &rest[at + 1..];
-                continue;
-            }
-        }
-        rest = &rest[at + 3..];
-    }
-    decoded.push_str(rest);
+    let decoded = decoded_escapes(path);
 
     let mut segments: Vec<&str> = Vec::new();
     for segment in decoded.split('/') {
@@ -55,6 +35,54 @@ pub fn normalized_path(target: &str) -> String {
         normal.push('/');
     }
     normal
+}
+
+/// `path` with its unreserved characters percent-decoded and other escapes in upper case. A
+/// `%` that starts no escape stays, unless the decoding put two hex digits after it (`%%36c`
+/// gives `%6c`): that one is written `%25`, or the result would decode again into something
+/// else (`/l`), and a normalized path would not be its own normal form.
+fn decoded_escapes(path: &str) -> String {
+    let mut decoded = String::with_capacity(path.len());
+    let mut bare = Vec::new();
+    let mut rest = path;
+    while let Some(at) = rest.find('%') {
+        decoded.push_str(&rest[..at]);
+        let escape = rest
+            .get(at + 1..at + 3)
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escape {
+            Some(byte) if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) => {
+                decoded.push(char::from(byte));
+            }
+            Some(byte) => decoded.push_str(&format!("%{byte:02X}")),
+            None => {
+                bare.push(decoded.len());
+                decoded.push('%');
+                rest = &rest[at + 1..];
+                continue;
+            }
+        }
+        rest = &rest[at + 3..];
+    }
+    decoded.push_str(rest);
+    let starts_escape = |at: usize| {
+        decoded
+            .as_bytes()
+            .get(at + 1..at + 3)
+            .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    };
+    if !bare.iter().any(|&at| starts_escape(at)) {
+        return decoded;
+    }
+    let mut escaped = String::with_capacity(decoded.len() + 2 * bare.len());
+    let mut from = 0;
+    for at in bare.into_iter().filter(|&at| starts_escape(at)) {
+        escaped.push_str(&decoded[from..=at]);
+        escaped.push_str("25");
+        from = at + 1;
+    }
+    escaped.push_str(&decoded[from..]);
+    escaped
 }
 
 #[cfg(test)]
@@ -85,8 +113,14 @@ mod tests {
             ("/..", "/"),
             ("login", "/login"),
             ("?only=query", ""),
+            // A bare `%` before what decodes to hex digits is written `%25` (found by the
+            // fuzz target `path`: `%%36c` gave `%6c`, which normalizes to `l`).
+            ("/%%36cogin", "/%256cogin"),
+            ("/%3%36", "/%2536"),
+            ("/%%zz", "/%%zz"),
         ] {
             assert_eq!(normalized_path(target), path, "{target}");
+            assert_eq!(normalized_path(path), path, "{path} is its own normal form");
         }
     }
 }
