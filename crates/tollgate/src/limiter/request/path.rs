@@ -47,8 +47,10 @@ fn decoded_escapes(path: &str) -> String {
     let mut rest = path;
     while let Some(at) = rest.find('%') {
         decoded.push_str(&rest[..at]);
+        // Two hex digits, checked as such: `from_str_radix` also takes a sign (`%+f`).
         let escape = rest
             .get(at + 1..at + 3)
+            .filter(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()))
             .and_then(|hex| u8::from_str_radix(hex, 16).ok());
         match escape {
             Some(byte) if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) => {
@@ -118,6 +120,9 @@ mod tests {
             ("/%%36cogin", "/%256cogin"),
             ("/%3%36", "/%2536"),
             ("/%%zz", "/%%zz"),
+            // A sign is no hex digit (found by the fuzz target: `%+f` was read as `%0F`).
+            ("/%+f", "/%+f"),
+            ("/%7%%664%4%+%666", "/%7%25f4%4%+f6"),
         ] {
             assert_eq!(normalized_path(target), path, "{target}");
             assert_eq!(normalized_path(path), path, "{path} is its own normal form");
