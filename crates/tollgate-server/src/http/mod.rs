@@ -37,6 +37,13 @@ pub(crate) use self::body::Body;
 pub use self::body::body_too_slow;
 pub use self::healthcheck::Healthcheck;
 
+/// A `POST /v1/check` body as the request it asks for, or why it is refused (the `400`'s
+/// message). The handler's own decoder, public for the fuzz targets (`fuzz/`).
+#[doc(hidden)]
+pub fn decode_check_body(body: &[u8]) -> Result<tollgate::limiter::CheckRequest, String> {
+    check::decode(body)
+}
+
 use self::authorize::{AuthorizeMapping, AuthorizeState};
 
 /// The decision routes over the limiter that `lifecycle` manages, with `/v1/authorize` disabled
