@@ -139,6 +139,33 @@ fi
 step "cargo test"
 cargo test --workspace --locked
 
+# --- fuzzing and the soak (begin) -----------------------------------------------------------
+step "cargo-fuzz (the fuzz targets in fuzz/ build with it, on the stable toolchain with -s none)"
+cargo_fuzz="${CARGO_HOME:-$HOME/.cargo}/bin/cargo-fuzz"
+if ! command -v cargo-fuzz >/dev/null && [ ! -x "$cargo_fuzz" ]; then
+  fuzz_install="$(mktemp -d)"
+  cargo install cargo-fuzz --locked --target-dir "$fuzz_install" --quiet
+  rm -rf "$fuzz_install"
+fi
+PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH" cargo fuzz --version
+
+# Each target for FUZZ_SECONDS (12) from its committed seeds, new inputs kept in a scratch
+# directory; a crash or a broken invariant stops libFuzzer with an error, and so the run.
+fuzz_scratch="$(mktemp -d)"
+for target in policy http_body rls_decode keys path; do
+  step "cargo fuzz run $target, ${FUZZ_SECONDS:-12} s"
+  mkdir -p "$fuzz_scratch/$target"
+  (cd fuzz && PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH" cargo fuzz run -s none \
+    --target-dir "$CARGO_TARGET_DIR/fuzz" "$target" "$fuzz_scratch/$target" "corpus/$target" \
+    -- -max_total_time="${FUZZ_SECONDS:-12}" -timeout=10 -rss_limit_mb=1024 -print_final_stats=1 \
+    2>&1 | tail -n 20) || { rm -rf "$fuzz_scratch"; exit 1; }
+done
+rm -rf "$fuzz_scratch"
+
+step "scripts/soak.sh 60: memory store, one Redis, a 3+3 cluster, 20 s each"
+scripts/soak.sh 60
+# --- fuzzing and the soak (end) -------------------------------------------------------------
+
 # --- dashboard: real headless browser (begin) -----------------------------------------------
 step "chromium and chromium-driver (the dashboard test drives Debian's browser through WebDriver)"
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
