@@ -689,11 +689,6 @@ impl RedisStore {
             return Err(self.shed.shed(ShedReason::QueueFull));
         }
         match tokio::time::timeout_at(deadline.ceiling, self.in_flight.acquire()).await {
-            // A place handed over at the ceiling (calls ahead failing at theirs, a loaded
-            // process polling late) leaves no time for a call: shed, not a store failure.
-            Ok(Ok(_)) if tokio::time::Instant::now() >= deadline.ceiling => {
-                Err(self.shed.shed(ShedReason::WaitedTooLong))
-            }
             Ok(Ok(permit)) => Ok((permit, deadline.sent())),
             Ok(Err(_)) => Err(StoreError::NotCalled("redis store closed".into())),
             Err(_) => Err(self.shed.shed(ShedReason::WaitedTooLong)),
