@@ -734,30 +734,32 @@ async fn serve(
 
     let http_task = tokio::spawn(http_server);
     let admin_task = tokio::spawn(admin_server);
-    // The two read-only side listeners (upstream's debug port, a /metrics-only port).
-    let side = |listener, router, open: &Open| {
+    let debug_server = debug.map(|listener| {
+        let router = tollgate_server::debug::router(lifecycle.clone());
         let timeout = args.http_read_timeout;
-        let server = serve_http(
+        serve_http(
             listener,
             router,
             Peer::Omitted,
             timeout,
             stop_rx.clone(),
-            open.clone(),
-        );
-        tokio::spawn(server)
-    };
-    let debug_task = debug.map(|listener| {
-        side(
-            listener,
-            tollgate_server::debug::router(lifecycle.clone()),
-            &debug_open,
+            debug_open.clone(),
         )
     });
-    let metrics_task = metrics.map(|listener| {
+    let debug_task = debug_server.map(tokio::spawn);
+    let metrics_server = metrics.map(|listener| {
         let router = tollgate_server::http::metrics_router(lifecycle.clone());
-        side(listener, router, &metrics_open)
+        let timeout = args.http_read_timeout;
+        serve_http(
+            listener,
+            router,
+            Peer::Omitted,
+            timeout,
+            stop_rx.clone(),
+            metrics_open.clone(),
+        )
     });
+    let metrics_task = metrics_server.map(tokio::spawn);
 
     shutdown_signal(&mut terminate).await;
     info!(
