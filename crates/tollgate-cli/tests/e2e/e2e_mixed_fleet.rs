@@ -206,17 +206,13 @@ async fn the_embedded_limiter_follows_overrides_pushes_and_rollbacks() {
         "100",
         "the service kept its policy"
     );
-    let admin = reqwest::Client::new();
 
     // An override for alice, set on the service: 5 a day.
     let set = serde_json::json!({"domain": "fleet", "rule": "per_user",
         "entries": [{"key": "user", "value": "alice"}], "requests_per_unit": 5});
-    let r = admin
-        .put(server.admin_url("/v1/admin/overrides"))
-        .json(&set)
-        .send()
-        .await
-        .unwrap();
+    let r = server
+        .admin_send(reqwest::Method::PUT, "/v1/admin/overrides", &set)
+        .await;
     assert_eq!(r.status(), 200);
     let overrides = embedded.limiter().clone();
     let took = within_sync("the override", || !overrides.overrides().all().is_empty()).await;
@@ -233,12 +229,9 @@ async fn the_embedded_limiter_follows_overrides_pushes_and_rollbacks() {
     // A tighter limit pushed to the service: 3 a day.
     let push = serde_json::json!({"sources": [{"name": "pushed.yaml",
         "text": FOLLOWED.replace("100}", "3}")}]});
-    let r = admin
-        .post(server.admin_url("/v1/admin/policy"))
-        .json(&push)
-        .send()
-        .await
-        .unwrap();
+    let r = server
+        .admin_send(reqwest::Method::POST, "/v1/admin/policy", &push)
+        .await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let rule = rule_limit.clone();
     let took = within_sync("the push", move || rule() == Some(3)).await;
@@ -249,12 +242,13 @@ async fn the_embedded_limiter_follows_overrides_pushes_and_rollbacks() {
     );
 
     // Rolled back on the service: 100 a day again.
-    let r = admin
-        .post(server.admin_url("/v1/admin/policy/rollback"))
-        .json(&serde_json::json!({}))
-        .send()
-        .await
-        .unwrap();
+    let r = server
+        .admin_send(
+            reqwest::Method::POST,
+            "/v1/admin/policy/rollback",
+            &serde_json::json!({}),
+        )
+        .await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let rule = rule_limit.clone();
     let took = within_sync("the rollback", move || rule() == Some(100)).await;
