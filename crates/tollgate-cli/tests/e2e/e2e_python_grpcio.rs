@@ -7,9 +7,6 @@
 
 use crate::support;
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use support::Server;
 
 const POLICY: &str = r#"
@@ -46,21 +43,9 @@ fn python_grpcio_client_over_tls() {
 /// Runs `tests/interop/envoy_rls_client.py` against `server`'s gRPC port with `extra`
 /// arguments; fails the test with the script's output unless it says `interop ok`.
 fn run_interop_client(server: &Server, extra: &[&str]) {
-    let python = std::env::var("TOLLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/envoy_rls_client.py");
-    let output = Command::new(&python)
-        .arg(&script)
-        .arg(server.grpc.to_string())
-        .args(extra)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "interop client failed ({}):\n{stdout}\n{stderr}\n(install with: pip install -r tests/interop/requirements.txt)",
-        output.status
-    );
-    assert!(stdout.contains("interop ok"), "{stdout}");
+    let grpc = server.grpc.to_string();
+    let args: Vec<&str> = std::iter::once(grpc.as_str())
+        .chain(extra.iter().copied())
+        .collect();
+    support::run_interop("envoy_rls_client.py", &args);
 }

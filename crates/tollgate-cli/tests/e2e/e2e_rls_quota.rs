@@ -6,7 +6,6 @@
 
 use crate::support;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use support::Server;
@@ -92,21 +91,6 @@ fn validate_honours_the_default_charge() {
 /// `--default-charge default_charge`; fails the test with its output unless it says
 /// `interop ok`.
 fn run_client(server: &Server, default_charge: &str) {
-    let python = std::env::var("TOLLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/interop/rls_quota_and_checks.py");
-    let output = Command::new(&python)
-        .arg(&script)
-        .arg(server.grpc.to_string())
-        .arg(default_charge)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "interop client failed ({}):\n{stdout}\n{stderr}\n(install with: pip install -r tests/interop/requirements.txt)",
-        output.status
-    );
-    assert!(stdout.contains("interop ok"), "{stdout}");
+    let grpc = server.grpc.to_string();
+    support::run_interop("rls_quota_and_checks.py", &[&grpc, default_charge]);
 }

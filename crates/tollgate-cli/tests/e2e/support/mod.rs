@@ -584,3 +584,26 @@ pub fn read_bytes_until_closed(
 pub fn closed_within(stream: &mut std::net::TcpStream, within: Duration) -> bool {
     read_until_closed(stream, within).is_some()
 }
+
+/// Runs `tests/interop/<script>` with `args` under `$TOLLGATE_PYTHON` (Python with grpcio and
+/// envoy-data-plane; `python3` when unset); fails the test with the script's output unless it
+/// exits 0 and says `interop ok`.
+pub fn run_interop(script: &str, args: &[&str]) {
+    let python = std::env::var("TOLLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/interop")
+        .join(script);
+    let output = Command::new(&python)
+        .arg(&script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "interop client failed ({}):\n{stdout}\n{stderr}\n(install with: pip install -r tests/interop/requirements.txt)",
+        output.status
+    );
+    assert!(stdout.contains("interop ok"), "{stdout}");
+}
