@@ -1084,11 +1084,20 @@ async fn a_large_policy_can_be_pushed_up_to_the_admin_limit() {
     let (code, out, err) = server.policy_cli(&["push", large.to_str().unwrap()]);
     assert_ne!(code, 0, "{out}{err}");
     assert!(err.contains("larger than 16 MiB"), "{err}");
-    let text = padded(33 << 20);
-    let body = json!({"sources": [{"name": "huge.yaml", "text": text}]});
-    let answer = server
-        .admin_send(reqwest::Method::POST, "/v1/admin/policy", &body)
-        .await;
+    // One byte over the admin API's limit: the server reads all of it before answering, so
+    // no unread tail resets the connection under the client still writing it.
+    let limit = tollgate_server::admin::MAX_BODY;
+    let huge = |pad: usize| json!({"sources": [{"name": "huge.yaml", "text": padded(pad)}]});
+    let pad = limit + 1 - huge(0).to_string().len();
+    let body = huge(pad).to_string();
+    assert_eq!(body.len(), limit + 1);
+    let answer = reqwest::Client::new()
+        .post(server.admin_url("/v1/admin/policy"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("answered, the whole body read");
     assert_eq!(answer.status(), 413);
     // A source over 16 MiB inside a body the admin API takes is refused like the file.
     let body = json!({"sources": [{"name": "big.yaml", "text": padded(17 << 20)}]});
