@@ -62,19 +62,7 @@ struct Certs {
 
 impl Certs {
     fn make(dir: &Path) -> Certs {
-        let openssl = |args: &str| {
-            let out = Command::new("openssl")
-                .args(args.split_whitespace())
-                .current_dir(dir)
-                .output()
-                .expect("openssl (Debian's openssl package, as scripts/test.sh installs)");
-            assert!(out.status.success(), "openssl {args}: {out:?}");
-        };
-        let new_key = "-newkey rsa:2048 -nodes -days 1";
-        openssl(&format!(
-            "req -x509 {new_key} -keyout ca.key -out ca.crt -subj /CN=envoy-gateway-test-CA"
-        ));
-        for (name, subject, extensions) in [
+        let leaves = [
             (
                 "tls",
                 "/CN=envoy-ratelimit",
@@ -86,17 +74,8 @@ impl Certs {
                 "/CN=envoy-gateway",
                 "subjectAltName=DNS:envoy-gateway,IP:127.0.0.1\nextendedKeyUsage=serverAuth",
             ),
-        ] {
-            openssl(&format!(
-                "req {new_key} -keyout {name}.key -out {name}.csr -subj {subject}"
-            ));
-            let extensions = format!("{extensions}\nbasicConstraints=CA:FALSE\n");
-            std::fs::write(dir.join(format!("{name}.cnf")), extensions).unwrap();
-            openssl(&format!(
-                "x509 -req -in {name}.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
-                 -out {name}.crt -days 1 -extfile {name}.cnf"
-            ));
-        }
+        ];
+        support::sign_with_openssl(dir, ".crt", "/CN=envoy-gateway-test-CA", &leaves);
         Certs {
             dir: dir.to_path_buf(),
         }

@@ -496,8 +496,15 @@ impl Certificates {
     }
 }
 
-/// Makes [`Certificates`] in `dir`.
-pub fn certificates(dir: &Path) -> Certificates {
+/// Makes, in `dir`, a CA (`ca.key`, `ca{suffix}`) with the subject `ca_subject`, and for each
+/// `(name, subject, extensions)` of `leaves` a key (`{name}.key`) and a certificate
+/// (`{name}{suffix}`) the CA signs, with those X.509v3 extensions; all valid for a day.
+pub fn sign_with_openssl(
+    dir: &Path,
+    suffix: &str,
+    ca_subject: &str,
+    leaves: &[(&str, &str, &str)],
+) {
     let openssl = |args: &str| {
         let out = Command::new("openssl")
             .args(args.split_whitespace())
@@ -508,9 +515,24 @@ pub fn certificates(dir: &Path) -> Certificates {
     };
     let new_key = "-newkey rsa:2048 -nodes -days 1";
     openssl(&format!(
-        "req -x509 {new_key} -keyout ca.key -out ca.pem -subj /CN=tollgate-test-CA"
+        "req -x509 {new_key} -keyout ca.key -out ca{suffix} -subj {ca_subject}"
     ));
-    for (name, subject, extensions) in [
+    for (name, subject, extensions) in leaves {
+        openssl(&format!(
+            "req {new_key} -keyout {name}.key -out {name}.csr -subj {subject}"
+        ));
+        let extensions = format!("{extensions}\nbasicConstraints=CA:FALSE\n");
+        std::fs::write(dir.join(format!("{name}.cnf")), extensions).unwrap();
+        openssl(&format!(
+            "x509 -req -in {name}.csr -CA ca{suffix} -CAkey ca.key -CAcreateserial \
+             -out {name}{suffix} -days 1 -extfile {name}.cnf"
+        ));
+    }
+}
+
+/// Makes [`Certificates`] in `dir`.
+pub fn certificates(dir: &Path) -> Certificates {
+    let leaves = [
         (
             "server",
             "/CN=127.0.0.1",
@@ -521,17 +543,8 @@ pub fn certificates(dir: &Path) -> Certificates {
             "/CN=tollgate-test-client",
             "extendedKeyUsage=clientAuth",
         ),
-    ] {
-        openssl(&format!(
-            "req {new_key} -keyout {name}.key -out {name}.csr -subj {subject}"
-        ));
-        let extensions = format!("{extensions}\nbasicConstraints=CA:FALSE\n");
-        std::fs::write(dir.join(format!("{name}.cnf")), extensions).unwrap();
-        openssl(&format!(
-            "x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out {name}.pem \
-             -days 1 -extfile {name}.cnf"
-        ));
-    }
+    ];
+    sign_with_openssl(dir, ".pem", "/CN=tollgate-test-CA", &leaves);
     Certificates {
         ca: dir.join("ca.pem"),
         cert: dir.join("server.pem"),
