@@ -2,7 +2,6 @@
 //! posture's admissions, invalid requests, the prefilter's and local budgets' savings, and
 //! the latency of decisions and store calls; and the Prometheus text it renders.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tollgate_core::Timestamp;
@@ -15,8 +14,24 @@ use crate::leases::HotKeys;
 use crate::metrics::Outcome;
 use crate::observe::Histogram;
 use crate::observe::history::{COLUMNS, DEGRADED, Metrics, RuleCounts, ValueCounts, cumulative};
+use crate::observe::prometheus::{Exposition, Kind};
 use crate::resilience::Posture;
 use crate::store::{Store, StoreBackend, StoreError};
+
+/// Check requests decided.
+pub const REQUESTS: &str = "tollgate_requests_total";
+
+/// Decisions the store could not make.
+pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
+
+/// Requests an `open` posture allowed.
+pub const FAIL_OPEN: &str = "tollgate_fail_open_total";
+
+/// The time to decide a check request (a histogram).
+pub const DECISION_DURATION: &str = "tollgate_decision_duration_seconds";
+
+/// Store calls by backend and operation (a histogram).
+pub const STORE_OPERATION_DURATION: &str = "tollgate_store_operation_duration_seconds";
 
 /// How a request reached the service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,21 +183,21 @@ impl Telemetry {
         if let Some(candidate) = candidate {
             candidate.render_metrics(&mut out);
         }
-        out.push_str("# HELP tollgate_requests_total Check requests decided (a request refused as malformed is not counted).\n");
-        out.push_str("# TYPE tollgate_requests_total counter\n");
-        let _ = writeln!(
-            out,
-            "tollgate_requests_total {}",
-            self.requests.load(Ordering::Relaxed)
-        );
+        let mut text = Exposition::new(&mut out);
+        text.family(
+            REQUESTS,
+            "Check requests decided (a request refused as malformed is not counted).",
+            Kind::Counter,
+        )
+        .sample(&[], self.requests.load(Ordering::Relaxed));
         let counters = [
             (
-                "tollgate_store_errors_total",
+                STORE_ERRORS,
                 "Decisions the store could not make.",
                 &self.store_errors,
             ),
             (
-                "tollgate_fail_open_total",
+                FAIL_OPEN,
                 "Requests allowed by an `open` posture while the store could not decide.",
                 &self.fail_open,
             ),
@@ -198,85 +213,81 @@ impl Telemetry {
             ),
         ];
         for (name, help, value) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
+            text.family(name, help, Kind::Counter)
+                .sample(&[], value.load(Ordering::Relaxed));
         }
-        let name = "tollgate_invalid_requests_total";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Requests refused as invalid (HTTP 400, gRPC INVALID_ARGUMENT); nothing was counted for them.\n# TYPE {name} counter"
+        let mut invalid = text.family(
+            "tollgate_invalid_requests_total",
+            "Requests refused as invalid (HTTP 400, gRPC INVALID_ARGUMENT); nothing was counted for them.",
+            Kind::Counter,
         );
         for over in Transport::ALL {
             let count = self.invalid[over as usize].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}{{transport=\"{}\"}} {count}", over.name());
+            invalid.sample(&[("transport", over.name())], count);
         }
         if let Some(prefilter) = prefilter {
-            let name = "tollgate_prefilter_entries";
-            let _ = writeln!(
-                out,
-                "# HELP {name} Store denials remembered by the prefilter.\n# TYPE {name} gauge\n{name} {}",
-                prefilter.len()
-            );
+            text.family(
+                "tollgate_prefilter_entries",
+                "Store denials remembered by the prefilter.",
+                Kind::Gauge,
+            )
+            .sample(&[], prefilter.len());
         }
-        out.push_str("# HELP tollgate_breaker_state Circuit breaker per store node: 0 closed, 1 half-open, 2 open.\n");
-        out.push_str("# TYPE tollgate_breaker_state gauge\n");
-        for (node, state) in store.breakers() {
-            let node = crate::metrics::escape_label(&node);
-            let _ = writeln!(
-                out,
-                "tollgate_breaker_state{{node=\"{node}\"}} {}",
-                state.gauge()
-            );
-        }
-        let decision = "tollgate_decision_duration_seconds";
-        Histogram::render_header(
-            decision,
-            "Time to decide a check request, store included.",
-            &mut out,
+        let mut breakers = text.family(
+            "tollgate_breaker_state",
+            "Circuit breaker per store node: 0 closed, 1 half-open, 2 open.",
+            Kind::Gauge,
         );
-        self.decision_latency.render(decision, "", &mut out);
-        let store_op = "tollgate_store_operation_duration_seconds";
-        Histogram::render_header(store_op, "Store calls by backend and operation.", &mut out);
+        for (node, state) in store.breakers() {
+            breakers.sample(&[("node", node.as_str())], state.gauge());
+        }
+        text.family(
+            DECISION_DURATION,
+            "Time to decide a check request, store included.",
+            Kind::Histogram,
+        )
+        .histogram(&[], &self.decision_latency);
         let kind = store.kind();
         let lease_ops = store.redis().map(|_| leases.store_latency());
         let ops = ["apply", "peek"].into_iter().zip(&self.store_latency);
+        let mut store_ops = text.family(
+            STORE_OPERATION_DURATION,
+            "Store calls by backend and operation.",
+            Kind::Histogram,
+        );
         for (op, histogram) in ops.chain(lease_ops.into_iter().flatten()) {
-            histogram.render(store_op, &format!("store=\"{kind}\",op=\"{op}\""), &mut out);
+            store_ops.histogram(&[("store", kind), ("op", op)], histogram);
         }
         if store.redis().is_some() {
-            let name = "tollgate_local_budget_store_failures_total";
-            let _ = writeln!(
-                out,
-                "# HELP {name} Local-budget store calls that failed: a reservation that timed out after Redis ran it strands its units, a failed give-back leaves them charged (under the limit until the counter resets).\n# TYPE {name} counter"
+            let mut failures = text.family(
+                "tollgate_local_budget_store_failures_total",
+                "Local-budget store calls that failed: a reservation that timed out after Redis ran it strands its units, a failed give-back leaves them charged (under the limit until the counter resets).",
+                Kind::Counter,
             );
-            for (op, failures) in leases.store_failures() {
-                let _ = writeln!(out, "{name}{{op=\"{op}\"}} {failures}");
+            for (op, count) in leases.store_failures() {
+                failures.sample(&[("op", op)], count);
             }
         }
         if let Some(redis) = store.redis()
             && let Some((batches, decisions)) = redis.batch_stats()
         {
-            let name = "tollgate_store_batches_total";
-            let help = "Script calls that carried coalesced decisions to Redis.";
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {batches}"
-            );
-            let name = "tollgate_store_batched_decisions_total";
-            let help = "Decisions those calls carried (divide by batches: the mean batch size).";
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {decisions}"
-            );
+            text.family(
+                "tollgate_store_batches_total",
+                "Script calls that carried coalesced decisions to Redis.",
+                Kind::Counter,
+            )
+            .sample(&[], batches);
+            text.family(
+                "tollgate_store_batched_decisions_total",
+                "Decisions those calls carried (divide by batches: the mean batch size).",
+                Kind::Counter,
+            )
+            .sample(&[], decisions);
         }
         if let Ok(keys) = store.key_count().await {
-            out.push_str("# HELP tollgate_store_keys Keys in the store.\n");
-            out.push_str("# TYPE tollgate_store_keys gauge\n");
-            let _ = writeln!(
-                out,
-                "tollgate_store_keys{{store=\"{}\"}} {keys}",
-                store.kind()
-            );
+            Exposition::new(&mut out)
+                .family("tollgate_store_keys", "Keys in the store.", Kind::Gauge)
+                .sample(&[("store", kind)], keys);
         }
         out
     }

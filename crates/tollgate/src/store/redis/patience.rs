@@ -15,7 +15,6 @@
 //! - In all, past `max_wait`: the failure posture answers for load (this process is behind),
 //!   counted and logged apart from store failures ([`Shed`]: `tollgate_store_shed_total`).
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -24,6 +23,7 @@ use tracing::warn;
 
 use super::breaker::{Breaker, BreakerState};
 use crate::observe::Throttle;
+use crate::observe::prometheus::{Exposition, Kind};
 use crate::store::StoreError;
 
 /// When a decision's store calls must have answered.
@@ -186,18 +186,14 @@ impl Shed {
 
     /// Prometheus text for the counter, one series per reason from the start.
     pub fn render(&self, out: &mut String) {
-        let name = "tollgate_store_shed_total";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Decisions the failure posture answered because tollgate was behind (its queue towards Redis full, or a wait past --store-max-wait), not because the store failed; tollgate_store_errors_total counts them too.\n# TYPE {name} counter"
+        let mut text = Exposition::new(out);
+        let mut family = text.family(
+            "tollgate_store_shed_total",
+            "Decisions the failure posture answered because tollgate was behind (its queue towards Redis full, or a wait past --store-max-wait), not because the store failed; tollgate_store_errors_total counts them too.",
+            Kind::Counter,
         );
         for reason in ShedReason::ALL {
-            let _ = writeln!(
-                out,
-                "{name}{{reason=\"{}\"}} {}",
-                reason.name(),
-                self.count(reason)
-            );
+            family.sample(&[("reason", reason.name())], self.count(reason));
         }
     }
 }
