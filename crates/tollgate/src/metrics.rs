@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::observe::prometheus::{self, Exposition, Kind};
+use crate::observe::prometheus::{Exposition, Kind};
 use crate::policy::{Policy, Rule, RuleMode};
 use crate::resilience::Posture;
 
@@ -278,9 +278,4 @@ pub(crate) fn render_outcomes<'a>(
             family.sample(&labels, count(rule.index, outcome));
         }
     }
-}
-
-/// Escapes a Prometheus label value (see [`crate::observe::prometheus`]).
-pub fn escape_label(value: &str) -> String {
-    prometheus::escape_label(value)
 }

@@ -7,12 +7,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::prometheus::{self, Distribution, Escaped, Exposition, Kind};
+use super::prometheus::Distribution;
 
 /// Counts of durations by upper bound, plus their sum, for one label set.
 ///
 /// Create one per label set when metrics are registered, then call [`Histogram::observe`] on
-/// the hot path and [`Histogram::render`] on scrape.
+/// the hot path; a scrape writes it as one series of a histogram family through
+/// [`Family::histogram`](super::prometheus::Family::histogram) (it is a [`Distribution`]).
 ///
 /// The total count is the sum of the bucket counters rather than a counter of its own, so a
 /// scrape racing with `observe` still renders `_count` equal to the `+Inf` bucket. `_sum` is read
@@ -21,12 +22,14 @@ use super::prometheus::{self, Distribution, Escaped, Exposition, Kind};
 /// ```
 /// use std::time::Duration;
 /// use tollgate::observe::Histogram;
+/// use tollgate::observe::prometheus::{Exposition, Kind};
 ///
 /// let latency = Histogram::new(&[0.001, 0.01]);
 /// latency.observe(Duration::from_micros(400));
 /// let mut out = String::new();
-/// Histogram::render_header("decide_seconds", "Time to decide.", &mut out);
-/// latency.render("decide_seconds", r#"store="memory""#, &mut out);
+/// Exposition::new(&mut out)
+///     .family("decide_seconds", "Time to decide.", Kind::Histogram)
+///     .histogram(&[("store", "memory")], &latency);
 /// let lines: Vec<&str> = out.lines().collect();
 /// assert_eq!(lines, [
 ///     "# HELP decide_seconds Time to decide.",
@@ -96,25 +99,6 @@ impl Histogram {
     pub fn sum(&self) -> Duration {
         Duration::from_nanos(self.sum_nanos.load(Ordering::Relaxed))
     }
-
-    /// Appends the sample lines for this histogram in Prometheus text format: cumulative
-    /// `name_bucket` lines for each bound and `+Inf`, then `name_sum` (seconds) and `name_count`
-    /// (through [`prometheus::Family::histogram`]).
-    ///
-    /// `labels` is a pre-rendered, already escaped label list such as
-    /// `store="redis",op="decide"`, or empty for none. `name` is written as given. HELP and
-    /// TYPE lines are not written; see [`Histogram::render_header`].
-    pub fn render(&self, name: &str, labels: &str, out: &mut String) {
-        prometheus::Family::after_header(out, name).histogram(&Escaped(labels), self);
-    }
-
-    /// Appends the `# HELP` and `# TYPE name histogram` lines of a histogram family; write them
-    /// once, before the [`Histogram::render`] output of every label set in the family.
-    ///
-    /// Backslashes and line breaks in `help` are escaped as the text format requires.
-    pub fn render_header(name: &str, help: &str, out: &mut String) {
-        Exposition::new(out).family(name, help, Kind::Histogram);
-    }
 }
 
 impl Distribution for Histogram {
@@ -135,9 +119,22 @@ impl Distribution for Histogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::prometheus::{Exposition, Kind};
 
     fn lines(out: &str) -> Vec<&str> {
         out.lines().collect()
+    }
+
+    /// The sample lines of `h` as the one series of histogram family `name`, with `labels`.
+    fn samples(h: &Histogram, name: &str, labels: &[(&str, &str)]) -> String {
+        let mut out = String::new();
+        Exposition::new(&mut out)
+            .family(name, "Test.", Kind::Histogram)
+            .histogram(labels, h);
+        out.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect()
     }
 
     /// The values of every `_bucket` line, in order.
@@ -162,8 +159,9 @@ mod tests {
             h.observe(Duration::from_micros(micros));
         }
         let mut out = String::new();
-        Histogram::render_header("t_seconds", "Test latency.", &mut out);
-        h.render("t_seconds", "", &mut out);
+        Exposition::new(&mut out)
+            .family("t_seconds", "Test latency.", Kind::Histogram)
+            .histogram(&[], &h);
         assert_eq!(
             lines(&out),
             [
@@ -183,8 +181,7 @@ mod tests {
     fn labels_come_before_le() {
         let h = Histogram::new(&[0.5]);
         h.observe(Duration::from_millis(250));
-        let mut out = String::new();
-        h.render("op_seconds", r#"store="redis",op="decide""#, &mut out);
+        let out = samples(&h, "op_seconds", &[("store", "redis"), ("op", "decide")]);
         assert_eq!(
             lines(&out),
             [
@@ -199,8 +196,7 @@ mod tests {
     #[test]
     fn empty_histogram_renders_zeros() {
         let h = Histogram::new(&[1.0]);
-        let mut out = String::new();
-        h.render("e", "", &mut out);
+        let out = samples(&h, "e", &[]);
         assert_eq!(
             lines(&out),
             [
@@ -213,21 +209,12 @@ mod tests {
     }
 
     #[test]
-    fn render_appends() {
-        let h = Histogram::new(&[1.0]);
-        let mut out = String::from("before\n");
-        h.render("a", "", &mut out);
-        assert!(out.starts_with("before\na_bucket"));
-    }
-
-    #[test]
     fn a_bound_includes_its_own_value() {
         let h = Histogram::new(Histogram::LATENCY_SECONDS);
         h.observe(Duration::from_micros(100)); // exactly the 0.0001 bound
         h.observe(Duration::ZERO);
         h.observe(Duration::MAX);
-        let mut out = String::new();
-        h.render("b", "", &mut out);
+        let out = samples(&h, "b", &[]);
         assert!(out.contains("b_bucket{le=\"0.00005\"} 1\n"), "{out}");
         assert!(out.contains("b_bucket{le=\"0.0001\"} 2\n"), "{out}");
         assert!(out.contains("b_bucket{le=\"1\"} 2\n"), "{out}");
@@ -248,8 +235,7 @@ mod tests {
             n += 1;
             micros = micros * 5 / 4 + 1;
         }
-        let mut out = String::new();
-        h.render("lat", r#"op="decide""#, &mut out);
+        let out = samples(&h, "lat", &[("op", "decide")]);
 
         let values = bucket_values(&out);
         assert_eq!(values.len(), Histogram::LATENCY_SECONDS.len() + 1);
@@ -301,17 +287,9 @@ mod tests {
             .flat_map(|t| (0..10_000u64).map(move |i| (i + t) % 2_000))
             .sum();
         assert_eq!(h.sum(), Duration::from_micros(expected));
-        let mut out = String::new();
-        h.render("c", "", &mut out);
+        let out = samples(&h, "c", &[]);
         assert_eq!(bucket_values(&out).last(), Some(&40_000));
         assert!(out.contains("\nc_count 40000\n"));
-    }
-
-    #[test]
-    fn header_escapes_help() {
-        let mut out = String::new();
-        Histogram::render_header("x", "a\\b\nc", &mut out);
-        assert_eq!(out, "# HELP x a\\\\b\\nc\n# TYPE x histogram\n");
     }
 
     #[test]
@@ -323,7 +301,7 @@ mod tests {
         let mut text = Exposition::new(&mut out);
         text.family("d_seconds", "Time.", Kind::Histogram)
             .histogram(&[("op", "apply")], &histogram)
-            .histogram(&Escaped(""), &histogram);
+            .histogram(&[], &histogram);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(
             lines,

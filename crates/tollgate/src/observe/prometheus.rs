@@ -97,18 +97,6 @@ impl<const N: usize> Labels for [(&str, &str); N] {
     }
 }
 
-/// A label list already written and escaped, such as `store="redis",op="decide"` (empty for
-/// none): for callers that render one list for several samples.
-#[derive(Debug, Clone, Copy)]
-pub struct Escaped<'a>(pub &'a str);
-
-impl Labels for Escaped<'_> {
-    fn write_to(&self, out: &mut String) -> bool {
-        out.push_str(self.0);
-        !self.0.is_empty()
-    }
-}
-
 /// Writes families into a `String` (a scrape's text, or one part of it).
 #[derive(Debug)]
 pub struct Exposition<'a> {
@@ -146,12 +134,6 @@ pub struct Family<'a> {
 }
 
 impl<'a> Family<'a> {
-    /// More samples of family `name`, whose header an earlier [`Exposition::family`] wrote to
-    /// `out` (for a part of the text rendered apart from its header).
-    pub fn after_header(out: &'a mut String, name: &'a str) -> Self {
-        Family { out, name }
-    }
-
     /// Writes one sample of the family (a counter's or a gauge's series).
     pub fn sample<L: Labels + ?Sized>(&mut self, labels: &L, value: impl Value) -> &mut Self {
         write_sample(self.out, self.name, "", labels, None, value);
@@ -240,13 +222,6 @@ fn escape_label_into(value: &str, out: &mut String) {
     }
 }
 
-/// `value` escaped as a label value (see [`Labels`]).
-pub fn escape_label(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    escape_label_into(value, &mut out);
-    out
-}
-
 /// Appends `help` escaped as a `# HELP` text: backslash and line feed.
 fn escape_help_into(help: &str, out: &mut String) {
     for c in help.chars() {
@@ -272,6 +247,5 @@ mod tests {
             out,
             "# HELP x_total A \\\\ help\\nline.\n# TYPE x_total counter\nx_total{a=\"back\\\\slash\",b=\"line\\nfeed \\\"q\\\"\"} 1\n"
         );
-        assert_eq!(escape_label("a\"b"), "a\\\"b");
     }
 }
