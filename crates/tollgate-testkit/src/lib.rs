@@ -43,7 +43,7 @@ mod cluster;
 mod deadline;
 mod node;
 mod port;
-mod prometheus;
+pub mod prometheus;
 mod proxy;
 mod resp;
 mod server;
