@@ -9,6 +9,13 @@
 //! A descriptor sent with `hits_addend: 0` is a check, not a decision: it charges nothing, and
 //! is counted apart, in `tollgate_checks_total`, so that Envoy's check before a request and
 //! charge after it count one decision, not two.
+//!
+//! Only the series a rule can produce are written, each from the policy's load on (at 0 until
+//! counted, so that `rate()` sees the first increment): its mode's two outcomes
+//! ([`Outcome::of_mode`]) among decisions and among checks, and its failure posture's degraded
+//! decisions; a rule without a limit (`unlimited: true`) decides nothing and has none. A reload
+//! continues a rule's counters, all of them: a series its new mode or posture no longer produces
+//! disappears, and one it produces again comes back at the count it had, never lower.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -52,6 +59,12 @@ impl Outcome {
             (true, RuleMode::Shadow) => Outcome::ShadowWouldDeny,
             (true, RuleMode::Soft) => Outcome::SoftExceeded,
         }
+    }
+
+    /// The outcomes a rule in `mode` can produce, in rendering order: allowed, and its mode's
+    /// over-the-limit outcome.
+    pub fn of_mode(mode: RuleMode) -> [Outcome; 2] {
+        [Outcome::Allowed, Outcome::of(true, mode)]
     }
 
     /// Every outcome, in rendering order.
@@ -200,8 +213,9 @@ impl RuleCounters {
     }
 
     /// Appends [`DECISIONS`], [`CHECKS`], [`DETAILED_DECISIONS`] and [`DEGRADED_DECISIONS`] in
-    /// Prometheus text format.
-    pub fn render(&self, policy: &Policy, out: &mut String) {
+    /// Prometheus text format: for each rule with a limit, the series it can produce (see the
+    /// module's documentation), its failure posture its own or else `default_posture`.
+    pub fn render(&self, policy: &Policy, default_posture: Posture, out: &mut String) {
         let mut text = Exposition::new(out);
         render_outcomes(
             &mut text,
@@ -225,14 +239,13 @@ impl RuleCounters {
             Kind::Counter,
         );
         for rule in policy.rules().iter().filter(|r| r.limit.is_some()) {
-            for posture in Posture::ALL {
-                let labels = [
-                    ("domain", rule.domain.as_str()),
-                    ("rule", rule.name.as_str()),
-                    ("posture", posture.name()),
-                ];
-                family.sample(&labels, self.degraded(rule.index, posture));
-            }
+            let posture = posture_of(rule, default_posture);
+            let labels = [
+                ("domain", rule.domain.as_str()),
+                ("rule", rule.name.as_str()),
+                ("posture", posture.name()),
+            ];
+            family.sample(&labels, self.degraded(rule.index, posture));
         }
     }
 
@@ -259,8 +272,15 @@ impl RuleCounters {
     }
 }
 
-/// Appends the counter `name` (described by `help`): a series per rule of `rules` and outcome,
-/// counting `count(rule index, outcome)`.
+/// The failure posture that answers for `rule` when the store cannot: its own
+/// `on_store_error`, else `default` (the server's).
+pub fn posture_of(rule: &Rule, default: Posture) -> Posture {
+    rule.on_store_error.unwrap_or(default)
+}
+
+/// Appends the counter `name` (described by `help`): for each rule of `rules` with a limit, a
+/// series per outcome its mode can produce ([`Outcome::of_mode`]), counting
+/// `count(rule index, outcome)`.
 pub(crate) fn render_outcomes<'a>(
     text: &mut Exposition<'_>,
     (name, help): (&str, &str),
@@ -268,8 +288,8 @@ pub(crate) fn render_outcomes<'a>(
     count: impl Fn(usize, Outcome) -> u64,
 ) {
     let mut family = text.family(name, help, Kind::Counter);
-    for rule in rules {
-        for outcome in Outcome::ALL {
+    for rule in rules.into_iter().filter(|r| r.limit.is_some()) {
+        for outcome in Outcome::of_mode(rule.mode) {
             let labels = [
                 ("domain", rule.domain.as_str()),
                 ("rule", rule.name.as_str()),

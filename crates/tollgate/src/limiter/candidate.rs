@@ -153,7 +153,7 @@ impl Candidate {
                 CANDIDATE_DECISIONS,
                 "Descriptors checked against a rule of the shadow candidate policy, by outcome (never enforced).",
             ),
-            self.policy.rules().iter().filter(|r| r.limit.is_some()),
+            self.policy.rules(),
             |index, outcome| self.counters.get(index, outcome),
         );
     }

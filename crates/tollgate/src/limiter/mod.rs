@@ -328,14 +328,16 @@ impl Limiter {
     pub async fn render_metrics(&self) -> String {
         let (snapshot, candidate) = (self.snapshot.load(), self.candidate.load_full());
         let (candidate, hot_keys) = (candidate.as_deref(), &self.hot_keys);
+        let posture = self.postures.settings.posture;
         self.telemetry
-            .render_metrics(&snapshot, candidate, hot_keys, &self.store)
+            .render_metrics(&snapshot, posture, candidate, hot_keys, &self.store)
             .await
     }
 
     /// The counters the dashboard's history samples once a second, read without rendering.
     pub fn sample_metrics(&self) -> Metrics {
-        self.telemetry.sample(&self.snapshot.load())
+        let posture = self.postures.settings.posture;
+        self.telemetry.sample(&self.snapshot.load(), posture)
     }
 
     /// Count of `outcome` for `rule` in the current policy (for tests and summaries).

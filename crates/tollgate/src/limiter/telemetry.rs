@@ -11,7 +11,7 @@ use super::candidate::Candidate;
 use super::response::CheckResponse;
 use super::snapshot::Snapshot;
 use crate::leases::HotKeys;
-use crate::metrics::Outcome;
+use crate::metrics::{Outcome, posture_of};
 use crate::observe::Histogram;
 use crate::observe::history::{COLUMNS, DEGRADED, Metrics, RuleCounts, ValueCounts, cumulative};
 use crate::observe::prometheus::{Exposition, Kind};
@@ -124,27 +124,30 @@ impl Telemetry {
     }
 
     /// The counters the dashboard's history samples, read directly: no text is rendered and
-    /// the store is not asked anything (a key count on Redis is a call).
-    pub fn sample(&self, snapshot: &Snapshot) -> Metrics {
+    /// the store is not asked anything (a key count on Redis is a call). A row per rule with a
+    /// limit, and each rule's degraded decisions under its posture (its own, else
+    /// `default_posture`), as `/metrics` shows them. A row's columns read every counter the
+    /// rule has, so they never go down when a reload changes its mode or posture (where
+    /// `/metrics` stops showing the series the rule no longer produces).
+    pub fn sample(&self, snapshot: &Snapshot, default_posture: Posture) -> Metrics {
         let (policy, counters) = (&snapshot.policy, &snapshot.counters);
         let mut m = Metrics::default();
-        for rule in policy.rules() {
+        for rule in policy.rules().iter().filter(|r| r.limit.is_some()) {
             let mut counts = [0; COLUMNS.len()];
             for outcome in Outcome::ALL {
                 counts[outcome as usize] = counters.get(rule.index, outcome);
             }
-            if rule.limit.is_some() {
-                for posture in Posture::ALL {
-                    let count = counters.degraded(rule.index, posture);
-                    counts[DEGRADED] += count;
-                    m.degraded.push((
-                        rule.domain.clone(),
-                        rule.name.clone(),
-                        posture.name().to_owned(),
-                        count,
-                    ));
-                }
-            }
+            counts[DEGRADED] = Posture::ALL
+                .into_iter()
+                .map(|p| counters.degraded(rule.index, p))
+                .sum();
+            let posture = posture_of(rule, default_posture);
+            m.degraded.push((
+                rule.domain.clone(),
+                rule.name.clone(),
+                posture.name().to_owned(),
+                counters.degraded(rule.index, posture),
+            ));
             m.rules.push(RuleCounts {
                 domain: rule.domain.as_str().into(),
                 rule: rule.name.as_str().into(),
@@ -169,17 +172,21 @@ impl Telemetry {
         m
     }
 
-    /// Prometheus text for the decision counters and store gauges.
+    /// Prometheus text for the decision counters and store gauges; a rule's degraded decisions
+    /// are shown under its posture, its own or else `default_posture`.
     pub async fn render_metrics(
         &self,
         snapshot: &Snapshot,
+        default_posture: Posture,
         candidate: Option<&Candidate>,
         hot_keys: &HotKeys,
         store: &StoreBackend,
     ) -> String {
         let (prefilter, leases) = (hot_keys.prefilter(store), hot_keys.leases());
         let mut out = String::new();
-        snapshot.counters.render(&snapshot.policy, &mut out);
+        snapshot
+            .counters
+            .render(&snapshot.policy, default_posture, &mut out);
         if let Some(candidate) = candidate {
             candidate.render_metrics(&mut out);
         }
@@ -362,6 +369,8 @@ descriptors:
         let alice = sampled.values.iter().find(|v| v.descriptor == "user=alice");
         assert_eq!(alice.map(|v| v.counts), Some([2, 1, 0, 0]));
         assert_eq!(sampled.requests, 9);
-        assert_eq!(sampled.rules.len(), 4);
+        // A row per rule with a limit: `internal` (unlimited) decides nothing.
+        assert_eq!(sampled.rules.len(), 3);
+        assert_eq!(sampled.degraded.len(), 3, "one posture each");
     }
 }
