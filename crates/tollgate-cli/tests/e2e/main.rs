@@ -14,6 +14,7 @@ mod e2e_governance;
 mod e2e_grpc;
 mod e2e_grpc_buffers;
 mod e2e_http;
+mod e2e_metrics;
 mod e2e_mixed_fleet;
 mod e2e_nginx;
 mod e2e_overrides_bulk;
