@@ -7,20 +7,12 @@
 //! [`Lifecycle::managed_by`]); the versions stay readable and diffable.
 
 use std::sync::Arc;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::{Activation, Lifecycle, Origin, PolicyVersion};
 use crate::limiter::Limiter;
 use crate::policy::PolicyErrors;
 use crate::policy::sources::sources_hash;
-
-/// Who manages the policy, and whether it has sent one yet.
-#[derive(Debug, Default)]
-pub(super) struct Managed {
-    by: OnceLock<&'static str>,
-    applied: AtomicBool,
-}
 
 impl Lifecycle {
     /// A life cycle whose only writer is `source` (`"xDS"`), starting with the empty policy

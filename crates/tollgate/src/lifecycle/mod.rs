@@ -23,6 +23,7 @@ use crate::policy::{Policy, PolicyDefaults, PolicyErrors};
 mod diff;
 mod fleet;
 mod managed;
+mod manager;
 pub mod sync;
 mod version;
 mod watch;
@@ -191,7 +192,7 @@ pub struct Lifecycle {
     /// be published to the other replicas.
     published: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Arc<PolicyVersion>>>>,
     /// Set when a source outside tollgate (xDS) is the only writer of the policy.
-    managed: managed::Managed,
+    managed: manager::Manager,
     /// What the rules of every policy compiled here get for the settings they leave out.
     defaults: PolicyDefaults,
     /// The last version a command published itself (see [`Lifecycle::fleet_activate`]): the
@@ -228,7 +229,7 @@ impl Lifecycle {
             unreadable_checks: AtomicU64::new(0),
             unreadable_logged: Mutex::new(String::new()),
             published: Mutex::new(None),
-            managed: managed::Managed::default(),
+            managed: manager::Manager::default(),
             defaults: PolicyDefaults::default(),
             published_seq: AtomicU64::new(0),
         }
