@@ -22,8 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::observe::prometheus::{Exposition, Kind};
-use crate::policy::{Policy, Rule, RuleMode};
-use crate::resilience::Posture;
+use crate::policy::{Policy, Posture, Rule, RuleMode};
 
 /// Descriptors charged against a rule, by domain, rule and outcome.
 pub const DECISIONS: &str = "tollgate_decisions_total";

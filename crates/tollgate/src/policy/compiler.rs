@@ -20,7 +20,7 @@ use super::{Location, MAX_FIELD_LEN, Policy, PolicyError, PolicyErrors, Rule, Un
 /// is shown before it).
 const GARBLES: &str =
     "holds control or bidirectional characters, which would garble logs, metrics and terminals";
-use crate::resilience::Posture;
+use super::posture::Posture;
 
 /// Accumulates sources (one domain each) into one policy.
 #[derive(Debug, Default)]

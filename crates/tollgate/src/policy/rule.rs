@@ -2,8 +2,8 @@ use std::time::Duration;
 
 use tollgate_core::Params;
 
+use super::posture::Posture;
 use super::{Location, Unit};
-use crate::resilience::Posture;
 
 /// One limit defined by a descriptor's `rate_limit` block, validated.
 #[derive(Debug, Clone, PartialEq)]

@@ -5,12 +5,13 @@
 //! ([`Postures::decide_partly`]).
 
 mod partial;
-mod posture;
 mod postures;
 
 pub use partial::Partly;
 // The breaker lives with the Redis store, its one user; its settings and states keep their
 // names here for the callers that configure and report them.
 pub use crate::store::redis::{Breaker, BreakerConfig, BreakerState, Permit};
-pub use posture::Posture;
+// A policy setting (`on_store_error`), so it lives in `policy`, below the store; named here too
+// for the callers that configure the server's default posture.
+pub use crate::policy::Posture;
 pub use postures::{Degraded, FailureSettings, Postures};

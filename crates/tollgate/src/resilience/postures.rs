@@ -11,8 +11,8 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tollgate_core::{Decision, Params, Verdict};
 
-use super::posture::Posture;
 use crate::clock::SharedClock;
+use crate::policy::Posture;
 use crate::store::{Charge, Decisions, INLINE_CHARGES, MemoryStore, Quotas};
 
 /// Per charge: the posture that answered for it, `None` where the store decided.

@@ -12,8 +12,8 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tollgate_core::{Decision, Params};
 
-use crate::policy::LocalBudget;
-use crate::resilience::{BreakerState, Posture};
+use crate::policy::{LocalBudget, Posture};
+use crate::resilience::BreakerState;
 
 pub use self::redis::{
     CoalesceOptions, LATE_SLACK, MAX_SETTING, RedisOptions, RedisStore, SharedPolicy,
