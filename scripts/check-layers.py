@@ -34,10 +34,13 @@ from pathlib import Path
 
 # The layer order of crates/tollgate, lowest first; one level may hold several modules. The leaf
 # utilities sit at the bottom, below policy (tollgate-core, the lowest layer, is its own crate).
+# `metrics` counts decisions per rule of a policy (and per failure posture), so it sits right
+# above `policy`, not among the leaves.
 LAYERED_CRATE = "tollgate"
 LAYERS: list[set[str]] = [
-    {"clock", "fnv", "random", "observe", "metrics", "background"},
+    {"clock", "fnv", "random", "observe", "background"},
     {"policy"},
+    {"metrics"},
     {"store"},
     {"resilience"},
     {"leases"},
