@@ -49,7 +49,7 @@ impl ClusterRouter {
             return Ok(c.clone());
         }
         let url = node_url(&self.seeds[0], node);
-        let client = super::open_client(url.as_str())
+        let client = super::client::open_client(url.as_str())
             .map_err(|e| StoreError::Unavailable(format!("invalid node address {node}: {e}")))?;
         let connection =
             ConnectionManager::new_lazy_with_config(client, manager_config(&self.options))
@@ -131,7 +131,7 @@ pub(super) async fn maintain(router: Weak<ClusterRouter>) {
                     joined.iter().filter_map(|p| r.connection(p).ok()).collect();
                 if !connections.is_empty() {
                     tokio::spawn(async move {
-                        if let Err(e) = super::load_scripts_on(connections).await {
+                        if let Err(e) = super::load::load_scripts_on(connections).await {
                             warn!(error = %e, "Could not load the decision scripts on a new primary");
                         }
                     });

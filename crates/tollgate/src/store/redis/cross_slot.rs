@@ -9,9 +9,11 @@ use futures_util::future::join_all;
 use tollgate_core::Decision;
 use tracing::warn;
 
+use super::decide::{Group, Reply};
 use super::patience::Deadline;
 use super::script::charge_args;
-use super::{Group, RedisStore, Reply, within};
+use super::store::RedisStore;
+use super::timeout::within;
 use crate::store::{Charge, StoreError, admitted};
 
 impl RedisStore {

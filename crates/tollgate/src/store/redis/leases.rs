@@ -3,8 +3,9 @@
 
 use tollgate_core::Decision;
 
+use super::decide::Group;
 use super::script::{self, charge_args};
-use super::{Group, RedisStore};
+use super::store::RedisStore;
 use crate::store::{Charge, StoreError};
 
 impl RedisStore {

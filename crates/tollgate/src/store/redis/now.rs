@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::clock::SharedClock;
+use crate::store::StoreError;
 
 /// How long after its caller's deadline a call may still write. Longer than any reply's trip
 /// over a working network; shorter than the pauses that leave calls stranded (a failover, a
@@ -62,8 +63,8 @@ impl NowSource {
 
     /// Takes in a failed call: a late refusal received while waiting means the estimate of the
     /// server's clock is wrong, and it is dropped.
-    pub fn failed(&self, error: &super::StoreError) {
-        if let (NowSource::Server(server), super::StoreError::Unavailable(message)) = (self, error)
+    pub fn failed(&self, error: &StoreError) {
+        if let (NowSource::Server(server), StoreError::Unavailable(message)) = (self, error)
             && message.contains(LATE_MARK)
         {
             server.forget();
@@ -239,11 +240,9 @@ mod tests {
         let clock = std::sync::Arc::new(ServerClock::new(Duration::from_millis(10)));
         let source = NowSource::Server(clock.clone());
         source.learn(1_700_000_000_000_000);
-        source.failed(&super::super::StoreError::Unavailable(
-            "redis: connection refused".into(),
-        ));
+        source.failed(&StoreError::Unavailable("redis: connection refused".into()));
         assert!(matches!(source.argument(), NowArg::NotAfter(_)));
-        source.failed(&super::super::StoreError::Unavailable(
+        source.failed(&StoreError::Unavailable(
             "redis: ERR tollgate: late: the call reached Redis after its deadline".into(),
         ));
         assert_eq!(source.argument(), NowArg::Server);

@@ -18,7 +18,10 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
-use super::{RedisStore, slot, store_error, within};
+use super::error::store_error;
+use super::slot;
+use super::store::RedisStore;
+use super::timeout::within;
 use crate::store::StoreError;
 
 /// The running policy.

@@ -23,6 +23,11 @@ pub fn redis_key(buf: &mut Vec<u8>, counter_key: &[u8]) -> u16 {
     slot
 }
 
+/// The Redis Cluster slot of the counter a limiter names `counter_key` (see [`redis_key`]).
+pub fn counter_slot(counter_key: &[u8]) -> u16 {
+    redis_key(&mut Vec::new(), counter_key)
+}
+
 /// CRC16-CCITT (XMODEM), the checksum Redis Cluster uses for key slots.
 pub fn crc16(bytes: &[u8]) -> u16 {
     let mut crc: u16 = 0;
