@@ -9,8 +9,8 @@ use axum::extract::State;
 use serde::Serialize;
 use tollgate::limiter::Candidate;
 
-use super::AdminState;
 use super::policy::{Activated, activation, invalid_policy, pushed_sources};
+use super::state::AdminState;
 use super::top::TopKey;
 use crate::ApiError;
 use crate::http::Body;

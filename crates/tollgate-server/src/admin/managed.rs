@@ -3,7 +3,7 @@
 
 use crate::ApiError;
 
-use super::AdminState;
+use super::state::AdminState;
 
 /// `409` naming the policy's writer when something outside tollgate manages the policy.
 pub(super) fn writable(state: &AdminState) -> Result<(), ApiError> {

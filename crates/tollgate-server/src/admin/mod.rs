@@ -32,45 +32,32 @@
 
 mod candidate;
 pub mod dashboard;
+mod extract;
 mod managed;
 mod overrides;
 mod policy;
+mod state;
+mod token;
 mod top;
 mod writes;
 
+pub use extract::MAX_BODY;
+pub use state::AdminState;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
-use axum::http::header;
-use axum::http::request::Parts;
+use axum::extract::{ConnectInfo, Request};
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{delete, get, post, put};
-use serde::de::DeserializeOwned;
-use tokio::time::Instant;
 use tollgate::lifecycle::Lifecycle;
 use tollgate::observe::Throttle;
-use tollgate::policy::MAX_POLICY_FILE;
-use tracing::{Instrument, warn};
+use tracing::Instrument;
 
-use crate::ApiError;
 use crate::http::json_fallbacks;
-
-/// What admin handlers share.
-#[derive(Debug, Clone)]
-pub struct AdminState {
-    lifecycle: Arc<Lifecycle>,
-    token: Option<Arc<str>>,
-    /// Requests refused for their token, logged at most once per [`REFUSALS_LOGGED_EVERY`].
-    refusals: Arc<Throttle>,
-}
-
-/// Requests refused for their token are logged at most once per this long: a flood of them
-/// must not flood the log.
-const REFUSALS_LOGGED_EVERY: Duration = Duration::from_secs(1);
+use state::REFUSALS_LOGGED_EVERY;
 
 /// The admin routes. `token`, when given, is required on every request.
 pub fn router(lifecycle: Arc<Lifecycle>, token: Option<String>) -> Router {
@@ -108,7 +95,7 @@ pub fn router(lifecycle: Arc<Lifecycle>, token: Option<String>) -> Router {
     // map the API for them. Then every write's headers, before any handler reads a body.
     json_fallbacks(router)
         .layer(middleware::from_fn_with_state(guard, writes::guard))
-        .layer(middleware::from_fn_with_state(state, require_token))
+        .layer(middleware::from_fn_with_state(state, token::require_token))
         .layer(middleware::from_fn(in_client_span))
 }
 
@@ -124,100 +111,4 @@ async fn in_client_span(request: Request, next: Next) -> Response {
         span.record("client", tracing::field::display(client));
     }
     next.run(request).instrument(span).await
-}
-
-/// Largest admin request: a push of a policy file as large as `serve` reads
-/// ([`MAX_POLICY_FILE`]), with room for its JSON escaping.
-pub const MAX_BODY: usize = 2 * MAX_POLICY_FILE as usize;
-
-/// [`Path`](axum::extract::Path) whose rejection (a malformed segment) is answered like every
-/// other admin error: `400` with a JSON `error`, not axum's plain text, which clients that
-/// expect JSON cannot read.
-pub(super) struct AdminPath<T>(pub T);
-
-/// [`Query`](axum::extract::Query), rejections answered as for [`AdminPath`].
-pub(super) struct AdminQuery<T>(pub T);
-
-impl<S, T> FromRequestParts<S> for AdminPath<T>
-where
-    S: Send + Sync,
-    T: DeserializeOwned + Send,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Path(value)) => Ok(AdminPath(value)),
-            Err(e) => Err(ApiError::invalid(e.body_text())),
-        }
-    }
-}
-
-impl<S, T> FromRequestParts<S> for AdminQuery<T>
-where
-    S: Send + Sync,
-    T: DeserializeOwned,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Query(value)) => Ok(AdminQuery(value)),
-            Err(e) => Err(ApiError::invalid(e.body_text())),
-        }
-    }
-}
-
-async fn require_token(State(state): State<AdminState>, request: Request, next: Next) -> Response {
-    if let Some(expected) = &state.token {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer_token);
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), expected.as_bytes())) {
-            let due = state.refusals.note(Instant::now());
-            // The path without its query, which may hold anything (a token, even); the client
-            // is in the span around this request.
-            if let Some(suppressed) = due {
-                warn!(method = %request.method(), path = request.uri().path(), suppressed,
-                    "Admin request refused: missing or wrong token");
-            }
-            return ApiError::unauthorized("missing or wrong admin token").into_response();
-        }
-    }
-    next.run(request).await
-}
-
-/// The token of an `Authorization: Bearer TOKEN` value; the scheme's name is case-insensitive
-/// (RFC 9110).
-fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim_start())
-}
-
-/// Compares without stopping at the first difference, so timing does not reveal the token.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn token_comparison() {
-        assert!(super::constant_time_eq(b"secret", b"secret"));
-        assert!(!super::constant_time_eq(b"secret", b"secreT"));
-        assert!(!super::constant_time_eq(b"secret", b"secret2"));
-    }
-
-    #[test]
-    fn the_bearer_scheme_is_read_in_any_case() {
-        for value in ["Bearer s3cret", "bearer s3cret", "BEARER  s3cret"] {
-            assert_eq!(super::bearer_token(value), Some("s3cret"), "{value}");
-        }
-        assert_eq!(super::bearer_token("Basic s3cret"), None);
-        assert_eq!(super::bearer_token("Bearers3cret"), None);
-    }
 }

@@ -21,7 +21,8 @@ use tollgate::store::Store;
 use tollgate_core::Timestamp;
 use tracing::info;
 
-use super::{AdminPath, AdminState};
+use super::extract::AdminPath;
+use super::state::AdminState;
 use crate::ApiError;
 use crate::http::Body;
 use crate::json_object::{Object, from_body};

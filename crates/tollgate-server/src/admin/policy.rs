@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use tollgate::lifecycle::{Activation, Origin, PolicyVersion, RollbackError, diff as version_diff};
 use tollgate::policy::PolicyErrors;
 
-use super::{AdminPath, AdminQuery, AdminState};
+use super::extract::{AdminPath, AdminQuery};
+use super::state::AdminState;
 use crate::ApiError;
 use crate::http::Body;
 use crate::json_object::{Object, from_body};

@@ -9,7 +9,8 @@ use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use tollgate::observe::TopEntry;
 
-use super::{AdminQuery, AdminState};
+use super::extract::AdminQuery;
+use super::state::AdminState;
 use crate::ApiError;
 
 #[derive(Debug, Deserialize)]

@@ -48,11 +48,11 @@ fn token_of(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(super::super::bearer_token)
+        .and_then(super::super::token::bearer_token)
 }
 
 fn same(given: Option<&str>, expected: &str) -> bool {
-    given.is_some_and(|g| super::super::constant_time_eq(g.as_bytes(), expected.as_bytes()))
+    given.is_some_and(|g| super::super::token::constant_time_eq(g.as_bytes(), expected.as_bytes()))
 }
 
 /// The role the request's `Authorization` gives it under `tokens`.
