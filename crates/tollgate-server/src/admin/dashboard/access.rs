@@ -1,7 +1,5 @@
 //! Who may read the dashboard's data and who may change something through it.
 
-use std::sync::Arc;
-
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
@@ -9,29 +7,9 @@ use axum::response::{IntoResponse, Response};
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::DashboardState;
+use super::state::{DashboardState, Tokens};
 use crate::ApiError;
 use crate::admin::writes::{host_refused, request_host};
-
-/// The admin tokens: `full` changes things (as on the whole admin API), `read` only looks.
-#[derive(Debug, Clone, Default)]
-pub struct Tokens {
-    /// `--admin-token-file`: every admin request needs it.
-    pub full: Option<Arc<str>>,
-    /// `--admin-read-token-file`: the dashboard's reads take it too.
-    pub read: Option<Arc<str>>,
-}
-
-impl Tokens {
-    /// The tokens given, empty ones as none.
-    pub fn new(full: Option<String>, read: Option<String>) -> Tokens {
-        let keep = |t: Option<String>| t.filter(|t| !t.is_empty()).map(Into::into);
-        Tokens {
-            full: keep(full),
-            read: keep(read),
-        }
-    }
-}
 
 /// What a request's token lets it do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,36 +22,23 @@ mod access;
 mod page;
 mod sampler;
 mod snapshot;
+mod state;
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::FromRef;
 use axum::middleware;
 use axum::routing::{get, post};
 use tollgate::lifecycle::Lifecycle;
 use tollgate::observe::Throttle;
 use tollgate::observe::history::History;
 
-pub use access::Tokens;
 pub use sampler::{SAMPLE_EVERY, sample_forever};
+pub use state::Tokens;
 
+use super::state::{AdminState, REFUSALS_LOGGED_EVERY};
 use super::writes::{self, WriteGuard};
-use super::{AdminState, REFUSALS_LOGGED_EVERY};
-
-/// What the dashboard's handlers share.
-#[derive(Debug, Clone)]
-struct DashboardState {
-    admin: AdminState,
-    history: Arc<History>,
-    tokens: Tokens,
-}
-
-impl FromRef<DashboardState> for AdminState {
-    fn from_ref(state: &DashboardState) -> AdminState {
-        state.admin.clone()
-    }
-}
+use state::DashboardState;
 
 /// `admin` (the router of [`super::router`]) with the dashboard's routes beside it, which
 /// check `tokens` themselves: the page needs none, reads take either token, writes the full one.

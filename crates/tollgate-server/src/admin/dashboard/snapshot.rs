@@ -13,8 +13,8 @@ use tollgate::policy::Rule;
 use tollgate::resilience::BreakerState;
 use tollgate::store::Store;
 
-use super::DashboardState;
 use super::access::Role;
+use super::state::DashboardState;
 
 /// Top denied keys listed per rule.
 const TOP_KEYS: usize = 5;
