@@ -11,6 +11,8 @@
 //! `docs/migrating.md`.
 
 mod apply;
+mod env;
+mod error;
 mod redis;
 mod rows;
 mod values;
@@ -18,47 +20,8 @@ mod values;
 #[cfg(test)]
 pub use apply::translate;
 pub use apply::{Defaults, Translated, translate_with};
-
-/// Why upstream's environment cannot start `serve`. Each names the variables involved.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum UpstreamEnvError {
-    /// A variable tollgate knows, set to something it cannot do.
-    #[error("{var}={value}: {why}")]
-    Unhonourable {
-        var: &'static str,
-        value: String,
-        why: &'static str,
-    },
-    /// A value that is not of the variable's form.
-    #[error("{var}={value}: {why}")]
-    Invalid {
-        var: &'static str,
-        value: String,
-        why: String,
-    },
-    /// Two variables that say different things about one setting.
-    #[error("{first} and {second} disagree: {why}")]
-    Conflict {
-        first: String,
-        second: String,
-        why: String,
-    },
-    /// The translation sets a `TOLLGATE_*` variable no flag of this build reads.
-    #[error("{from} sets {target}, which this build of tollgate does not have")]
-    NoSuchSetting { from: String, target: &'static str },
-}
-
-/// Reads one environment variable; `None` when unset or empty (upstream's loader treats an
-/// empty value as not given).
-pub trait Env {
-    fn get(&self, name: &str) -> Option<String>;
-}
-
-impl<F: Fn(&str) -> Option<String>> Env for F {
-    fn get(&self, name: &str) -> Option<String> {
-        self(name).filter(|v| !v.is_empty())
-    }
-}
+pub use env::Env;
+pub use error::UpstreamEnvError;
 
 /// `command` with each translated setting as the default of the `serve` flag that reads its
 /// `TOLLGATE_*` variable: a flag given and its variable still come first, as clap reads them
