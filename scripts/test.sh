@@ -126,15 +126,10 @@ done
 step "python3 -m unittest: the tests of scripts/check-layers.py"
 python3 -m unittest discover -s scripts -p 'test_*.py'
 
-# Import cycles between files (every crate) and imports against crates/tollgate's layer order.
-# Advisory (reported, not failing) while the tree still has some: TOLLGATE_LAYERS_ADVISORY=0
-# makes it fail the run.
-step "scripts/check-layers.py (advisory unless TOLLGATE_LAYERS_ADVISORY=0)"
-if [ "${TOLLGATE_LAYERS_ADVISORY:-1}" = 1 ]; then
-  python3 scripts/check-layers.py || echo "check-layers: advisory for now, not failing the run"
-else
-  python3 scripts/check-layers.py
-fi
+# Import cycles between files (every crate) and imports against crates/tollgate's layer order:
+# any one fails the run.
+step "scripts/check-layers.py"
+python3 scripts/check-layers.py
 
 step "cargo test"
 cargo test --workspace --locked
