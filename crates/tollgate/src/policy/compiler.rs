@@ -671,7 +671,7 @@ impl<'f> SourceCompiler<'f> {
             }
             p.value
                 .parse::<Posture>()
-                .map_err(|e| self.error(self.location(&p.referenced), e))
+                .map_err(|e| self.error(self.location(&p.referenced), e.to_string()))
                 .ok()
         });
         let share = doc.local_share.as_ref().and_then(|s| {
@@ -775,7 +775,7 @@ impl<'f> SourceCompiler<'f> {
                     }
                 },
                 Err(e) => {
-                    self.error(self.location(&text.referenced), e);
+                    self.error(self.location(&text.referenced), e.to_string());
                     None
                 }
             },

@@ -85,18 +85,24 @@ impl Policy {
 /// instead of filling memory.
 pub const MAX_POLICY_FILE: u64 = 16 * 1024 * 1024;
 
+/// Why a policy file's text could not be read.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    /// Opening or reading it failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// It is longer than [`MAX_POLICY_FILE`].
+    #[error("larger than {} MiB, which no policy file needs", MAX_POLICY_FILE / (1024 * 1024))]
+    TooLarge,
+}
+
 /// The text of `file`, refused past [`MAX_POLICY_FILE`] bytes.
-fn read_capped(file: &Path) -> Result<String, String> {
+fn read_capped(file: &Path) -> Result<String, ReadError> {
     use std::io::Read;
     let mut text = String::new();
-    fs::File::open(file)
-        .and_then(|f| f.take(MAX_POLICY_FILE + 1).read_to_string(&mut text))
-        .map_err(|e| e.to_string())?;
+    fs::File::open(file).and_then(|f| f.take(MAX_POLICY_FILE + 1).read_to_string(&mut text))?;
     if text.len() as u64 > MAX_POLICY_FILE {
-        return Err(format!(
-            "larger than {} MiB, which no policy file needs",
-            MAX_POLICY_FILE / (1024 * 1024)
-        ));
+        return Err(ReadError::TooLarge);
     }
     Ok(text)
 }

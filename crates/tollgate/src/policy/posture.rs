@@ -38,14 +38,17 @@ impl fmt::Display for Posture {
 }
 
 impl FromStr for Posture {
-    type Err = String;
+    type Err = UnknownPosture;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Posture::ALL
             .into_iter()
             .find(|p| p.name() == s)
-            .ok_or_else(|| {
-                format!("unknown `on_store_error` value `{s}`, expected open, closed or local")
-            })
+            .ok_or_else(|| UnknownPosture(s.to_owned()))
     }
 }
+
+/// An `on_store_error` that is not a posture.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown `on_store_error` value `{0}`, expected open, closed or local")]
+pub struct UnknownPosture(pub String);

@@ -79,7 +79,7 @@ impl fmt::Display for Unit {
 /// Parses a `period` (`30s`, `5m`, `1h30m`, `500ms`, `2d`, `1w`). Months and years are refused:
 /// humantime's are 30.44 and 365.25 days, not the 30 and 365 of `unit: month` and `unit: year`,
 /// and `1M` (a month) is one letter's case away from `1m` (a minute).
-pub fn parse_period(text: &str) -> Result<Duration, String> {
+pub fn parse_period(text: &str) -> Result<Duration, PeriodError> {
     let text = text.trim();
     let calendar = text
         .split(|c: char| c.is_ascii_digit() || c.is_whitespace())
@@ -90,11 +90,31 @@ pub fn parse_period(text: &str) -> Result<Duration, String> {
                 || suffix.to_ascii_lowercase().starts_with("mo")
         });
     if let Some(suffix) = calendar {
-        return Err(format!(
-            "`{suffix}` in period `{text}`: months and years are not periods here (humantime's are 30.44 and 365.25 days; `M` is a month, `m` a minute); write days (`30d`, `365d`) or use `unit: month` / `unit: year`"
-        ));
+        return Err(PeriodError::Calendar {
+            suffix: suffix.to_owned(),
+            text: text.to_owned(),
+        });
     }
-    humantime::parse_duration(text).map_err(|e| format!("invalid period `{text}`: {e}"))
+    humantime::parse_duration(text).map_err(|why| PeriodError::Invalid {
+        text: text.to_owned(),
+        why,
+    })
+}
+
+/// Why a `period` is not one.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PeriodError {
+    /// A month or a year, whose lengths humantime and the envoy units disagree on.
+    #[error(
+        "`{suffix}` in period `{text}`: months and years are not periods here (humantime's are 30.44 and 365.25 days; `M` is a month, `m` a minute); write days (`30d`, `365d`) or use `unit: month` / `unit: year`"
+    )]
+    Calendar { suffix: String, text: String },
+    /// Not a duration humantime reads.
+    #[error("invalid period `{text}`: {why}")]
+    Invalid {
+        text: String,
+        why: humantime::DurationError,
+    },
 }
 
 #[cfg(test)]
@@ -130,7 +150,7 @@ mod tests {
         assert_eq!(parse_period("1min"), Ok(Duration::from_secs(60)));
         assert_eq!(parse_period("1m"), Ok(Duration::from_secs(60)));
         for text in ["1M", "1y", "2years", "1month", "3mon", "1d 1y"] {
-            let error = parse_period(text).unwrap_err();
+            let error = parse_period(text).unwrap_err().to_string();
             assert!(
                 error.contains("months and years are not periods"),
                 "{text}: {error}"
@@ -139,6 +159,7 @@ mod tests {
         assert!(
             parse_period("5 parsecs")
                 .unwrap_err()
+                .to_string()
                 .starts_with("invalid period `5 parsecs`")
         );
     }
