@@ -2,10 +2,15 @@
 
 use tollgate_core::Decision;
 
+use super::redis::script::InexactInLua;
+
 /// A limit a store cannot decide exactly (see [`Store::supports`](super::Store::supports)).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Unsupported(pub String);
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Unsupported {
+    /// The Redis scripts, which work on doubles, cannot represent it exactly.
+    #[error(transparent)]
+    InexactInLua(#[from] InexactInLua),
+}
 
 /// Why a store could not decide.
 #[derive(Debug, Clone, thiserror::Error)]

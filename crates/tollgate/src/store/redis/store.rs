@@ -243,7 +243,7 @@ impl Store for RedisStore {
     }
 
     fn supports(&self, params: &Params) -> Result<(), Unsupported> {
-        RedisStore::supports(params).map_err(|e| Unsupported(e.to_string()))
+        Ok(RedisStore::supports(params)?)
     }
 
     fn breakers(&self) -> Vec<(String, BreakerState)> {
