@@ -193,7 +193,7 @@ fn parse(
         set_at: now,
         reason: body.reason.clone(),
     };
-    let params = o.params_for(rule)?;
+    let params = o.params_for(rule).map_err(|e| e.to_string())?;
     limiter
         .store()
         .supports(&params)

@@ -25,6 +25,7 @@ pub use crate::resilience::FailureSettings;
 pub use candidate::{CANDIDATE_DECISIONS, Candidate, RuleReport};
 pub use overrides::{
     DEFAULT_MAX_OVERRIDES, Override, OverrideChange, OverrideError, Overrides, Target,
+    UnfitOverride,
 };
 pub use request::{
     CheckRequest, InvalidRequest, LimitError, LimitOverride, MAX_BODY, MAX_COST, MAX_DESCRIPTORS,

@@ -22,7 +22,7 @@ mod index;
 mod target;
 
 use index::Index;
-pub use target::Override;
+pub use target::{Override, UnfitOverride};
 
 /// The most overrides in force by default (`--max-overrides`).
 pub const DEFAULT_MAX_OVERRIDES: usize = 100_000;

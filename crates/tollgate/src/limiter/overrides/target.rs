@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tollgate_core::{Params, Timestamp};
+use tollgate_core::{Params, ParamsError, Timestamp};
 
 use crate::policy::{Policy, Rule};
 
@@ -29,15 +29,25 @@ pub struct Override {
     pub reason: String,
 }
 
+/// Why an override cannot give its rule a limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnfitOverride {
+    /// The rule (named) has no limit to replace.
+    #[error("rule `{0}` is unlimited")]
+    Unlimited(String),
+    /// The limit it asks for is impossible.
+    #[error("{0}")]
+    Limit(#[from] ParamsError),
+}
+
 impl Override {
     /// The parameters this override gives `rule` (its algorithm and way of charging; the burst
     /// scaled like the limit), or why they are impossible.
-    pub fn params_for(&self, rule: &Rule) -> Result<Params, String> {
+    pub fn params_for(&self, rule: &Rule) -> Result<Params, UnfitOverride> {
         let base = rule
             .limit
-            .ok_or_else(|| format!("rule `{}` is unlimited", rule.name))?;
-        base.rescaled(self.requests_per_unit, self.period.unwrap_or(base.period()))
-            .map_err(|e| e.to_string())
+            .ok_or_else(|| UnfitOverride::Unlimited(rule.name.clone()))?;
+        Ok(base.rescaled(self.requests_per_unit, self.period.unwrap_or(base.period()))?)
     }
 
     /// Whether the rule named `self.rule` in `policy` is the one that `self.entries` match:
