@@ -12,12 +12,12 @@ use envoy_types::pb::google::protobuf::{Struct, Value};
 use envoy_types::pb::google::rpc::Status;
 use tokio::sync::mpsc;
 use tollgate::lifecycle::{Activation, Lifecycle};
-use tollgate::policy::MAX_POLICY_FILE;
+use tollgate::policy::{MAX_POLICY_FILE, PolicyErrors};
 use tonic::metadata::{Ascii, MetadataKey, MetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tracing::{info, warn};
 
-use super::convert::sources;
+use super::convert::{ResourceError, sources};
 use super::proto::RATE_LIMIT_CONFIG_TYPE_URL;
 use super::settings::{SettingsError, XdsSettings};
 
@@ -44,6 +44,20 @@ pub(super) enum StreamError {
     /// The server ended the stream.
     #[error("the management server ended the stream")]
     Ended,
+}
+
+/// Why a response is refused (a NACK, its `error_detail` saying this); the running policy stays.
+#[derive(Debug, thiserror::Error)]
+enum Rejected {
+    /// The response carries another type than rate limit configurations.
+    #[error("the response has type {0}, not {RATE_LIMIT_CONFIG_TYPE_URL}")]
+    WrongType(String),
+    /// Its resources are not policy sources.
+    #[error(transparent)]
+    Resource(#[from] ResourceError),
+    /// The policy they make is invalid.
+    #[error(transparent)]
+    Policy(#[from] PolicyErrors),
 }
 
 /// What survives a stream: the version last accepted (sent again when reconnecting).
@@ -114,7 +128,11 @@ async fn run_stream(
             }
             Err(reason) => {
                 warn!(version_info = %response.version_info, nonce = %response.nonce, reason = %reason, "xDS: configuration rejected (NACK); the running policy stays");
-                request(&accepted.version_info, &response.nonce, Some(reason))
+                request(
+                    &accepted.version_info,
+                    &response.nonce,
+                    Some(reason.to_string()),
+                )
             }
         };
         // The receiving half lives as long as the call.
@@ -123,14 +141,11 @@ async fn run_stream(
 }
 
 /// Validates a response completely and makes it the running policy; the reason it cannot be.
-fn apply(lifecycle: &Lifecycle, response: &DiscoveryResponse) -> Result<(), String> {
+fn apply(lifecycle: &Lifecycle, response: &DiscoveryResponse) -> Result<(), Rejected> {
     if response.type_url != RATE_LIMIT_CONFIG_TYPE_URL {
-        return Err(format!(
-            "the response has type {}, not {RATE_LIMIT_CONFIG_TYPE_URL}",
-            response.type_url
-        ));
+        return Err(Rejected::WrongType(response.type_url.clone()));
     }
-    let sources = sources(&response.resources).map_err(|e| e.to_string())?;
+    let sources = sources(&response.resources)?;
     let configs = sources.len();
     match lifecycle.apply_managed(sources) {
         Ok(activation) => {
@@ -139,7 +154,7 @@ fn apply(lifecycle: &Lifecycle, response: &DiscoveryResponse) -> Result<(), Stri
             info!(version_info = %response.version_info, configs, policy = %version, changed, "xDS: configuration accepted (ACK)");
             Ok(())
         }
-        Err(errors) => Err(errors.to_string()),
+        Err(errors) => Err(errors.into()),
     }
 }
 
