@@ -63,6 +63,6 @@ fuzz_target!(|data: &[u8]| {
                 String::from_utf8_lossy(&body)
             );
         }
-        Err(why) => assert!(!why.is_empty(), "refused without a reason"),
+        Err(why) => assert!(!why.to_string().is_empty(), "refused without a reason"),
     }
 });

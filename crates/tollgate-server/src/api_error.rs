@@ -3,12 +3,19 @@
 //! `Result<_, ApiError>`; the HTTP answer is `{"error": "..."}` (with more fields where the
 //! error has details), the gRPC answer a `Status`. (A store failure is not an error: the
 //! failure postures answer it; see `tollgate::limiter::FailureSettings`.)
+//!
+//! The typed errors the handlers meet are given their kind here too ([`KindOf`]), so that no
+//! handler picks a status by hand.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::{Map, Value};
-use tollgate::limiter::LimitError;
+use tollgate::limiter::{InvalidRequest, LimitError};
+
+use crate::admin::{InvalidOverride, InvalidPush};
+use crate::http::InvalidBody;
+use crate::json_object::InvalidJson;
 
 /// What went wrong, as every transport reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,19 +212,84 @@ impl std::fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
-impl From<&LimitError> for ApiError {
-    fn from(error: &LimitError) -> Self {
-        match error {
-            LimitError::Invalid(_) => ApiError::invalid(error.to_string()),
+/// A typed error a handler answers with, and its kind in the table.
+pub trait KindOf: std::fmt::Display {
+    /// The kind of error this is, and so its HTTP status and gRPC code.
+    fn kind(&self) -> ErrorKind;
+}
+
+/// The kind of each typed error the handlers answer with.
+impl KindOf for LimitError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            LimitError::Invalid(_) => ErrorKind::Invalid,
         }
     }
 }
 
-impl From<LimitError> for ApiError {
-    fn from(error: LimitError) -> Self {
-        ApiError::from(&error)
+impl KindOf for InvalidRequest {
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::Invalid
     }
 }
+
+impl KindOf for InvalidJson {
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::Invalid
+    }
+}
+
+impl KindOf for InvalidBody {
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::Invalid
+    }
+}
+
+impl KindOf for InvalidPush {
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::Invalid
+    }
+}
+
+impl KindOf for InvalidOverride {
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::Invalid
+    }
+}
+
+impl ApiError {
+    /// `error`, with its kind from the table, saying `message` (the error's own message with
+    /// what it was about around it).
+    pub fn of_kind(error: &impl KindOf, message: impl Into<String>) -> Self {
+        ApiError::new(error.kind(), message)
+    }
+}
+
+/// `From` each typed error (and a reference to one): its kind and its message.
+macro_rules! answered_by_kind {
+    ($($error:ty),* $(,)?) => {$(
+        impl From<&$error> for ApiError {
+            fn from(error: &$error) -> Self {
+                ApiError::new(error.kind(), error.to_string())
+            }
+        }
+
+        impl From<$error> for ApiError {
+            fn from(error: $error) -> Self {
+                ApiError::from(&error)
+            }
+        }
+    )*};
+}
+
+answered_by_kind!(
+    LimitError,
+    InvalidRequest,
+    InvalidJson,
+    InvalidBody,
+    InvalidPush,
+    InvalidOverride,
+);
 
 impl From<ApiError> for tonic::Status {
     fn from(error: ApiError) -> Self {

@@ -35,12 +35,22 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
     }
 }
 
+/// A body that is not the JSON object asked for: what was wrong, where, as the `400` says it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid JSON body: {why}")]
+pub struct InvalidJson {
+    /// serde_json's message, or a clearer one (see [`explained`]).
+    why: String,
+}
+
 /// Reads a JSON body into `T`, which must be an object (see the module documentation); the
 /// error says what was wrong, as the `400` answers it.
-pub fn from_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, String> {
+pub fn from_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, InvalidJson> {
     serde_json::from_slice::<Object<T>>(body)
         .map(|Object(t)| t)
-        .map_err(|e| format!("invalid JSON body: {}", explained(&e, body)))
+        .map_err(|e| InvalidJson {
+            why: explained(&e, body),
+        })
 }
 
 /// serde_json's message for `error`, but for a lone UTF-16 surrogate escape (`"\ud800"`, which a
@@ -144,10 +154,12 @@ mod tests {
         let read: Pair = from_body(br#"{"a": 1, "b": [{"c": 2}]}"#).unwrap();
         assert_eq!(read.b[0].0.c, 2);
         for array in [&br#"[1, [{"c": 2}]]"#[..], br#"{"a": 1, "b": [[2]]}"#] {
-            let error = from_body::<Pair>(array).unwrap_err();
+            let error = from_body::<Pair>(array).unwrap_err().to_string();
             assert!(error.contains("expected a JSON object"), "{error}");
         }
-        let unknown = from_body::<Pair>(br#"{"a": 1, "b": [], "z": 0}"#).unwrap_err();
+        let unknown = from_body::<Pair>(br#"{"a": 1, "b": [], "z": 0}"#)
+            .unwrap_err()
+            .to_string();
         assert!(unknown.contains("unknown field `z`"), "{unknown}");
     }
 
@@ -161,7 +173,7 @@ mod tests {
     /// end of hex escape", or a trailing one a "lone leading surrogate".
     #[test]
     fn a_lone_surrogate_is_named_where_it_is() {
-        let error = |body: &str| from_body::<Text>(body.as_bytes()).unwrap_err();
+        let error = |body: &str| from_body::<Text>(body.as_bytes()).unwrap_err().to_string();
         for (body, escape, at) in [
             (r#"{"t": "\ud800"}"#, r"\ud800", "line 1 column 8"),
             (r#"{"t": "ab\uDBFF!"}"#, r"\uDBFF", "line 1 column 10"),

@@ -73,7 +73,7 @@ pub async fn set(
     Body(body): Body<{ super::MAX_BODY }>,
 ) -> Result<Json<Report>, ApiError> {
     super::managed::writable(&state)?;
-    let sources = pushed_sources(&body).map_err(ApiError::invalid)?;
+    let sources = pushed_sources(&body)?;
     match state.lifecycle.set_candidate(sources) {
         Ok(candidate) => Ok(Json(report(&state, &candidate))),
         Err(errors) => Err(invalid_policy("the shadow candidate is unchanged", &errors)),

@@ -33,6 +33,7 @@
 mod candidate;
 pub mod dashboard;
 mod extract;
+mod invalid;
 mod managed;
 mod overrides;
 mod policy;
@@ -42,6 +43,7 @@ mod top;
 mod writes;
 
 pub use extract::MAX_BODY;
+pub use invalid::{InvalidOverride, InvalidPush};
 pub use state::AdminState;
 
 use std::net::SocketAddr;

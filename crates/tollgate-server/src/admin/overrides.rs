@@ -22,6 +22,7 @@ use tollgate_core::Timestamp;
 use tracing::info;
 
 use super::extract::AdminPath;
+use super::invalid::InvalidOverride;
 use super::state::AdminState;
 use crate::ApiError;
 use crate::http::Body;
@@ -52,8 +53,12 @@ struct Entry {
     value: String,
 }
 
-fn duration(field: &str, text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text).map_err(|e| format!("invalid `{field}` `{text}`: {e}"))
+fn duration(field: &'static str, text: &str) -> Result<Duration, InvalidOverride> {
+    humantime::parse_duration(text).map_err(|why| InvalidOverride::Duration {
+        field,
+        text: text.to_owned(),
+        why,
+    })
 }
 
 /// An override, as listed.
@@ -141,23 +146,22 @@ fn parse(
     limiter: &Limiter,
     policy: &Policy,
     now: Timestamp,
-) -> Result<Override, String> {
+) -> Result<Override, InvalidOverride> {
     let period = body
         .period
         .as_deref()
-        .map(|p| tollgate::policy::parse_period(p).map_err(|e| format!("`period`: {e}")))
+        .map(tollgate::policy::parse_period)
         .transpose()?;
     let expires_at = body
         .expires_in
         .as_deref()
         .map(|e| match duration("expires_in", e)? {
             // Already over when set: an operator's typo, not an intent.
-            d if d.is_zero() => Err("`expires_in` must be longer than zero".to_owned()),
+            d if d.is_zero() => Err(InvalidOverride::ExpiresAtOnce),
             // Without `expires_in` an override lasts until deleted; a longer one is a typo.
-            d if d > MAX_EXPIRES_IN => Err(format!(
-                "`expires_in` may be at most {} days; leave it out for an override that lasts until deleted",
-                MAX_EXPIRES_IN.as_secs() / 86_400
-            )),
+            d if d > MAX_EXPIRES_IN => Err(InvalidOverride::ExpiresTooLate {
+                max_days: MAX_EXPIRES_IN.as_secs() / 86_400,
+            }),
             d => Ok(now.saturating_add(d)),
         })
         .transpose()?;
@@ -169,18 +173,18 @@ fn parse(
     // The reason goes into the audit log's lines as it is: a line break there would forge
     // the next one.
     if body.reason.chars().any(char::is_control) {
-        return Err(format!(
-            "`reason` {:?} holds a control character (a line break, an escape)",
-            body.reason
-        ));
+        return Err(InvalidOverride::ControlInReason(body.reason.clone()));
     }
     let rule = policy
         .rules()
         .iter()
         .find(|r| r.domain == body.domain && r.name == body.rule)
-        .ok_or_else(|| format!("no rule `{}` in domain `{}`", body.rule, body.domain))?;
+        .ok_or_else(|| InvalidOverride::NoRule {
+            domain: body.domain.clone(),
+            rule: body.rule.clone(),
+        })?;
     if policy.find(&body.domain, &entries).map(|r| r.index) != Some(rule.index) {
-        return Err(format!("those entries do not match rule `{}`", body.rule));
+        return Err(InvalidOverride::OtherRule(body.rule.clone()));
     }
     let o = Override {
         id: 0,
@@ -193,11 +197,8 @@ fn parse(
         set_at: now,
         reason: body.reason.clone(),
     };
-    let params = o.params_for(rule).map_err(|e| e.to_string())?;
-    limiter
-        .store()
-        .supports(&params)
-        .map_err(|why| why.to_string())?;
+    let params = o.params_for(rule)?;
+    limiter.store().supports(&params)?;
     Ok(o)
 }
 
@@ -217,12 +218,12 @@ pub async fn set(
     State(state): State<AdminState>,
     Body(body): Body<{ super::MAX_BODY }>,
 ) -> Result<Json<Described>, ApiError> {
-    let body: SetBody = from_body(&body).map_err(ApiError::invalid)?;
+    let body: SetBody = from_body(&body)?;
     let limiter = state.lifecycle.limiter();
     let now = limiter.clock().now();
     let policy = limiter.policy();
     let mut o = parse(&body, limiter, &policy, now)
-        .map_err(|why| ApiError::invalid(format!("invalid override: {why}")))?;
+        .map_err(|why| ApiError::of_kind(&why, format!("invalid override: {why}")))?;
     o.id = limiter
         .overrides()
         .set(o.clone())
@@ -285,7 +286,7 @@ pub async fn set_bulk(
     State(state): State<AdminState>,
     Body(body): Body<{ super::MAX_BODY }>,
 ) -> Result<Json<Overrides>, ApiError> {
-    let body: BulkBody = from_body(&body).map_err(ApiError::invalid)?;
+    let body: BulkBody = from_body(&body)?;
     let limiter = state.lifecycle.limiter();
     let now = limiter.clock().now();
     let policy = limiter.policy();
@@ -296,7 +297,8 @@ pub async fn set_bulk(
         .enumerate()
         .map(|(i, one)| {
             parse(one, limiter, &policy, now).map_err(|why| {
-                ApiError::invalid(format!("invalid override {i}: {why}")).with_detail("index", i)
+                ApiError::of_kind(&why, format!("invalid override {i}: {why}"))
+                    .with_detail("index", i)
             })
         })
         .collect::<Result<Vec<Override>, ApiError>>()?;

@@ -10,6 +10,7 @@ use tollgate::lifecycle::{Activation, Origin, PolicyVersion, RollbackError, diff
 use tollgate::policy::PolicyErrors;
 
 use super::extract::{AdminPath, AdminQuery};
+use super::invalid::InvalidPush;
 use super::state::AdminState;
 use crate::ApiError;
 use crate::http::Body;
@@ -199,10 +200,10 @@ struct PushSource {
 }
 
 /// The `(name, text)` pairs of a push body, or why the body is refused (a `400`).
-pub(super) fn pushed_sources(body: &[u8]) -> Result<Vec<(String, String)>, String> {
+pub(super) fn pushed_sources(body: &[u8]) -> Result<Vec<(String, String)>, InvalidPush> {
     let push: PushBody = from_body(body)?;
     if push.sources.is_empty() {
-        return Err("a push needs at least one source".into());
+        return Err(InvalidPush::NoSources);
     }
     let sources: Vec<(String, String)> = push
         .sources
@@ -212,16 +213,17 @@ pub(super) fn pushed_sources(body: &[u8]) -> Result<Vec<(String, String)>, Strin
     // Names tell the sources apart in errors, listings and diffs.
     for (i, (name, _)) in sources.iter().enumerate() {
         if name.trim().is_empty() {
-            return Err(format!("source {i} has an empty name"));
+            return Err(InvalidPush::EmptyName(i));
         }
         // A name goes into log lines and `file:line:column` errors as it is.
         if name.chars().any(char::is_control) {
-            return Err(format!(
-                "source {i}'s name {name:?} holds a control character"
-            ));
+            return Err(InvalidPush::ControlInName {
+                index: i,
+                name: name.clone(),
+            });
         }
         if sources[..i].iter().any(|(other, _)| other == name) {
-            return Err(format!("two sources are named `{name}`"));
+            return Err(InvalidPush::SameName(name.clone()));
         }
     }
     // As a file read from disk is: kept with 50 versions, a larger one only fills memory.
@@ -229,11 +231,10 @@ pub(super) fn pushed_sources(body: &[u8]) -> Result<Vec<(String, String)>, Strin
         .iter()
         .find(|(_, text)| text.len() as u64 > tollgate::policy::MAX_POLICY_FILE)
     {
-        return Err(format!(
-            "source `{name}` is {} bytes, larger than {} MiB, which no policy file needs",
-            text.len(),
-            tollgate::policy::MAX_POLICY_FILE / (1024 * 1024)
-        ));
+        return Err(InvalidPush::TooLarge {
+            name: name.clone(),
+            bytes: text.len(),
+        });
     }
     Ok(sources)
 }
@@ -243,7 +244,7 @@ pub async fn push(
     Body(body): Body<{ super::MAX_BODY }>,
 ) -> Result<Json<Activated>, ApiError> {
     super::managed::writable(&state)?;
-    let sources = pushed_sources(&body).map_err(ApiError::invalid)?;
+    let sources = pushed_sources(&body)?;
     let lifecycle = state.lifecycle.clone();
     activation(lifecycle.fleet_activate(sources, Origin::Push).await)
 }
@@ -262,7 +263,7 @@ pub async fn rollback(
     let request: RollbackBody = if body.is_empty() {
         RollbackBody::default()
     } else {
-        from_body(&body).map_err(ApiError::invalid)?
+        from_body(&body)?
     };
     match state.lifecycle.fleet_rollback(request.to).await {
         Ok(a) => activation(Ok(a)),

@@ -23,7 +23,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tollgate::limiter::{
-    CheckRequest, CheckResponse, Limiter, MAX_FIELD_LEN, RequestDescriptor, normalized_path,
+    CheckRequest, CheckResponse, InvalidRequest, Limiter, MAX_FIELD_LEN, RequestDescriptor,
+    normalized_path,
 };
 
 use super::respond::add_rate_limit_headers;
@@ -175,7 +176,7 @@ impl AuthorizeMapping {
 
     /// The request for `headers`, or `None` when no descriptor has all its sources (nothing to
     /// limit). A descriptor with a missing source is skipped, not sent with an empty value.
-    pub fn request(&self, headers: &HeaderMap) -> Option<Result<CheckRequest, String>> {
+    pub fn request(&self, headers: &HeaderMap) -> Option<Result<CheckRequest, InvalidRequest>> {
         let mut descriptors = Vec::with_capacity(self.descriptors.len());
         for mapping in &self.descriptors {
             let entries: Option<Vec<(String, String)>> = mapping
@@ -186,13 +187,13 @@ impl AuthorizeMapping {
             let Some(entries) = entries else { continue };
             match RequestDescriptor::new(entries, 1, None) {
                 Ok(d) => descriptors.push(d),
-                Err(e) => return Some(Err(e.to_string())),
+                Err(e) => return Some(Err(e)),
             }
         }
         if descriptors.is_empty() {
             return None;
         }
-        Some(CheckRequest::new(self.domain.clone(), descriptors).map_err(|e| e.to_string()))
+        Some(CheckRequest::new(self.domain.clone(), descriptors))
     }
 }
 
@@ -217,7 +218,7 @@ pub async fn authorize(State(state): State<AuthorizeState>, headers: HeaderMap) 
         Some(Ok(r)) => r,
         // Only a mapping nothing could carry (a key over 1 KiB, too many descriptors) gets
         // here. A 400 would become a 500 in nginx; deny instead of letting the request through.
-        Some(Err(message)) => return denied("invalid", message),
+        Some(Err(why)) => return denied("invalid", why.to_string()),
     };
     match state.limiter.check(&request).await {
         Ok(decided) => encode(&decided),

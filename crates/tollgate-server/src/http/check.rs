@@ -18,6 +18,7 @@ use tollgate::resilience::Posture;
 use tollgate_core::Verdict;
 
 use super::body::Body;
+use super::invalid::InvalidBody;
 use super::respond::{add_rate_limit_headers, decision_status};
 use crate::ApiError;
 use crate::Decide;
@@ -195,9 +196,9 @@ fn encode(decided: &CheckResponse) -> WireResponse<'_> {
 }
 
 /// A `/v1/check` body (also `/v1/explain`'s) as a request, or why it is not one (a `400`).
-pub(super) fn decode(body: &[u8]) -> Result<CheckRequest, String> {
+pub(super) fn decode(body: &[u8]) -> Result<CheckRequest, InvalidBody> {
     let wire: WireRequest = from_body(body)?;
-    CheckRequest::try_from(wire).map_err(|e| format!("invalid request: {e}"))
+    Ok(CheckRequest::try_from(wire)?)
 }
 
 pub async fn check<D: Decide>(State(decider): State<Arc<D>>, Body(body): Body) -> Response {
@@ -205,7 +206,7 @@ pub async fn check<D: Decide>(State(decider): State<Arc<D>>, Body(body): Body) -
         Ok(r) => r,
         Err(why) => {
             decider.refused(Transport::Http, &why);
-            return ApiError::invalid(why).into_response();
+            return ApiError::from(why).into_response();
         }
     };
     match decider.decide(&request).await {

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use tollgate::limiter::{CheckRequest, Limiter, Transport};
 
 use super::body::Body;
+use super::invalid::{EnvoyJsonError, InvalidBody};
 use super::respond::{add_rate_limit_headers, decision_status};
 use crate::ApiError;
 use crate::grpc::{decode_request, encode_response};
@@ -129,26 +130,28 @@ where
     Option::<T>::deserialize(d).map(Option::unwrap_or_default)
 }
 
-fn u32_field(name: &str, v: Option<u64>) -> Result<u32, String> {
-    u32::try_from(v.unwrap_or(0)).map_err(|_| format!("{name} does not fit in uint32"))
+fn u32_field(name: &'static str, v: Option<u64>) -> Result<u32, EnvoyJsonError> {
+    u32::try_from(v.unwrap_or(0)).map_err(|_| EnvoyJsonError::NotUint32(name))
 }
 
-fn unit_number(unit: Option<&Value>) -> Result<i32, String> {
+fn unit_number(unit: Option<&Value>) -> Result<i32, EnvoyJsonError> {
     match unit {
         None => Ok(0),
-        Some(Value::String(s)) => unit_from_name(s).ok_or_else(|| format!("unknown unit `{s}`")),
+        Some(Value::String(s)) => {
+            unit_from_name(s).ok_or_else(|| EnvoyJsonError::UnknownUnit(s.clone()))
+        }
         Some(Value::Number(n)) => n
             .as_i64()
             .and_then(|n| i32::try_from(n).ok())
-            .ok_or_else(|| format!("unknown unit `{n}`")),
-        Some(other) => Err(format!("unknown unit `{other}`")),
+            .ok_or_else(|| EnvoyJsonError::UnknownUnit(n.to_string())),
+        Some(other) => Err(EnvoyJsonError::UnknownUnit(other.to_string())),
     }
 }
 
 impl TryFrom<JsonRequest> for RateLimitRequest {
-    type Error = String;
+    type Error = EnvoyJsonError;
 
-    fn try_from(json: JsonRequest) -> Result<Self, String> {
+    fn try_from(json: JsonRequest) -> Result<Self, EnvoyJsonError> {
         let descriptors = json
             .descriptors
             .into_iter()
@@ -156,14 +159,17 @@ impl TryFrom<JsonRequest> for RateLimitRequest {
             .map(|(i, Object(d))| {
                 let limit = d
                     .limit
-                    .map(|Object(l)| -> Result<_, String> {
+                    .map(|Object(l)| -> Result<_, EnvoyJsonError> {
                         Ok(RateLimitOverride {
                             requests_per_unit: u32_field("requestsPerUnit", l.requests_per_unit)?,
                             unit: unit_number(l.unit.as_ref())?,
                         })
                     })
                     .transpose()
-                    .map_err(|why| format!("descriptor {i}: {why}"))?;
+                    .map_err(|why| EnvoyJsonError::Descriptor {
+                        index: i,
+                        why: Box::new(why),
+                    })?;
                 Ok(RateLimitDescriptor {
                     entries: d
                         .entries
@@ -178,7 +184,7 @@ impl TryFrom<JsonRequest> for RateLimitRequest {
                     is_negative_hits: d.is_negative_hits,
                 })
             })
-            .collect::<Result<_, String>>()?;
+            .collect::<Result<_, EnvoyJsonError>>()?;
         Ok(RateLimitRequest {
             domain: json.domain,
             descriptors,
@@ -244,10 +250,10 @@ fn proto_duration(seconds: i64, nanos: i32) -> String {
 }
 
 /// A `/json` body as a request, or why it is not one (a `400`).
-fn decode(body: &[u8]) -> Result<CheckRequest, String> {
+fn decode(body: &[u8]) -> Result<CheckRequest, InvalidBody> {
     let json: JsonRequest = from_body(body)?;
-    let wire = RateLimitRequest::try_from(json).map_err(|e| format!("invalid request: {e}"))?;
-    decode_request(wire).map_err(|e| format!("invalid request: {e}"))
+    let wire = RateLimitRequest::try_from(json)?;
+    Ok(decode_request(wire)?)
 }
 
 pub async fn check(State(limiter): State<Arc<Limiter>>, Body(body): Body) -> Response {
@@ -255,7 +261,7 @@ pub async fn check(State(limiter): State<Arc<Limiter>>, Body(body): Body) -> Res
         Ok(r) => r,
         Err(why) => {
             limiter.note_invalid(Transport::Http, &why);
-            return ApiError::invalid(why).into_response();
+            return ApiError::from(why).into_response();
         }
     };
     match limiter.check(&request).await {
@@ -285,8 +291,8 @@ mod tests {
     }
 
     fn parsed(body: &str) -> Result<RateLimitRequest, String> {
-        let json: JsonRequest = from_body(body.as_bytes())?;
-        RateLimitRequest::try_from(json)
+        let json: JsonRequest = from_body(body.as_bytes()).map_err(|e| e.to_string())?;
+        RateLimitRequest::try_from(json).map_err(|e| e.to_string())
     }
 
     /// proto3 JSON parsers take integers in exponent form and `null` for a field's default.

@@ -20,7 +20,7 @@ pub async fn explain(
 ) -> Result<Json<Value>, ApiError> {
     let request = match decode(&body) {
         Ok(r) => r,
-        Err(why) => return Err(ApiError::invalid(why)),
+        Err(why) => return Err(ApiError::from(why)),
     };
     let answer = limiter.explain(&request).await?;
     let binding = answer.binding_index();

@@ -17,6 +17,7 @@ mod check;
 mod envoy_json;
 mod explain;
 mod healthcheck;
+mod invalid;
 mod ops;
 mod respond;
 
@@ -36,11 +37,12 @@ pub use tollgate::limiter::MAX_BODY;
 pub(crate) use self::body::Body;
 pub use self::body::body_too_slow;
 pub use self::healthcheck::Healthcheck;
+pub use self::invalid::{EnvoyJsonError, InvalidBody};
 
 /// A `POST /v1/check` body as the request it asks for, or why it is refused (the `400`'s
 /// message). The handler's own decoder, public for the fuzz targets (`fuzz/`).
 #[doc(hidden)]
-pub fn decode_check_body(body: &[u8]) -> Result<tollgate::limiter::CheckRequest, String> {
+pub fn decode_check_body(body: &[u8]) -> Result<tollgate::limiter::CheckRequest, InvalidBody> {
     check::decode(body)
 }
 
