@@ -151,6 +151,11 @@ pub struct ServeArgs {
     /// With a Redis store: how often a replica checks for a policy another replica published.
     #[arg(long, env = "TOLLGATE_POLICY_SYNC_INTERVAL", default_value = "500ms", value_parser = humantime_duration, value_name = "DURATION")]
     policy_sync_interval: Duration,
+    /// Most bytes of policy source texts (file names and texts) the kept versions hold, besides
+    /// the 50 versions kept at most: past it the oldest go first, never the running version or
+    /// the one `tollgate policy rollback` goes to. `64MiB`, `1GiB` or a number of bytes.
+    #[arg(long, env = "TOLLGATE_POLICY_HISTORY_MAX_BYTES", default_value = "64MiB", value_parser = crate::grpc_limits::bytes, value_name = "BYTES")]
+    policy_history_max_bytes: usize,
     /// Log format: `text` or `json`.
     #[arg(long, env = "TOLLGATE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"], value_name = "FORMAT")]
     log_format: String,
@@ -558,6 +563,7 @@ async fn serve(
             charge: args.default_charge,
         })
         .max_overrides(args.max_overrides)
+        .policy_history_max_bytes(args.policy_history_max_bytes)
         .ready_within(args.store_connect_timeout);
     let builder = match &source {
         Source::Files(path, sources) => builder.config(path.clone(), sources.clone()),

@@ -70,6 +70,7 @@ pub struct ServiceBuilder {
     clock: SharedClock,
     managed_by: Option<&'static str>,
     policy_defaults: crate::policy::PolicyDefaults,
+    policy_history_max_bytes: usize,
 }
 
 impl ServiceBuilder {
@@ -137,6 +138,14 @@ impl ServiceBuilder {
         self
     }
 
+    /// Most bytes of source texts the kept policy versions hold
+    /// ([`crate::lifecycle::DEFAULT_HISTORY_MAX_BYTES`] by default; see
+    /// [`Lifecycle::with_history_max_bytes`]).
+    pub fn policy_history_max_bytes(mut self, max: usize) -> Self {
+        self.policy_history_max_bytes = max;
+        self
+    }
+
     /// The clock decisions are made with (the system's by default).
     pub fn clock(mut self, clock: SharedClock) -> Self {
         self.clock = clock;
@@ -201,7 +210,8 @@ impl ServiceBuilder {
             Some(source) => Lifecycle::managed(limiter.clone(), source),
             None => Lifecycle::new(limiter.clone(), self.config, self.sources),
         }
-        .with_policy_defaults(self.policy_defaults);
+        .with_policy_defaults(self.policy_defaults)
+        .with_history_max_bytes(self.policy_history_max_bytes);
         let lifecycle = Arc::new(lifecycle);
         Ok(Service { limiter, lifecycle })
     }
@@ -282,6 +292,7 @@ impl Service {
             clock: Arc::new(SystemClock::new()),
             managed_by: None,
             policy_defaults: crate::policy::PolicyDefaults::default(),
+            policy_history_max_bytes: crate::lifecycle::DEFAULT_HISTORY_MAX_BYTES,
         }
     }
 

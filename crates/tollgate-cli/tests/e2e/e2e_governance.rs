@@ -389,6 +389,61 @@ async fn plain_rollbacks_at_once_step_back_one_version_each() {
     assert!(r.text().await.unwrap().contains("no earlier version"));
 }
 
+/// `--policy-history-max-bytes`: past it the listing keeps only the newest versions, and a
+/// rollback still goes to the version before the running one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_history_keeps_its_bytes_and_still_rolls_back() {
+    let args = [
+        "--watch-interval",
+        "0s",
+        "--policy-history-max-bytes",
+        "5KB",
+    ];
+    let server = Server::start_with_args(V1, &args);
+    // 2000 bytes each with its name: two fit in 5000 bytes, three do not.
+    let sized = |n: u32| {
+        let mut text = V1.replace(
+            "requests_per_unit: 5}",
+            &format!("requests_per_unit: {n}}}"),
+        );
+        let pad = 2000 - "policy.yaml".len() - text.len() - 2;
+        text.push_str(&format!("#{}\n", "x".repeat(pad)));
+        json!({"sources": [{"name": "policy.yaml", "text": text}]})
+    };
+    for n in 6..=9 {
+        let r = server
+            .admin_send(reqwest::Method::POST, "/v1/admin/policy", &sized(n))
+            .await;
+        assert_eq!(r.status(), 200);
+    }
+    let kept = async || {
+        let list = server.admin_json("/v1/admin/policy").await;
+        let versions = list["versions"].as_array().unwrap().clone();
+        versions
+            .iter()
+            .map(|v| v["seq"].as_u64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(kept().await, [4, 5], "the oldest went first");
+
+    let plain = json!({});
+    let rollback = || server.admin_send(reqwest::Method::POST, "/v1/admin/policy/rollback", &plain);
+    let r = rollback().await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["result"], "activated");
+    assert_eq!(
+        remaining(&server, "user", "u").await,
+        7,
+        "version 4's 8 a day"
+    );
+    assert_eq!(kept().await, [5, 6]);
+    let r = rollback().await;
+    assert_eq!(r.status(), 400, "nothing before version 4 is kept");
+    let (code, _, err) = server.policy_cli(&["rollback", "--to", "2"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("no kept version 2"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_shows_the_binding_rule_and_charges_nothing() {
     let server = Server::start(V1);

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::limiter::Limiter;
 use crate::observe::prometheus::{Exposition, Kind};
@@ -42,6 +42,10 @@ pub const POLICY_LAST_RELOAD_SUCCESSFUL: &str = "tollgate_policy_last_reload_suc
 
 /// How many versions are kept for rollback.
 pub const KEPT_VERSIONS: usize = 50;
+
+/// Most bytes of source texts the kept versions hold by default (see
+/// [`Lifecycle::with_history_max_bytes`]): 50 versions of two 16 MiB files would hold 1.6 GB.
+pub const DEFAULT_HISTORY_MAX_BYTES: usize = 64 << 20;
 
 /// Why a rollback did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -198,6 +202,9 @@ pub struct Lifecycle {
     /// The last version a command published itself (see [`Lifecycle::fleet_activate`]): the
     /// sync need not publish it again.
     published_seq: AtomicU64,
+    /// Most bytes of source texts the kept versions hold (see
+    /// [`Lifecycle::with_history_max_bytes`]).
+    history_max_bytes: usize,
 }
 
 impl Lifecycle {
@@ -232,7 +239,17 @@ impl Lifecycle {
             managed: manager::Manager::default(),
             defaults: PolicyDefaults::default(),
             published_seq: AtomicU64::new(0),
+            history_max_bytes: DEFAULT_HISTORY_MAX_BYTES,
         }
+    }
+
+    /// This life cycle keeping at most `max` bytes of source texts in its versions
+    /// ([`PolicyVersion::source_bytes`]), besides at most [`KEPT_VERSIONS`] of them: past
+    /// either, the oldest go first. The running version and the one a plain rollback from it
+    /// goes to are never dropped, so with only those two left the history may hold more.
+    pub fn with_history_max_bytes(mut self, max: usize) -> Self {
+        self.history_max_bytes = max;
+        self
     }
 
     /// This life cycle compiling every policy with `defaults` (the first one, which the limiter
@@ -386,11 +403,46 @@ impl Lifecycle {
         });
         self.limiter.replace_policy(policy);
         history.push(version.clone());
-        if history.len() > KEPT_VERSIONS {
-            history.remove(0);
-        }
+        self.trim(&mut history, &version);
         *current = version.clone();
         Ok(Activation::Activated(version))
+    }
+
+    /// Drops the oldest versions of `history` while it holds more than [`KEPT_VERSIONS`] or
+    /// more than `history_max_bytes` of source texts, except `running` and the version a plain
+    /// rollback from it goes to: a rollback right after any change still works.
+    fn trim(&self, history: &mut Vec<Arc<PolicyVersion>>, running: &PolicyVersion) {
+        // Dropping other versions never changes which one that is.
+        let target = rollback_target(history, running).map(|v| v.seq);
+        let mut bytes = history
+            .iter()
+            .map(|v| v.source_bytes())
+            .fold(0, usize::saturating_add);
+        let mut dropped = 0usize;
+        while history.len() > KEPT_VERSIONS || bytes > self.history_max_bytes {
+            let Some(oldest) = history
+                .iter()
+                .position(|v| v.seq != running.seq && Some(v.seq) != target)
+            else {
+                warn!(
+                    bytes,
+                    most = self.history_max_bytes,
+                    "The running policy version and its rollback target alone hold more than --policy-history-max-bytes; both are kept"
+                );
+                break;
+            };
+            bytes = bytes.saturating_sub(history[oldest].source_bytes());
+            history.remove(oldest);
+            dropped += 1;
+        }
+        if dropped > 0 {
+            debug!(
+                dropped,
+                kept = history.len(),
+                bytes,
+                "Oldest policy versions dropped from the history"
+            );
+        }
     }
 
     /// Compiles `sources` and checks that the store can decide every limit exactly.
@@ -422,10 +474,9 @@ impl Lifecycle {
             let mut current = self.current.lock();
             let target = {
                 let history = self.history.lock();
-                let back_from = current.restored.unwrap_or(current.seq);
                 match to {
                     Some(seq) => history.iter().find(|v| v.seq == seq).cloned(),
-                    None => history.iter().rev().find(|v| v.seq < back_from).cloned(),
+                    None => rollback_target(&history, &current).cloned(),
                 }
             };
             let target = target.ok_or(match to {
@@ -478,6 +529,16 @@ impl Lifecycle {
         )
         .sample(&[], u8::from(ok));
     }
+}
+
+/// The version of `history` a plain rollback from `running` goes to: the newest before the
+/// running one or, when a rollback made the running one, before the version it restored.
+fn rollback_target<'h>(
+    history: &'h [Arc<PolicyVersion>],
+    running: &PolicyVersion,
+) -> Option<&'h Arc<PolicyVersion>> {
+    let back_from = running.restored.unwrap_or(running.seq);
+    history.iter().rev().find(|v| v.seq < back_from)
 }
 
 // Shadow candidates: a policy decided beside the running one on real traffic, never enforced,
@@ -676,6 +737,94 @@ mod tests {
         assert!(lifecycle.limiter().candidate().is_some(), "another policy");
         lifecycle.activate(policy(3), Origin::Shared).unwrap();
         assert!(lifecycle.limiter().candidate().is_none());
+    }
+
+    /// `policy(n)` padded with a comment to `SIZED` bytes of name and text.
+    fn sized(n: u32) -> Vec<(String, String)> {
+        let mut sources = policy(n);
+        let (name, text) = &mut sources[0];
+        let pad = SIZED - name.len() - text.len() - 2;
+        text.push_str(&format!("#{}\n", "x".repeat(pad)));
+        sources
+    }
+
+    const SIZED: usize = 1_000;
+
+    /// The sequence numbers kept, oldest first.
+    fn kept(lifecycle: &Lifecycle) -> Vec<u64> {
+        lifecycle.versions().iter().map(|v| v.seq).collect()
+    }
+
+    /// A life cycle keeping `versions` of [`sized`] policies' bytes, running `sized(1)`.
+    fn keeping(versions: usize) -> Lifecycle {
+        let limiter = lifecycle().limiter().clone();
+        limiter.replace_policy(Policy::from_sources(&sized(1)).unwrap());
+        Lifecycle::new(limiter, None, sized(1)).with_history_max_bytes(versions * SIZED + SIZED / 2)
+    }
+
+    /// Past its bytes the history drops its oldest versions first (it used to keep 50 of any
+    /// size: 1.6 GB of two 16 MiB files), but never the running version nor the one a plain
+    /// rollback goes to, so a rollback still works after versions were dropped.
+    #[test]
+    fn a_history_past_its_bytes_drops_the_oldest_first_but_keeps_the_rollback_target() {
+        assert_eq!(sized(7)[0].0.len() + sized(7)[0].1.len(), SIZED);
+        let lifecycle = keeping(3);
+        for n in 2..=4 {
+            lifecycle.activate(sized(n), Origin::Push).unwrap();
+        }
+        assert_eq!(kept(&lifecycle), [2, 3, 4], "the oldest went first");
+        let bytes: usize = lifecycle.versions().iter().map(|v| v.source_bytes()).sum();
+        assert_eq!(bytes, 3 * SIZED);
+
+        // Back to 3: a plain rollback from there goes to 2, the oldest, which must stay.
+        lifecycle.rollback(Some(3)).unwrap();
+        assert_eq!(kept(&lifecycle), [2, 4, 5], "3 went instead of 2");
+        let back = lifecycle.rollback(None).unwrap();
+        assert!(matches!(back, Activation::Activated(ref v) if v.hash == sources_hash(&sized(2))));
+        assert_eq!(kept(&lifecycle), [4, 5, 6]);
+        assert_eq!(
+            lifecycle.rollback(None).unwrap_err(),
+            RollbackError::NoEarlier,
+            "nothing before 2 is kept"
+        );
+        assert_eq!(
+            lifecycle.rollback(Some(1)).unwrap_err(),
+            RollbackError::NotKept(1)
+        );
+        lifecycle.rollback(Some(4)).unwrap();
+        assert_eq!(lifecycle.current().hash, sources_hash(&sized(4)));
+    }
+
+    /// Versions larger than the bound on their own: the running one and its rollback target
+    /// are kept anyway, and the rollback works.
+    #[test]
+    fn the_running_version_and_its_rollback_target_outlast_the_bound() {
+        let lifecycle = keeping(0);
+        lifecycle.activate(sized(2), Origin::Push).unwrap();
+        assert_eq!(kept(&lifecycle), [1, 2]);
+        lifecycle.activate(sized(3), Origin::Push).unwrap();
+        assert_eq!(kept(&lifecycle), [2, 3]);
+        lifecycle.rollback(None).unwrap();
+        assert_eq!(lifecycle.current().hash, sources_hash(&sized(2)));
+        assert_eq!(
+            kept(&lifecycle),
+            [4],
+            "4 restored 2, and nothing before 2 is kept"
+        );
+        assert_eq!(
+            lifecycle.rollback(None).unwrap_err(),
+            RollbackError::NoEarlier
+        );
+    }
+
+    /// Within the bytes, the count still bounds the history.
+    #[test]
+    fn the_history_keeps_at_most_its_count_of_versions() {
+        let lifecycle = lifecycle();
+        for n in 2..=60 {
+            lifecycle.activate(policy(n), Origin::Push).unwrap();
+        }
+        assert_eq!(kept(&lifecycle), (11..=60).collect::<Vec<_>>());
     }
 
     /// An activation takes `current` then `history`; a rollback used to take them the other

@@ -57,4 +57,12 @@ impl PolicyVersion {
     pub fn label(&self) -> String {
         format!("{}-{}", self.seq, self.hash)
     }
+
+    /// The bytes of its sources' names and texts: what the history's byte bound counts.
+    pub fn source_bytes(&self) -> usize {
+        self.sources
+            .iter()
+            .map(|(name, text)| name.len().saturating_add(text.len()))
+            .fold(0, usize::saturating_add)
+    }
 }
