@@ -219,6 +219,16 @@ impl State {
         }
     }
 
+    /// Heap bytes this state owns beyond its own size: a sliding log's entries (their
+    /// capacity), nothing for the other algorithms. Constant time, for stores that account
+    /// for their memory.
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            State::SlidingWindowLog { log } => log.heap_bytes(),
+            _ => 0,
+        }
+    }
+
     /// Applies a transition returned by [`crate::decide`] for this state.
     ///
     /// This is the only place the sliding log grows. A [`Transition::LogAppend`] applied to a

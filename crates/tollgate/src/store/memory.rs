@@ -8,7 +8,10 @@
 //! params: see `tollgate_core::State`), and [`MemoryStore::sweep`] drops it, so memory is
 //! bounded by live keys, and those by [`MemoryStore::with_max_keys`]: a flood of new keys (one
 //! per client address, say) is refused past it, as Redis refuses writes at `maxmemory`, rather
-//! than growing the process until it is killed.
+//! than growing the process until it is killed. [`MemoryStore::with_max_bytes`] refuses new keys
+//! the same way once the bytes its keys are estimated to hold would pass a bound: a key's slot
+//! is a fixed size, but a sliding log's entries grow with its limit (a full log of 131 072
+//! entries holds 2 MiB).
 
 use std::borrow::Cow;
 use std::hash::{BuildHasher, RandomState};
@@ -31,6 +34,14 @@ const SHARDS: usize = 64;
 /// A counter key, inline up to 56 bytes (a rule key with a UUID-sized value spills to the heap).
 type Key = SmallVec<[u8; 56]>;
 
+/// The bytes a key is counted for by [`MemoryStore::with_max_bytes`] besides its spilled key
+/// and its sliding log: its slot's 128-byte allocation, and the pointer and control byte the
+/// table holds for it (9 bytes a bucket, 10 to 20 a key at the table's 44% to 88% load).
+pub const KEY_BYTES: usize = 128 + 16;
+
+/// Bytes a key holds inline in its slot; a longer one takes a heap buffer of its own.
+const INLINE_KEY: usize = 56;
+
 /// One key and its state, in a single allocation of 128 bytes (see `Slot::SIZE`).
 ///
 /// The table holds pointers to slots rather than slots: a hash table is between 44% and 88%
@@ -50,6 +61,32 @@ impl Slot {
     /// header.
     #[cfg(test)]
     const SIZE: usize = 120;
+
+    /// The bytes this slot is counted for ([`KEY_BYTES`], a spilled key's buffer, a sliding
+    /// log's boxed state and entries): a few reads, no walk.
+    fn bytes(&self) -> usize {
+        let key = if self.key.spilled() {
+            self.key.capacity()
+        } else {
+            0
+        };
+        KEY_BYTES + key + self.state.heap_bytes()
+    }
+
+    /// What a slot for `charge`'s key is counted for when it is made, before its sliding log
+    /// (if any) holds an entry: the estimate a new key is refused by.
+    fn new_bytes(charge: &Charge<'_>) -> usize {
+        let key = if charge.key.len() > INLINE_KEY {
+            charge.key.len()
+        } else {
+            0
+        };
+        let log = match charge.params.algorithm() {
+            tollgate_core::Algorithm::SlidingWindowLog => std::mem::size_of::<State>(),
+            _ => 0,
+        };
+        KEY_BYTES + key + log
+    }
 
     /// Applies `transition` and renews the expiry from the same state, read once. A sliding
     /// log is changed in place (no allocation once its buffer has grown to its longest length).
@@ -124,6 +161,14 @@ impl From<Halves> for u128 {
 }
 
 impl Stored {
+    /// Heap bytes beyond the slot: the sliding log's boxed state and its entries.
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Stored::SlidingWindowLog(state) => std::mem::size_of::<State>() + state.heap_bytes(),
+            _ => 0,
+        }
+    }
+
     /// The state, borrowed for the sliding log and rebuilt (a few words) for the others.
     fn load(&self) -> Cow<'_, State> {
         Cow::Owned(match *self {
@@ -238,6 +283,13 @@ pub struct MemoryStore {
     entries: AtomicUsize,
     /// Most entries held: a request that needs a new one past it is refused.
     max_keys: usize,
+    /// Most bytes the entries are counted for ([`Slot::bytes`]): a request that needs a new
+    /// entry past it is refused. `None`: not bounded, and not counted either, so a store
+    /// without the bound decides as it did before there was one.
+    max_bytes: Option<usize>,
+    /// What the entries held are counted for, kept while `max_bytes` is set: raised as one is
+    /// added or its sliding log's buffer grows, lowered as one is swept or replaced on expiry.
+    bytes: AtomicUsize,
 }
 
 impl MemoryStore {
@@ -249,6 +301,8 @@ impl MemoryStore {
             clock,
             entries: AtomicUsize::new(0),
             max_keys: usize::MAX,
+            max_bytes: None,
+            bytes: AtomicUsize::new(0),
         }
     }
 
@@ -259,6 +313,50 @@ impl MemoryStore {
     pub fn with_max_keys(mut self, max: usize) -> Self {
         self.max_keys = max;
         self
+    }
+
+    /// This store, refusing a request that needs a new key once the bytes its keys are counted
+    /// for ([`KEY_BYTES`] each, a longer key's buffer, a sliding log's entries) and the new
+    /// key's would pass `max`, exactly as [`MemoryStore::with_max_keys`] refuses one past its
+    /// keys. Keys already held are decided as usual, a sliding log growing past `max` too (each
+    /// by at most its limit's entries), and bytes come back as keys expire and are swept. Set
+    /// before the store holds a key: it counts from then on.
+    pub fn with_max_bytes(mut self, max: usize) -> Self {
+        self.max_bytes = Some(max);
+        self
+    }
+
+    /// The bytes the entries held are counted for, when [`MemoryStore::with_max_bytes`] bounds
+    /// them (they are not counted otherwise).
+    pub fn bytes(&self) -> Option<usize> {
+        self.max_bytes.map(|_| self.bytes.load(Ordering::Relaxed))
+    }
+
+    /// Why a commit that needs `new_keys` more keys, counted for `new_bytes`, is refused: the
+    /// store holds its most keys or bytes.
+    fn refusal(&self, new_keys: usize, new_bytes: impl FnOnce() -> usize) -> Option<String> {
+        if self.len().saturating_add(new_keys) > self.max_keys {
+            return Some(format!(
+                "the memory store holds its most keys ({}, --memory-max-keys): a limit on a new key takes its failure posture until keys expire",
+                self.max_keys
+            ));
+        }
+        let max = self.max_bytes?;
+        let held = self.bytes.load(Ordering::Relaxed);
+        (held.saturating_add(new_bytes()) > max).then(|| {
+            format!(
+                "the memory store holds its most bytes ({held} of {max}, --memory-max-bytes): a limit on a new key takes its failure posture until keys expire"
+            )
+        })
+    }
+
+    /// Counts a slot that went from `before` to `after` bytes.
+    fn resized(&self, before: usize, after: usize) {
+        if after > before {
+            self.bytes.fetch_add(after - before, Ordering::Relaxed);
+        } else if before > after {
+            self.bytes.fetch_sub(before - after, Ordering::Relaxed);
+        }
     }
 
     fn hash(&self, key: &[u8]) -> u64 {
@@ -274,12 +372,23 @@ impl MemoryStore {
     /// Removes every entry whose state has expired at `now`. Returns how many were removed.
     pub fn sweep(&self, now: Timestamp) -> usize {
         let mut removed = 0;
+        let counts_bytes = self.max_bytes.is_some();
         for shard in self.shards.iter() {
             let mut table = shard.lock();
             let before = table.len();
-            table.retain(|slot| slot.expires_at > now);
+            let mut freed = 0usize;
+            table.retain(|slot| {
+                let live = slot.expires_at > now;
+                if !live && counts_bytes {
+                    freed += slot.bytes();
+                }
+                live
+            });
             let gone = before - table.len();
             self.entries.fetch_sub(gone, Ordering::Relaxed);
+            if freed > 0 {
+                self.bytes.fetch_sub(freed, Ordering::Relaxed);
+            }
             removed += gone;
         }
         removed
@@ -304,9 +413,9 @@ impl MemoryStore {
     /// admitted, commits them. Up to [`INLINE_CHARGES`] charges on existing keys, nothing is
     /// allocated.
     ///
-    /// A commit that needs more keys than the store may hold ([`MemoryStore::with_max_keys`])
-    /// changes nothing and answers [`StoreError::NotCalled`], `decisions` filled as for a
-    /// look.
+    /// A commit that needs more keys or bytes than the store may hold
+    /// ([`MemoryStore::with_max_keys`], [`MemoryStore::with_max_bytes`]) changes nothing and
+    /// answers [`StoreError::NotCalled`], `decisions` filled as for a look.
     pub(crate) fn decide(
         &self,
         charges: &[Charge<'_>],
@@ -411,7 +520,16 @@ impl MemoryStore {
                     .any(|j| charges[j].key == charges[i].key && transitions[j] != Transition::Keep)
         };
         let new_keys = (0..charges.len()).filter(|&i| needs_key(i)).count();
-        if commit && new_keys > 0 && self.len().saturating_add(new_keys) > self.max_keys {
+        let refused = if commit && new_keys > 0 {
+            let new_bytes = || {
+                let new = (0..charges.len()).filter(|&i| needs_key(i));
+                new.map(|i| Slot::new_bytes(&charges[i])).sum()
+            };
+            self.refusal(new_keys, new_bytes)
+        } else {
+            None
+        };
+        if let Some(why) = refused {
             // The limits on held keys are decided as usual (their figures as they stand: the
             // limiter charges them once the postures have answered for the others).
             let decided = (0..charges.len())
@@ -430,10 +548,7 @@ impl MemoryStore {
                 .collect();
             return Err(StoreError::Partly {
                 decided,
-                cause: Box::new(StoreError::NotCalled(format!(
-                    "the memory store holds its most keys ({}, --memory-max-keys): a limit on a new key takes its failure posture until keys expire",
-                    self.max_keys
-                ))),
+                cause: Box::new(StoreError::NotCalled(why)),
                 deadline: tokio::time::Instant::now(),
             });
         }
@@ -445,7 +560,13 @@ impl MemoryStore {
                 let table = &mut guards[shard_ids[i]];
                 let hash = hashes[i];
                 if let Some(slot) = table.find_mut(hash, |slot| *slot.key == *charge.key) {
-                    slot.apply(transition, charge.params, now);
+                    if self.max_bytes.is_some() {
+                        let before = slot.bytes();
+                        slot.apply(transition, charge.params, now);
+                        self.resized(before, slot.bytes());
+                    } else {
+                        slot.apply(transition, charge.params, now);
+                    }
                     continue;
                 }
                 let mut state = State::empty(charge.params);
@@ -455,6 +576,9 @@ impl MemoryStore {
                     expires_at: state.expires_at(charge.params),
                     state: Stored::from(state),
                 };
+                if self.max_bytes.is_some() {
+                    self.bytes.fetch_add(slot.bytes(), Ordering::Relaxed);
+                }
                 table.insert_unique(hash, Box::new(slot), |slot| self.hash(&slot.key));
                 self.entries.fetch_add(1, Ordering::Relaxed);
             }
@@ -548,6 +672,83 @@ mod tests {
     #[test]
     fn a_slot_fits_a_128_byte_allocation() {
         assert_eq!(std::mem::size_of::<Slot>(), Slot::SIZE);
+    }
+
+    /// What a walk of every slot counts: the running total must always equal it.
+    fn walked(store: &MemoryStore) -> usize {
+        let shards = store.shards.iter();
+        shards
+            .map(|s| s.lock().iter().map(|slot| slot.bytes()).sum::<usize>())
+            .sum()
+    }
+
+    /// The running total follows every way a slot's bytes change: a new key (a longer one with
+    /// its own buffer), a sliding log's buffer growing, a key changing algorithm (a reload), an
+    /// expired log replaced by an empty one, a sweep.
+    #[test]
+    fn the_counted_bytes_follow_every_change_of_a_slot() {
+        use std::sync::Arc;
+
+        use crate::clock::{Clock, ManualClock};
+
+        let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
+            1_700_000_000_000_000,
+        )));
+        let store = MemoryStore::new(clock.clone()).with_max_bytes(usize::MAX);
+        let second = Duration::from_secs(1);
+        let log = Params::new(Algorithm::SlidingWindowLog, 1_000, second, None).unwrap();
+        let fixed = Params::new(Algorithm::FixedWindow, 1_000, second, None).unwrap();
+        let long_key = "k".repeat(100);
+        let charge = |key: &'static str, params| Charge::new(key.as_bytes(), params, 1);
+        let apply = |charges: &[Charge<'_>]| {
+            let mut decisions = Decisions::new();
+            store.decide(charges, true, &mut decisions).unwrap();
+            assert_eq!(store.bytes(), Some(walked(&store)));
+        };
+        apply(&[charge("a", &fixed)]);
+        assert_eq!(store.bytes(), Some(KEY_BYTES));
+        apply(&[Charge::new(long_key.as_bytes(), &fixed, 1)]);
+        assert_eq!(store.bytes(), Some(2 * KEY_BYTES + 100));
+        for _ in 0..100 {
+            clock.advance(Duration::from_millis(1));
+            apply(&[charge("log", &log)]);
+        }
+        let grown = store.bytes().unwrap();
+        assert!(grown >= 3 * KEY_BYTES + 100 + 100 * 16, "{grown}");
+        // A reload made the log a fixed window, and the fixed window a log.
+        apply(&[charge("log", &fixed), charge("a", &log)]);
+        assert!(store.bytes().unwrap() < grown);
+        // Expired, the log is replaced by an empty one before its new entry.
+        clock.advance(Duration::from_secs(2));
+        for _ in 0..100 {
+            clock.advance(Duration::from_millis(1));
+            apply(&[charge("b", &log)]);
+        }
+        let full = store.bytes().unwrap();
+        clock.advance(Duration::from_secs(2));
+        apply(&[charge("b", &log)]);
+        assert!(
+            store.bytes().unwrap() + 100 * 16 <= full,
+            "the expired entries' buffer went"
+        );
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(store.sweep(clock.now()), 4);
+        assert_eq!(store.bytes(), Some(0));
+        assert_eq!(walked(&store), 0);
+    }
+
+    /// Without the bound nothing is counted, and nothing reported.
+    #[test]
+    fn an_unbounded_store_counts_no_bytes() {
+        let clock = std::sync::Arc::new(crate::clock::ManualClock::new(Timestamp::EPOCH));
+        let store = MemoryStore::new(clock);
+        let fixed = Params::new(Algorithm::FixedWindow, 9, Duration::from_secs(1), None).unwrap();
+        let mut decisions = Decisions::new();
+        store
+            .decide(&[Charge::new(b"a", &fixed, 1)], true, &mut decisions)
+            .unwrap();
+        assert_eq!(store.bytes(), None);
+        assert_eq!(store.bytes.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -188,6 +188,58 @@ async fn a_full_store_refuses_new_keys_and_keeps_deciding_the_others() {
     assert_eq!(store.len(), 2);
 }
 
+/// Past its bytes (a sliding log's entries, here) a store refuses a request that needs a new
+/// key, as past its keys, and goes on deciding the keys it has; the bytes come back as the log
+/// expires, whether it is replaced on its next charge or swept.
+#[tokio::test]
+async fn a_store_past_its_bytes_refuses_new_keys_and_keeps_deciding_the_others() {
+    let (clock, store) = store();
+    let store = store.with_max_bytes(64 << 10);
+    let log = params(
+        Algorithm::SlidingWindowLog,
+        100_000,
+        Duration::from_secs(60),
+    );
+    let minute = params(Algorithm::FixedWindow, 10, Duration::from_secs(60));
+    assert!(store.apply(&[charge("fixed", &minute, 1)]).await.is_ok());
+    // 4 100 entries at as many instants: a buffer of 8 192, 128 KiB.
+    for _ in 0..4_100 {
+        clock.advance(Duration::from_micros(10));
+        assert!(store.apply(&[charge("log", &log, 1)]).await.unwrap()[0].is_allowed());
+    }
+    let held = store.bytes().unwrap();
+    assert!(held > 128 << 10, "{held}");
+
+    let full = store.apply(&[charge("new", &minute, 1)]).await.unwrap_err();
+    assert!(full.to_string().contains("--memory-max-bytes"), "{full}");
+    let partly = store
+        .apply(&[charge("fixed", &minute, 1), charge("new", &minute, 1)])
+        .await
+        .unwrap_err();
+    let StoreError::Partly { decided, .. } = partly else {
+        panic!("{partly}")
+    };
+    assert_eq!(decided[0].map(|d| d.remaining), Some(9), "as it stands");
+    assert!(decided[1].is_none());
+    // The keys held keep deciding, the log growing past the bound.
+    let fixed = store.apply(&[charge("fixed", &minute, 1)]).await.unwrap();
+    assert_eq!(fixed[0].remaining, 8);
+    let logged = store.apply(&[charge("log", &log, 1)]).await.unwrap();
+    assert_eq!(logged[0].remaining, 100_000 - 4_101);
+    assert_eq!(store.len(), 2);
+    assert_eq!(store.bytes(), Some(held), "the buffer had room for it");
+
+    // Expired, the log is replaced by an empty one at its next charge: room again.
+    clock.advance(Duration::from_secs(61));
+    assert!(store.apply(&[charge("log", &log, 1)]).await.is_ok());
+    assert!(store.bytes().unwrap() < 2 << 10, "{:?}", store.bytes());
+    assert!(store.apply(&[charge("new", &minute, 1)]).await.is_ok());
+    assert_eq!(store.len(), 3);
+    clock.advance(Duration::from_secs(61));
+    assert_eq!(store.sweep_now(), 3);
+    assert_eq!(store.bytes(), Some(0), "every byte counted comes back");
+}
+
 /// The same counter twice in one request, both denied: the request fits only once both do, so
 /// the later charge's retry is the wait for the two together, and retrying after the longer
 /// retry is admitted. (Each used to give the wait for its own cost, so a client retrying then
