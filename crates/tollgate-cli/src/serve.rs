@@ -232,6 +232,13 @@ pub struct ServeArgs {
     /// many at most; past that, a new key is allowed uncounted.
     #[arg(long, env = "TOLLGATE_MEMORY_MAX_KEYS", default_value_t = DEFAULT_MEMORY_MAX_KEYS, value_parser = positive::<usize>, value_name = "N")]
     memory_max_keys: usize,
+    /// Most bytes the in-memory store's keys are estimated to hold (144 each, a longer key's
+    /// buffer, a sliding log's entries at 16 bytes each): past it a request that needs a new
+    /// key takes its failure posture, as past `--memory-max-keys`; keys held keep deciding.
+    /// The `local` posture's store has the same bound. Off unless given. `4GiB`, `512MB` or a
+    /// number of bytes.
+    #[arg(long, env = "TOLLGATE_MEMORY_MAX_BYTES", value_parser = crate::grpc_limits::bytes, value_name = "BYTES")]
+    memory_max_bytes: Option<usize>,
     /// On SIGTERM or Ctrl-C, how long requests in flight may take to finish before the
     /// connections still open are closed (a client that never answers the server's goodbye
     /// would otherwise hold the shutdown forever). A second signal stops at once. The exit
@@ -565,6 +572,10 @@ async fn serve(
         .max_overrides(args.max_overrides)
         .policy_history_max_bytes(args.policy_history_max_bytes)
         .ready_within(args.store_connect_timeout);
+    let builder = match args.memory_max_bytes {
+        Some(max) => builder.memory_max_bytes(max),
+        None => builder,
+    };
     let builder = match &source {
         Source::Files(path, sources) => builder.config(path.clone(), sources.clone()),
         Source::Xds(_) => builder.managed_by(tollgate_server::xds::SOURCE),

@@ -62,6 +62,7 @@ pub struct ServiceBuilder {
     redis: RedisOptions,
     failure: FailureSettings,
     memory_max_keys: usize,
+    memory_max_bytes: Option<usize>,
     prefilter: bool,
     max_overrides: usize,
     config: Option<PathBuf>,
@@ -89,6 +90,13 @@ impl ServiceBuilder {
     /// Most keys the memory store (and the `local` posture's store) holds.
     pub fn memory_max_keys(mut self, max: usize) -> Self {
         self.memory_max_keys = max;
+        self
+    }
+
+    /// Most bytes the memory store's keys (and the `local` posture's store's) are counted for,
+    /// none by default: see [`MemoryStore::with_max_bytes`](crate::store::MemoryStore::with_max_bytes).
+    pub fn memory_max_bytes(mut self, max: usize) -> Self {
+        self.memory_max_bytes = Some(max);
         self
     }
 
@@ -162,7 +170,11 @@ impl ServiceBuilder {
             })?;
         let store = match store {
             StoreBackend::Memory(memory) => {
-                StoreBackend::Memory(memory.with_max_keys(self.memory_max_keys))
+                let memory = memory.with_max_keys(self.memory_max_keys);
+                StoreBackend::Memory(match self.memory_max_bytes {
+                    Some(max) => memory.with_max_bytes(max),
+                    None => memory,
+                })
             }
             redis => redis,
         };
@@ -200,6 +212,7 @@ impl ServiceBuilder {
         }
         let failure = FailureSettings {
             local_max_keys: self.memory_max_keys,
+            local_max_bytes: self.memory_max_bytes,
             ..self.failure
         };
         let limiter = Limiter::with_failure_settings(self.policy, store, failure, self.clock)
@@ -284,6 +297,7 @@ impl Service {
             redis: RedisOptions::default(),
             failure: FailureSettings::default(),
             memory_max_keys: usize::MAX,
+            memory_max_bytes: None,
             prefilter: true,
             max_overrides: crate::limiter::DEFAULT_MAX_OVERRIDES,
             config: None,

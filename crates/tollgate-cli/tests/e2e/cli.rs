@@ -323,7 +323,7 @@ fn serve_refuses_an_empty_forward_auth_domain() {
 fn serve_refuses_store_settings_that_would_never_decide() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(&dir, "ok.yaml", "domain: edge\ndescriptors: []\n");
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
         // Up to u64::MAX seconds parses; past a day the deadlines computed from it overflow.
         (
             &["--grpc-keepalive", "18446744073709551615s"],
@@ -344,6 +344,7 @@ fn serve_refuses_store_settings_that_would_never_decide() {
             &["--store-batch-window", "6ms", "--store-timeout", "10ms"],
             "--store-batch-window 6ms is more than half of --store-timeout 10ms",
         ),
+        (&["--memory-max-bytes", "4XB"], "--memory-max-bytes"),
         (
             &["--policy-history-max-bytes", "0"],
             "--policy-history-max-bytes",

@@ -556,6 +556,61 @@ async fn a_full_memory_store_answers_new_keys_by_the_posture() {
     );
 }
 
+/// `--memory-max-bytes`: a sliding log filled past it sends new keys to their failure posture
+/// (`open`), while the keys held go on deciding; once the log expires and is swept its bytes
+/// come back (`tollgate_store_bytes` returns to 0) and a new key is counted again.
+#[tokio::test]
+async fn a_memory_store_past_its_bytes_answers_new_keys_by_the_posture() {
+    const LOG: &str = "domain: api
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, algorithm: sliding_window_log, period: 5s, requests_per_unit: 1000}
+";
+    // A key is counted for 144 bytes, its log 48 more and 16 an entry of its buffer.
+    let server = Server::start_with_args(LOG, &["--memory-max-bytes", "600B"]);
+    // One entry per request (each at its own instant): past 8 live ones (a buffer of 16, 448
+    // bytes) a new key's 192 no longer fit.
+    for _ in 0..40 {
+        let r = post(&server, "/v1/check", &check_body("user", "a", None)).await;
+        assert_eq!(header(&r, "x-tollgate-degraded"), None);
+    }
+    let r = post(&server, "/v1/check", &check_body("user", "b", None)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-tollgate-degraded"), Some("open"));
+    let r = post(&server, "/v1/check", &check_body("user", "a", None)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        header(&r, "x-tollgate-degraded"),
+        None,
+        "a held key decides"
+    );
+    let metrics = server.metrics().await;
+    let bytes = |metrics: &str| -> u64 {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("tollgate_store_bytes{store=\"memory\"} "))
+            .unwrap_or_else(|| panic!("{metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(bytes(&metrics) + 192 > 600, "{metrics}");
+    assert!(
+        metrics.contains("tollgate_store_keys{store=\"memory\"} 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tollgate_store_errors_total 1\n"),
+        "{metrics}"
+    );
+
+    support::eventually(Duration::from_secs(15), "the log swept", async || {
+        bytes(&server.metrics().await) == 0
+    })
+    .await;
+    let r = post(&server, "/v1/check", &check_body("user", "b", None)).await;
+    assert_eq!(header(&r, "x-tollgate-degraded"), None);
+    assert_eq!(header(&r, "x-ratelimit-remaining"), Some("999"));
+}
+
 /// The `local` posture's store has the same cap: a full store sends new keys to it, and it
 /// must not then grow without end. Past its cap, a new key is allowed uncounted, as by `open`;
 /// the keys it holds are still counted.

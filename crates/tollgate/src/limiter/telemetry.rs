@@ -296,6 +296,15 @@ impl Telemetry {
                 .family("tollgate_store_keys", "Keys in the store.", Kind::Gauge)
                 .sample(&[("store", kind)], keys);
         }
+        if let Some(bytes) = store.memory().and_then(|memory| memory.bytes()) {
+            Exposition::new(&mut out)
+                .family(
+                    "tollgate_store_bytes",
+                    "Bytes the memory store's keys are estimated to hold (counted only under --memory-max-bytes).",
+                    Kind::Gauge,
+                )
+                .sample(&[("store", "memory")], bytes);
+        }
         out
     }
 }

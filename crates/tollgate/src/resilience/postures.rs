@@ -32,6 +32,9 @@ pub struct FailureSettings {
     /// its own cap, see [`crate::store::MemoryStore::with_max_keys`]): it must not then grow
     /// this store without end either.
     pub local_max_keys: usize,
+    /// Most bytes the `local` posture's store's keys are counted for, as for
+    /// [`crate::store::MemoryStore::with_max_bytes`]; `None` bounds (and counts) none.
+    pub local_max_bytes: Option<usize>,
 }
 
 impl Default for FailureSettings {
@@ -41,6 +44,7 @@ impl Default for FailureSettings {
             local_share: 1.0,
             unavailable_retry_after: Duration::from_secs(1),
             local_max_keys: usize::MAX,
+            local_max_bytes: None,
         }
     }
 }
@@ -55,10 +59,12 @@ pub struct Postures {
 impl Postures {
     /// Postures with `settings`; the `local` posture's store runs on `clock`.
     pub fn new(settings: FailureSettings, clock: SharedClock) -> Self {
-        Postures {
-            settings,
-            local: MemoryStore::new(clock).with_max_keys(settings.local_max_keys),
-        }
+        let local = MemoryStore::new(clock).with_max_keys(settings.local_max_keys);
+        let local = match settings.local_max_bytes {
+            Some(max) => local.with_max_bytes(max),
+            None => local,
+        };
+        Postures { settings, local }
     }
 
     /// The in-process store used by the `local` posture.
@@ -96,7 +102,7 @@ impl Postures {
         if closed {
             self.local.decide_denied(&local_charges, &mut decided);
         } else {
-            // Full (`local_max_keys`), it charges nothing and its answers are those of a look:
+            // Full (`local_max_keys`, `local_max_bytes`), it charges nothing and its answers are those of a look:
             // a new key is allowed uncounted.
             let _held = self.local.decide(&local_charges, commit, &mut decided);
         }
