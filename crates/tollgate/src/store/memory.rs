@@ -333,7 +333,8 @@ impl MemoryStore {
     }
 
     /// Why a commit that needs `new_keys` more keys, counted for `new_bytes`, is refused: the
-    /// store holds its most keys or bytes.
+    /// store holds its most keys or bytes. Out of line: requests on held keys never call it.
+    #[inline(never)]
     fn refusal(&self, new_keys: usize, new_bytes: impl FnOnce() -> usize) -> Option<String> {
         if self.len().saturating_add(new_keys) > self.max_keys {
             return Some(format!(
@@ -351,6 +352,7 @@ impl MemoryStore {
     }
 
     /// Counts a slot that went from `before` to `after` bytes.
+    #[inline(never)]
     fn resized(&self, before: usize, after: usize) {
         if after > before {
             self.bytes.fetch_add(after - before, Ordering::Relaxed);
@@ -520,16 +522,14 @@ impl MemoryStore {
                     .any(|j| charges[j].key == charges[i].key && transitions[j] != Transition::Keep)
         };
         let new_keys = (0..charges.len()).filter(|&i| needs_key(i)).count();
-        let refused = if commit && new_keys > 0 {
-            let new_bytes = || {
-                let new = (0..charges.len()).filter(|&i| needs_key(i));
-                new.map(|i| Slot::new_bytes(&charges[i])).sum()
-            };
-            self.refusal(new_keys, new_bytes)
-        } else {
-            None
+        let new_bytes = || {
+            let new = (0..charges.len()).filter(|&i| needs_key(i));
+            new.map(|i| Slot::new_bytes(&charges[i])).sum()
         };
-        if let Some(why) = refused {
+        if commit
+            && new_keys > 0
+            && let Some(why) = self.refusal(new_keys, new_bytes)
+        {
             // The limits on held keys are decided as usual (their figures as they stand: the
             // limiter charges them once the postures have answered for the others).
             let decided = (0..charges.len())
@@ -553,37 +553,50 @@ impl MemoryStore {
             });
         }
         if commit {
-            for (i, (charge, transition)) in charges.iter().zip(transitions).enumerate() {
-                if transition == Transition::Keep {
-                    continue;
-                }
-                let table = &mut guards[shard_ids[i]];
-                let hash = hashes[i];
-                if let Some(slot) = table.find_mut(hash, |slot| *slot.key == *charge.key) {
-                    if self.max_bytes.is_some() {
-                        let before = slot.bytes();
-                        slot.apply(transition, charge.params, now);
-                        self.resized(before, slot.bytes());
-                    } else {
-                        slot.apply(transition, charge.params, now);
-                    }
-                    continue;
-                }
-                let mut state = State::empty(charge.params);
-                state.apply(transition);
-                let slot = Slot {
-                    key: Key::from_slice(charge.key),
-                    expires_at: state.expires_at(charge.params),
-                    state: Stored::from(state),
-                };
-                if self.max_bytes.is_some() {
-                    self.bytes.fetch_add(slot.bytes(), Ordering::Relaxed);
-                }
-                table.insert_unique(hash, Box::new(slot), |slot| self.hash(&slot.key));
-                self.entries.fetch_add(1, Ordering::Relaxed);
-            }
+            let at = (&shard_ids[..], &hashes[..], now);
+            self.commit(&mut guards, at, charges, transitions);
         }
         Ok(())
+    }
+
+    /// Commits the admitted `transitions` of `charges` into the shards `guards` holds
+    /// (`shard_ids` index it, `hashes` are the keys' hashes), counting their bytes when the
+    /// bound is set.
+    fn commit(
+        &self,
+        guards: &mut [MutexGuard<'_, Shard>],
+        (shard_ids, hashes, now): (&[usize], &[u64], Timestamp),
+        charges: &[Charge<'_>],
+        transitions: SmallVec<[Transition; INLINE_CHARGES]>,
+    ) {
+        for (i, (charge, transition)) in charges.iter().zip(transitions).enumerate() {
+            if transition == Transition::Keep {
+                continue;
+            }
+            let table = &mut guards[shard_ids[i]];
+            let hash = hashes[i];
+            if let Some(slot) = table.find_mut(hash, |slot| *slot.key == *charge.key) {
+                let counts_bytes = self.max_bytes.is_some();
+                let before = if counts_bytes { slot.bytes() } else { 0 };
+                slot.apply(transition, charge.params, now);
+                if counts_bytes {
+                    self.resized(before, slot.bytes());
+                }
+                continue;
+            }
+            let mut state = State::empty(charge.params);
+            state.apply(transition);
+            let slot = Slot {
+                key: Key::from_slice(charge.key),
+                expires_at: state.expires_at(charge.params),
+                state: Stored::from(state),
+            };
+            if self.max_bytes.is_some() {
+                self.bytes.fetch_add(slot.bytes(), Ordering::Relaxed);
+            }
+            table.insert_unique(hash, Box::new(slot), |slot| self.hash(&slot.key));
+            self.entries.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
