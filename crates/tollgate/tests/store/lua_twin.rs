@@ -1457,3 +1457,73 @@ return out";
         },
     );
 }
+
+/// Redis's count of calls of `command` since the last `CONFIG RESETSTAT`.
+fn calls(redis: &mut Redis, command: &str) -> u64 {
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// A write that leaves a key's expiry where it was sends no PEXPIREAT and writes only the
+/// fields whose text changed: a count within its window is one field; a window hash written
+/// before `p` was recorded still gets its TTL set, and its `p`.
+#[test]
+fn a_count_within_its_window_writes_only_the_count() {
+    let mut redis = Redis::start();
+    let minute = Duration::from_secs(60);
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let params = Params::new(algorithm, 10, minute, None).unwrap();
+        let key = fresh_key("within");
+        let charge = Charge::new(&key, params, 1);
+        redis
+            .decide(std::slice::from_ref(&charge), Some(BASE + 1_000), true)
+            .unwrap();
+        let expiry: i64 = redis.cmd(&["PEXPIRETIME", &key]);
+        let _: () = redis.cmd(&["CONFIG", "RESETSTAT"]);
+        let answer = redis
+            .decide(std::slice::from_ref(&charge), Some(BASE + 2_000), true)
+            .unwrap();
+        assert_eq!(answer.decisions[0][..2], [0, 8], "{algorithm:?}");
+        assert_eq!(calls(&mut redis, "pexpireat"), 0, "{algorithm:?}");
+        assert_eq!(calls(&mut redis, "hset"), 1, "{algorithm:?}");
+        let fields: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(&key)
+            .query(&mut redis.con)
+            .unwrap();
+        assert_eq!(
+            fields.get("y").map(String::as_str),
+            Some("2"),
+            "{algorithm:?}"
+        );
+        assert_eq!(
+            fields.get("p").map(String::as_str),
+            Some("60000000"),
+            "{algorithm:?}"
+        );
+        assert_eq!(
+            redis.cmd::<i64>(&["PEXPIRETIME", &key]),
+            expiry,
+            "{algorithm:?}"
+        );
+
+        // As an older version left it: no `p`, and a TTL that is not the state's.
+        let _: () = redis.cmd(&["HDEL", &key, "p"]);
+        let _: () = redis.cmd(&["PEXPIREAT", &key, &(expiry + 5_000).to_string()]);
+        redis.decide(&[charge], Some(BASE + 3_000), true).unwrap();
+        assert_eq!(
+            redis.cmd::<i64>(&["PEXPIRETIME", &key]),
+            expiry,
+            "{algorithm:?}"
+        );
+        let p: Option<String> = redis::cmd("HGET")
+            .arg(&key)
+            .arg("p")
+            .query(&mut redis.con)
+            .unwrap();
+        assert_eq!(p.as_deref(), Some("60000000"), "{algorithm:?}");
+    }
+}

@@ -88,7 +88,12 @@
 //!   were written (µs). The buckets' `l` and `p` are the limit and period they were written
 //!   under, which a decision under other params converts them from (see "When the params
 //!   change" in `tollgate_core::State`); a bucket written before they were recorded has none and
-//!   is read as written under the current params. `b` is the instant (µs) the hash was
+//!   is read as written under the current params. The windows' `p` is the period they were
+//!   written under, which with their fields gives their TTL: a write that leaves the expiry
+//!   where it was (a count within its window; a bucket within the same millisecond) sends no
+//!   `PEXPIREAT`, and one that leaves a field's text unchanged does not write it (a window
+//!   hash written before `p` was recorded gets a `PEXPIREAT` and its `p` on its next write).
+//!   `b` is the instant (µs) the hash was
 //!   made, written once: REFUND leaves a hash made after the charge it undoes alone (Redis lost
 //!   the counter charged, say a `FLUSHALL` before a local budget's give-back, and a new one was
 //!   made since; a clock stepped back in between drops the refund too, conservatively).

@@ -26,7 +26,12 @@ end
 local first, arg = 0, 3
 for r = 1, m do
   local n = tonumber(ARGV[arg])
-  local ok, reply = pcall(decide_request, first, n, arg + 2, ARGV[arg + 1] == '1', now)
+  local ok, reply
+  if n == 1 then
+    ok, reply = pcall(decide_single, first, arg + 2, ARGV[arg + 1] == '1', now)
+  else
+    ok, reply = pcall(decide_request, first, n, arg + 2, ARGV[arg + 1] == '1', now)
+  end
   if ok then
     replies[r] = reply
   else

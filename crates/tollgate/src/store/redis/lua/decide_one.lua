@@ -16,4 +16,7 @@ end
 if late then
   return redis.error_reply(LATE)
 end
+if #KEYS == 1 then
+  return decide_single(0, 3, ARGV[1] == '1', now)
+end
 return decide_request(0, #KEYS, 3, ARGV[1] == '1', now)

@@ -61,6 +61,9 @@ for i = 1, #KEYS do
       if alg >= 5 and not c.l then
         nz = now -- a state from before the params were recorded: its z was no instant
       end
+      if not c.dirty then
+        c.oe = state_stored_ms(c, alg)
+      end
       c.x, c.y, c.z, c.dirty, c.ep = nx, ny, nz, true, period
       c.l, c.p = limit, period
     end

@@ -10,10 +10,17 @@
 -- A hash also holds b = the instant (µs) it was made, written once: a REFUND of a charge made
 -- before it is of a counter Redis has since lost (flushed, restarted empty) and is dropped.
 --
+-- Every hash also records p = the period (µs) it was written under: its TTL follows from its
+-- fields and p, so a write that leaves the expiry where it was skips PEXPIREAT (a window's
+-- count within its window, a bucket within the same millisecond). A window hash written
+-- before p was recorded gets a PEXPIREAT and its p on its next write.
+--
 -- Fields: key; kind = 'h' (hash or missing) or 'z' (ZSET or missing); born = b; tag, x, y, z = the
 -- tentative state (tag 0 = empty, 2 = the sliding log), l, p = the params it was written under; base = the stored ZSET is part of the
 -- log; T = cost appended to the log by this call; dirty = a transition was applied; ep = the
--- period of the last charge that applied one (its expires_at sets the TTL, as in Rust).
+-- period of the last charge that applied one (its expires_at sets the TTL, as in Rust); h = the
+-- HMGET reply (the stored fields' text), st = the stored algorithm, oe = the PEXPIREAT (ms)
+-- the stored state was written with, when known (state_stored_ms).
 --
 -- Twins are built per call: EVALSHA runs the whole script body on every call, and creating a
 -- closure costs ~30 ns plus a walk of the captured-variable list for each variable it captures
@@ -22,12 +29,34 @@
 -- its functions; the drivers build a twin (main-chunk code, no closure) the first time a call
 -- meets its algorithm. Keep closures that capture many variables out of the main chunk.
 
-local function state_load_hash(c, reply)
-  c.kind = 'h'
-  c.tag = tonumber(reply[1]) or 0
-  c.x, c.y, c.z = tonumber(reply[2]), tonumber(reply[3]), tonumber(reply[4])
-  c.born = tonumber(reply[5])
-  c.l, c.p = tonumber(reply[6]), tonumber(reply[7])
+-- The hash fields a decision reads, in this order: t, x, y, b, p, z, l. A fixed window needs
+-- the first 5, a sliding counter 6, the buckets all 7 (`state_fields`).
+local function state_fields(alg)
+  if alg == 1 then
+    return 5
+  elseif alg == 3 then
+    return 6
+  end
+  return 7
+end
+
+-- Loads an HMGET reply of the first `read` fields (state_fields order), reading the rest when
+-- the stored algorithm needs more (a key whose algorithm a policy switched). The reply is kept
+-- (c.h): a write leaves out the fields whose text is unchanged.
+local function state_load_hash(c, reply, read)
+  c.kind, c.h = 'h', reply
+  local tag = tonumber(reply[1]) or 0
+  c.tag, c.st = tag, tag
+  c.born = tonumber(reply[4])
+  if tag == 0 then
+    return
+  end
+  if read < 7 and state_fields(tag) > read then
+    local rest = redis.call('HMGET', c.key, 'z', 'l')
+    reply[6], reply[7] = rest[1], rest[2]
+  end
+  c.x, c.y, c.p = tonumber(reply[2]), tonumber(reply[3]), tonumber(reply[5])
+  c.z, c.l = tonumber(reply[6]), tonumber(reply[7])
 end
 
 -- Raises the read error unless the key holds `other` (the other type tollgate writes).
@@ -37,82 +66,147 @@ local function state_other_type(c, reply, other)
   end
 end
 
--- Opens key `key`, reading it the way its first charge's algorithm does (`as_log`), so the
--- common case costs one command.
-local function state_open(key, as_log)
-  local c = { key = key, kind = 'h', tag = 0, base = false, T = 0, dirty = false }
-  if as_log then
+-- Opens key `key` for a first charge of algorithm `alg`, reading it the way that algorithm does,
+-- so the common case costs one command. The table is made with every field it can get, so
+-- filling it in never grows it.
+local function state_open(key, alg)
+  local c = { key = key, kind = 'h', tag = 0, base = false, T = 0, dirty = false, x = nil,
+    y = nil, z = nil, l = nil, p = nil, born = nil, ep = nil, h = nil, st = nil, oe = nil }
+  if alg == 2 then
     local r = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
     if r.err then
       state_other_type(c, r, 'hash')
-      state_load_hash(c, redis.call('HMGET', key, 't', 'x', 'y', 'z', 'b', 'l', 'p'))
+      state_load_hash(c, redis.call('HMGET', key, 't', 'x', 'y', 'b', 'p', 'z', 'l'), 7)
     else
       c.kind, c.tag, c.base = 'z', 2, true
       sliding_window_log_set_last(c, r)
     end
+    return c
+  end
+  local read = state_fields(alg)
+  local r
+  if read == 5 then
+    r = redis.pcall('HMGET', key, 't', 'x', 'y', 'b', 'p')
+  elseif read == 6 then
+    r = redis.pcall('HMGET', key, 't', 'x', 'y', 'b', 'p', 'z')
   else
-    local r = redis.pcall('HMGET', key, 't', 'x', 'y', 'z', 'b', 'l', 'p')
-    if r.err then
-      state_other_type(c, r, 'zset')
-      c.kind, c.tag, c.base = 'z', 2, true
-    else
-      state_load_hash(c, r)
-    end
+    r = redis.pcall('HMGET', key, 't', 'x', 'y', 'b', 'p', 'z', 'l')
+  end
+  if r.err then
+    state_other_type(c, r, 'zset')
+    c.kind, c.tag, c.base = 'z', 2, true
+  else
+    state_load_hash(c, r, read)
   end
   return c
 end
 
--- State::expires_at of the context's hash state.
-local function state_expires(c)
-  local tag = c.tag
+-- State::expires_at of a hash state of algorithm `tag`; `ep` is the period of the charge that
+-- wrote it (the windows' expiry depends on it).
+local function state_expires_of(tag, x, y, z, ep)
   if tag == 1 then
-    return fixed_window_expires(c.x, c.y, c.ep)
+    return fixed_window_expires(x, y, ep)
   elseif tag == 3 then
-    return sliding_window_counter_expires(c.x, c.y, c.z, c.ep)
+    return sliding_window_counter_expires(x, y, z, ep)
   elseif tag == 4 then
-    return token_bucket_expires(c.y, c.z)
+    return token_bucket_expires(y, z)
   elseif tag == 5 then
-    return leaky_bucket_expires(c.x, c.y)
+    return leaky_bucket_expires(x, y)
   end
-  return gcra_expires(c.x, c.y)
+  return gcra_expires(x, y)
+end
+
+-- The PEXPIREAT (ms) the key got when its stored state of algorithm `alg` was written, called
+-- before the first transition of this call replaces the context's state; nil when unknown. A
+-- writer's TTL follows from the state it wrote: for the buckets from their fields; for the
+-- windows also from the period, known once a hash records its `p` (older ones do not).
+local function state_stored_ms(c, alg)
+  local tag = c.tag
+  if c.kind ~= 'h' or tag ~= alg or tag == 2 or not c.x or not c.y then
+    return nil
+  end
+  if tag == 1 or tag == 3 then
+    if not c.p or (tag == 3 and not c.z) then
+      return nil
+    end
+  elseif tag == 4 and not c.z then
+    return nil
+  end
+  return div_ceil(state_expires_of(tag, c.x, c.y, c.z, c.p), 1000)
+end
+
+-- The text of the call's `now`, made once per call.
+local state_now_value, state_now_text
+local function state_int(v, now)
+  if v ~= now then
+    return int(v)
+  end
+  if state_now_value ~= now then
+    state_now_value, state_now_text = now, int(now)
+  end
+  return state_now_text
 end
 
 -- Writes the context's hash state with its TTL, or deletes the key when the state has already
--- expired at `now` (it then decides exactly like an empty one).
+-- expired at `now` (it then decides exactly like an empty one). One HSET of the fields whose
+-- text changed (all of them, and b, when the hash is new or held another algorithm), then
+-- PEXPIREAT unless the key already expires at that instant (`c.oe`, see state_stored_ms).
+local state_write = {}
 local function state_commit_hash(c, now)
   local key = c.key
   if c.kind == 'z' then
     redis.call('DEL', key) -- a sliding log replaced by this call
   end
-  local expires = state_expires(c)
+  local tag = c.tag
+  local expires = state_expires_of(tag, c.x, c.y, c.z, c.ep)
   if expires <= now then
     if c.kind ~= 'z' then
       redis.call('DEL', key)
     end
     return
   end
-  -- One HSET: b too when the hash is new (a ZSET it replaces was deleted above).
-  local new = not c.born or c.kind == 'z'
-  local tag = c.tag
-  if tag >= 4 then
-    if new then
-      redis.call('HSET', key, 't', tag, 'x', c.x, 'y', c.y, 'z', c.z, 'l', c.l, 'p', c.p, 'b',
-        int(now))
-    else
-      redis.call('HSET', key, 't', tag, 'x', c.x, 'y', c.y, 'z', c.z, 'l', c.l, 'p', c.p)
-    end
-  elseif tag ~= 1 and c.z then
-    if new then
-      redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y, 'z', c.z, 'b', int(now))
-    else
-      redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y, 'z', c.z)
-    end
-  elseif new then
-    redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y, 'b', int(now))
-  else
-    redis.call('HSET', key, 't', c.tag, 'x', c.x, 'y', c.y)
+  -- The stored text of this algorithm's fields, when the hash holds this algorithm.
+  local h = c.kind == 'h' and c.st == tag and c.h
+  local w, n = state_write, 0
+  if not h then
+    w[1], w[2], n = 't', tag, 2
   end
-  redis.call('PEXPIREAT', key, int(div_ceil(expires, 1000)))
+  local v = state_int(c.x, now)
+  if not h or v ~= h[2] then
+    w[n + 1], w[n + 2], n = 'x', v, n + 2
+  end
+  v = state_int(c.y, now)
+  if not h or v ~= h[3] then
+    w[n + 1], w[n + 2], n = 'y', v, n + 2
+  end
+  if tag ~= 1 and c.z then
+    v = state_int(c.z, now)
+    if not h or v ~= h[6] then
+      w[n + 1], w[n + 2], n = 'z', v, n + 2
+    end
+  end
+  if c.p then
+    v = state_int(c.p, now)
+    if not h or v ~= h[5] then
+      w[n + 1], w[n + 2], n = 'p', v, n + 2
+    end
+  end
+  if tag >= 4 and c.l then
+    v = state_int(c.l, now)
+    if not h or v ~= h[7] then
+      w[n + 1], w[n + 2], n = 'l', v, n + 2
+    end
+  end
+  if not c.born or c.kind == 'z' then
+    w[n + 1], w[n + 2], n = 'b', state_int(now, now), n + 2
+  end
+  if n > 0 then
+    redis.call('HSET', key, unpack(w, 1, n))
+  end
+  local ms = div_ceil(expires, 1000)
+  if ms ~= c.oe then
+    redis.call('PEXPIREAT', key, int(ms))
+  end
 end
 
 -- Builds the twin of algorithm `alg` the first time a call meets it: Redis re-creates a script's
@@ -165,7 +259,7 @@ local function state_context(first, i, alg, contexts, opened)
     end
   end
   if not c then
-    c = state_open(key, alg == 2)
+    c = state_open(key, alg)
     opened[#opened + 1] = c
   end
   contexts[i] = c
