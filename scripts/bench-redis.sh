@@ -1,134 +1,214 @@
 #!/usr/bin/env bash
-# The Redis-backed decision path against the memory store, with and without coalescing, and
-# the coalescing settings (batch window, batches in flight), at several concurrencies, in one
-# session.
+# The Redis path, pinned: what one decision costs Redis and the server, per algorithm and per
+# coalescing setting, in paired rounds. `tollgate serve` runs on one core (SERVER_CPU) with one
+# tokio worker; the load generator `tollgate bench` AND redis-server share the other (LOAD_CPU).
+# Each round loads every (algorithm, server) pair once, in an order that rotates from round to
+# round, so a slow spell of the shared machine falls on each in turn. Method: docs/measuring.md
+# ("Pinned server rounds") and docs/benchmarks.md ("Redis path").
 #
-#   scripts/bench-redis.sh [SECONDS_PER_RUN] [ROUNDS] [CONCURRENCIES]   (defaults 5, 3, "64 256")
+#   per run:   decisions/s, p99, Redis CPU per decision ((utime + stime) of redis-server from
+#              /proc/PID/stat over the run / decisions), Redis's EVALSHA usec_per_call and calls
+#              (INFO commandstats after CONFIG RESETSTAT) and so decisions per call, the server's
+#              CPU per decision and the share of its core it used, store errors (a run with any
+#              answered by the failure posture is flagged: its figures are not the store's);
+#   summary:   per algorithm and server, the medians over the rounds with their range, and with
+#              BASE_BIN each server's Redis CPU per decision over its base's, paired by round.
 #
-# Builds the release binary, starts redis-server and one `tollgate serve` per configuration on
-# free loopback ports, then runs `tollgate bench` (gRPC, 10 000 uniform keys, one channel)
-# against each in turn at each concurrency, ROUNDS times round-robin, and prints the median of
-# each with the ratio to the memory store at the same concurrency. Beside throughput it reports
-# where the two cores went, in CPU µs per request: tollgate, Redis, the load generator, and
-# idle time. A run where any decision fell to the failure posture is flagged: its throughput
-# would not be the store's. Everything is stopped on exit.
+# Usage: scripts/bench-redis.sh
+# Environment (defaults in brackets):
+#   ALGORITHMS ["fixed_window sliding_window_counter gcra sliding_window_log token_bucket
+#              leaky_bucket"]  one rule each, 1000 a second, `user` keys
+#   BATCHES ["default 1"]      one server per word: `default` runs serve's coalescing defaults,
+#                              a number N runs `--store-batch N` (0: one DECIDE call per decision)
+#   PROTOCOL [grpc] (grpc or http), ROUNDS [3] (at most 20), DURATION [5s] (at most 60 s),
+#   WARMUP [1s] (one unreported run per pair first; 0s skips), KEYS [10000], CONCURRENCY [64],
+#   CONNECTIONS [2], SERVER_CPU [0], LOAD_CPU [1],
+#   BASE_BIN [none]            another build's `tollgate` (the commit compared against): every
+#                              server also runs from it, as NAME-base, in the same rotation.
+# Everything listens on 127.0.0.1 ports the kernel chooses, the generator targets only those,
+# every run is under `timeout`, and every process started is stopped on exit.
 set -euo pipefail
 
-SECONDS_PER_RUN=${1:-5}
-ROUNDS=${2:-3}
-CONCURRENCIES=${3:-64 256}
+ALGORITHMS="${ALGORITHMS:-fixed_window sliding_window_counter gcra sliding_window_log token_bucket leaky_bucket}"
+BATCHES="${BATCHES:-default 1}"
+PROTOCOL="${PROTOCOL:-grpc}"
+ROUNDS="${ROUNDS:-3}"
+DURATION="${DURATION:-5s}"
+WARMUP="${WARMUP:-1s}"
+KEYS="${KEYS:-10000}"
+CONCURRENCY="${CONCURRENCY:-64}"
+CONNECTIONS="${CONNECTIONS:-2}"
+SERVER_CPU="${SERVER_CPU:-0}"
+LOAD_CPU="${LOAD_CPU:-1}"
+BASE_BIN="${BASE_BIN:-}"
+
+me="$(basename "$0")"
+fail() { echo "$me: $*" >&2; exit 2; }
+# seconds DURATION: whole seconds of a `5s` / `500ms` / `1m` duration.
+seconds() {
+  case "$1" in
+    *ms) echo $(( (${1%ms} + 999) / 1000 )) ;;
+    *s) echo "${1%s}" ;;
+    *m) echo $(( ${1%m} * 60 )) ;;
+    *) fail "a duration like 5s, 500ms or 1m expected, got '$1'" ;;
+  esac
+}
+[[ "$ROUNDS" =~ ^[0-9]+$ ]] && [ "$ROUNDS" -ge 1 ] && [ "$ROUNDS" -le 20 ] || fail "ROUNDS must be 1..20"
+run_s="$(seconds "$DURATION")"; warm_s="$(seconds "$WARMUP")"
+[[ "$run_s" =~ ^[0-9]+$ ]] && [ "$run_s" -ge 1 ] && [ "$run_s" -le 60 ] || fail "DURATION must be 1s..60s"
+[[ "$warm_s" =~ ^[0-9]+$ ]] && [ "$warm_s" -le 60 ] || fail "WARMUP must be at most 60s"
+case "$PROTOCOL" in grpc|http) ;; *) fail "PROTOCOL must be grpc or http, got '$PROTOCOL'" ;; esac
+for a in $ALGORITHMS; do
+  case "$a" in
+    fixed_window|sliding_window_counter|gcra|sliding_window_log|token_bucket|leaky_bucket) ;;
+    *) fail "unknown algorithm '$a'" ;;
+  esac
+done
+for b in $BATCHES; do [[ "$b" == default || "$b" =~ ^[0-9]+$ ]] || fail "BATCHES: 'default' or a number, got '$b'"; done
+for v in KEYS CONCURRENCY CONNECTIONS SERVER_CPU LOAD_CPU; do
+  [[ "${!v}" =~ ^[0-9]+$ ]] || fail "$v must be a number, got '${!v}'"
+done
+command -v taskset >/dev/null || fail "taskset is required"
+[ -z "$BASE_BIN" ] || [ -x "$BASE_BIN" ] || fail "BASE_BIN is not an executable: $BASE_BIN"
+[ "$(nproc --all)" -ge 2 ] || fail "two cores are needed (one for the server, one for the load and Redis)"
+
 # shellcheck source=scripts/bench-common.sh
 source "$(dirname "$0")/bench-common.sh"
+# bench-common starts redis-server unpinned: move it (every thread) to the generator's core.
+taskset -a -p -c "$LOAD_CPU" "$REDIS_PID" >/dev/null
+hz="$(getconf CLK_TCK)"
 
-cat >"$TMP/policy.yaml" <<'EOF'
-domain: bench
-descriptors:
-  - key: user
-    rate_limit: {name: per_user, unit: second, requests_per_unit: 1000}
-EOF
+{
+  echo "domain: bench"
+  echo "descriptors:"
+  for a in $ALGORITHMS; do
+    echo "  - key: $a"
+    echo "    rate_limit: {unit: second, requests_per_unit: 1000, algorithm: $a}"
+  done
+} >"$TMP/policy.yaml"
 
-REDIS="--store redis://127.0.0.1:$REDIS_PORT --store-timeout 100ms"
-CONFIGS=(
-  "memory|"
-  "redis, one call per decision|$REDIS --store-batch 0"
-  "redis, coalesced (default: batch 64, 2 in flight, no window)|$REDIS"
-  "redis, coalesced, 1 in flight|$REDIS --store-batches-in-flight 1"
-  "redis, coalesced, 4 in flight|$REDIS --store-batches-in-flight 4"
-  "redis, coalesced, 1 ms window|$REDIS --store-batch-window 1ms"
-)
-TARGETS=()
-METRICS=()
-SERVE_PIDS=()
-for i in "${!CONFIGS[@]}"; do
-  args=${CONFIGS[$i]#*|}
-  # shellcheck disable=SC2086
-  RUST_LOG=warn "$BIN" serve --config "$TMP/policy.yaml" $args --http-addr 127.0.0.1:0 \
-    --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 >"$TMP/s$i.out" 2>"$TMP/s$i.err" &
+export TOKIO_WORKER_THREADS=1
+declare -A SPID SOUT
+labels=()
+# start_server LABEL BINARY BATCH
+start_server() {
+  local label="$1" binary="$2" batch="$3" extra=()
+  [ "$batch" = default ] || extra=(--store-batch "$batch")
+  RUST_LOG=warn taskset -c "$SERVER_CPU" "$binary" serve --config "$TMP/policy.yaml" \
+    --store "redis://127.0.0.1:$REDIS_PORT" --store-timeout 100ms "${extra[@]}" \
+    --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 \
+    >"$TMP/$label.out" 2>"$TMP/$label.err" &
   PIDS+=($!)
-  SERVE_PIDS+=($!)
-done
-for i in "${!CONFIGS[@]}"; do
-  wait_started "$TMP/s$i.out" "$TMP/s$i.err"
-  TARGETS+=("grpc://$(sed -n 's/^grpc listening on //p' "$TMP/s$i.out")")
-  METRICS+=("http://$(sed -n 's/^http listening on //p' "$TMP/s$i.out")/metrics")
-done
+  SPID[$label]=$!
+  SOUT[$label]="$TMP/$label.out"
+  labels+=("$label")
+}
+for b in $BATCHES; do start_server "batch-$b" "$BIN" "$b"; done
+if [ -n "$BASE_BIN" ]; then
+  for b in $BATCHES; do start_server "batch-$b-base" "$BASE_BIN" "$b"; done
+fi
+for l in "${labels[@]}"; do wait_started "${SOUT[$l]}" "$TMP/$l.err"; done
 
-metric() { curl -s "$1" | sed -n "s/^$2 //p" | grep . || echo 0; }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-idle_ticks() { awk '/^cpu /{print $5 + $6}' /proc/stat; }
-# Counters read before and after each run: store errors, batches, batched decisions, and CPU
-# ticks of the server, of Redis and of the idle cores.
-sample() {
-  echo "$(metric "$1" tollgate_store_errors_total) $(metric "$1" tollgate_store_batches_total)" \
-    "$(metric "$1" tollgate_store_batched_decisions_total) $(cpu_ticks "$2")" \
-    "$(cpu_ticks "$REDIS_PID") $(idle_ticks)"
+pticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+addr() { sed -n "s/^$2 listening on //p" "${SOUT[$1]}"; }
+store_errors() {
+  curl -s "http://$(addr "$1" http)/metrics" | sed -n 's/^tollgate_store_errors_total //p' | grep . || echo 0
 }
 
-: >"$TMP/results.jsonl"
+# run LABEL ALGORITHM DURATION OUT: one pinned run; its JSON report with the CPU figures added.
+run() {
+  local label="$1" algorithm="$2" duration="$3" out="$4"
+  local s0 s1 r0 r1 e0 e1 stats
+  redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
+  e0="$(store_errors "$label")"; s0="$(pticks "${SPID[$label]}")"; r0="$(pticks "$REDIS_PID")"
+  timeout $((run_s + warm_s + 30)) taskset -c "$LOAD_CPU" "$BIN" bench \
+    --target "$PROTOCOL://$(addr "$label" "$PROTOCOL")" --domain bench \
+    --descriptor "$algorithm=u{key}" --keys "$KEYS" --concurrency "$CONCURRENCY" \
+    --connections "$CONNECTIONS" --duration "$duration" --json >"$TMP/run.json"
+  s1="$(pticks "${SPID[$label]}")"; r1="$(pticks "$REDIS_PID")"; e1="$(store_errors "$label")"
+  stats="$(redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' |
+    sed -n 's/^cmdstat_\(evalsha\|eval\):calls=\([0-9]*\),usec=\([0-9]*\),.*/\2 \3/p' |
+    awk '{ c += $1; u += $2 } END { print c + 0, u + 0 }')"
+  python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+hz, s, r, errors = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+calls, usec = map(int, sys.argv[6].split())
+n = max(d["requests"], 1)
+d.update(server_cpu_us=s / hz * 1e6 / n, server_core_share=s / hz / max(d["elapsed_s"], 1e-9),
+         redis_cpu_us=r / hz * 1e6 / n, evalsha_calls=calls,
+         evalsha_usec_per_call=usec / max(calls, 1), evalsha_usec_per_decision=usec / n,
+         decisions_per_call=n / max(calls, 1), store_errors=errors, load=sys.argv[7])
+print(json.dumps(d))' "$TMP/run.json" "$hz" $((s1 - s0)) $((r1 - r0)) $((e1 - e0)) "$stats" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)" >"$out"
+}
+
+echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo '+dirty')${BASE_BIN:+  base $BASE_BIN}"
+echo "# serve on CPU $SERVER_CPU, generator and redis-server on CPU $LOAD_CPU, one tokio worker each"
+echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# $PROTOCOL, concurrency $CONCURRENCY on $CONNECTIONS connections, $KEYS keys, 1000/s per key; $ROUNDS rounds of $DURATION, $WARMUP warm-up"
+echo
+
+pairs=()
+for a in $ALGORITHMS; do for l in "${labels[@]}"; do pairs+=("$a|$l"); done; done
+if [ "$warm_s" -gt 0 ]; then
+  for p in "${pairs[@]}"; do run "${p#*|}" "${p%%|*}" "$WARMUP" "$TMP/warmup.json"; done
+fi
+printf '%-5s %-24s %-16s %10s %8s %10s %10s %9s %10s %7s\n' round algorithm server decisions/s \
+  p99_us redis_us srv_us per_call evalsha_us errors
 for round in $(seq "$ROUNDS"); do
-  for concurrency in $CONCURRENCIES; do
-    for i in "${!CONFIGS[@]}"; do
-      name=${CONFIGS[$i]%%|*}
-      echo "round $round, concurrency $concurrency: $name" >&2
-      before=$(sample "${METRICS[$i]}" "${SERVE_PIDS[$i]}")
-      # The generator's CPU time, from its rusage once it has exited.
-      python3 -c 'import resource, subprocess, sys
-subprocess.run(sys.argv[2:], stdout=open(sys.argv[1], "w"), check=True)
-u = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(u.ru_utime + u.ru_stime)' "$TMP/run.json" "$BIN" bench --target "${TARGETS[$i]}" \
-        --domain bench --descriptor 'user={key}' --keys 10000 --concurrency "$concurrency" \
-        --duration "${SECONDS_PER_RUN}s" --json >"$TMP/bench.cpu"
-      after=$(sample "${METRICS[$i]}" "${SERVE_PIDS[$i]}")
-      python3 - "$name" "$concurrency" "$TMP/run.json" "$TMP/bench.cpu" "$before" "$after" \
-        "$(uptime)" "$(getconf CLK_TCK)" >>"$TMP/results.jsonl" <<'PY'
-import json, sys
-name, concurrency, path, bench_cpu, before, after, load, hz = sys.argv[1:]
-r = json.load(open(path))
-delta = [float(a or 0) - float(b or 0) for a, b in zip(after.split(), before.split())]
-errors, batches, batched, server, redis, idle = delta
-per_request = lambda ticks: ticks / int(hz) * 1e6 / max(r["requests"], 1)
-r.update(
-    name=name, concurrency=int(concurrency), store_errors=int(errors),
-    batches=int(batches), batched=int(batched),
-    cpu_us=dict(server=per_request(server), redis=per_request(redis), idle=per_request(idle),
-                bench=float(open(bench_cpu).read()) * 1e6 / max(r["requests"], 1)),
-    load=load.split("load average:")[-1].strip(),
-)
-print(json.dumps(r))
-PY
-    done
+  n="${#pairs[@]}"
+  for i in $(seq 0 $((n - 1))); do
+    p="${pairs[$(( (round - 1 + i) % n ))]}"
+    a="${p%%|*}"; l="${p#*|}"
+    out="$TMP/$a.$l.$round.json"
+    run "$l" "$a" "$DURATION" "$out"
+    python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+print("%-5s %-24s %-16s %10d %8s %10.2f %10.1f %9.1f %10.1f %7s" % (sys.argv[2], sys.argv[3],
+      sys.argv[4], d["throughput_rps"], d["latency_us"]["p99"], d["redis_cpu_us"],
+      d["server_cpu_us"], d["decisions_per_call"], d["evalsha_usec_per_call"],
+      d["errors"] + d["store_errors"]))' "$out" "$round" "$a" "$l"
   done
 done
-
-python3 - "$TMP/results.jsonl" "$ROUNDS" "$SECONDS_PER_RUN" <<'PY'
+echo
+echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+python3 - "$TMP" "$ROUNDS" "${labels[*]}" "$ALGORITHMS" <<'PY'
 import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-rounds, seconds = sys.argv[2], sys.argv[3]
-names = list(dict.fromkeys(r["name"] for r in rows))
-print(f"gRPC, 10 000 uniform keys, one channel, {rounds} rounds of {seconds}s, medians")
-for c in sorted({r["concurrency"] for r in rows}):
-    by = {n: [r for r in rows if r["name"] == n and r["concurrency"] == c] for n in names}
-    med = lambda n, f: statistics.median(f(r) for r in by[n])
-    memory = med("memory", lambda r: r["throughput_rps"])
-    print()
-    print(f"concurrency {c}")
-    print()
-    print("| configuration | req/s (median) | runs | vs memory | p50 ms | p99 ms "
-          "| decisions per call | CPU µs/req: tollgate / Redis / generator / idle | store errors |")
-    print("|---|---:|---|---:|---:|---:|---:|---|---:|")
-    for n in names:
-        runs = ", ".join(f"{r['throughput_rps']/1000:.1f}k" for r in by[n])
-        t = med(n, lambda r: r["throughput_rps"])
-        p50 = med(n, lambda r: r["latency_us"]["p50"]) / 1000
-        p99 = med(n, lambda r: r["latency_us"]["p99"]) / 1000
-        batches = sum(r["batches"] for r in by[n])
-        per_call = f"{sum(r['batched'] for r in by[n]) / batches:.1f}" if batches else "—"
-        cpu = " / ".join(f"{med(n, lambda r: r['cpu_us'][k]):.1f}"
-                         for k in ("server", "redis", "bench", "idle"))
-        errors = sum(r["store_errors"] for r in by[n])
-        flag = " (posture answered!)" if errors else ""
-        print(f"| {n} | {t:,.0f} | {runs} | {t/memory:.0%} | {p50:.2f} | {p99:.2f} "
-              f"| {per_call} | {cpu} | {errors}{flag} |")
-print()
-print("load averages during the runs: " + "; ".join(sorted({r['load'] for r in rows})[:3]))
+tmp, rounds = sys.argv[1], int(sys.argv[2])
+labels, algorithms = sys.argv[3].split(), sys.argv[4].split()
+with_base = any(l.endswith("-base") for l in labels)
+def load(a, l, r):
+    return json.load(open(f"{tmp}/{a}.{l}.{r}.json"))
+def mr(values, fmt):
+    values = sorted(values)
+    return f"{fmt(statistics.median(values))} ({fmt(values[0])}–{fmt(values[-1])})"
+print("| algorithm | server | Redis CPU µs/decision |" + (" Redis CPU / base's, paired |" if with_base else "")
+      + " server CPU µs/decision | decisions per call | EVALSHA µs/call | decisions/s | p99 µs | server core share | posture answers |")
+print("|---|---|---|" + ("---|" if with_base else "") + "---|---|---|---|---|---|---|")
+flagged = 0
+for a in algorithms:
+    for l in labels:
+        runs = [load(a, l, r) for r in range(1, rounds + 1)]
+        paired = ""
+        if with_base:
+            paired = " — |" if l.endswith("-base") else " %s |" % mr(
+                [load(a, l, r)["redis_cpu_us"] / max(load(a, l + "-base", r)["redis_cpu_us"], 1e-9)
+                 for r in range(1, rounds + 1)], lambda v: f"{v:.2f}")
+        errors = sum(d["store_errors"] + d["errors"] for d in runs)
+        flagged += errors
+        print("| %s | %s | %s |%s %s | %s | %s | %s | %s | %s | %s |" % (
+            a, l, mr([d["redis_cpu_us"] for d in runs], lambda v: f"{v:.2f}"), paired,
+            mr([d["server_cpu_us"] for d in runs], lambda v: f"{v:.1f}"),
+            mr([d["decisions_per_call"] for d in runs], lambda v: f"{v:.1f}"),
+            mr([d["evalsha_usec_per_call"] for d in runs], lambda v: f"{v:.0f}"),
+            mr([d["throughput_rps"] for d in runs], lambda v: f"{v:.0f}"),
+            mr([d["latency_us"]["p99"] for d in runs], lambda v: f"{v:.0f}"),
+            mr([d["server_core_share"] for d in runs], lambda v: f"{v:.2f}"),
+            f"{errors} (figures not the store's!)" if errors else "0"))
+loads = [load(a, l, r)["load"] for a in algorithms for l in labels for r in range(1, rounds + 1)]
+print(f"\nload averages at the ends of the runs: {loads[0]} … {loads[-1]}")
+if flagged:
+    print(f"\n{flagged} requests failed or fell to the failure posture: read the figures with care",
+          file=sys.stderr)
 PY
