@@ -7,6 +7,7 @@
 //! Half-open: one probe call at a time goes through; a success closes the breaker, a failure
 //! opens it again.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -98,6 +99,49 @@ pub struct Breaker {
     /// (see [`Breaker::answered_after`]).
     answered: AtomicU64,
     origin: tokio::time::Instant,
+    /// The calls out on the node now, oldest first (see [`Breaker::call_out`]).
+    out: Mutex<CallsOut>,
+    /// Told when the breaker opens: the calls waiting on the node fail then.
+    opened: tokio::sync::Notify,
+}
+
+/// The calls out on one node: each call's decisions by its ticket, tickets handed out in the
+/// order the calls were sent.
+#[derive(Debug, Default)]
+struct CallsOut {
+    next: u64,
+    calls: BTreeMap<u64, usize>,
+    decisions: usize,
+}
+
+/// One call out on a node, from its sending to its end (dropped): see [`Breaker::call_out`].
+#[derive(Debug)]
+pub(super) struct CallOut<'a> {
+    breaker: &'a Breaker,
+    ticket: u64,
+}
+
+impl CallOut<'_> {
+    /// Whether no call sent before this one is still out on its node: the others queue behind
+    /// it on the node's connection.
+    pub(super) fn is_oldest(&self) -> bool {
+        let out = self.breaker.out.lock();
+        out.calls.keys().next() == Some(&self.ticket)
+    }
+
+    /// The decisions the calls out on the node carry, this one's included.
+    pub(super) fn decisions_out(&self) -> usize {
+        self.breaker.out.lock().decisions
+    }
+}
+
+impl Drop for CallOut<'_> {
+    fn drop(&mut self) {
+        let mut out = self.breaker.out.lock();
+        if let Some(decisions) = out.calls.remove(&self.ticket) {
+            out.decisions -= decisions;
+        }
+    }
 }
 
 /// Permission to make one call. Report the outcome with [`Permit::succeeded`] or
@@ -161,17 +205,38 @@ impl Breaker {
             }),
             answered: AtomicU64::new(0),
             origin: tokio::time::Instant::now(),
+            out: Mutex::default(),
+            opened: tokio::sync::Notify::new(),
         }
     }
 
-    /// Counts `calls` calls still out past their deadline as failures, as if each had ended
-    /// so (they wait on, see `store::redis::patience`): returns the new state if it changed.
-    pub fn timed_out(&self, calls: usize) -> Option<BreakerState> {
+    /// Ready once the breaker opens after this is called (see `store::redis::patience`).
+    pub(super) fn opened(&self) -> tokio::sync::futures::Notified<'_> {
+        self.opened.notified()
+    }
+
+    /// Counts `failures` failures for a node that left its calls unanswered past a deadline
+    /// (they wait on, see `store::redis::patience`): returns the new state if it changed.
+    pub fn timed_out(&self, failures: usize) -> Option<BreakerState> {
         let mut changed = None;
-        for _ in 0..calls {
+        for _ in 0..failures {
             changed = self.record(false, false).or(changed);
         }
         changed
+    }
+
+    /// Registers a call carrying `decisions` decisions, sent now, as out on the node until the
+    /// returned value is dropped: which call is the oldest out (see `store::redis::patience`).
+    pub(super) fn call_out(&self, decisions: usize) -> CallOut<'_> {
+        let mut out = self.out.lock();
+        let ticket = out.next;
+        out.next += 1;
+        out.calls.insert(ticket, decisions);
+        out.decisions += decisions;
+        CallOut {
+            breaker: self,
+            ticket,
+        }
     }
 
     /// Whether a call succeeded after `instant`: a store that answers others while a call of
@@ -270,6 +335,7 @@ impl Breaker {
     fn open(&self, inner: &mut Inner, now: Timestamp) {
         inner.state = BreakerState::Open;
         inner.opened_at = now;
+        self.opened.notify_waiters();
     }
 
     fn close(&self, inner: &mut Inner, now: Timestamp) {

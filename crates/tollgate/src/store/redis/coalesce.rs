@@ -376,11 +376,9 @@ async fn send(driving: &Driving, batch: Vec<Job>, now: NowArg, deadline: Deadlin
         }
         answer
     };
-    // A batch's timeout counts as two failures for the breaker at most, however many it
-    // carries: counting each of a large batch would open the breaker at one slow moment of a
-    // healthy Redis, while two per batch out still open it within a few deadlines of a dead one.
-    let calls = batch.len().min(2);
-    let answer = match patience::patiently(deadline, (node, breaker), sent, calls, call).await {
+    // What the node's silence counts for the breaker is the patience rule's, not per decision.
+    let decisions = batch.len();
+    let answer = match patience::patiently(deadline, (node, breaker), sent, decisions, call).await {
         Ok(answer) => answer,
         Err(Unanswered::Stalled) => {
             // Dropping the permits unreported counts a failure for each.
