@@ -348,6 +348,54 @@ async fn a_late_older_set_does_not_undo_a_deletion() {
     converge(&[&a, &b], &[]).await;
 }
 
+/// A set older than what its target holds is refused, and the answer names the target with
+/// what it holds, whatever the sender last saw. The sender may have read the newer value
+/// already (a read while its own set waited to be shared: it kept its set over what it read),
+/// and an answer of only the targets changed since then did not name it: the replica that made
+/// the set kept it for good (`a_late_older_set_does_not_undo_a_deletion`, when Redis came back
+/// while that replica was reading rather than sharing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_older_set_is_answered_with_what_its_target_holds() {
+    use tollgate::store::redis::{SharedOverride, SharedOverrideChange};
+    let redis = RedisServer::start();
+    let clock = Arc::new(SystemClock::new());
+    let store = StoreBackend::open(
+        &redis.url().parse().unwrap(),
+        RedisOptions::default(),
+        clock.clone(),
+    )
+    .await
+    .unwrap();
+    let StoreBackend::Redis(store) = &store else {
+        panic!("a Redis store");
+    };
+    let now = tollgate::clock::Clock::now(clock.as_ref());
+    let at = |ago: u64| now.as_micros() - ago;
+    let target = r#"["api","per_tenant",[["tenant","acme"]]]"#.to_owned();
+    let change = |value: String| SharedOverride {
+        target: target.clone(),
+        value,
+    };
+    // Another replica's set, then its deletion (a tombstone).
+    let tombstone = format!("2 {} {} -", at(0) + 86_400_000_000, at(1_000));
+    let changes = [
+        SharedOverrideChange::Set(change(format!("2 0 {} {{}}", at(2_000)))),
+        SharedOverrideChange::Delete(change(tombstone.clone())),
+    ];
+    let (_, read) = store.merge_overrides(&changes, now, None).await.unwrap();
+    // A set made before both, from a replica that has read that far.
+    let older = [SharedOverrideChange::Set(change(format!(
+        "1 0 {} {{}}",
+        at(3_000)
+    )))];
+    let (_, answer) = store
+        .merge_overrides(&older, now, Some(&read.stamp))
+        .await
+        .unwrap();
+    assert!(!answer.whole, "{answer:?}");
+    assert_eq!(answer.overrides, [change(tombstone)], "{answer:?}");
+}
+
 /// A replica with no overrides of its own adopts the overrides shared after Redis lost them
 /// (it used to keep waiting to add its own, which were none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,7 +32,8 @@ const LOGGED_KEY: &str = "tg:{tollgate-policy}:overrides:2:logged";
 
 /// What both scripts share: logging a target's change, and the answer, `{{existed, epoch, seq,
 /// whole}, {field, value, ...}}`, `whole` 1 when the fields are every override, 0 when they
-/// are those changed since `since_seq` (a value `''` where the target holds nothing now).
+/// are those changed since `since_seq`, and the targets in `refused` (a merge's changes it did
+/// not take), with what each holds now (a value `''` where the target holds nothing now).
 const COMMON: &str = r"
 local function expires_of(value)
   return tonumber(string.match(value, '^%d+ (%d+) ')) or 0
@@ -49,16 +50,25 @@ end
 local function renew(ttl)
   for k = 1, 4 do redis.call('PEXPIRE', KEYS[k], ttl) end
 end
-local function answer(existed, epoch, seq, since_epoch, since_seq)
+local function answer(existed, epoch, seq, since_epoch, since_seq, refused)
   local fields = {}
   if existed == 1 and since_seq ~= '' and since_epoch == epoch then
     local changed = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. since_seq, '+inf')
+    local named = {}
     for from = 1, #changed, 1000 do
       local to = math.min(from + 999, #changed)
       local values = redis.call('HMGET', KEYS[1], unpack(changed, from, to))
       for i = from, to do
         fields[#fields + 1] = changed[i]
         fields[#fields + 1] = values[i - from + 1] or ''
+        named[changed[i]] = true
+      end
+    end
+    for _, field in ipairs(refused or {}) do
+      if not named[field] then
+        named[field] = true
+        fields[#fields + 1] = field
+        fields[#fields + 1] = redis.call('HGET', KEYS[1], field) or ''
       end
     end
     return {{existed, epoch, seq, 0}, fields}
@@ -82,7 +92,9 @@ end
 /// `id expires_at_us set_at_us json`, `expires_at_us` 0 for none; a tombstone is `id
 /// expires_at_us deleted_at_us -`. Values expired at that time are dropped. Answers as
 /// [`COMMON`] says, `existed` 0 when the hash had to be made (Redis lost it, or none was ever
-/// shared).
+/// shared), naming the targets of the changes it refused too: the caller may have seen what
+/// refused them already (a read adopted it, with the caller's own change kept over it as not
+/// yet shared), and without them it would keep its own change for good.
 const MERGE: &str = r"
 local existed = redis.call('HEXISTS', KEYS[1], 'seq')
 if existed == 0 then
@@ -101,6 +113,7 @@ end
 local function set_at(value)
   return tonumber(string.match(value, '^%d+ %d+ (%d+) '))
 end
+local refused = {}
 for i = 6, #ARGV, 3 do
   local field, value = ARGV[i + 1], ARGV[i + 2]
   local stored = redis.call('HGET', KEYS[1], field)
@@ -113,6 +126,8 @@ for i = 6, #ARGV, 3 do
   if take then
     redis.call('HSET', KEYS[1], field, value)
     log(field, value, seq)
+  else
+    refused[#refused + 1] = field
   end
 end
 redis.call('SET', KEYS[4], seq)
@@ -130,7 +145,7 @@ for _, field in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)) do
   end
 end
 renew(ARGV[1])
-return answer(existed, redis.call('HGET', KEYS[1], 'epoch'), seq, ARGV[4], ARGV[5])
+return answer(existed, redis.call('HGET', KEYS[1], 'epoch'), seq, ARGV[4], ARGV[5], refused)
 ";
 
 /// Reads the shared overrides (KEYS: the four keys) and renews their TTL. ARGV: the TTL in ms,
