@@ -4,6 +4,12 @@
 //! axum `POST /v1/check` handler and body limit, same socket options and logging setup) and then allows it without
 //! a policy or a store. Its throughput is the ceiling `tollgate bench` compares `serve` with; see
 //! `docs/benchmarks.md`. A benchmarking aid, never for production.
+//!
+//! With `--bare` it runs none of tollgate's server code instead: tonic's generated RLS server
+//! around a service that answers OK to every request, with tonic's defaults, and an axum route
+//! that reads the body of `POST /v1/check` and answers a fixed JSON body, with `axum::serve`'s
+//! defaults. That is the floor of the stack: what tonic, h2, hyper and tokio cost by themselves,
+//! which the no-op server and `serve` are measured against (`scripts/bench-pinned.sh`).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -32,6 +38,11 @@ pub struct BenchServerArgs {
     /// Log format: `text` or `json`.
     #[arg(long, default_value = "text", value_parser = ["text", "json"], value_name = "FORMAT")]
     log_format: String,
+    /// Run no tollgate server code: tonic's RLS server with its defaults answering OK to every
+    /// request, and an axum route answering `POST /v1/check` with a fixed JSON body (the floor
+    /// the no-op server and `serve` are measured against).
+    #[arg(long, env = "TOLLGATE_BENCH_SERVER_BARE")]
+    bare: bool,
 }
 
 pub fn run(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
@@ -43,6 +54,9 @@ pub fn run(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
+    if args.bare {
+        return bare::serve(args.http_addr, args.grpc_addr).await;
+    }
     let mut terminate =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let http = tollgate_server::listen::bind(args.http_addr, "HTTP")?;
@@ -103,4 +117,73 @@ async fn serve(args: BenchServerArgs) -> anyhow::Result<ExitCode> {
         warn!(?drained, "Stopping now, with connections still open");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--bare`: the stack without tollgate.
+mod bare {
+    use std::net::SocketAddr;
+    use std::process::ExitCode;
+
+    use axum::body::Bytes;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+        RateLimitService, RateLimitServiceServer,
+    };
+    use envoy_types::pb::envoy::service::ratelimit::v3::{
+        RateLimitRequest, RateLimitResponse, rate_limit_response::Code,
+    };
+    use tracing::{info, warn};
+
+    /// The answer to every `POST /v1/check`: an allowed decision's fields, without headers.
+    const ALLOWED: &str = r#"{"allowed":true,"overall_code":"OK","statuses":[{"code":"OK"}]}"#;
+
+    /// Answers every check OK, without looking at it (tonic has decoded it).
+    #[derive(Debug, Clone, Copy, Default)]
+    struct AllowEverything;
+
+    #[tonic::async_trait]
+    impl RateLimitService for AllowEverything {
+        async fn should_rate_limit(
+            &self,
+            _request: tonic::Request<RateLimitRequest>,
+        ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+            Ok(tonic::Response::new(RateLimitResponse {
+                overall_code: Code::Ok as i32,
+                ..Default::default()
+            }))
+        }
+    }
+
+    async fn check(_body: Bytes) -> ([(http::HeaderName, &'static str); 1], &'static str) {
+        ([(http::header::CONTENT_TYPE, "application/json")], ALLOWED)
+    }
+
+    pub(super) async fn serve(
+        http_addr: SocketAddr,
+        grpc_addr: SocketAddr,
+    ) -> anyhow::Result<ExitCode> {
+        let http = tokio::net::TcpListener::bind(http_addr).await?;
+        let grpc = tokio::net::TcpListener::bind(grpc_addr).await?;
+        println!("http listening on {}", http.local_addr()?);
+        println!("grpc listening on {}", grpc.local_addr()?);
+        warn!(
+            "Bare bench server: no tollgate code, every request is allowed; never use it in production"
+        );
+        let router = axum::Router::new().route("/v1/check", axum::routing::post(check));
+        let http_task = tokio::spawn(async move { axum::serve(http, router).await });
+        // What `Server::serve(addr)` does with a listener it binds: TCP_NODELAY on.
+        let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
+        let grpc_task = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RateLimitServiceServer::new(AllowEverything))
+                .serve_with_incoming(incoming),
+        );
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            () = crate::serve::shutdown_signal(&mut terminate) => info!("Shutting down"),
+            ended = http_task => { ended??; }
+            ended = grpc_task => { ended??; }
+        }
+        Ok(ExitCode::SUCCESS)
+    }
 }
