@@ -1,4 +1,4 @@
-# Shared by bench-ceiling.sh and bench-ab.sh (sourced, not run): a work directory and the bench
+# Shared by bench-pinned.sh and bench-ab.sh (sourced, not run): a work directory and the bench
 # policy in it, servers started on loopback ports the kernel chooses, and their CPU time.
 #
 # Sets `work` (removed on exit, with every server started stopped) and `hz`.
