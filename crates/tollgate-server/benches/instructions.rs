@@ -11,6 +11,9 @@
 //! - `grpc/memory`, `grpc/noop`: the RLS service's tonic server (`RlsService::into_server`) called
 //!   as a tower service with a framed protobuf request, over the limiter or over `AllowAll`; its
 //!   answer body and trailers read to the end.
+//! - `grpc/memory-budget`: `grpc/memory` behind the gRPC listener's budget of request bytes, as
+//!   `serve` runs it: the request body a tonic `Body`, its connection's `ConnectionBytes` in its
+//!   extensions (as tonic puts a connection's `ConnectInfo` there), through `ChargeLayer`.
 //! - `http/memory`, `http/noop`: the axum router (`http::router`, `http::allow_all_router`)
 //!   called with `oneshot` for `POST /v1/check` with a JSON body; its answer body read to the end.
 //!
@@ -60,7 +63,16 @@ fn paths() -> Vec<String> {
         .iter()
         .map(|a| format!("limiter/{}", a.name()))
         .collect();
-    paths.extend(["grpc/noop", "grpc/memory", "http/noop", "http/memory"].map(String::from));
+    paths.extend(
+        [
+            "grpc/noop",
+            "grpc/memory",
+            "grpc/memory-budget",
+            "http/noop",
+            "http/memory",
+        ]
+        .map(String::from),
+    );
     paths
 }
 
@@ -147,6 +159,7 @@ fn run(path: &str, decisions: usize) -> Result<(), Failure> {
                 .await
             }
             "grpc/memory" => grpc(&clock, RlsService::new(limiter), decisions).await,
+            "grpc/memory-budget" => grpc_budget(&clock, RlsService::new(limiter), decisions).await,
             "http/noop" => {
                 http_router(&clock, tollgate_server::http::allow_all_router(), decisions).await
             }
@@ -237,13 +250,9 @@ async fn check(clock: &ManualClock, limiter: &Limiter, decisions: usize) -> Resu
     .await
 }
 
-async fn grpc<D: tollgate_server::Decide>(
-    clock: &ManualClock,
-    service: RlsService<D>,
-    decisions: usize,
-) -> Result<(), Failure> {
-    let server = service.into_server();
-    let bodies: Vec<Bytes> = (0..KEYS)
+/// Each key's request, as a framed protobuf message.
+fn grpc_bodies() -> Vec<Bytes> {
+    (0..KEYS)
         .map(|n| {
             let message = RateLimitRequest {
                 domain: "bench".into(),
@@ -264,7 +273,32 @@ async fn grpc<D: tollgate_server::Decide>(
             framed.extend_from_slice(&encoded);
             Bytes::from(framed)
         })
-        .collect();
+        .collect()
+}
+
+/// Whether a gRPC answer is OK and allows the check, once read to the end.
+async fn grpc_allowed<B: axum::body::HttpBody>(response: axum::http::Response<B>) -> bool {
+    let Ok(collected) = response.into_body().collect().await else {
+        return false;
+    };
+    let ok_status = collected
+        .trailers()
+        .and_then(|t| t.get("grpc-status"))
+        .is_some_and(|s| s == "0");
+    let bytes = collected.to_bytes();
+    let allowed = bytes.len() > 5
+        && RateLimitResponse::decode(&bytes[5..])
+            .is_ok_and(|r| r.overall_code == rate_limit_response::Code::Ok as i32);
+    ok_status && allowed
+}
+
+async fn grpc<D: tollgate_server::Decide>(
+    clock: &ManualClock,
+    service: RlsService<D>,
+    decisions: usize,
+) -> Result<(), Failure> {
+    let server = service.into_server();
+    let bodies = grpc_bodies();
     drive(clock, decisions, |n| {
         let request = axum::http::Request::post(GRPC_PATH)
             .header("content-type", "application/grpc")
@@ -274,21 +308,49 @@ async fn grpc<D: tollgate_server::Decide>(
         let server = server.clone();
         async move {
             let Ok(response) = server.oneshot(request).await;
-            let Ok(collected) = response.into_body().collect().await else {
-                return false;
-            };
-            let ok_status = collected
-                .trailers()
-                .and_then(|t| t.get("grpc-status"))
-                .is_some_and(|s| s == "0");
-            let bytes = collected.to_bytes();
-            let allowed = bytes.len() > 5
-                && RateLimitResponse::decode(&bytes[5..])
-                    .is_ok_and(|r| r.overall_code == rate_limit_response::Code::Ok as i32);
-            ok_status && allowed
+            grpc_allowed(response).await
         }
     })
     .await
+}
+
+/// [`grpc`] behind `serve`'s budgets of request bytes (its defaults), one connection's.
+async fn grpc_budget<D: tollgate_server::Decide>(
+    clock: &ManualClock,
+    service: RlsService<D>,
+    decisions: usize,
+) -> Result<(), Failure> {
+    use tollgate_server::listen::{
+        CONNECTION_REQUEST_BYTES, ChargeLayer, REQUEST_BYTES, RequestBytes,
+    };
+    use tower::Layer;
+    let budgets = RequestBytes::new(
+        CONNECTION_REQUEST_BYTES,
+        REQUEST_BYTES,
+        tollgate_server::grpc::MAX_MESSAGE,
+    );
+    let connection = budgets.connection();
+    let server = ChargeLayer.layer(service.into_server());
+    let bodies = grpc_bodies();
+    let result = drive(clock, decisions, |n| {
+        let mut request = axum::http::Request::post(GRPC_PATH)
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(tonic::body::Body::new(Full::new(bodies[n].clone())))
+            .expect("gRPC request");
+        request.extensions_mut().insert(connection.clone());
+        let server = server.clone();
+        async move {
+            let Ok(response) = server.oneshot(request).await;
+            grpc_allowed(response).await
+        }
+    })
+    .await;
+    // Every answered request gave its bytes back.
+    match budgets.held() {
+        0 => result,
+        held => Err(format!("{held} request bytes still held after the run").into()),
+    }
 }
 
 async fn http_router(
