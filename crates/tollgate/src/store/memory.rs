@@ -442,6 +442,9 @@ impl MemoryStore {
         commit: bool,
         decisions: &mut Decisions,
     ) -> Result<(), StoreError> {
+        if let [charge] = charges {
+            return self.decide_one(denied, charge, commit, decisions);
+        }
         let now = self.clock.now();
         let hashes: SmallVec<[u64; INLINE_CHARGES]> =
             charges.iter().map(|c| self.hash(c.key)).collect();
@@ -576,27 +579,97 @@ impl MemoryStore {
             let table = &mut guards[shard_ids[i]];
             let hash = hashes[i];
             if let Some(slot) = table.find_mut(hash, |slot| *slot.key == *charge.key) {
-                let counts_bytes = self.max_bytes.is_some();
-                let before = if counts_bytes { slot.bytes() } else { 0 };
-                slot.apply(transition, charge.params, now);
-                if counts_bytes {
-                    self.resized(before, slot.bytes());
-                }
+                self.apply_held(slot, transition, charge, now);
                 continue;
             }
-            let mut state = State::empty(charge.params);
-            state.apply(transition);
-            let slot = Slot {
-                key: Key::from_slice(charge.key),
-                expires_at: state.expires_at(charge.params),
-                state: Stored::from(state),
-            };
-            if self.max_bytes.is_some() {
-                self.bytes.fetch_add(slot.bytes(), Ordering::Relaxed);
-            }
-            table.insert_unique(hash, Box::new(slot), |slot| self.hash(&slot.key));
-            self.entries.fetch_add(1, Ordering::Relaxed);
+            self.insert_new(table, hash, charge, transition);
         }
+    }
+
+    /// [`MemoryStore::decide_unless`] for a request of one charge, the common case, decided
+    /// as the general path decides it: one hash, one lock, one probe, and no per-charge
+    /// buffers (which cost about as much as the decision).
+    fn decide_one(
+        &self,
+        denied: bool,
+        charge: &Charge<'_>,
+        commit: bool,
+        decisions: &mut Decisions,
+    ) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let hash = self.hash(charge.key);
+        let mut table = self.shards[Self::shard_of(hash)].lock();
+        let held = table.find_mut(hash, |slot| *slot.key == *charge.key);
+        let at = decisions.len();
+        let transition = {
+            let stored = state_of(held.as_deref().map(|slot| &**slot), charge, now);
+            let (decision, transition) = decide_charge(charge, &stored, now);
+            decisions.push(decision);
+            let one = std::slice::from_ref(charge);
+            if denied || !admitted(one, &decisions[at..]) {
+                // Nothing is charged: an allowed charge answers with its figures as they stand.
+                if decision.is_allowed() && transition != Transition::Keep {
+                    decisions[at] = as_is(charge.params, &stored, now);
+                }
+                return Ok(());
+            }
+            transition
+        };
+        if !commit || transition == Transition::Keep {
+            return Ok(());
+        }
+        if let Some(slot) = held {
+            self.apply_held(slot, transition, charge, now);
+            return Ok(());
+        }
+        if let Some(why) = self.refusal(1, || Slot::new_bytes(charge)) {
+            return Err(StoreError::Partly {
+                decided: vec![None],
+                cause: Box::new(StoreError::NotCalled(why)),
+                deadline: tokio::time::Instant::now(),
+            });
+        }
+        self.insert_new(&mut table, hash, charge, transition);
+        Ok(())
+    }
+
+    /// Applies `transition` to a held `slot`, counting its change of bytes when the bound is
+    /// set.
+    fn apply_held(
+        &self,
+        slot: &mut Slot,
+        transition: Transition,
+        charge: &Charge<'_>,
+        now: Timestamp,
+    ) {
+        let counts_bytes = self.max_bytes.is_some();
+        let before = if counts_bytes { slot.bytes() } else { 0 };
+        slot.apply(transition, charge.params, now);
+        if counts_bytes {
+            self.resized(before, slot.bytes());
+        }
+    }
+
+    /// Stores `charge`'s key, new to `table`, with `transition` applied, and counts it.
+    fn insert_new(
+        &self,
+        table: &mut Shard,
+        hash: u64,
+        charge: &Charge<'_>,
+        transition: Transition,
+    ) {
+        let mut state = State::empty(charge.params);
+        state.apply(transition);
+        let slot = Slot {
+            key: Key::from_slice(charge.key),
+            expires_at: state.expires_at(charge.params),
+            state: Stored::from(state),
+        };
+        if self.max_bytes.is_some() {
+            self.bytes.fetch_add(slot.bytes(), Ordering::Relaxed);
+        }
+        table.insert_unique(hash, Box::new(slot), |slot| self.hash(&slot.key));
+        self.entries.fetch_add(1, Ordering::Relaxed);
     }
 }
 
