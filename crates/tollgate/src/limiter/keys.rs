@@ -13,6 +13,16 @@ pub type KeyBuf = SmallVec<[u8; 256]>;
 
 /// Appends `n` in decimal: a key takes several, and `write!` costs more than the rest of the key.
 fn push_decimal(buf: &mut KeyBuf, mut n: u64) {
+    // Most are lengths below 100: a byte or two, pushed without the digit buffer's copy.
+    if n < 10 {
+        buf.push(b'0' + n as u8);
+        return;
+    }
+    if n < 100 {
+        buf.push(b'0' + (n / 10) as u8);
+        buf.push(b'0' + (n % 10) as u8);
+        return;
+    }
     let mut digits = [0u8; 20];
     let mut start = digits.len();
     loop {
@@ -70,7 +80,8 @@ pub fn rule_key(
     shared: u64,
     descriptor: &RequestDescriptor,
 ) {
-    buf.extend_from_slice(b"r|");
+    buf.push(b'r');
+    buf.push(b'|');
     push_part(buf, rule_identity.as_bytes());
     push_entries(buf, descriptor, shared);
 }
