@@ -63,7 +63,17 @@ impl Policy {
 
     /// Whether the policy has a domain named `domain`.
     pub fn has_domain(&self, domain: &str) -> bool {
-        self.by_name.contains_key(domain)
+        self.domain_index(domain).is_some()
+    }
+
+    /// Where `domain` is among the domains. A few names are compared in turn, which costs
+    /// less than hashing the one looked up (every decision looks its domain up).
+    fn domain_index(&self, domain: &str) -> Option<usize> {
+        if self.domains.len() <= super::tree::SCANNED {
+            self.domains.iter().position(|d| d.name == domain)
+        } else {
+            self.by_name.get(domain).copied()
+        }
     }
 
     /// Every rule (each descriptor with a `rate_limit`), in file order; `rules()[i].index == i`.
@@ -114,7 +124,7 @@ impl Policy {
         domain: &str,
         entries: &[(K, V)],
     ) -> Option<&Arc<Rule>> {
-        let table = self.domains.get(*self.by_name.get(domain)?)?;
+        let table = self.domains.get(self.domain_index(domain)?)?;
         let index = table.root.walk(entries)?.rule?;
         self.rules.get(index)
     }

@@ -7,6 +7,11 @@ use std::collections::HashMap;
 /// this bounds the scan at one level.
 pub const MAX_WILDCARDS_PER_LEVEL: usize = 64;
 
+/// Up to this many names (domains, keys at one level) are looked up by comparing each in
+/// turn rather than by hashing: a decision looks up a few, and hashing a short string costs
+/// more than comparing it with a few others (names are unique, so both find the same).
+pub(super) const SCANNED: usize = 8;
+
 /// How a descriptor's `value` matches a request value.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) enum ValueMatch {
@@ -120,7 +125,13 @@ impl Level {
     /// The child matching one request entry: exact value, else the first matching wildcard in
     /// file order, else key-only.
     pub fn child(&self, key: &str, value: &str) -> Option<&Node> {
-        let children = self.keys.get(key)?;
+        let children = if self.keys.len() <= SCANNED {
+            self.keys
+                .iter()
+                .find_map(|(k, c)| (k == key).then_some(c))?
+        } else {
+            self.keys.get(key)?
+        };
         if let Some(node) = children.exact.get(value) {
             return Some(node);
         }
