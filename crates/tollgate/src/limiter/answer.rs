@@ -68,15 +68,15 @@ pub(super) fn build(
         } else {
             Code::Ok
         };
-        statuses[*i] = DescriptorStatus {
-            code,
-            limit,
-            decision: Some(decision),
-            shadow_would_deny: denied && mode == RuleMode::Shadow,
-            soft_exceeded: denied && mode == RuleMode::Soft,
-            degraded,
-            unlimited_rule: false,
-        };
+        // Written field by field over the unlimited status: a whole status built aside and
+        // copied in costs a copy of its 128 bytes per limit.
+        let status = &mut statuses[*i];
+        status.code = code;
+        status.limit = limit;
+        status.decision = Some(decision);
+        status.shadow_would_deny = denied && mode == RuleMode::Shadow;
+        status.soft_exceeded = denied && mode == RuleMode::Soft;
+        status.degraded = degraded;
     }
     // A limit of 0 (a caller's, or a rule's `requests_per_unit: 0`): over it, with no counter
     // and no store asked.
