@@ -22,9 +22,7 @@ use super::snapshot::Snapshot;
 use super::telemetry::Telemetry;
 use crate::leases::{HotKeys, has_budgets};
 use crate::resilience::{Degraded, Postures};
-use crate::store::{
-    Charge, Decisions, INLINE_CHARGES, MemoryStore, StoreBackend, StoreError, timed_store_call_now,
-};
+use crate::store::{Charge, Decisions, INLINE_CHARGES, MemoryStore, StoreBackend, StoreError};
 
 /// What one decision reads of the limiter, borrowed for the request.
 pub(super) struct Pipeline<'a> {
@@ -108,12 +106,11 @@ impl Pipeline<'_> {
             }
             answer => answer.map(|()| None),
         };
-        let postures = self.settle(answer, (&charges, live), charge, &mut decisions);
-        shadow_and_capacity(
+        let postures = self.conclude(
             request,
             &planned,
+            answer,
             (&charges, live, fits),
-            &postures,
             &mut decisions,
         );
         // The charges borrow the plan's keys; the limits move out of it below.
@@ -122,62 +119,69 @@ impl Pipeline<'_> {
     }
 
     /// [`Pipeline::decide`] on the memory store, which answers in place: made on this stack
-    /// frame, with nothing to wait for. (The hot-keys layer is inert on the memory store.)
+    /// frame, with nothing to wait for (the hot-keys layer is inert on the memory store).
+    /// `None` for a request the memory store could decide only in part (at its most keys,
+    /// a limit on a new key): nothing was charged, and [`Pipeline::decide`] decides it again,
+    /// letting the postures answer for the new keys.
     pub fn decide_now(
         &self,
         memory: &MemoryStore,
         request: &CheckRequest,
         commit: bool,
-    ) -> Result<CheckResponse, InvalidRequest> {
+    ) -> Option<Result<CheckResponse, InvalidRequest>> {
         let mut planned = Planned::default();
-        self.plan(request, commit, &mut planned)?;
+        if let Err(invalid) = self.plan(request, commit, &mut planned) {
+            return Some(Err(invalid));
+        }
         let (charges, live) = self.charges(request, &planned);
         let fits = !never_fits(&charges, live);
         let charge = planned.commit && fits;
         let mut decisions = Decisions::new();
-        let latency = &self.telemetry.store_latency;
-        let answer = if charges.is_empty() {
-            Ok(())
-        } else {
-            let call = || memory.decide(&charges, charge, &mut decisions);
-            timed_store_call_now(&latency[usize::from(!charge)], call)
-        };
-        let answer = match answer {
-            Err(StoreError::Partly {
-                decided,
-                cause,
-                deadline,
-            }) if partial_applies(&planned, &charges, live, &decided) => {
-                let apply = |healthy: &[Charge<'_>]| {
-                    timed_store_call_now(&latency[0], || {
-                        let mut charged = Decisions::new();
-                        memory.decide(healthy, true, &mut charged)?;
-                        Ok(charged.into_vec())
-                    })
-                };
-                let partly = (decided, deadline);
-                let answer = self.postures.decide_partly_now(
-                    apply,
-                    &charges,
-                    partly,
-                    charge,
-                    &mut decisions,
-                );
-                self.partly_decided(&answer, &cause, charge);
-                answer.map(Some)
-            }
-            answer => answer.map(|()| None),
-        };
-        let postures = self.settle(answer, (&charges, live), charge, &mut decisions);
-        shadow_and_capacity(
+        if !charges.is_empty() {
+            // Timed as `timed_store_call` times it; the memory store always reaches itself.
+            let started = tokio::time::Instant::now();
+            // Its one error is that partial answer, timed by the path that decides it again.
+            memory.decide(&charges, charge, &mut decisions).ok()?;
+            let latency = &self.telemetry.store_latency[usize::from(!charge)];
+            latency.observe(started.elapsed());
+        }
+        let postures = self.conclude(
             request,
             &planned,
+            Ok(None),
             (&charges, live, fits),
-            &postures,
             &mut decisions,
         );
         drop(charges);
-        Ok(self.answer_decided(request, &mut planned, &decisions, postures))
+        Some(Ok(self.answer_decided(
+            request,
+            &mut planned,
+            &decisions,
+            postures,
+        )))
+    }
+
+    /// What both paths do once the store answered (`answer`, with the postures that answered
+    /// for part of the request, if any): settles it, and lets the candidate record its
+    /// decisions. Returns the postures that answered, per live charge.
+    fn conclude(
+        &self,
+        request: &CheckRequest,
+        planned: &Planned,
+        answer: Result<Option<Degraded>, StoreError>,
+        (charges, live, fits): (&[Charge<'_>], usize, bool),
+        decisions: &mut Decisions,
+    ) -> Option<Degraded> {
+        let charge = planned.commit && fits;
+        let postures = self.settle(answer, (charges, live), charge, decisions);
+        shadow_and_capacity(
+            request,
+            planned,
+            (charges, live, fits),
+            &postures,
+            decisions,
+        );
+        postures
     }
 
     /// Plans `request` into `planned` (empty): the live policy, and a candidate's when the

@@ -236,7 +236,8 @@ impl Limiter {
         }
     }
 
-    /// The decision on the memory store, made on this stack frame; `None` on Redis.
+    /// The decision on the memory store, made on this stack frame; `None` on Redis, and for
+    /// the rare request the memory store at its most keys decides only in part.
     ///
     /// A decision holds the plans and decisions inline (about 1.4 KB). In a future awaited by
     /// the caller, they would sit inside the caller's future, which the HTTP and gRPC servers
@@ -250,7 +251,7 @@ impl Limiter {
         commit: bool,
     ) -> Option<Result<CheckResponse, LimitError>> {
         let memory = self.store.memory()?;
-        let decided = self.pipeline().decide_now(memory, request, commit);
+        let decided = self.pipeline().decide_now(memory, request, commit)?;
         Some(decided.map_err(LimitError::from))
     }
 

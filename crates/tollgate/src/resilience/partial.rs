@@ -66,27 +66,6 @@ impl Postures {
         finish(charges, decided, look, charged, decisions)
     }
 
-    /// [`Postures::decide_partly`] on a store that answers in place: `apply` charges the
-    /// limits the store decided.
-    pub fn decide_partly_now(
-        &self,
-        apply: impl FnOnce(&[Charge<'_>]) -> Result<Vec<Decision>, StoreError>,
-        charges: &[Charge<'_>],
-        (decided, _deadline): Partly,
-        commit: bool,
-        decisions: &mut Decisions,
-    ) -> Result<Degraded, StoreError> {
-        let mut look = self.look(charges, &decided);
-        let mut charged = None;
-        if look.admitted && commit {
-            let healthy = healthy(charges, &decided);
-            let answer = apply(&apart(&healthy))?;
-            self.charged(&mut look, &healthy, &answer);
-            charged = Some(answer);
-        }
-        finish(charges, decided, look, charged, decisions)
-    }
-
     fn look<'c>(&self, charges: &[Charge<'c>], decided: &[Option<Decision>]) -> Look<'c> {
         let failed: SmallVec<[Charge<'c>; INLINE_CHARGES]> = (0..charges.len())
             .filter(|&i| decided[i].is_none())

@@ -21,5 +21,5 @@ pub use charge::{Charge, Quotas, admitted};
 pub use contract::{Decisions, INLINE_CHARGES, Mode, Store};
 pub use error::{StoreError, Unsupported};
 pub use memory::MemoryStore;
-pub use timed::{timed_store_call, timed_store_call_now};
+pub use timed::timed_store_call;
 pub use url::{InvalidStoreUrl, StoreUrl, redact};

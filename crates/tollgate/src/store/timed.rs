@@ -18,17 +18,6 @@ pub async fn timed_store_call<T>(
     answer
 }
 
-/// [`timed_store_call`] for a call that answers in place (the memory store's).
-pub fn timed_store_call_now<T>(
-    histogram: &Histogram,
-    call: impl FnOnce() -> Result<T, StoreError>,
-) -> Result<T, StoreError> {
-    let started = tokio::time::Instant::now();
-    let answer = call();
-    observe(histogram, started, &answer);
-    answer
-}
-
 fn observe<T>(
     histogram: &Histogram,
     started: tokio::time::Instant,
