@@ -226,7 +226,7 @@ pub(super) fn pushed_sources(body: &[u8]) -> Result<Vec<(String, String)>, Inval
             return Err(InvalidPush::SameName(name.clone()));
         }
     }
-    // As a file read from disk is: kept with 50 versions, a larger one only fills memory.
+    // As a file read from disk is: a larger one only fills the kept versions' memory.
     if let Some((name, text)) = sources
         .iter()
         .find(|(_, text)| text.len() as u64 > tollgate::policy::MAX_POLICY_FILE)
