@@ -1,4 +1,5 @@
-//! Finding the `redis-server` and `redis-cli` executables.
+//! Finding the executables tests start: `redis-server`, `redis-cli`, and any other a test
+//! needs (Prometheus, promtool).
 
 use std::env;
 use std::ffi::OsStr;
@@ -35,6 +36,22 @@ pub fn redis_cli_binary() -> PathBuf {
         .get_or_init(|| find_in_path("redis-cli", env::var_os("PATH").as_deref()))
         .clone()
         .unwrap_or_else(|| panic!("redis-cli not found: {INSTALL_HINT}"))
+}
+
+/// The executable `name`: the path in the environment variable `override_var` when set, else
+/// the first on `PATH`.
+///
+/// # Panics
+///
+/// When neither gives one, with `install` (how to install it) in the message: a test that
+/// needs it fails loudly instead of silently skipping.
+pub fn installed_binary(name: &str, override_var: &str, install: &str) -> PathBuf {
+    if let Some(path) = env::var_os(override_var) {
+        return PathBuf::from(path);
+    }
+    find_in_path(name, env::var_os("PATH").as_deref()).unwrap_or_else(|| {
+        panic!("{name} is not installed: {install}; or set {override_var} to its binary")
+    })
 }
 
 /// The first executable file called `name` in the directories of a `PATH`-style list.

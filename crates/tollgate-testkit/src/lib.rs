@@ -49,7 +49,7 @@ mod resp;
 mod server;
 mod slot;
 
-pub use binary::{redis_binary, redis_cli_binary};
+pub use binary::{installed_binary, redis_binary, redis_cli_binary};
 pub use captured::CapturedLogs;
 pub use cluster::{
     ClusterNode, DEFAULT_CLUSTER_TIMEOUT, NodeRole, RedisCluster, RedisClusterBuilder,

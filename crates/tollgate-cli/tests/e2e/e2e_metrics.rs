@@ -41,20 +41,11 @@ descriptors:
 
 /// Debian's `promtool` (scripts/test.sh installs it with `prometheus`), or `TOLLGATE_PROMTOOL`.
 fn promtool() -> PathBuf {
-    if let Some(path) = std::env::var_os("TOLLGATE_PROMTOOL") {
-        return PathBuf::from(path);
-    }
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join("promtool"))
-            .find(|candidate| candidate.is_file())
-    });
-    found.unwrap_or_else(|| {
-        panic!(
-            "promtool is not installed: this test checks /metrics with it (scripts/test.sh \
-             installs Debian's `prometheus` package; or set TOLLGATE_PROMTOOL to its binary)"
-        )
-    })
+    tollgate_testkit::installed_binary(
+        "promtool",
+        "TOLLGATE_PROMTOOL",
+        "this test checks /metrics with it (scripts/test.sh installs Debian's `prometheus` package)",
+    )
 }
 
 /// `promtool check metrics` on `text`: its exit status and what it printed.

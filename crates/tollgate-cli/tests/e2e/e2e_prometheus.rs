@@ -54,20 +54,11 @@ descriptors:
 
 /// Debian's `prometheus` (scripts/test.sh installs it), or `TOLLGATE_PROMETHEUS`.
 fn prometheus_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("TOLLGATE_PROMETHEUS") {
-        return PathBuf::from(path);
-    }
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join("prometheus"))
-            .find(|candidate| candidate.is_file())
-    });
-    found.unwrap_or_else(|| {
-        panic!(
-            "prometheus is not installed: this test needs a real Prometheus (scripts/test.sh \
-             installs Debian's `prometheus` package; or set TOLLGATE_PROMETHEUS to its binary)"
-        )
-    })
+    tollgate_testkit::installed_binary(
+        "prometheus",
+        "TOLLGATE_PROMETHEUS",
+        "this test needs a real Prometheus (scripts/test.sh installs Debian's `prometheus` package)",
+    )
 }
 
 /// A Prometheus scraping `target` every second and evaluating deploy/prometheus/alerts.yaml
