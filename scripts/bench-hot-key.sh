@@ -31,15 +31,9 @@ LOAD_CPU="${LOAD_CPU:-1}"
 SCENARIOS="${SCENARIOS:-ceiling per-call coalesced budgets drift rate exhausted}"
 
 me="$(basename "$0")"
-fail() { echo "$me: $*" >&2; exit 2; }
-case "$DURATION" in
-  *ms) run_s=$(( (${DURATION%ms} + 999) / 1000 )) ;;
-  *s) run_s="${DURATION%s}" ;;
-  *m) run_s=$(( ${DURATION%m} * 60 )) ;;
-  *) fail "DURATION: a duration like 5s, 500ms or 1m expected, got '$DURATION'" ;;
-esac
-[[ "$ROUNDS" =~ ^[0-9]+$ ]] && [ "$ROUNDS" -ge 1 ] && [ "$ROUNDS" -le 20 ] || fail "ROUNDS must be 1..20"
-[[ "$run_s" =~ ^[0-9]+$ ]] && [ "$run_s" -ge 1 ] && [ "$run_s" -le 60 ] || fail "DURATION must be 1s..60s"
+# shellcheck source=scripts/bench-settings.sh
+source "$(dirname "$0")/bench-settings.sh"
+check_rounds_and_durations
 for v in CONCURRENCY SERVER_CPU LOAD_CPU; do
   [[ "${!v}" =~ ^[0-9]+$ ]] || fail "$v must be a number, got '${!v}'"
 done

@@ -52,21 +52,9 @@ BASE_BIN="${BASE_BIN:-}"
 OPEN_RATE="${OPEN_RATE:-0}"
 
 me="$(basename "$0")"
-fail() { echo "$me: $*" >&2; exit 2; }
-
-# seconds DURATION: whole seconds of a `5s` / `500ms` / `1m` duration.
-seconds() {
-  case "$1" in
-    *ms) echo $(( (${1%ms} + 999) / 1000 )) ;;
-    *s) echo "${1%s}" ;;
-    *m) echo $(( ${1%m} * 60 )) ;;
-    *) fail "a duration like 5s, 500ms or 1m expected, got '$1'" ;;
-  esac
-}
-[[ "$ROUNDS" =~ ^[0-9]+$ ]] && [ "$ROUNDS" -ge 1 ] && [ "$ROUNDS" -le 20 ] || fail "ROUNDS must be 1..20"
-run_s="$(seconds "$DURATION")"; warm_s="$(seconds "$WARMUP")"
-[ "$run_s" -ge 1 ] && [ "$run_s" -le 60 ] || fail "DURATION must be 1s..60s"
-[ "$warm_s" -le 60 ] || fail "WARMUP must be at most 60s"
+# shellcheck source=scripts/bench-settings.sh
+source "$(dirname "$0")/bench-settings.sh"
+check_rounds_and_durations
 for s in $SERVERS; do case "$s" in bare|noop|memory|redis) ;; *) fail "unknown server '$s'" ;; esac; done
 [[ "$OPEN_RATE" =~ ^(0|0?\.[0-9]+|1(\.0*)?)$ ]] || fail "OPEN_RATE must be a fraction from 0 to 1, got '$OPEN_RATE'"
 for p in $PROTOCOLS; do case "$p" in grpc|http) ;; *) fail "unknown protocol '$p'" ;; esac; done

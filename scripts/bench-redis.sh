@@ -43,20 +43,9 @@ LOAD_CPU="${LOAD_CPU:-1}"
 BASE_BIN="${BASE_BIN:-}"
 
 me="$(basename "$0")"
-fail() { echo "$me: $*" >&2; exit 2; }
-# seconds DURATION: whole seconds of a `5s` / `500ms` / `1m` duration.
-seconds() {
-  case "$1" in
-    *ms) echo $(( (${1%ms} + 999) / 1000 )) ;;
-    *s) echo "${1%s}" ;;
-    *m) echo $(( ${1%m} * 60 )) ;;
-    *) fail "a duration like 5s, 500ms or 1m expected, got '$1'" ;;
-  esac
-}
-[[ "$ROUNDS" =~ ^[0-9]+$ ]] && [ "$ROUNDS" -ge 1 ] && [ "$ROUNDS" -le 20 ] || fail "ROUNDS must be 1..20"
-run_s="$(seconds "$DURATION")"; warm_s="$(seconds "$WARMUP")"
-[[ "$run_s" =~ ^[0-9]+$ ]] && [ "$run_s" -ge 1 ] && [ "$run_s" -le 60 ] || fail "DURATION must be 1s..60s"
-[[ "$warm_s" =~ ^[0-9]+$ ]] && [ "$warm_s" -le 60 ] || fail "WARMUP must be at most 60s"
+# shellcheck source=scripts/bench-settings.sh
+source "$(dirname "$0")/bench-settings.sh"
+check_rounds_and_durations
 case "$PROTOCOL" in grpc|http) ;; *) fail "PROTOCOL must be grpc or http, got '$PROTOCOL'" ;; esac
 for a in $ALGORITHMS; do
   case "$a" in
