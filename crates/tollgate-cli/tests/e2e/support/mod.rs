@@ -583,10 +583,14 @@ pub fn read_bytes_until_closed(
         match stream.read(&mut buffer) {
             Ok(0) => return Some(received),
             Ok(n) => received.extend_from_slice(&buffer[..n]),
+            // A signal (another test's child exiting: SIGCHLD) interrupts a read without
+            // closing anything.
             Err(e)
                 if matches!(
                     e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
                 ) => {}
             Err(_) => return Some(received),
         }
