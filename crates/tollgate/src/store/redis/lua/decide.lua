@@ -242,14 +242,7 @@ local function decide_single(first, arg, commit, now)
   local burst = decide_numbers[ARGV[arg + 3]] or decide_number(ARGV[arg + 3])
   state_build_twin(alg)
   local key = KEYS[first + 1]
-  local r
-  if alg == 1 then
-    r = redis.pcall('HMGET', key, 't', 'x', 'y', 'b', 'p')
-  elseif alg == 3 then
-    r = redis.pcall('HMGET', key, 't', 'x', 'y', 'b', 'p', 'z')
-  else
-    r = redis.pcall('HMGET', key, 't', 'x', 'y', 'b', 'p', 'z', 'l')
-  end
+  local r = state_hmget(key, state_fields(alg))
   if r.err then
     return decide_request(first, 1, arg, commit, now)
   end

@@ -40,6 +40,17 @@ local function state_fields(alg)
   return 7
 end
 
+-- The HMGET reply of the first `read` fields (state_fields order) of `key`; an error reply
+-- (a key of another type) as redis.pcall gives it.
+local function state_hmget(key, read)
+  if read == 5 then
+    return redis.pcall('HMGET', key, 't', 'x', 'y', 'b', 'p')
+  elseif read == 6 then
+    return redis.pcall('HMGET', key, 't', 'x', 'y', 'b', 'p', 'z')
+  end
+  return redis.pcall('HMGET', key, 't', 'x', 'y', 'b', 'p', 'z', 'l')
+end
+
 -- Loads an HMGET reply of the first `read` fields (state_fields order), reading the rest when
 -- the stored algorithm needs more (a key whose algorithm a policy switched). The reply is kept
 -- (c.h): a write leaves out the fields whose text is unchanged.
@@ -84,14 +95,7 @@ local function state_open(key, alg)
     return c
   end
   local read = state_fields(alg)
-  local r
-  if read == 5 then
-    r = redis.pcall('HMGET', key, 't', 'x', 'y', 'b', 'p')
-  elseif read == 6 then
-    r = redis.pcall('HMGET', key, 't', 'x', 'y', 'b', 'p', 'z')
-  else
-    r = redis.pcall('HMGET', key, 't', 'x', 'y', 'b', 'p', 'z', 'l')
-  end
+  local r = state_hmget(key, read)
   if r.err then
     state_other_type(c, r, 'zset')
     c.kind, c.tag, c.base = 'z', 2, true
