@@ -23,6 +23,7 @@ from pathlib import Path
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -135,8 +136,13 @@ def severe(driver):
 
 
 def wait_for(driver, what, predicate, timeout=20):
+    # The page redraws its cards and tables on every poll: an element found just before a
+    # redraw goes stale, and a value read mid-redraw may not parse yet. Both mean "not yet",
+    # as a missing element does, rather than failing the wait at once.
+    not_yet = (NoSuchElementException, StaleElementReferenceException, ValueError)
     try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: predicate(d))
+        return WebDriverWait(driver, timeout, poll_frequency=0.2,
+                             ignored_exceptions=not_yet).until(lambda d: predicate(d))
     except Exception:
         fail(f"{what} did not show within {timeout} s; console: {driver.get_log('browser')}")
 
