@@ -13,15 +13,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::limiter::Limiter;
 use crate::observe::prometheus::{Exposition, Kind};
 use crate::policy::sources::sources_hash;
 use crate::policy::{Policy, PolicyDefaults, PolicyErrors};
 
+mod candidate;
 mod diff;
 mod fleet;
+mod history;
 mod managed;
 mod manager;
 pub mod sync;
@@ -408,94 +410,11 @@ impl Lifecycle {
         Ok(Activation::Activated(version))
     }
 
-    /// Drops the oldest versions of `history` while it holds more than [`KEPT_VERSIONS`] or
-    /// more than `history_max_bytes` of source texts, except `running` and the version a plain
-    /// rollback from it goes to: a rollback right after any change still works.
-    fn trim(&self, history: &mut Vec<Arc<PolicyVersion>>, running: &PolicyVersion) {
-        // Dropping other versions never changes which one that is.
-        let target = rollback_target(history, running).map(|v| v.seq);
-        let mut bytes = history
-            .iter()
-            .map(|v| v.source_bytes())
-            .fold(0, usize::saturating_add);
-        let mut dropped = 0usize;
-        while history.len() > KEPT_VERSIONS || bytes > self.history_max_bytes {
-            let Some(oldest) = history
-                .iter()
-                .position(|v| v.seq != running.seq && Some(v.seq) != target)
-            else {
-                warn!(
-                    bytes,
-                    most = self.history_max_bytes,
-                    "The running policy version and its rollback target alone hold more than --policy-history-max-bytes; both are kept"
-                );
-                break;
-            };
-            bytes = bytes.saturating_sub(history[oldest].source_bytes());
-            history.remove(oldest);
-            dropped += 1;
-        }
-        if dropped > 0 {
-            debug!(
-                dropped,
-                kept = history.len(),
-                bytes,
-                "Oldest policy versions dropped from the history"
-            );
-        }
-    }
-
     /// Compiles `sources` and checks that the store can decide every limit exactly.
     fn compile(&self, sources: &[(String, String)]) -> Result<Policy, PolicyErrors> {
         let policy = Policy::from_sources_with(sources, self.defaults)?;
         self.limiter.store().check_policy(&policy)?;
         Ok(policy)
-    }
-
-    /// Returns to version `to`, or to the one before the running one: for a version a rollback
-    /// made, the one before the version it restored, so plain rollbacks step back one version
-    /// each.
-    pub fn rollback(&self, to: Option<u64>) -> Result<Activation, RollbackError> {
-        self.rollback_against(to, None)
-    }
-
-    /// [`Lifecycle::rollback`], deciding "unchanged" against `fleet` as
-    /// [`Lifecycle::activate_against`] does.
-    fn rollback_against(
-        &self,
-        to: Option<u64>,
-        fleet: Option<&str>,
-    ) -> Result<Activation, RollbackError> {
-        // Chosen and activated under `current`'s lock, which every activation holds from its
-        // choice to its swap: two rollbacks at once end where two in a row do (each chose
-        // against the same running version, and the second undid the first or failed), and no
-        // push lands between a rollback's choice and its activation.
-        let result = {
-            let mut current = self.current.lock();
-            let target = {
-                let history = self.history.lock();
-                match to {
-                    Some(seq) => history.iter().find(|v| v.seq == seq).cloned(),
-                    None => rollback_target(&history, &current).cloned(),
-                }
-            };
-            let target = target.ok_or(match to {
-                Some(seq) => RollbackError::NotKept(seq),
-                None => RollbackError::NoEarlier,
-            })?;
-            let fleet = Fleet::new(fleet, &target.sources, Origin::Rollback);
-            let swapped = self.swap_in(
-                &mut current,
-                target.sources.clone(),
-                fleet.origin,
-                Some(target.seq),
-                fleet.differs,
-            );
-            (swapped, fleet)
-        };
-        let (result, fleet) = result;
-        self.settle(&result, fleet.origin);
-        fleet.answer(result).map_err(RollbackError::Rejected)
     }
 
     /// Appends [`POLICY_VERSION`], [`POLICY_RELOADS`] and [`POLICY_LAST_RELOAD_SUCCESSFUL`] in
@@ -531,89 +450,6 @@ impl Lifecycle {
     }
 }
 
-/// The version of `history` a plain rollback from `running` goes to: the newest before the
-/// running one or, when a rollback made the running one, before the version it restored.
-fn rollback_target<'h>(
-    history: &'h [Arc<PolicyVersion>],
-    running: &PolicyVersion,
-) -> Option<&'h Arc<PolicyVersion>> {
-    let back_from = running.restored.unwrap_or(running.seq);
-    history.iter().rev().find(|v| v.seq < back_from)
-}
-
-// Shadow candidates: a policy decided beside the running one on real traffic, never enforced,
-// until it is promoted or dropped (see [`crate::limiter::Candidate`]).
-impl Lifecycle {
-    /// Validates `sources` exactly as [`Lifecycle::activate`] does (including whether the store
-    /// can decide each limit) and, if valid, makes them the shadow candidate. Setting the texts
-    /// already shadowing keeps that candidate and its counts; other texts replace it. An invalid
-    /// candidate changes nothing.
-    pub fn set_candidate(
-        &self,
-        sources: Vec<(String, String)>,
-    ) -> Result<Arc<crate::limiter::Candidate>, PolicyErrors> {
-        let hash = sources_hash(&sources);
-        if let Some(same) = self.limiter.candidate().filter(|c| c.hash() == hash) {
-            return Ok(same);
-        }
-        let compiled = self.compile(&sources);
-        let policy = match compiled {
-            Ok(policy) => policy,
-            Err(errors) => {
-                for e in errors.iter() {
-                    warn!(problem = %e, "Policy candidate rejected; the shadow candidate stays");
-                }
-                return Err(errors);
-            }
-        };
-        let rules = policy.rules().len();
-        let candidate = Arc::new(crate::limiter::Candidate::new(
-            policy,
-            sources,
-            self.limiter.clock().now(),
-        ));
-        let replaced = self.limiter.set_candidate(Some(candidate.clone()));
-        info!(
-            candidate = %hash,
-            rules,
-            replaced = replaced.as_ref().map_or("none", |c| c.hash()),
-            "Policy candidate shadowing"
-        );
-        Ok(candidate)
-    }
-
-    /// Activates the shadow candidate's texts (as a push) and clears it.
-    pub fn promote(&self) -> Result<Activation, PromoteError> {
-        self.promote_against(None)
-    }
-
-    /// [`Lifecycle::promote`], deciding "unchanged" against `fleet` as
-    /// [`Lifecycle::activate_against`] does.
-    fn promote_against(&self, fleet: Option<&str>) -> Result<Activation, PromoteError> {
-        let candidate = self.limiter.candidate().ok_or(PromoteError::NoCandidate)?;
-        let activation = self
-            .activate_against(candidate.sources().to_vec(), Origin::Push, None, fleet)
-            .map_err(PromoteError::Rejected)?;
-        // A candidate set meanwhile is a different one: it keeps shadowing.
-        self.limiter.clear_candidate(&candidate);
-        info!(
-            candidate = candidate.hash(),
-            version = %activation.version().label(),
-            "Policy candidate promoted"
-        );
-        Ok(activation)
-    }
-
-    /// Stops shadowing; returns the candidate dropped, if there was one.
-    pub fn drop_candidate(&self) -> Option<Arc<crate::limiter::Candidate>> {
-        let dropped = self.limiter.set_candidate(None);
-        if let Some(c) = &dropped {
-            info!(candidate = c.hash(), "Policy candidate dropped");
-        }
-        dropped
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use tollgate_core::Timestamp;
@@ -631,7 +467,7 @@ mod tests {
     }
 
     /// A life cycle on the memory store, running `policy(1)` as version 1.
-    fn lifecycle() -> Arc<Lifecycle> {
+    pub(super) fn lifecycle() -> Arc<Lifecycle> {
         lifecycle_reading(None)
     }
 
@@ -672,190 +508,5 @@ mod tests {
         assert_eq!(lifecycle.versions().len(), versions, "no new version");
         let back = lifecycle.rollback(None).unwrap();
         assert!(matches!(back, Activation::Activated(ref v) if v.hash == sources_hash(&policy(2))));
-    }
-
-    /// Plain rollbacks step back one version each, whether made one after the other or all at
-    /// once: each used to choose the version before the running one, so a second undid the
-    /// first, and rollbacks made at once chose the same version (the later ones then failed).
-    #[test]
-    fn plain_rollbacks_step_back_one_version_each() {
-        let lifecycle = lifecycle();
-        for n in 2..=7 {
-            lifecycle.activate(policy(n), Origin::Push).unwrap();
-        }
-        let running = |lifecycle: &Lifecycle| lifecycle.current().hash.clone();
-        lifecycle.rollback(None).unwrap();
-        lifecycle.rollback(None).unwrap();
-        assert_eq!(
-            running(&lifecycle),
-            sources_hash(&policy(5)),
-            "two in a row"
-        );
-
-        let barrier = Arc::new(std::sync::Barrier::new(3));
-        let rollbacks: Vec<_> = (0..3)
-            .map(|_| {
-                let (lifecycle, barrier) = (lifecycle.clone(), barrier.clone());
-                std::thread::spawn(move || {
-                    barrier.wait();
-                    lifecycle.rollback(None)
-                })
-            })
-            .collect();
-        for rollback in rollbacks {
-            let done = rollback.join().unwrap();
-            assert!(matches!(done, Ok(Activation::Activated(_))), "{done:?}");
-        }
-        assert_eq!(
-            running(&lifecycle),
-            sources_hash(&policy(2)),
-            "three at once"
-        );
-        lifecycle.rollback(None).unwrap();
-        assert_eq!(running(&lifecycle), sources_hash(&policy(1)));
-        assert_eq!(
-            lifecycle.rollback(None).unwrap_err(),
-            RollbackError::NoEarlier
-        );
-
-        // A version reached `--to` steps back from there; a push is stepped back from itself.
-        lifecycle.rollback(Some(4)).unwrap();
-        lifecycle.rollback(None).unwrap();
-        assert_eq!(running(&lifecycle), sources_hash(&policy(3)));
-        lifecycle.activate(policy(9), Origin::Push).unwrap();
-        lifecycle.rollback(None).unwrap();
-        assert_eq!(running(&lifecycle), sources_hash(&policy(3)));
-    }
-
-    /// A candidate whose texts become the running policy (promoted on another replica and
-    /// adopted from Redis here) stops shadowing; another candidate keeps shadowing.
-    #[test]
-    fn a_candidate_that_becomes_the_policy_stops_shadowing() {
-        let lifecycle = lifecycle();
-        lifecycle.set_candidate(policy(3)).unwrap();
-        lifecycle.activate(policy(2), Origin::Shared).unwrap();
-        assert!(lifecycle.limiter().candidate().is_some(), "another policy");
-        lifecycle.activate(policy(3), Origin::Shared).unwrap();
-        assert!(lifecycle.limiter().candidate().is_none());
-    }
-
-    /// `policy(n)` padded with a comment to `SIZED` bytes of name and text.
-    fn sized(n: u32) -> Vec<(String, String)> {
-        let mut sources = policy(n);
-        let (name, text) = &mut sources[0];
-        let pad = SIZED - name.len() - text.len() - 2;
-        text.push_str(&format!("#{}\n", "x".repeat(pad)));
-        sources
-    }
-
-    const SIZED: usize = 1_000;
-
-    /// The sequence numbers kept, oldest first.
-    fn kept(lifecycle: &Lifecycle) -> Vec<u64> {
-        lifecycle.versions().iter().map(|v| v.seq).collect()
-    }
-
-    /// A life cycle keeping `versions` of [`sized`] policies' bytes, running `sized(1)`.
-    fn keeping(versions: usize) -> Lifecycle {
-        let limiter = lifecycle().limiter().clone();
-        limiter.replace_policy(Policy::from_sources(&sized(1)).unwrap());
-        Lifecycle::new(limiter, None, sized(1)).with_history_max_bytes(versions * SIZED + SIZED / 2)
-    }
-
-    /// Past its bytes the history drops its oldest versions first (it used to keep 50 of any
-    /// size: 1.6 GB of two 16 MiB files), but never the running version nor the one a plain
-    /// rollback goes to, so a rollback still works after versions were dropped.
-    #[test]
-    fn a_history_past_its_bytes_drops_the_oldest_first_but_keeps_the_rollback_target() {
-        assert_eq!(sized(7)[0].0.len() + sized(7)[0].1.len(), SIZED);
-        let lifecycle = keeping(3);
-        for n in 2..=4 {
-            lifecycle.activate(sized(n), Origin::Push).unwrap();
-        }
-        assert_eq!(kept(&lifecycle), [2, 3, 4], "the oldest went first");
-        let bytes: usize = lifecycle.versions().iter().map(|v| v.source_bytes()).sum();
-        assert_eq!(bytes, 3 * SIZED);
-
-        // Back to 3: a plain rollback from there goes to 2, the oldest, which must stay.
-        lifecycle.rollback(Some(3)).unwrap();
-        assert_eq!(kept(&lifecycle), [2, 4, 5], "3 went instead of 2");
-        let back = lifecycle.rollback(None).unwrap();
-        assert!(matches!(back, Activation::Activated(ref v) if v.hash == sources_hash(&sized(2))));
-        assert_eq!(kept(&lifecycle), [4, 5, 6]);
-        assert_eq!(
-            lifecycle.rollback(None).unwrap_err(),
-            RollbackError::NoEarlier,
-            "nothing before 2 is kept"
-        );
-        assert_eq!(
-            lifecycle.rollback(Some(1)).unwrap_err(),
-            RollbackError::NotKept(1)
-        );
-        lifecycle.rollback(Some(4)).unwrap();
-        assert_eq!(lifecycle.current().hash, sources_hash(&sized(4)));
-    }
-
-    /// Versions larger than the bound on their own: the running one and its rollback target
-    /// are kept anyway, and the rollback works.
-    #[test]
-    fn the_running_version_and_its_rollback_target_outlast_the_bound() {
-        let lifecycle = keeping(0);
-        lifecycle.activate(sized(2), Origin::Push).unwrap();
-        assert_eq!(kept(&lifecycle), [1, 2]);
-        lifecycle.activate(sized(3), Origin::Push).unwrap();
-        assert_eq!(kept(&lifecycle), [2, 3]);
-        lifecycle.rollback(None).unwrap();
-        assert_eq!(lifecycle.current().hash, sources_hash(&sized(2)));
-        assert_eq!(
-            kept(&lifecycle),
-            [4],
-            "4 restored 2, and nothing before 2 is kept"
-        );
-        assert_eq!(
-            lifecycle.rollback(None).unwrap_err(),
-            RollbackError::NoEarlier
-        );
-    }
-
-    /// Within the bytes, the count still bounds the history.
-    #[test]
-    fn the_history_keeps_at_most_its_count_of_versions() {
-        let lifecycle = lifecycle();
-        for n in 2..=60 {
-            lifecycle.activate(policy(n), Origin::Push).unwrap();
-        }
-        assert_eq!(kept(&lifecycle), (11..=60).collect::<Vec<_>>());
-    }
-
-    /// An activation takes `current` then `history`; a rollback used to take them the other
-    /// way round, and the two racing could deadlock.
-    #[test]
-    fn rollbacks_racing_activations_finish() {
-        let lifecycle = lifecycle();
-        let (done, finished) = std::sync::mpsc::channel();
-        let pusher = {
-            let (lifecycle, done) = (lifecycle.clone(), done.clone());
-            std::thread::spawn(move || {
-                for n in 0..2000 {
-                    lifecycle
-                        .activate(policy(2 + n % 50), Origin::Push)
-                        .unwrap();
-                }
-                done.send(()).unwrap();
-            })
-        };
-        let roller = std::thread::spawn(move || {
-            for _ in 0..2000 {
-                let _ = lifecycle.rollback(None);
-            }
-            done.send(()).unwrap();
-        });
-        for _ in 0..2 {
-            finished
-                .recv_timeout(std::time::Duration::from_secs(60))
-                .expect("an activation and a rollback deadlocked");
-        }
-        pusher.join().unwrap();
-        roller.join().unwrap();
     }
 }
