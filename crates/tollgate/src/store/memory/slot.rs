@@ -1,0 +1,289 @@
+//! How the memory store holds one key: its slot (the key, its expiry and its state in one
+//! 128-byte allocation) and the state kept without `u128` fields.
+
+use std::borrow::Cow;
+use std::num::NonZeroU64;
+
+use smallvec::SmallVec;
+use tollgate_core::{Params, State, Timestamp, Transition};
+
+use crate::store::Charge;
+
+/// A counter key, inline up to 56 bytes (a rule key with a UUID-sized value spills to the heap).
+pub(super) type Key = SmallVec<[u8; 56]>;
+
+/// The bytes a key is counted for by [`MemoryStore::with_max_bytes`] besides its spilled key
+/// and its sliding log: its slot's 128-byte allocation, and the pointer and control byte the
+/// table holds for it (9 bytes a bucket, 10 to 20 a key at the table's 44% to 88% load).
+///
+/// [`MemoryStore::with_max_bytes`]: super::MemoryStore::with_max_bytes
+pub const KEY_BYTES: usize = 128 + 16;
+
+/// Bytes a key holds inline in its slot; a longer one takes a heap buffer of its own.
+const INLINE_KEY: usize = 56;
+
+/// One key and its state, in a single allocation of 128 bytes (see `Slot::SIZE`).
+///
+/// The table holds pointers to slots rather than slots: a hash table is between 44% and 88%
+/// full, so every byte in a bucket costs up to two and a quarter bytes per key, while a
+/// pointer costs eight.
+#[derive(Debug)]
+pub(super) struct Slot {
+    pub(super) key: Key,
+    /// When the state becomes equivalent to an empty one; the entry may be swept from then on.
+    pub(super) expires_at: Timestamp,
+    pub(super) state: Stored,
+}
+
+impl Slot {
+    /// What a slot occupies: `Key` 64 + 8 + `Stored` 48 bytes (a bucket records when and under
+    /// which limit and period it was written), still one 128-byte malloc chunk with its 8-byte
+    /// header.
+    #[cfg(test)]
+    const SIZE: usize = 120;
+
+    /// The bytes this slot is counted for ([`KEY_BYTES`], a spilled key's buffer, a sliding
+    /// log's boxed state and entries): a few reads, no walk.
+    pub(super) fn bytes(&self) -> usize {
+        let key = if self.key.spilled() {
+            self.key.capacity()
+        } else {
+            0
+        };
+        KEY_BYTES + key + self.state.heap_bytes()
+    }
+
+    /// What a slot for `charge`'s key is counted for when it is made, before its sliding log
+    /// (if any) holds an entry: the estimate a new key is refused by.
+    pub(super) fn new_bytes(charge: &Charge<'_>) -> usize {
+        let key = if charge.key.len() > INLINE_KEY {
+            charge.key.len()
+        } else {
+            0
+        };
+        let log = match charge.params.algorithm() {
+            tollgate_core::Algorithm::SlidingWindowLog => std::mem::size_of::<State>(),
+            _ => 0,
+        };
+        KEY_BYTES + key + log
+    }
+
+    /// Applies `transition` and renews the expiry from the same state, read once. A sliding
+    /// log is changed in place (no allocation once its buffer has grown to its longest length).
+    /// A state that had expired at `now` was decided as empty, and is replaced by an empty one
+    /// first.
+    pub(super) fn apply(&mut self, transition: Transition, params: &Params, now: Timestamp) {
+        if self.expires_at <= now {
+            self.state = Stored::from(State::empty(params));
+        }
+        if let Stored::SlidingWindowLog(state) = &mut self.state {
+            state.apply(transition);
+            self.expires_at = state.expires_at(params);
+            return;
+        }
+        let mut state = self.state.load().into_owned();
+        state.apply(transition);
+        self.expires_at = state.expires_at(params);
+        self.state = Stored::from(state);
+    }
+}
+
+/// A [`State`] as the memory store keeps it: the same values without `u128` fields, which
+/// would align the whole slot to 16 bytes and make it 16 bytes larger. The sliding log keeps
+/// its `State` boxed, so its entries are decided in place and never copied.
+#[derive(Debug)]
+pub(super) enum Stored {
+    FixedWindow {
+        window: u64,
+        count: u64,
+    },
+    SlidingWindowLog(Box<State>),
+    SlidingWindowCounter {
+        window: u64,
+        current: u64,
+        previous: u64,
+    },
+    TokenBucket {
+        used_scaled: Halves,
+        updated: Timestamp,
+        limit: NonZeroU64,
+        period: NonZeroU64,
+    },
+    Gcra {
+        tat_scaled: Halves,
+        updated: Timestamp,
+        limit: NonZeroU64,
+        period: NonZeroU64,
+    },
+    LeakyBucket {
+        empty_at_scaled: Halves,
+        updated: Timestamp,
+        limit: NonZeroU64,
+        period: NonZeroU64,
+    },
+}
+
+/// A `u128` as two `u64`, so it needs only 8-byte alignment.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Halves([u64; 2]);
+
+impl From<u128> for Halves {
+    fn from(v: u128) -> Self {
+        // Truncation is the point: the high and the low half.
+        Halves([(v >> 64) as u64, v as u64])
+    }
+}
+
+impl From<Halves> for u128 {
+    fn from(Halves([high, low]): Halves) -> Self {
+        (u128::from(high) << 64) | u128::from(low)
+    }
+}
+
+impl Stored {
+    /// Heap bytes beyond the slot: the sliding log's boxed state and its entries.
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Stored::SlidingWindowLog(state) => std::mem::size_of::<State>() + state.heap_bytes(),
+            _ => 0,
+        }
+    }
+
+    /// The state, borrowed for the sliding log and rebuilt (a few words) for the others.
+    pub(super) fn load(&self) -> Cow<'_, State> {
+        Cow::Owned(match *self {
+            Stored::SlidingWindowLog(ref state) => return Cow::Borrowed(state),
+            Stored::FixedWindow { window, count } => State::FixedWindow { window, count },
+            Stored::SlidingWindowCounter {
+                window,
+                current,
+                previous,
+            } => State::SlidingWindowCounter {
+                window,
+                current,
+                previous,
+            },
+            Stored::TokenBucket {
+                used_scaled,
+                updated,
+                limit,
+                period,
+            } => State::TokenBucket {
+                used_scaled: used_scaled.into(),
+                updated,
+                limit,
+                period,
+            },
+            Stored::Gcra {
+                tat_scaled,
+                updated,
+                limit,
+                period,
+            } => State::Gcra {
+                tat_scaled: tat_scaled.into(),
+                updated,
+                limit,
+                period,
+            },
+            Stored::LeakyBucket {
+                empty_at_scaled,
+                updated,
+                limit,
+                period,
+            } => State::LeakyBucket {
+                empty_at_scaled: empty_at_scaled.into(),
+                updated,
+                limit,
+                period,
+            },
+        })
+    }
+}
+
+impl From<State> for Stored {
+    fn from(state: State) -> Self {
+        match state {
+            State::FixedWindow { window, count } => Stored::FixedWindow { window, count },
+            State::SlidingWindowLog { .. } => Stored::SlidingWindowLog(Box::new(state)),
+            State::SlidingWindowCounter {
+                window,
+                current,
+                previous,
+            } => Stored::SlidingWindowCounter {
+                window,
+                current,
+                previous,
+            },
+            State::TokenBucket {
+                used_scaled,
+                updated,
+                limit,
+                period,
+            } => Stored::TokenBucket {
+                used_scaled: used_scaled.into(),
+                updated,
+                limit,
+                period,
+            },
+            State::Gcra {
+                tat_scaled,
+                updated,
+                limit,
+                period,
+            } => Stored::Gcra {
+                tat_scaled: tat_scaled.into(),
+                updated,
+                limit,
+                period,
+            },
+            State::LeakyBucket {
+                empty_at_scaled,
+                updated,
+                limit,
+                period,
+            } => Stored::LeakyBucket {
+                empty_at_scaled: empty_at_scaled.into(),
+                updated,
+                limit,
+                period,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tollgate_core::{Algorithm, decide};
+
+    use super::*;
+
+    #[test]
+    fn a_slot_fits_a_128_byte_allocation() {
+        assert_eq!(std::mem::size_of::<Slot>(), Slot::SIZE);
+    }
+
+    #[test]
+    fn every_state_is_kept_as_it_was_given() {
+        let now = Timestamp::from_micros(1_700_000_000_123_456);
+        for algorithm in Algorithm::ALL {
+            let params = Params::new(algorithm, 7, Duration::from_secs(3), None).unwrap();
+            let mut state = State::empty(&params);
+            for step in 0..3 {
+                let at = now.saturating_add(Duration::from_millis(step * 100));
+                let (_, transition) = decide(&params, &state, at, 2);
+                state.apply(transition);
+                let stored = Stored::from(state.clone());
+                assert_eq!(*stored.load(), state, "{algorithm}");
+            }
+        }
+        let wide = State::Gcra {
+            tat_scaled: u128::MAX - 5,
+            updated: Timestamp::MAX,
+            limit: NonZeroU64::MIN,
+            period: NonZeroU64::MAX,
+        };
+        assert_eq!(*Stored::from(wide.clone()).load(), wide);
+    }
+}
