@@ -12,51 +12,41 @@ use tollgate_core::{Decision, Timestamp};
 
 use super::lease::{Leases, Taken};
 use super::prefilter::Prefilter;
-use crate::observe::Histogram;
+use crate::store::health_of_inner;
 use crate::store::{
-    Charge, Decisions, INLINE_CHARGES, Mode, RedisStore, Store, StoreBackend, StoreError, admitted,
-    timed_store_call,
+    Answered, Call, Charge, Decisions, Granting, INLINE_CHARGES, Mode, Store, StoreError, admitted,
+    has_budgets,
 };
 
-/// Whether one of `charges` has a local budget.
-pub fn has_budgets(charges: &[Charge<'_>]) -> bool {
-    charges.iter().any(|c| c.local_budget.is_some())
-}
-
-/// The layer: remembered denials (`None` when the prefilter is off), this replica's leases,
-/// and how many limits they admitted without the store.
+/// The layer over the store `inner`: remembered denials (`None` when the prefilter is off),
+/// this replica's leases, and how many limits they admitted without the store.
 #[derive(Debug)]
-pub struct HotKeys {
+pub struct HotKeys<S> {
+    inner: S,
     prefilter: Option<Prefilter>,
     leases: Leases,
     local_admissions: AtomicU64,
 }
 
-/// Asks `store`, timing the call in `latency` (`[apply, peek]`) unless it never reached the
-/// store (refused by an open breaker, the in-flight cap...).
-async fn store_decide(
-    (store, latency): (&StoreBackend, &[Histogram; 2]),
-    charges: &[Charge<'_>],
-    commit: bool,
-    decisions: &mut Decisions,
-) -> Result<(), StoreError> {
-    let call = store.decide(charges, Mode::of(commit), decisions);
-    timed_store_call(&latency[usize::from(!commit)], call).await
-}
-
-impl HotKeys {
-    /// Hot keys with the prefilter on.
-    pub fn new(prefilter: bool) -> Self {
+impl<S> HotKeys<S> {
+    /// Hot keys over `inner`, with the prefilter on when `prefilter`.
+    pub fn new(inner: S, prefilter: bool) -> Self {
         HotKeys {
+            inner,
             prefilter: prefilter.then(Prefilter::default),
             leases: Leases::default(),
             local_admissions: AtomicU64::new(0),
         }
     }
 
-    /// The prefilter, if on and the store is shared (the memory store is already local).
-    pub fn prefilter(&self, store: &StoreBackend) -> Option<&Prefilter> {
-        store.redis().and(self.prefilter.as_ref())
+    /// Turns the prefilter on or off, forgetting what it remembered.
+    pub fn set_prefilter(&mut self, on: bool) {
+        self.prefilter = on.then(Prefilter::default);
+    }
+
+    /// The store the layer keeps hot keys off.
+    pub fn inner(&self) -> &S {
+        &self.inner
     }
 
     /// This replica's leases.
@@ -69,18 +59,32 @@ impl HotKeys {
         &self.local_admissions
     }
 
+    /// Drops every lease without giving anything back: the store lost the counters they
+    /// were reserved from, and giving units back would credit the counts made since (those
+    /// reserved between the loss and this call go too: under the limit, never over; a renewal
+    /// under way may still give back once). See [`Leases::forfeit`].
+    pub fn forfeit(&self) {
+        self.leases.forfeit();
+    }
+}
+
+impl<S: Granting> HotKeys<S> {
+    /// The prefilter, if on and the store is shared (the memory store is already local).
+    pub fn prefilter(&self) -> Option<&Prefilter> {
+        self.inner.grantor().and(self.prefilter.as_ref())
+    }
+
     /// A live charge the prefilter denies, by its index among `charges`. None when an
     /// enforced charge can never fit its limit: the store's answer (no retry-after, reason
     /// `cost_exceeds_capacity`) is not one the prefilter can give. (A limit that charges up to
     /// itself admits such a charge while a unit is left; the store decides those too.)
-    pub fn prefiltered(
+    fn prefiltered(
         &self,
-        store: &StoreBackend,
         charges: &[Charge<'_>],
         now: Timestamp,
         epoch: u64,
     ) -> Option<(usize, Decision)> {
-        let prefilter = self.prefilter(store)?;
+        let prefilter = self.prefilter()?;
         let denial = charges.iter().enumerate().find_map(|(n, charge)| {
             if !charge.enforce || !charge.prefilterable {
                 return None;
@@ -98,15 +102,14 @@ impl HotKeys {
     /// Remembers the store's denials of the live charges for the prefilter, and forgets a
     /// remembered denial of a key the store just charged (a cheaper request fit), whose
     /// retry-after has moved.
-    pub fn remember_denials(
+    fn remember_denials(
         &self,
-        store: &StoreBackend,
         charges: &[Charge<'_>],
         decisions: &[Decision],
         now: Timestamp,
         epoch: u64,
     ) {
-        let Some(prefilter) = self.prefilter(store) else {
+        let Some(prefilter) = self.prefilter() else {
             return;
         };
         for (n, (charge, decision)) in charges.iter().zip(decisions).enumerate() {
@@ -125,48 +128,91 @@ impl HotKeys {
         }
     }
 
-    /// Decides `charges` (the live policy's, then a candidate's) into `decisions`, and
-    /// charges them when `commit`. The live charges whose rule has a local budget go to this
-    /// replica's leases, the rest to the store, which is not called when nothing is left for
-    /// it. Charged, all or nothing: if the store denies the request, the leases get their units
+    /// Gives back the unused units of lapsed leases and forgets cleared denials. Returns how
+    /// many keys got units back.
+    pub async fn sweep(&self, now: Timestamp, epoch: u64) -> usize {
+        if let Some(prefilter) = self.prefilter() {
+            prefilter.sweep(now, epoch);
+        }
+        self.release(now, epoch).await
+    }
+
+    /// Gives back the unused units of the leases lapsed at `now` (every one at
+    /// [`Timestamp::MAX`]). Returns how many keys got units back.
+    pub async fn release(&self, now: Timestamp, epoch: u64) -> usize {
+        let Some(grantor) = self.inner.grantor() else {
+            return 0;
+        };
+        let credited = self.leases.sweep(&**grantor, now, epoch).await;
+        // A lease of an older epoch may be given back to a counter whose rule lost its
+        // budget meanwhile: a denial remembered for it may no longer hold.
+        if let Some(prefilter) = self.prefilter() {
+            for key in &credited {
+                prefilter.forget(key);
+            }
+        }
+        credited.len()
+    }
+}
+
+impl<S: Store + Granting> HotKeys<S> {
+    /// Decides `charges` (the live policy's, then a candidate's) into `decisions`. A live
+    /// charge with a remembered denial answers a charged request with no candidate in it,
+    /// calling nothing. The live charges whose rule has a local budget go to this replica's
+    /// leases, the rest to the store, which is not called when nothing is left for it.
+    /// Charged, all or nothing: if the store denies the request, the leases get their units
     /// back. For explain, the leases answer taking nothing: a lease holds units the store
     /// counts as used, so a peek alone reads a key this replica would still admit as
     /// exhausted; and while the store is down, a request served from leases alone still admits.
-    pub async fn decide(
+    /// Once the store decided a charged request, its denials are remembered.
+    async fn decide_hot(
         &self,
-        (store, latency): (&StoreBackend, &[Histogram; 2]),
+        call: Call,
         charges: &[Charge<'_>],
-        (now, epoch): (Timestamp, u64),
-        commit: bool,
         decisions: &mut Decisions,
-    ) -> Result<(), StoreError> {
-        match store.redis() {
+    ) -> Result<Answered, StoreError> {
+        let at = (call.now, call.epoch);
+        let commit = call.mode.applies();
+        // Not while a candidate shadows: it must see every request the running policy decides.
+        if commit
+            && !call.shadowed(charges)
+            && let Some((index, denial)) = self.prefiltered(charges, call.now, call.epoch)
+        {
+            return Ok(Answered::Remembered { index, denial });
+        }
+        let answered = match self.inner.grantor() {
             // Boxed: inline, the lease paths' state would make every decision's future 3.9 KB
             // instead of 1.4 KB, and the Redis path boxes that future per request. The lease
             // paths call Redis anyway; one more allocation is nothing beside that.
-            Some(redis) if has_budgets(charges) => {
-                let at = (now, epoch);
+            Some(grantor) if has_budgets(charges) => {
                 if commit {
-                    Box::pin(self.apply_leased((store, latency), redis, charges, at, decisions))
-                        .await
+                    Box::pin(self.apply_leased(call, grantor, charges, decisions)).await?;
                 } else {
-                    Box::pin(self.explain_leased((store, latency), charges, at, decisions)).await
+                    Box::pin(self.explain_leased(call, charges, decisions)).await?;
                 }
+                Answered::Store
             }
-            _ => store_decide((store, latency), charges, commit, decisions).await,
+            _ => self.inner.decide(call, charges, decisions).await?,
+        };
+        if commit && matches!(answered, Answered::Store) {
+            let live = call.live(charges);
+            let live_decisions = decisions.get(..live.len()).unwrap_or_default();
+            let (now, epoch) = at;
+            self.remember_denials(live, live_decisions, now, epoch);
         }
+        Ok(answered)
     }
 
-    /// [`HotKeys::decide`] for explain, once a live charge has a local budget. (Each
+    /// [`HotKeys::decide_hot`] for explain, once a live charge has a local budget. (Each
     /// charge is read against its lease on its own: a key charged twice in one request is
     /// explained as if charged once.)
     async fn explain_leased(
         &self,
-        at_store: (&StoreBackend, &[Histogram; 2]),
+        call: Call,
         charges: &[Charge<'_>],
-        (now, epoch): (Timestamp, u64),
         decisions: &mut Decisions,
     ) -> Result<(), StoreError> {
+        let (now, epoch) = (call.now, call.epoch);
         let leased: SmallVec<[Option<Decision>; INLINE_CHARGES]> = charges
             .iter()
             .map(|charge| {
@@ -181,7 +227,11 @@ impl HotKeys {
             .collect();
         let mut peeked = Decisions::new();
         if !rest.is_empty() {
-            store_decide(at_store, &rest, false, &mut peeked).await?;
+            let call = Call {
+                mode: Mode::Peek,
+                ..call
+            };
+            self.inner.decide(call, &rest, &mut peeked).await?;
         }
         let mut peeked = peeked.into_iter();
         decisions.clear();
@@ -194,19 +244,19 @@ impl HotKeys {
         Ok(())
     }
 
-    /// [`HotKeys::decide`] to charge, once a live charge has a local budget.
+    /// [`HotKeys::decide_hot`] to charge, once a live charge has a local budget.
     async fn apply_leased(
         &self,
-        at_store: (&StoreBackend, &[Histogram; 2]),
-        redis: &Arc<RedisStore>,
+        call: Call,
+        grantor: &Arc<S::Grantor>,
         charges: &[Charge<'_>],
-        (now, epoch): (Timestamp, u64),
         decisions: &mut Decisions,
     ) -> Result<(), StoreError> {
+        let (now, epoch) = (call.now, call.epoch);
         let mut taken: SmallVec<[Option<Taken>; INLINE_CHARGES]> = SmallVec::new();
         for charge in charges {
             taken.push(match charge.local_budget {
-                Some(&budget) => self.leases.take(redis, *charge, budget, now, epoch).await,
+                Some(&budget) => self.leases.take(grantor, *charge, budget, now, epoch).await,
                 None => None,
             });
         }
@@ -220,7 +270,9 @@ impl HotKeys {
         let answer = if rest.is_empty() {
             Ok(())
         } else {
-            store_decide(at_store, &rest, true, &mut decided).await
+            let live = call.live.saturating_sub(charges.len() - rest.len());
+            let call = Call { live, ..call };
+            self.inner.decide(call, &rest, &mut decided).await.map(drop)
         };
         let mut decided = decided.into_iter();
         decisions.clear();
@@ -256,38 +308,33 @@ impl HotKeys {
         }
         answer
     }
+}
 
-    /// Gives back the unused units of lapsed leases and forgets cleared denials. Returns how
-    /// many keys got units back.
-    pub async fn sweep(&self, store: &StoreBackend, now: Timestamp, epoch: u64) -> usize {
-        if let Some(prefilter) = self.prefilter(store) {
-            prefilter.sweep(now, epoch);
-        }
-        self.release(store, now, epoch).await
+impl<S: Store + Granting> Store for HotKeys<S> {
+    fn decide(
+        &self,
+        call: Call,
+        charges: &[Charge<'_>],
+        decisions: &mut Decisions,
+    ) -> impl std::future::Future<Output = Result<Answered, StoreError>> + Send {
+        self.decide_hot(call, charges, decisions)
     }
 
-    /// Drops every lease without giving anything back: the store lost the counters they
-    /// were reserved from, and giving units back would credit the counts made since (those
-    /// reserved between the loss and this call go too: under the limit, never over; a renewal
-    /// under way may still give back once). See [`Leases::forfeit`].
-    pub fn forfeit(&self) {
-        self.leases.forfeit();
+    fn apply_before(
+        &self,
+        charges: &[Charge<'_>],
+        deadline: tokio::time::Instant,
+    ) -> impl std::future::Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+        self.inner.apply_before(charges, deadline)
     }
 
-    /// Gives back the unused units of the leases lapsed at `now` (every one at
-    /// [`Timestamp::MAX`]). Returns how many keys got units back.
-    pub async fn release(&self, store: &StoreBackend, now: Timestamp, epoch: u64) -> usize {
-        let Some(redis) = store.redis() else {
-            return 0;
-        };
-        let credited = self.leases.sweep(redis, now, epoch).await;
-        // A lease of an older epoch may be given back to a counter whose rule lost its
-        // budget meanwhile: a denial remembered for it may no longer hold.
-        if let Some(prefilter) = self.prefilter(store) {
-            for key in &credited {
-                prefilter.forget(key);
-            }
-        }
-        credited.len()
+    health_of_inner!();
+}
+
+impl<S: Granting> Granting for HotKeys<S> {
+    type Grantor = S::Grantor;
+
+    fn grantor(&self) -> Option<&Arc<Self::Grantor>> {
+        self.inner.grantor()
     }
 }

@@ -15,7 +15,7 @@ use tracing::debug;
 use super::keyed_shards::KeyedShards;
 use crate::observe::Histogram;
 use crate::policy::LocalBudget;
-use crate::store::{Charge, RedisStore, StoreError, timed_store_call};
+use crate::store::{Charge, Grants, StoreError, timed_store_call};
 
 /// One key's lease on this replica: the holder is this replica, the counter its key and
 /// `params`, the grant the `units` left of those reserved, until `expires`; what is left
@@ -129,7 +129,7 @@ impl Lease {
 /// right soon after its charge (late, it would credit a bucket that has refilled since and
 /// been charged again). Those units stay charged: under-admission until the counter resets,
 /// never over (as they do with `unreturned` full).
-async fn give_back(store: &RedisStore, key: &[u8], unused: Unused, shared: &Shared) -> bool {
+async fn give_back<G: Grants>(store: &G, key: &[u8], unused: Unused, shared: &Shared) -> bool {
     let (params, tokens, at) = unused;
     let charge = Charge::new(key, &params, tokens);
     match timed_store_call(&shared.give_back_latency, store.give_back(charge, at)).await {
@@ -225,8 +225,8 @@ struct Request {
 /// and records it in `slot`, whose renewal lock `renewing` is held throughout: the request's
 /// decision and the lease's serial. Runs to the end even if the request's caller has gone; the
 /// caller's units are then taken from the lease for nobody.
-async fn renew(
-    store: Arc<RedisStore>,
+async fn renew<G: Grants>(
+    store: Arc<G>,
     shared: Arc<Shared>,
     (slot, _renewing): (Arc<Slot>, OwnedMutexGuard<()>),
     key: Box<[u8]>,
@@ -241,7 +241,7 @@ async fn renew(
         epoch,
     } = request;
     if let Some(unused) = unused {
-        give_back(&store, &key, unused, &shared).await;
+        give_back(&*store, &key, unused, &shared).await;
     }
     // Whole: a lease records `budget.size` units, so it must have been charged all of them.
     let whole = params.charging_up_to_limit(false);
@@ -360,9 +360,9 @@ impl Leases {
     /// `store` when needed. `None` means the store must decide this request itself: no lease
     /// could be had (the store has less than `budget.size` left, is failing, or the cost is
     /// larger than a lease), or it is a check the lease cannot answer (see `Leases::check`).
-    pub async fn take(
+    pub async fn take<G: Grants>(
         &self,
-        store: &Arc<RedisStore>,
+        store: &Arc<G>,
         request: Charge<'_>,
         budget: LocalBudget,
         now: Timestamp,
@@ -430,9 +430,9 @@ impl Leases {
     /// no longer serve (it lapsed, or was reserved under another policy) gives them back first,
     /// as a request's renewal would, so that the store does not count them as used (the sweep
     /// would only do so within `Limiter::HOT_KEY_SWEEP`).
-    async fn check(
+    async fn check<G: Grants>(
         &self,
-        store: &Arc<RedisStore>,
+        store: &Arc<G>,
         key: &[u8],
         params: &Params,
         now: Timestamp,
@@ -468,7 +468,7 @@ impl Leases {
         // neither strand the units nor let a reservation start before they are back.
         let (store, shared, key) = (store.clone(), self.shared.clone(), key.to_vec());
         let give = async move {
-            give_back(&store, &key, unused, &shared).await;
+            give_back(&*store, &key, unused, &shared).await;
             drop(renewing);
         };
         let _ = tokio::spawn(give).await;
@@ -504,7 +504,7 @@ impl Leases {
     /// Gives back the unused units of every lease that has lapsed at `now` (or was reserved in
     /// another epoch) and forgets it, after trying again the give-backs that failed while the
     /// store was unavailable. Returns the keys that got units back.
-    pub async fn sweep(&self, store: &RedisStore, now: Timestamp, epoch: u64) -> Vec<Box<[u8]>> {
+    pub async fn sweep<G: Grants>(&self, store: &G, now: Timestamp, epoch: u64) -> Vec<Box<[u8]>> {
         let mut lapsed: Vec<(Box<[u8]>, Option<Unused>)> = Vec::new();
         self.slots.retain(|key, slot| {
             // A lease being renewed right now is not lapsing.

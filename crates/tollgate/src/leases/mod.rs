@@ -35,4 +35,4 @@ mod keyed_shards;
 mod lease;
 mod prefilter;
 
-pub use hot_keys::{HotKeys, has_budgets};
+pub use hot_keys::HotKeys;

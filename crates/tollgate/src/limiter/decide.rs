@@ -9,28 +9,26 @@ use arc_swap::{ArcSwapOption, Guard};
 use smallvec::SmallVec;
 use tollgate_core::Timestamp;
 
+use super::Stack;
 use super::answer::{self, Told};
 use super::candidate::Candidate;
-use super::capacity::{
-    answer_never_fits, cost_exceeds_capacity, exceeds_with_earlier, never_admitted,
-};
 use super::overrides::Overrides;
 use super::plan::{Plan, Planner, Side};
 use super::request::{CheckRequest, InvalidRequest};
 use super::response::CheckResponse;
 use super::snapshot::Snapshot;
 use super::telemetry::Telemetry;
-use crate::leases::{HotKeys, has_budgets};
-use crate::resilience::{Degraded, Postures};
-use crate::store::{Charge, Decisions, INLINE_CHARGES, MemoryStore, StoreBackend, StoreError};
+use crate::store::{
+    Answered, Call, Charge, Decisions, Degraded, INLINE_CHARGES, MemoryStore, Mode,
+    answer_never_fits, exceeds_with_earlier,
+};
 
 /// What one decision reads of the limiter, borrowed for the request.
 pub(super) struct Pipeline<'a> {
     pub snapshot: Guard<Arc<Snapshot>>,
     pub candidate: &'a ArcSwapOption<Candidate>,
-    pub store: &'a StoreBackend,
-    pub postures: &'a Postures,
-    pub hot_keys: &'a HotKeys,
+    /// The store under its layers.
+    pub stack: &'a Stack,
     pub overrides: &'a Overrides,
     pub telemetry: &'a Telemetry,
     /// When the decision is made, and the epoch its remembered denials and leases are valid
@@ -51,7 +49,9 @@ struct Planned {
 type Charges<'p> = SmallVec<[Charge<'p>; INLINE_CHARGES]>;
 
 impl Pipeline<'_> {
-    /// Decides `request`, charging it when `commit`, on any store.
+    /// Decides `request`, charging it when `commit`, on any store: the plan's charges go down
+    /// the stack in one call, and whatever answered them (the store, a remembered denial, the
+    /// postures) comes back up into one answer.
     pub async fn decide(
         &self,
         request: &CheckRequest,
@@ -62,54 +62,36 @@ impl Pipeline<'_> {
         self.plan(request, commit, &mut planned)?;
         let (charges, live) = self.charges(request, &planned);
         let fits = !never_fits(&charges, live);
-        let charge = planned.commit && fits;
-        if let Some(denial) = self.prefiltered(&planned, &charges[..live]) {
-            drop(charges);
-            return Ok(self.answer(
-                request,
-                &mut planned.live,
-                answer::prefiltered(denial.0, denial.1),
-                true,
-            ));
-        }
+        let call = self.call(planned.commit && fits, live);
         // Filled in place, like the plans: a few hundred bytes not copied from frame to frame.
         let mut decisions = Decisions::new();
-        let answer = if charges.is_empty() {
-            Ok(())
+        let answered = if charges.is_empty() {
+            Answered::Store
         } else {
-            let store = (self.store, &self.telemetry.store_latency);
-            let call = self
-                .hot_keys
-                .decide(store, &charges, self.at, charge, &mut decisions);
-            call.await
+            let stack = self.stack.decide_or_answer(call, &charges, &mut decisions);
+            stack.await
         };
-        let answer = match answer {
-            Err(StoreError::Partly {
-                decided,
-                cause,
-                deadline,
-            }) if partial_applies(&planned, &charges, live, &decided) => {
-                let latency = &self.telemetry.store_latency[0];
-                let partly = (decided, deadline);
-                let postures = self.postures;
-                let call = postures.decide_partly(
-                    self.store,
-                    latency,
-                    &charges,
-                    partly,
-                    charge,
-                    &mut decisions,
-                );
-                let answer = call.await;
-                self.partly_decided(&answer, &cause, charge);
-                answer.map(Some)
+        let postures = match answered {
+            Answered::Store => None,
+            Answered::Remembered { index, denial } => {
+                self.telemetry
+                    .prefilter_denials
+                    .fetch_add(1, Ordering::Relaxed);
+                drop(charges);
+                let told = answer::prefiltered(index, denial);
+                return Ok(self.answer(request, &mut planned.live, told, true));
             }
-            answer => answer.map(|()| None),
+            Answered::Postures { degraded, cause } => {
+                if call.mode.applies() {
+                    self.telemetry.note_store_error(&cause, call.now);
+                }
+                Some(degraded)
+            }
         };
         let postures = self.conclude(
             request,
             &planned,
-            answer,
+            postures,
             (&charges, live, fits),
             &mut decisions,
         );
@@ -119,7 +101,8 @@ impl Pipeline<'_> {
     }
 
     /// [`Pipeline::decide`] on the memory store, which answers in place: made on this stack
-    /// frame, with nothing to wait for (the hot-keys layer is inert on the memory store).
+    /// frame, with nothing to wait for. The layers above it would change nothing (it grants no
+    /// leases, so no denial is remembered; it fails only in part): it is called below them.
     /// `None` for a request the memory store could decide only in part (at its most keys,
     /// a limit on a new key): nothing was charged, and [`Pipeline::decide`] decides it again,
     /// letting the postures answer for the new keys.
@@ -138,17 +121,18 @@ impl Pipeline<'_> {
         let charge = planned.commit && fits;
         let mut decisions = Decisions::new();
         if !charges.is_empty() {
-            // Timed as `timed_store_call` times it; the memory store always reaches itself.
+            // Timed as the stack's `Timed` layer times it; the memory store always reaches
+            // itself.
             let started = tokio::time::Instant::now();
             // Its one error is that partial answer, timed by the path that decides it again.
             memory.decide(&charges, charge, &mut decisions).ok()?;
-            let latency = &self.telemetry.store_latency[usize::from(!charge)];
+            let latency = &self.stack.inner().inner().latency()[usize::from(!charge)];
             latency.observe(started.elapsed());
         }
         let postures = self.conclude(
             request,
             &planned,
-            Ok(None),
+            None,
             (&charges, live, fits),
             &mut decisions,
         );
@@ -161,19 +145,28 @@ impl Pipeline<'_> {
         )))
     }
 
-    /// What both paths do once the store answered (`answer`, with the postures that answered
-    /// for part of the request, if any): settles it, and lets the candidate record its
-    /// decisions. Returns the postures that answered, per live charge.
+    /// The call of a request's charges, the first `live` of them the live plan's.
+    fn call(&self, commit: bool, live: usize) -> Call {
+        let (now, epoch) = self.at;
+        Call {
+            mode: Mode::of(commit),
+            now,
+            epoch,
+            live,
+        }
+    }
+
+    /// What both paths do once the stack answered (with the postures that answered, if any):
+    /// lets the candidate record its decisions, and answers costs that never fit. Returns the
+    /// postures that answered, per live charge.
     fn conclude(
         &self,
         request: &CheckRequest,
         planned: &Planned,
-        answer: Result<Option<Degraded>, StoreError>,
+        postures: Option<Degraded>,
         (charges, live, fits): (&[Charge<'_>], usize, bool),
         decisions: &mut Decisions,
     ) -> Option<Degraded> {
-        let charge = planned.commit && fits;
-        let postures = self.settle(answer, (charges, live), charge, decisions);
         shadow_and_capacity(
             request,
             planned,
@@ -194,7 +187,7 @@ impl Pipeline<'_> {
     ) -> Result<(), InvalidRequest> {
         let (now, _) = self.at;
         let planner = Planner {
-            store: self.store,
+            store: self.stack.inner().inner().inner(),
             overrides: self.overrides,
         };
         let policy = &self.snapshot.policy;
@@ -218,7 +211,7 @@ impl Pipeline<'_> {
     /// The charges of `planned`, and how many of them are the live policy's: one store call
     /// for both, the candidate's charges after the live ones.
     fn charges<'p>(&self, request: &CheckRequest, planned: &'p Planned) -> (Charges<'p>, usize) {
-        let settings = &self.postures.settings;
+        let settings = &self.stack.settings;
         let mut charges = Charges::new();
         planned
             .live
@@ -228,78 +221,6 @@ impl Pipeline<'_> {
             plan.push_charges(request, false, settings, &mut charges);
         }
         (charges, live)
-    }
-
-    /// A live charge the prefilter denies, with its denial. Not while a candidate shadows: it
-    /// must see every request the running policy decides.
-    fn prefiltered(
-        &self,
-        planned: &Planned,
-        live: &[Charge<'_>],
-    ) -> Option<(usize, tollgate_core::Decision)> {
-        if !planned.commit || planned.candidate.is_some() {
-            return None;
-        }
-        let (now, epoch) = self.at;
-        let denial = self.hot_keys.prefiltered(self.store, live, now, epoch)?;
-        self.telemetry
-            .prefilter_denials
-            .fetch_add(1, Ordering::Relaxed);
-        Some(denial)
-    }
-
-    /// Counts the cause of a partial answer the postures completed.
-    fn partly_decided<T>(&self, answer: &Result<T, StoreError>, cause: &StoreError, commit: bool) {
-        if commit && answer.is_ok() {
-            self.telemetry.note_store_error(cause, self.at.0);
-        }
-    }
-
-    /// Settles the store's `answer` to the request's charges (the first `live` of them the
-    /// live plan's): decided by the store, remembers the live denials for the prefilter when
-    /// `commit`; else the postures answer for the whole request. Returns, per live charge, the
-    /// posture that answered, or `None` when the store decided it all.
-    fn settle(
-        &self,
-        answer: Result<Option<Degraded>, StoreError>,
-        (charges, live): (&[Charge<'_>], usize),
-        commit: bool,
-        decisions: &mut Decisions,
-    ) -> Option<Degraded> {
-        let (now, epoch) = self.at;
-        match answer {
-            Ok(Some(degraded)) => Some(degraded),
-            Ok(None) => {
-                if commit {
-                    let live_decisions = decisions.get(..live).unwrap_or_default();
-                    let (store, live) = (self.store, &charges[..live]);
-                    self.hot_keys
-                        .remember_denials(store, live, live_decisions, now, epoch);
-                }
-                None
-            }
-            Err(e) => {
-                if commit {
-                    self.telemetry.note_store_error(&e, now);
-                }
-                // The failure postures answer for the live policy only; the candidate skips
-                // this request rather than report what a posture decided.
-                let live_only = charges.get(..live).unwrap_or_default();
-                // A cost its counter can never hold needs no store to be answered: refused as
-                // such, not let through by `open` nor sent to retry by `closed`, and nothing is
-                // charged to a `local` share for the request it denies.
-                let hopeless = |i: &usize| never_admitted(live_only, *i);
-                let any_hopeless = (0..live_only.len()).any(|i| hopeless(&i));
-                let charge = commit && !any_hopeless;
-                let (answered, mut degraded) = self.postures.answer_all(live_only, charge);
-                *decisions = answered;
-                for i in (0..live_only.len().min(decisions.len())).filter(hopeless) {
-                    decisions[i] = cost_exceeds_capacity(decisions[i]);
-                    degraded[i] = None;
-                }
-                Some(degraded)
-            }
-        }
     }
 
     /// The answer to `planned`'s request from `decisions` and the postures that answered.
@@ -364,17 +285,4 @@ fn shadow_and_capacity(
 /// a denial a retry would clear (it never would).
 fn never_fits(charges: &[Charge<'_>], live: usize) -> bool {
     (0..live).any(|i| exceeds_with_earlier(charges, i))
-}
-
-/// Whether the postures answer for the limits a partial answer (`decided`) left alone: a
-/// cluster primary down under part of the request, or a full memory store and a limit on a
-/// key it does not hold. Not with a candidate or local budgets in the call: they take the
-/// postures for the whole request, as any other store failure.
-fn partial_applies(
-    planned: &Planned,
-    charges: &[Charge<'_>],
-    live: usize,
-    decided: &[Option<tollgate_core::Decision>],
-) -> bool {
-    planned.candidate.is_none() && decided.len() == charges.len() && !has_budgets(&charges[..live])
 }

@@ -2,7 +2,6 @@
 
 mod answer;
 mod candidate;
-mod capacity;
 mod decide;
 mod describe;
 pub mod headers;
@@ -68,7 +67,13 @@ use crate::observe::history::Metrics;
 use crate::observe::shares::ValueShares;
 use crate::policy::{Policy, Rule};
 use crate::resilience::{Posture, Postures};
-use crate::store::StoreBackend;
+use crate::store::{StoreBackend, Timed};
+
+/// The decision path below the plan, top down: the failure postures answer for what the store
+/// cannot decide; the hot keys' prefilter and leases answer what they can without it; the
+/// store calls are timed; the store decides. Each layer is a [`Store`](crate::store::Store)
+/// over the next.
+pub(crate) type Stack = Postures<HotKeys<Timed<StoreBackend>>>;
 
 /// Decides requests against the current policy using one store.
 #[derive(Debug)]
@@ -76,10 +81,8 @@ pub struct Limiter {
     snapshot: ArcSwap<Snapshot>,
     /// A policy decided beside the live one and never enforced (see [`Candidate`]).
     candidate: ArcSwapOption<Candidate>,
-    /// The store, and its layers: the failure postures, and the hot keys' prefilter and leases.
-    store: StoreBackend,
-    postures: Postures,
-    hot_keys: HotKeys,
+    /// The store under its layers.
+    stack: Stack,
     overrides: Overrides,
     clock: SharedClock,
     telemetry: Telemetry,
@@ -105,19 +108,21 @@ impl Limiter {
         Limiter {
             snapshot: ArcSwap::from_pointee(Snapshot::new(policy, None)),
             candidate: ArcSwapOption::empty(),
-            store,
-            postures: Postures::new(settings, clock.clone()),
+            stack: Postures::new(
+                HotKeys::new(Timed::new(store), true),
+                settings,
+                clock.clone(),
+            ),
             overrides: Overrides::default(),
             clock,
             telemetry: Telemetry::default(),
-            hot_keys: HotKeys::new(true),
             policy_epoch: AtomicU64::new(0),
         }
     }
 
     /// Turns the prefilter (remembered denials, Redis store only) on or off; on by default.
     pub fn with_prefilter(mut self, on: bool) -> Self {
-        self.hot_keys = HotKeys::new(on);
+        self.stack.inner_mut().set_prefilter(on);
         self
     }
 
@@ -130,19 +135,19 @@ impl Limiter {
 
     /// The server-wide failure settings.
     pub fn failure_settings(&self) -> &FailureSettings {
-        &self.postures.settings
+        &self.stack.settings
     }
 
     /// The in-process store of the `local` posture (for sweeping and tests).
     pub fn local_store(&self) -> &crate::store::MemoryStore {
-        self.postures.local_store()
+        self.stack.local_store()
     }
 
     /// Drops expired counters from the in-process stores: the memory store, if that is the
     /// store, and the `local` posture's (Redis expires its keys itself: every key has a TTL);
     /// and the runtime overrides that expired, each logged once.
     pub fn sweep_expired(&self) {
-        if let Some(m) = self.store.memory() {
+        if let Some(m) = self.store().memory() {
             m.sweep_now();
         }
         self.local_store().sweep_now();
@@ -182,13 +187,18 @@ impl Limiter {
     /// epoch forgets the remembered denials. In that order: a lease of the old epoch seen after
     /// the new one begins is given back, and only leases reserved after the forfeit can be.
     pub fn store_data_lost(&self) {
-        self.hot_keys.forfeit();
+        self.hot_keys().forfeit();
         self.policy_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The store.
     pub fn store(&self) -> &StoreBackend {
-        &self.store
+        self.hot_keys().inner().inner()
+    }
+
+    /// The layer that keeps hot keys off the store.
+    fn hot_keys(&self) -> &HotKeys<Timed<StoreBackend>> {
+        self.stack.inner()
     }
 
     /// Sets (or with `None` clears) the shadow candidate; returns the one it replaces. Requests
@@ -250,7 +260,7 @@ impl Limiter {
         request: &CheckRequest,
         commit: bool,
     ) -> Option<Result<CheckResponse, LimitError>> {
-        let memory = self.store.memory()?;
+        let memory = self.store().memory()?;
         let decided = self.pipeline().decide_now(memory, request, commit)?;
         Some(decided.map_err(LimitError::from))
     }
@@ -271,9 +281,7 @@ impl Limiter {
         Pipeline {
             snapshot: self.snapshot.load(),
             candidate: &self.candidate,
-            store: &self.store,
-            postures: &self.postures,
-            hot_keys: &self.hot_keys,
+            stack: &self.stack,
             overrides: &self.overrides,
             telemetry: &self.telemetry,
             at: (self.clock.now(), epoch),
@@ -294,19 +302,18 @@ impl Limiter {
     /// Gives back the unused units of lapsed leases and forgets cleared denials. Returns how
     /// many keys got units back.
     pub async fn sweep_hot_keys(&self) -> usize {
-        let (store, now, epoch) = (&self.store, self.clock.now(), self.epoch());
-        self.hot_keys.sweep(store, now, epoch).await
+        let (now, epoch) = (self.clock.now(), self.epoch());
+        self.hot_keys().sweep(now, epoch).await
     }
 
     /// Gives back every local budget now (at shutdown). Returns how many keys got units back.
     pub async fn release_local_budgets(&self) -> usize {
-        let (store, epoch) = (&self.store, self.epoch());
-        self.hot_keys.release(store, Timestamp::MAX, epoch).await
+        self.hot_keys().release(Timestamp::MAX, self.epoch()).await
     }
 
     /// The posture that answers for `limit` when the store cannot: its rule's, else the default.
     pub fn posture_of(&self, limit: Option<&AppliedLimit>) -> Posture {
-        plan::posture_of(limit, &self.postures.settings)
+        plan::posture_of(limit, &self.stack.settings)
     }
 
     /// The runtime overrides.
@@ -329,17 +336,17 @@ impl Limiter {
     /// Prometheus text for the decision counters and store gauges.
     pub async fn render_metrics(&self) -> String {
         let (snapshot, candidate) = (self.snapshot.load(), self.candidate.load_full());
-        let (candidate, hot_keys) = (candidate.as_deref(), &self.hot_keys);
-        let posture = self.postures.settings.posture;
+        let posture = self.stack.settings.posture;
         self.telemetry
-            .render_metrics(&snapshot, posture, candidate, hot_keys, &self.store)
+            .render_metrics(&snapshot, posture, candidate.as_deref(), self.hot_keys())
             .await
     }
 
     /// The counters the dashboard's history samples once a second, read without rendering.
     pub fn sample_metrics(&self) -> Metrics {
-        let posture = self.postures.settings.posture;
-        self.telemetry.sample(&self.snapshot.load(), posture)
+        let posture = self.stack.settings.posture;
+        let latency = self.hot_keys().inner().latency();
+        self.telemetry.sample(&self.snapshot.load(), posture, latency)
     }
 
     /// Count of `outcome` for `rule` in the current policy (for tests and summaries).

@@ -16,7 +16,7 @@ use crate::observe::Histogram;
 use crate::observe::history::{COLUMNS, DEGRADED, Metrics, RuleCounts, ValueCounts, cumulative};
 use crate::observe::prometheus::{Exposition, Kind};
 use crate::resilience::Posture;
-use crate::store::{Store, StoreBackend, StoreError};
+use crate::store::{Store, StoreBackend, StoreError, Timed};
 
 /// Check requests decided.
 pub const REQUESTS: &str = "tollgate_requests_total";
@@ -58,8 +58,6 @@ impl Transport {
 #[derive(Debug)]
 pub(super) struct Telemetry {
     pub decision_latency: Histogram,
-    /// Store call latency: `[apply, peek]`.
-    pub store_latency: [Histogram; 2],
     pub requests: AtomicU64,
     store_errors: AtomicU64,
     fail_open: AtomicU64,
@@ -76,10 +74,6 @@ impl Default for Telemetry {
     fn default() -> Self {
         Telemetry {
             decision_latency: Histogram::new(Histogram::LATENCY_SECONDS),
-            store_latency: [
-                Histogram::new(Histogram::LATENCY_SECONDS),
-                Histogram::new(Histogram::LATENCY_SECONDS),
-            ],
             requests: AtomicU64::new(0),
             store_errors: AtomicU64::new(0),
             fail_open: AtomicU64::new(0),
@@ -129,7 +123,12 @@ impl Telemetry {
     /// `default_posture`), as `/metrics` shows them. A row's columns read every counter the
     /// rule has, so they never go down when a reload changes its mode or posture (where
     /// `/metrics` stops showing the series the rule no longer produces).
-    pub fn sample(&self, snapshot: &Snapshot, default_posture: Posture) -> Metrics {
+    pub fn sample(
+        &self,
+        snapshot: &Snapshot,
+        default_posture: Posture,
+        store_latency: &[Histogram; 2],
+    ) -> Metrics {
         let (policy, counters) = (&snapshot.policy, &snapshot.counters);
         let mut m = Metrics::default();
         for rule in policy.rules().iter().filter(|r| r.limit.is_some()) {
@@ -165,7 +164,7 @@ impl Telemetry {
             }
         }
         m.decision_latency = cumulative(&self.decision_latency);
-        m.store_latency = cumulative(&self.store_latency[0]);
+        m.store_latency = cumulative(&store_latency[0]);
         m.requests = self.requests.load(Ordering::Relaxed);
         m.store_errors = self.store_errors.load(Ordering::Relaxed);
         m.fail_open = self.fail_open.load(Ordering::Relaxed);
@@ -179,10 +178,10 @@ impl Telemetry {
         snapshot: &Snapshot,
         default_posture: Posture,
         candidate: Option<&Candidate>,
-        hot_keys: &HotKeys,
-        store: &StoreBackend,
+        hot_keys: &HotKeys<Timed<StoreBackend>>,
     ) -> String {
-        let (prefilter, leases) = (hot_keys.prefilter(store), hot_keys.leases());
+        let (prefilter, leases) = (hot_keys.prefilter(), hot_keys.leases());
+        let store = hot_keys.inner().inner();
         let mut out = String::new();
         snapshot
             .counters
@@ -256,7 +255,9 @@ impl Telemetry {
         .histogram(&[], &self.decision_latency);
         let kind = store.kind();
         let lease_ops = store.redis().map(|_| leases.store_latency());
-        let ops = ["apply", "peek"].into_iter().zip(&self.store_latency);
+        let ops = ["apply", "peek"]
+            .into_iter()
+            .zip(hot_keys.inner().latency());
         let mut store_ops = text.family(
             STORE_OPERATION_DURATION,
             "Store calls by backend and operation.",

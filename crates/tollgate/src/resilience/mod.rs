@@ -14,4 +14,5 @@ pub use crate::store::redis::{Breaker, BreakerConfig, BreakerState, Permit};
 // A policy setting (`on_store_error`), so it lives in `policy`, below the store; named here too
 // for the callers that configure the server's default posture.
 pub use crate::policy::Posture;
-pub use postures::{Degraded, FailureSettings, Postures};
+pub use crate::store::Degraded;
+pub use postures::{FailureSettings, Postures};

@@ -11,11 +11,8 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 use tollgate_core::Decision;
 
-use super::postures::{Degraded, Postures};
-use crate::observe::Histogram;
-use crate::store::{
-    Charge, Decisions, INLINE_CHARGES, Store, StoreError, admitted, timed_store_call,
-};
+use super::postures::Postures;
+use crate::store::{Charge, Decisions, Degraded, INLINE_CHARGES, Store, StoreError, admitted};
 
 /// The store's answer where its node answered (see [`StoreError::Partly`]): per charge, its
 /// decision as it stands, `None` where it could not be decided; and the request's deadline.
@@ -39,14 +36,12 @@ fn admitted_with(look: &Look<'_>, healthy: &[Charge<'_>], answer: &[Decision]) -
     admitted(&charges, &decisions)
 }
 
-impl Postures {
-    /// Decides `charges` from `partly` and the postures elsewhere; charges them through `store`
-    /// (timed in `latency`) when `commit` and the request is admitted. Fills `decisions`. An
-    /// error when the charging call fails: the postures then answer for the whole request.
-    pub async fn decide_partly<S: Store>(
+impl<S: Store> Postures<S> {
+    /// Decides `charges` from `partly` and the postures elsewhere; charges them through the
+    /// store when `commit` and the request is admitted. Fills `decisions`. An error when the
+    /// charging call fails: the postures then answer for the whole request.
+    pub async fn decide_partly(
         &self,
-        store: &S,
-        latency: &Histogram,
         charges: &[Charge<'_>],
         (decided, deadline): Partly,
         commit: bool,
@@ -58,8 +53,7 @@ impl Postures {
             let healthy = healthy(charges, &decided);
             // The request's quota limits are decided here, across both parts.
             let apart = apart(&healthy);
-            let call = store.apply_before(&apart, deadline);
-            let answer = timed_store_call(latency, call).await?;
+            let answer = self.inner().apply_before(&apart, deadline).await?;
             self.charged(&mut look, &healthy, &answer);
             charged = Some(answer);
         }
@@ -72,7 +66,7 @@ impl Postures {
             .map(|i| charges[i])
             .collect();
         // What the postures would answer, charging nothing yet.
-        let answered = self.decide(&failed, false);
+        let answered = self.by_posture(&failed, false);
         // The store's decisions where it decided, the postures' elsewhere, in request order.
         let mut postured = answered.iter();
         let whole: Decisions = decided
@@ -93,7 +87,7 @@ impl Postures {
     /// charges standing for a denied request, under the limit, never over.)
     fn charged(&self, look: &mut Look<'_>, healthy: &[Charge<'_>], answer: &[Decision]) {
         if admitted_with(look, healthy, answer) {
-            look.answered = self.decide(&look.failed, true);
+            look.answered = self.by_posture(&look.failed, true);
         }
     }
 }

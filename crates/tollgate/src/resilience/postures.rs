@@ -1,4 +1,5 @@
-//! Decisions when the store cannot decide: each limit's failure posture answers instead.
+//! The layer that answers when the store cannot decide: each limit's failure posture answers
+//! instead.
 //!
 //! - `closed`: an enforced limit with this posture denies the whole request as *unavailable*
 //!   (never a plain over-limit): nothing else is charged anywhere.
@@ -13,10 +14,11 @@ use tollgate_core::{Decision, Params, Verdict};
 
 use crate::clock::SharedClock;
 use crate::policy::Posture;
-use crate::store::{Charge, Decisions, INLINE_CHARGES, MemoryStore, Quotas};
-
-/// Per charge: the posture that answered for it, `None` where the store decided.
-pub type Degraded = SmallVec<[Option<Posture>; INLINE_CHARGES]>;
+use crate::store::health_of_inner;
+use crate::store::{
+    Answered, Call, Charge, Decisions, Degraded, INLINE_CHARGES, MemoryStore, Quotas, Store,
+    StoreError, cost_exceeds_capacity, has_budgets, never_admitted,
+};
 
 /// Server-wide failure settings; a rule's `on_store_error` / `local_share` override them.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -49,22 +51,38 @@ impl Default for FailureSettings {
     }
 }
 
-/// The failure postures of one limiter: its settings and the `local` posture's own store.
+/// The failure postures over the store `inner`: their settings and the `local` posture's own
+/// store.
 #[derive(Debug)]
-pub struct Postures {
+pub struct Postures<S> {
+    inner: S,
     pub settings: FailureSettings,
     local: MemoryStore,
 }
 
-impl Postures {
-    /// Postures with `settings`; the `local` posture's store runs on `clock`.
-    pub fn new(settings: FailureSettings, clock: SharedClock) -> Self {
+impl<S> Postures<S> {
+    /// Postures with `settings` over `inner`; the `local` posture's store runs on `clock`.
+    pub fn new(inner: S, settings: FailureSettings, clock: SharedClock) -> Self {
         let local = MemoryStore::new(clock).with_max_keys(settings.local_max_keys);
         let local = match settings.local_max_bytes {
             Some(max) => local.with_max_bytes(max),
             None => local,
         };
-        Postures { settings, local }
+        Postures {
+            inner,
+            settings,
+            local,
+        }
+    }
+
+    /// The store the postures answer for.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// The store the postures answer for, to configure it.
+    pub fn inner_mut(&mut self) -> &mut S {
+        &mut self.inner
     }
 
     /// The in-process store used by the `local` posture.
@@ -75,7 +93,7 @@ impl Postures {
     /// Decides every charge by its posture (and `local` share). Without `commit`, the local
     /// store is only asked (for explain). Allocates nothing for up to [`INLINE_CHARGES`]
     /// charges: while the store is down, every request comes through here.
-    pub fn decide(&self, charges: &[Charge<'_>], commit: bool) -> Decisions {
+    pub fn by_posture(&self, charges: &[Charge<'_>], commit: bool) -> Decisions {
         // An enforced `closed` limit denies the request as unavailable: the local shares are
         // then only looked at, and answer as they stand (nothing is charged).
         // Quota limits deny together: every one of them `closed` (see `store::admitted`).
@@ -121,12 +139,30 @@ impl Postures {
             .collect()
     }
 
-    /// Answers `charges` (the store could not decide the request) by their postures, charging
-    /// the `local` shares when `commit`. Returns the decisions and, per charge, the posture
-    /// that answered.
-    pub fn answer_all(&self, charges: &[Charge<'_>], commit: bool) -> (Decisions, Degraded) {
-        let decisions = self.decide(charges, commit);
-        (decisions, charges.iter().map(|c| Some(c.posture)).collect())
+    /// Answers the live charges of a request the store could not decide (`cause`) by their
+    /// postures, into `decisions`, charging the `local` shares when the call applies. A cost
+    /// its counter can never hold needs no store to be answered: refused as such, not let
+    /// through by `open` nor sent to retry by `closed`, and nothing is charged to a `local`
+    /// share for the request it denies. A candidate's charges get no answer: it skips this
+    /// request rather than report what a posture decided.
+    fn answer_failed(
+        &self,
+        call: Call,
+        charges: &[Charge<'_>],
+        cause: StoreError,
+        decisions: &mut Decisions,
+    ) -> Answered {
+        let live = call.live(charges);
+        let hopeless = |i: &usize| never_admitted(live, *i);
+        let any_hopeless = (0..live.len()).any(|i| hopeless(&i));
+        let commit = call.mode.applies() && !any_hopeless;
+        *decisions = self.by_posture(live, commit);
+        let mut degraded: Degraded = live.iter().map(|c| Some(c.posture)).collect();
+        for i in (0..live.len().min(decisions.len())).filter(hopeless) {
+            decisions[i] = cost_exceeds_capacity(decisions[i]);
+            degraded[i] = None;
+        }
+        Answered::Postures { degraded, cause }
     }
 
     fn unavailable(&self, params: &Params) -> Decision {
@@ -139,6 +175,70 @@ impl Postures {
             delay: Duration::ZERO,
         }
     }
+}
+
+impl<S: Store> Postures<S> {
+    /// Decides `charges` at the store, and answers by the postures for what it could not
+    /// decide: the whole request when it fails, or only the limits it could not decide when
+    /// it answers in part (see [`Postures::decide_partly`]). Never an error: a failure is
+    /// answered, and its cause reported in [`Answered::Postures`].
+    pub async fn decide_or_answer(
+        &self,
+        call: Call,
+        charges: &[Charge<'_>],
+        decisions: &mut Decisions,
+    ) -> Answered {
+        let cause = match self.inner.decide(call, charges, decisions).await {
+            Ok(answered) => return answered,
+            Err(StoreError::Partly {
+                decided,
+                cause,
+                deadline,
+            }) if partial_applies(call, charges, &decided) => {
+                let partly = (decided, deadline);
+                let commit = call.mode.applies();
+                match self.decide_partly(charges, partly, commit, decisions).await {
+                    Ok(degraded) => {
+                        let cause = *cause;
+                        return Answered::Postures { degraded, cause };
+                    }
+                    // The charging call failed: the postures answer for the whole request.
+                    Err(e) => e,
+                }
+            }
+            Err(e) => e,
+        };
+        self.answer_failed(call, charges, cause, decisions)
+    }
+}
+
+impl<S: Store> Store for Postures<S> {
+    async fn decide(
+        &self,
+        call: Call,
+        charges: &[Charge<'_>],
+        decisions: &mut Decisions,
+    ) -> Result<Answered, StoreError> {
+        Ok(self.decide_or_answer(call, charges, decisions).await)
+    }
+
+    fn apply_before(
+        &self,
+        charges: &[Charge<'_>],
+        deadline: tokio::time::Instant,
+    ) -> impl std::future::Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+        self.inner.apply_before(charges, deadline)
+    }
+
+    health_of_inner!();
+}
+
+/// Whether the postures answer for the limits a partial answer (`decided`) left alone: a
+/// cluster primary down under part of the request, or a full memory store and a limit on a
+/// key it does not hold. Not with a candidate or local budgets in the call: they take the
+/// postures for the whole request, as any other store failure.
+fn partial_applies(call: Call, charges: &[Charge<'_>], decided: &[Option<Decision>]) -> bool {
+    !call.shadowed(charges) && decided.len() == charges.len() && !has_budgets(charges)
 }
 
 /// An allowed decision whose counters are unknown: reported as full (a bucket's capacity).
@@ -179,8 +279,13 @@ mod tests {
         }
     }
 
-    fn fallback() -> Postures {
-        Postures::new(FailureSettings::default(), Arc::new(ManualClock::default()))
+    fn fallback() -> Postures<MemoryStore> {
+        let clock = Arc::new(ManualClock::default());
+        Postures::new(
+            MemoryStore::new(clock.clone()),
+            FailureSettings::default(),
+            clock,
+        )
     }
 
     #[test]
@@ -211,11 +316,11 @@ mod tests {
         let charge = |key: &'static [u8]| Charge::new(key, &p, 1);
         let mut allowed = 0;
         for _ in 0..10 {
-            let d = f.decide(&[local(charge(b"k"), 0.25)], true);
+            let d = f.by_posture(&[local(charge(b"k"), 0.25)], true);
             allowed += u32::from(d[0].is_allowed());
         }
         assert_eq!(allowed, 2, "a quarter of 8");
-        let d = f.decide(&[local(charge(b"k"), 0.25), charge(b"o")], true);
+        let d = f.by_posture(&[local(charge(b"k"), 0.25), charge(b"o")], true);
         assert_eq!(d[0].verdict, Verdict::Denied);
         assert!(d[1].is_allowed());
     }
@@ -235,7 +340,7 @@ mod tests {
             posture: Posture::Closed,
             ..closed
         };
-        let d = f.decide(&[local, closed], true);
+        let d = f.by_posture(&[local, closed], true);
         assert_eq!(d[1].verdict, Verdict::Denied);
         assert_eq!(d[1].retry_after, Some(Duration::from_secs(1)));
         assert!(

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tollgate_core::{Decision, Params};
 
 use super::charge::Charge;
-use super::contract::{Decisions, Mode, Store};
+use super::contract::{Answered, Call, Decisions, Granting, Store};
 use super::error::{StoreError, Unsupported};
 use super::memory::MemoryStore;
 use super::redis::{RedisOptions, RedisStore};
@@ -124,18 +124,19 @@ impl StoreBackend {
 impl Store for StoreBackend {
     async fn decide(
         &self,
+        call: Call,
         charges: &[Charge<'_>],
-        mode: Mode,
         decisions: &mut Decisions,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Answered, StoreError> {
         // The Redis future is boxed: inline it would make every caller's future, and every
         // move of it, over a kilobyte larger, memory store included.
         match self {
             StoreBackend::Memory(m) => {
                 decisions.clear();
-                m.decide(charges, mode.applies(), decisions)
+                m.decide(charges, call.mode.applies(), decisions)?;
+                Ok(Answered::Store)
             }
-            StoreBackend::Redis(r) => Box::pin(Store::decide(&**r, charges, mode, decisions)).await,
+            StoreBackend::Redis(r) => Box::pin(Store::decide(&**r, call, charges, decisions)).await,
         }
     }
 
@@ -183,5 +184,13 @@ impl Store for StoreBackend {
             StoreBackend::Memory(m) => m.description(),
             StoreBackend::Redis(r) => r.description(),
         }
+    }
+}
+
+impl Granting for StoreBackend {
+    type Grantor = RedisStore;
+
+    fn grantor(&self) -> Option<&Arc<RedisStore>> {
+        self.redis()
     }
 }

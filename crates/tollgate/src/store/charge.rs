@@ -76,6 +76,11 @@ impl<'a> Charge<'a> {
     }
 }
 
+/// Whether one of `charges` has a local budget.
+pub fn has_budgets(charges: &[Charge<'_>]) -> bool {
+    charges.iter().any(|c| c.local_budget.is_some())
+}
+
 /// Whether a request whose charges got `decisions` is admitted: every enforced charge
 /// without [`Charge::quota`] is allowed, and so is at least one quota charge when there are
 /// any, as envoyproxy/ratelimit's quota mode answers (a quota charge that does not enforce,

@@ -20,7 +20,7 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 use tollgate_core::{Decision, Params, Timestamp};
 
-use super::{Charge, Decisions, Mode, Store, StoreError, Unsupported};
+use super::{Answered, Call, Charge, Decisions, Store, StoreError, Unsupported};
 use crate::clock::SharedClock;
 use crate::resilience::BreakerState;
 
@@ -177,12 +177,13 @@ impl MemoryStore {
 impl Store for MemoryStore {
     async fn decide(
         &self,
+        call: Call,
         charges: &[Charge<'_>],
-        mode: Mode,
         decisions: &mut Decisions,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Answered, StoreError> {
         decisions.clear();
-        MemoryStore::decide(self, charges, mode.applies(), decisions)
+        MemoryStore::decide(self, charges, call.mode.applies(), decisions)?;
+        Ok(Answered::Store)
     }
 
     async fn apply_before(

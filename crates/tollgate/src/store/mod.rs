@@ -5,6 +5,7 @@
 //! `error.rs`), so that the backends can import them without importing this file back.
 
 mod backend;
+mod capacity;
 mod charge;
 mod contract;
 mod error;
@@ -17,9 +18,15 @@ pub use self::redis::{
     CoalesceOptions, LATE_SLACK, MAX_SETTING, RedisOptions, RedisStore, SharedPolicy,
 };
 pub use backend::StoreBackend;
-pub use charge::{Charge, Quotas, admitted};
-pub use contract::{Decisions, INLINE_CHARGES, Mode, Store};
+pub use capacity::{
+    answer_never_fits, cost_exceeds_capacity, exceeds_with_earlier, never_admitted,
+};
+pub use charge::{Charge, Quotas, admitted, has_budgets};
+pub(crate) use contract::health_of_inner;
+pub use contract::{
+    Answered, Call, Decisions, Degraded, Granting, Grants, INLINE_CHARGES, Mode, Store,
+};
 pub use error::{StoreError, Unsupported};
 pub use memory::MemoryStore;
-pub use timed::timed_store_call;
+pub use timed::{Timed, timed_store_call};
 pub use url::{InvalidStoreUrl, StoreUrl, redact};

@@ -1,12 +1,12 @@
-//! The calls local budgets make (see `limiter::local_budget`): a lease reserved on one counter,
-//! and its unused units given back.
+//! The calls the lease engine makes (see `leases`): a lease reserved on one counter, and its
+//! unused units given back. Redis is the store that [`Grants`] leases.
 
 use tollgate_core::Decision;
 
 use super::decide::Group;
 use super::script::{self, charge_args};
 use super::store::RedisStore;
-use crate::store::{Charge, StoreError};
+use crate::store::{Charge, Grants, StoreError};
 
 impl RedisStore {
     /// Charges one enforced counter like [`Store::apply`], and also returns the instant (µs,
@@ -47,5 +47,15 @@ impl RedisStore {
         self.bounded(|deadline| self.invoke_on_slot::<i64>(slot, &invocation, deadline))
             .await
             .map(drop)
+    }
+}
+
+impl Grants for RedisStore {
+    async fn reserve(&self, charge: Charge<'_>) -> Result<(Decision, i64), StoreError> {
+        RedisStore::reserve(self, charge).await
+    }
+
+    async fn give_back(&self, charge: Charge<'_>, at: i64) -> Result<(), StoreError> {
+        RedisStore::give_back(self, charge, at).await
     }
 }

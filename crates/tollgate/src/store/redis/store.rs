@@ -24,7 +24,7 @@ use super::script;
 use super::timeout::within;
 use super::topology::Topology;
 use crate::clock::SharedClock;
-use crate::store::{Charge, Decisions, Mode, Store, StoreError, StoreUrl, Unsupported};
+use crate::store::{Answered, Call, Charge, Decisions, Store, StoreError, StoreUrl, Unsupported};
 
 pub(super) enum Connection {
     Single(ConnectionManager),
@@ -225,13 +225,13 @@ fn limits(options: &RedisOptions) -> Limits {
 impl Store for RedisStore {
     async fn decide(
         &self,
+        call: Call,
         charges: &[Charge<'_>],
-        mode: Mode,
         decisions: &mut Decisions,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Answered, StoreError> {
         decisions.clear();
-        decisions.extend(self.decide_all(charges, mode.applies()).await?);
-        Ok(())
+        decisions.extend(self.decide_all(charges, call.mode.applies()).await?);
+        Ok(Answered::Store)
     }
 
     async fn apply_before(

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use tollgate_core::{Decision, Verdict};
 
-use crate::store::Charge;
+use super::charge::Charge;
 
 /// Whether `charges[i]` takes its counter past what it can ever hold, with the charges before
 /// it in the request on the same counter. A check counts as the one unit it is decided as; a
 /// limit that charges up to itself, or that does not enforce, denies nothing for it; nor does
 /// a quota limit on its own (the store answers it over, and the other quota limits decide).
-pub(super) fn exceeds_with_earlier(charges: &[Charge<'_>], i: usize) -> bool {
+pub fn exceeds_with_earlier(charges: &[Charge<'_>], i: usize) -> bool {
     let charge = &charges[i];
     if !charge.enforce || charge.quota || charge.params.charges_up_to_limit() {
         return false;
@@ -28,7 +28,7 @@ pub(super) fn exceeds_with_earlier(charges: &[Charge<'_>], i: usize) -> bool {
 
 /// Whether `charges[i]` can never be admitted: its cost alone, or with the charges before it
 /// on the same counter, is more than the counter can ever hold.
-pub(super) fn never_admitted(charges: &[Charge<'_>], i: usize) -> bool {
+pub fn never_admitted(charges: &[Charge<'_>], i: usize) -> bool {
     let charge = &charges[i];
     exceeds_with_earlier(charges, i)
         || (charge.enforce
@@ -39,7 +39,7 @@ pub(super) fn never_admitted(charges: &[Charge<'_>], i: usize) -> bool {
 
 /// `decision` rewritten as a cost its counter can never hold: no retry-after (a retry never
 /// fits), no delay, its figures kept.
-pub(super) fn cost_exceeds_capacity(decision: Decision) -> Decision {
+pub fn cost_exceeds_capacity(decision: Decision) -> Decision {
     Decision {
         verdict: Verdict::CostExceedsCapacity,
         retry_after: None,
@@ -52,7 +52,7 @@ pub(super) fn cost_exceeds_capacity(decision: Decision) -> Decision {
 /// what it can ever hold with the charges before them (the request was looked at, charging
 /// nothing): each answers with the figures as they stand, those of the counter's first charge
 /// (allowed, as nothing was charged, or denied by the counter as it is).
-pub(super) fn answer_never_fits(charges: &[Charge<'_>], live: usize, decisions: &mut [Decision]) {
+pub fn answer_never_fits(charges: &[Charge<'_>], live: usize, decisions: &mut [Decision]) {
     for i in 0..live.min(decisions.len()) {
         if exceeds_with_earlier(charges, i) {
             let first = charges[..i]
