@@ -9,7 +9,6 @@ use arc_swap::{ArcSwapOption, Guard};
 use smallvec::SmallVec;
 use tollgate_core::Timestamp;
 
-use super::Stack;
 use super::answer::{self, Told};
 use super::candidate::Candidate;
 use super::overrides::Overrides;
@@ -17,6 +16,7 @@ use super::plan::{Plan, Planner, Side};
 use super::request::{CheckRequest, InvalidRequest};
 use super::response::CheckResponse;
 use super::snapshot::Snapshot;
+use super::stack::Stack;
 use super::telemetry::Telemetry;
 use crate::store::{
     Answered, Call, Charge, Decisions, Degraded, INLINE_CHARGES, MemoryStore, Mode,

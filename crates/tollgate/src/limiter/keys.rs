@@ -118,6 +118,29 @@ pub fn override_key(
     push_entries(buf, descriptor, 0);
 }
 
+/// The counter key of a configured rule (`rule_identity`, its `shared_levels` as `shared`) for
+/// `descriptor`, as the stores see it. For the fuzz targets (`fuzz/`), which check that two
+/// different descriptors never share a key; the limiter builds keys in place.
+#[doc(hidden)]
+pub fn rule_key_bytes(rule_identity: &str, shared: u64, descriptor: &RequestDescriptor) -> Vec<u8> {
+    let mut buf = KeyBuf::new();
+    rule_key(&mut buf, rule_identity, shared, descriptor);
+    buf.to_vec()
+}
+
+/// The counter key of a caller's limit override in `domain` for `descriptor` (see
+/// [`rule_key_bytes`]; for the fuzz targets).
+#[doc(hidden)]
+pub fn override_key_bytes(
+    domain: &str,
+    descriptor: &RequestDescriptor,
+    params: &tollgate_core::Params,
+) -> Vec<u8> {
+    let mut buf = KeyBuf::new();
+    override_key(&mut buf, domain, descriptor, params);
+    buf.to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

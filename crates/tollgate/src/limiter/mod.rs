@@ -1,6 +1,7 @@
 //! The [`Limiter`]: matches a request against the policy, charges the store, builds the answer.
 
 mod answer;
+mod build;
 mod candidate;
 mod decide;
 mod describe;
@@ -11,6 +12,7 @@ mod plan;
 mod request;
 mod response;
 mod snapshot;
+mod stack;
 mod telemetry;
 
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use tollgate_core::Timestamp;
 
 pub use crate::resilience::FailureSettings;
 pub use candidate::{CANDIDATE_DECISIONS, Candidate, RuleReport};
+pub use keys::{override_key_bytes, rule_key_bytes};
 pub use overrides::{
     DEFAULT_MAX_OVERRIDES, Override, OverrideChange, OverrideError, Overrides, Target,
     UnfitOverride,
@@ -33,47 +36,19 @@ pub use request::{
 pub use response::{AppliedLimit, CheckResponse, Code, DescriptorStatus, Statuses};
 pub use telemetry::Transport;
 
-/// The counter key of a configured rule (`rule_identity`, its `shared_levels` as `shared`) for
-/// `descriptor`, as the stores see it. For the fuzz targets (`fuzz/`), which check that two
-/// different descriptors never share a key; the limiter builds keys in place.
-#[doc(hidden)]
-pub fn rule_key_bytes(rule_identity: &str, shared: u64, descriptor: &RequestDescriptor) -> Vec<u8> {
-    let mut buf = keys::KeyBuf::new();
-    keys::rule_key(&mut buf, rule_identity, shared, descriptor);
-    buf.to_vec()
-}
-
-/// The counter key of a caller's limit override in `domain` for `descriptor` (see
-/// [`rule_key_bytes`]; for the fuzz targets).
-#[doc(hidden)]
-pub fn override_key_bytes(
-    domain: &str,
-    descriptor: &RequestDescriptor,
-    params: &tollgate_core::Params,
-) -> Vec<u8> {
-    let mut buf = keys::KeyBuf::new();
-    keys::override_key(&mut buf, domain, descriptor, params);
-    buf.to_vec()
-}
-
 use self::decide::Pipeline;
 use self::snapshot::Snapshot;
+use self::stack::Stack;
 use self::telemetry::Telemetry;
-use crate::clock::{SharedClock, SystemClock};
+use crate::clock::SharedClock;
 use crate::leases::HotKeys;
 use crate::metrics::Outcome;
 use crate::observe::TopEntry;
 use crate::observe::history::Metrics;
 use crate::observe::shares::ValueShares;
 use crate::policy::{Policy, Rule};
-use crate::resilience::{Posture, Postures};
+use crate::resilience::Posture;
 use crate::store::{StoreBackend, Timed};
-
-/// The decision path below the plan, top down: the failure postures answer for what the store
-/// cannot decide; the hot keys' prefilter and leases answer what they can without it; the
-/// store calls are timed; the store decides. Each layer is a [`Store`](crate::store::Store)
-/// over the next.
-pub(crate) type Stack = Postures<HotKeys<Timed<StoreBackend>>>;
 
 /// Decides requests against the current policy using one store.
 #[derive(Debug)]
@@ -91,48 +66,6 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// A limiter over `store` enforcing `policy`, with the default failure settings (`open`).
-    pub fn new(policy: Policy, store: StoreBackend) -> Self {
-        let clock = Arc::new(SystemClock::new());
-        Self::with_failure_settings(policy, store, FailureSettings::default(), clock)
-    }
-
-    /// A limiter with explicit failure settings. `clock` is the limiter's own time: the `local`
-    /// posture's store, override expiry, the prefilter and local budgets.
-    pub fn with_failure_settings(
-        policy: Policy,
-        store: StoreBackend,
-        settings: FailureSettings,
-        clock: SharedClock,
-    ) -> Self {
-        Limiter {
-            snapshot: ArcSwap::from_pointee(Snapshot::new(policy, None)),
-            candidate: ArcSwapOption::empty(),
-            stack: Postures::new(
-                HotKeys::new(Timed::new(store), true),
-                settings,
-                clock.clone(),
-            ),
-            overrides: Overrides::default(),
-            clock,
-            telemetry: Telemetry::default(),
-            policy_epoch: AtomicU64::new(0),
-        }
-    }
-
-    /// Turns the prefilter (remembered denials, Redis store only) on or off; on by default.
-    pub fn with_prefilter(mut self, on: bool) -> Self {
-        self.stack.inner_mut().set_prefilter(on);
-        self
-    }
-
-    /// At most `max` runtime overrides in force (sets past it are refused);
-    /// [`DEFAULT_MAX_OVERRIDES`] by default.
-    pub fn with_max_overrides(mut self, max: usize) -> Self {
-        self.overrides = Overrides::with_max(max);
-        self
-    }
-
     /// The server-wide failure settings.
     pub fn failure_settings(&self) -> &FailureSettings {
         &self.stack.settings
@@ -346,7 +279,8 @@ impl Limiter {
     pub fn sample_metrics(&self) -> Metrics {
         let posture = self.stack.settings.posture;
         let latency = self.hot_keys().inner().latency();
-        self.telemetry.sample(&self.snapshot.load(), posture, latency)
+        self.telemetry
+            .sample(&self.snapshot.load(), posture, latency)
     }
 
     /// Count of `outcome` for `rule` in the current policy (for tests and summaries).
