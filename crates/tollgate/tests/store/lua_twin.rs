@@ -19,23 +19,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
+use proptest::test_runner::{TestCaseError, TestRunner};
 use redis::{Connection, Script, Value};
 use tollgate::store::redis::script::{
     DECIDE_BATCH_SCRIPT, DECIDE_SCRIPT, MAX_NOW_MICROS, MAX_REFILL_MICROS, REFUND_SCRIPT,
     algorithm_code, fits_lua,
 };
 use tollgate_core::{
-    Algorithm, Decision, MAX_LIMIT, MAX_LOG_LIMIT, MAX_PERIOD, Params, SlidingLog, State,
-    Timestamp, Transition, Verdict, decide, decide_or_check,
+    Algorithm, Decision, MAX_LIMIT, MAX_LOG_LIMIT, Params, SlidingLog, State, Timestamp,
+    Transition, Verdict, decide, decide_or_check,
 };
 use tollgate_testkit::RedisServer;
+
+use super::strategies::{MAX_PERIOD_US, config, limit, period};
 
 /// 23148 days after the epoch (in 2033): a whole number of days, so windows of a second, a
 /// minute, an hour or a day start on it, and later than any real clock running these tests.
 const BASE: u64 = 23_148 * 86_400_000_000;
-
-const MAX_PERIOD_US: u64 = MAX_PERIOD.as_micros() as u64;
 
 // ---------------------------------------------------------------------------------------------
 // Redis side
@@ -560,22 +560,6 @@ fn both(
     Ok(got)
 }
 
-/// `cases` cases, or `PROPTEST_CASES` of them for a longer run.
-fn config(cases: u32) -> Config {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(cases);
-    Config {
-        cases,
-        source_file: Some(file!()),
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
-            "proptest-regressions",
-        ))),
-        ..Config::default()
-    }
-}
-
 /// Runs a proptest whose body needs the shared server.
 fn check<S: Strategy>(
     redis: &RefCell<Redis>,
@@ -585,7 +569,7 @@ fn check<S: Strategy>(
 ) where
     S::Value: std::fmt::Debug,
 {
-    let mut runner = TestRunner::new(config(cases));
+    let mut runner = TestRunner::new(config(cases, file!()));
     if let Err(e) = runner.run(&strategy, |value| test(&mut redis.borrow_mut(), value)) {
         panic!("{e}");
     }
@@ -593,28 +577,6 @@ fn check<S: Strategy>(
 
 // ---------------------------------------------------------------------------------------------
 // Strategies
-
-fn limit(max: u64) -> BoxedStrategy<u64> {
-    prop_oneof![
-        6 => 1..=10u64.min(max),
-        2 => 1..=1_000u64.min(max),
-        1 => 1..=max,
-        1 => Just(max),
-    ]
-    .boxed()
-}
-
-/// Periods in µs: short (windows fill and roll), a second to a day, up to the 400-day maximum.
-fn period() -> BoxedStrategy<u64> {
-    prop_oneof![
-        4 => 1_000..=4_000u64,
-        1 => Just(1_000u64),
-        2 => 1_000_000..=86_400_000_000u64,
-        1 => 86_400_000_000..=MAX_PERIOD_US,
-        1 => Just(MAX_PERIOD_US),
-    ]
-    .boxed()
-}
 
 /// Parameters the script accepts: a bucket's burst is capped to the longest refill it can
 /// represent (the cap itself is a common draw, through `limit`'s `Just(max)`).

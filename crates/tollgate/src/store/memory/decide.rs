@@ -22,8 +22,13 @@ impl MemoryStore {
     ///
     /// A commit that needs more keys or bytes than the store may hold
     /// ([`MemoryStore::with_max_keys`], [`MemoryStore::with_max_bytes`]) changes nothing and
-    /// answers [`StoreError::NotCalled`], `decisions` filled as for a look.
-    pub(crate) fn decide(
+    /// answers [`StoreError::Partly`] (for [`StoreError::NotCalled`]), `decisions` filled as
+    /// for a look.
+    ///
+    /// [`crate::store::Store::decide`] without a future to await: a request of one charge
+    /// takes a path of its own, which must answer exactly as this one does for several
+    /// (public so that a test can hold the two equal).
+    pub fn decide(
         &self,
         charges: &[Charge<'_>],
         commit: bool,
@@ -35,7 +40,7 @@ impl MemoryStore {
     /// [`MemoryStore::decide`] for a request a limit outside `charges` denies: nothing is
     /// committed, and the allowed charges answer as they stand, as in a request one of them
     /// denies.
-    pub(crate) fn decide_denied(&self, charges: &[Charge<'_>], decisions: &mut Decisions) {
+    pub fn decide_denied(&self, charges: &[Charge<'_>], decisions: &mut Decisions) {
         // Nothing is committed, so no key is added: never full.
         let _looked = self.decide_unless(true, charges, false, decisions);
     }
