@@ -29,20 +29,13 @@ fn check_body(key: &str, value: &str, hits: Option<u64>) -> Value {
     body
 }
 
-async fn post(server: &Server, path: &str, body: &Value) -> reqwest::Response {
-    reqwest::Client::new()
-        .post(server.url(path))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn allows_up_to_the_limit_then_answers_429_with_headers() {
     let server = Server::start(POLICY);
     for expected_remaining in ["2", "1", "0"] {
-        let r = post(&server, "/v1/check", &check_body("user", "alice", None)).await;
+        let r = server
+            .post("/v1/check", &check_body("user", "alice", None))
+            .await;
         assert_eq!(r.status(), 200);
         assert_eq!(header(&r, "x-ratelimit-limit"), Some("3"));
         assert_eq!(
@@ -59,7 +52,9 @@ async fn allows_up_to_the_limit_then_answers_429_with_headers() {
         assert_eq!(body["overall_code"], "OK");
         assert_eq!(body["statuses"][0]["limit_name"], "per_user");
     }
-    let r = post(&server, "/v1/check", &check_body("user", "alice", None)).await;
+    let r = server
+        .post("/v1/check", &check_body("user", "alice", None))
+        .await;
     assert_eq!(r.status(), 429);
     let retry: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
     let reset: u64 = header(&r, "x-ratelimit-reset").unwrap().parse().unwrap();
@@ -76,7 +71,9 @@ async fn allows_up_to_the_limit_then_answers_429_with_headers() {
     assert!(retry_ms <= retry * 1000 && retry_ms > (retry - 1) * 1000);
 
     // Another user has a counter of their own.
-    let r = post(&server, "/v1/check", &check_body("user", "bob", None)).await;
+    let r = server
+        .post("/v1/check", &check_body("user", "bob", None))
+        .await;
     assert_eq!(r.status(), 200);
 }
 
@@ -87,13 +84,15 @@ async fn a_descriptor_hits_addend_of_zero_checks_without_counting() {
     let server = Server::start(POLICY);
     let check = json!({"domain": "api", "hits_addend": 2, "descriptors": [{"entries": [{"key": "user", "value": "carol"}], "hits_addend": 0}]});
     for _ in 0..2 {
-        let r = post(&server, "/v1/check", &check).await;
+        let r = server.post("/v1/check", &check).await;
         assert_eq!(r.status(), 200);
         assert_eq!(header(&r, "x-ratelimit-remaining"), Some("3"));
     }
-    let r = post(&server, "/v1/check", &check_body("user", "carol", Some(3))).await;
+    let r = server
+        .post("/v1/check", &check_body("user", "carol", Some(3)))
+        .await;
     assert_eq!(header(&r, "x-ratelimit-remaining"), Some("0"));
-    let r = post(&server, "/v1/check", &check).await;
+    let r = server.post("/v1/check", &check).await;
     assert_eq!(r.status(), 429);
     assert!(header(&r, "retry-after").is_some());
 }
@@ -132,11 +131,15 @@ async fn bad_input_is_a_400_that_names_the_problem_and_counts_nothing() {
         );
     }
     // Nothing was charged: user `a` still has the full quota.
-    let r = post(&server, "/v1/check", &check_body("user", "a", None)).await;
+    let r = server
+        .post("/v1/check", &check_body("user", "a", None))
+        .await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-ratelimit-remaining"), Some("2"));
     // Each refusal is counted, and envoyproxy/ratelimit's `/json` counts too.
-    let r = post(&server, "/json", &serde_json::json!({"domain": "api"})).await;
+    let r = server
+        .post("/json", &serde_json::json!({"domain": "api"}))
+        .await;
     assert_eq!(r.status(), 400);
     let metrics = server.metrics().await;
     assert!(
@@ -184,7 +187,9 @@ async fn every_error_is_json() {
             "{answer}"
         );
     }
-    let r = post(&server, "/v1/check", &check_body("user", "zip", None)).await;
+    let r = server
+        .post("/v1/check", &check_body("user", "zip", None))
+        .await;
     assert_eq!(
         header(&r, "x-ratelimit-remaining"),
         Some("2"),
@@ -205,7 +210,9 @@ async fn every_error_is_json() {
 #[tokio::test]
 async fn cost_above_capacity_is_a_distinct_denial_without_retry_after() {
     let server = Server::start(POLICY);
-    let r = post(&server, "/v1/check", &check_body("user", "carol", Some(4))).await;
+    let r = server
+        .post("/v1/check", &check_body("user", "carol", Some(4)))
+        .await;
     assert_eq!(r.status(), 429);
     assert!(
         header(&r, "retry-after").is_none(),
@@ -215,7 +222,9 @@ async fn cost_above_capacity_is_a_distinct_denial_without_retry_after() {
     assert_eq!(body["statuses"][0]["reason"], "cost_exceeds_capacity");
     assert!(body["statuses"][0]["retry_after_ms"].is_null());
     // Nothing was consumed: a cost of 3 still fits.
-    let r = post(&server, "/v1/check", &check_body("user", "carol", Some(3))).await;
+    let r = server
+        .post("/v1/check", &check_body("user", "carol", Some(3)))
+        .await;
     assert_eq!(r.status(), 200);
 }
 
@@ -225,12 +234,9 @@ async fn leaky_bucket_answers_carry_the_shaping_delay() {
     let (mut delays, mut spans) = (Vec::new(), Vec::new());
     for _ in 0..4 {
         let sent = tokio::time::Instant::now();
-        let r = post(
-            &server,
-            "/v1/check",
-            &check_body("backend", "reports", None),
-        )
-        .await;
+        let r = server
+            .post("/v1/check", &check_body("backend", "reports", None))
+            .await;
         spans.push((sent, tokio::time::Instant::now()));
         assert_eq!(r.status(), 200);
         let body: Value = r.json().await.unwrap();
@@ -251,12 +257,9 @@ async fn leaky_bucket_answers_carry_the_shaping_delay() {
             "delays {delays:?}, step {i}: {least_between}..{most_between} ms between"
         );
     }
-    let r = post(
-        &server,
-        "/v1/check",
-        &check_body("backend", "reports", None),
-    )
-    .await;
+    let r = server
+        .post("/v1/check", &check_body("backend", "reports", None))
+        .await;
     assert_eq!(r.status(), 429, "the queue of 4 is full");
 }
 
@@ -264,7 +267,9 @@ async fn leaky_bucket_answers_carry_the_shaping_delay() {
 async fn shadow_rules_count_but_never_deny() {
     let server = Server::start(POLICY);
     for i in 0..3 {
-        let r = post(&server, "/v1/check", &check_body("plan", "free", None)).await;
+        let r = server
+            .post("/v1/check", &check_body("plan", "free", None))
+            .await;
         assert_eq!(r.status(), 200);
         let body: Value = r.json().await.unwrap();
         assert_eq!(
@@ -289,7 +294,7 @@ async fn shadow_rules_count_but_never_deny() {
         {"entries": [{"key": "user", "value": "u"}]},
         {"entries": [{"key": "plan", "value": "free"}]},
     ]});
-    let r = post(&server, "/v1/check", &both).await;
+    let r = server.post("/v1/check", &both).await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-ratelimit-remaining"), Some("2"));
     assert_eq!(
@@ -301,7 +306,9 @@ async fn shadow_rules_count_but_never_deny() {
 #[tokio::test]
 async fn unmatched_descriptors_are_allowed_without_rate_limit_headers() {
     let server = Server::start(POLICY);
-    let r = post(&server, "/v1/check", &check_body("nothing", "here", None)).await;
+    let r = server
+        .post("/v1/check", &check_body("nothing", "here", None))
+        .await;
     assert_eq!(r.status(), 200);
     assert!(header(&r, "x-ratelimit-limit").is_none());
     let body: Value = r.json().await.unwrap();
@@ -319,7 +326,7 @@ async fn envoy_json_endpoint_speaks_proto3_json() {
             {"entries": [{"key": "nothing", "value": "x"}]}
         ]
     });
-    let r = post(&server, "/json", &body).await;
+    let r = server.post("/json", &body).await;
     assert_eq!(r.status(), 200);
     let answer: Value = r.json().await.unwrap();
     assert_eq!(answer["overallCode"], "OK");
@@ -335,18 +342,18 @@ async fn envoy_json_endpoint_speaks_proto3_json() {
     assert!(answer["statuses"][1].get("currentLimit").is_none());
     for _ in 0..2 {
         let check = json!({"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "dave"}], "hitsAddend": 0}]});
-        let answer: Value = post(&server, "/json", &check).await.json().await.unwrap();
+        let answer: Value = server.post("/json", &check).await.json().await.unwrap();
         assert_eq!(answer["overallCode"], "OK");
         assert_eq!(
             answer["statuses"][0]["limitRemaining"], 1,
             "a check counts nothing"
         );
     }
-    let r = post(&server, "/json", &json!({"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "dave"}], "hits_addend": 2}]})).await;
+    let r = server.post("/json", &json!({"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "dave"}], "hits_addend": 2}]})).await;
     assert_eq!(r.status(), 429);
     let answer: Value = r.json().await.unwrap();
     assert_eq!(answer["overallCode"], "OVER_LIMIT");
-    let r = post(&server, "/json", &json!({"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "x"}], "bogus": 1}]})).await;
+    let r = server.post("/json", &json!({"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "x"}], "bogus": 1}]})).await;
     assert_eq!(r.status(), 400);
 }
 
@@ -362,7 +369,9 @@ async fn health_readiness_and_metrics() {
     let r = reqwest::get(server.url("/healthcheck")).await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().await.unwrap(), "OK");
-    post(&server, "/v1/check", &check_body("user", "erin", None)).await;
+    server
+        .post("/v1/check", &check_body("user", "erin", None))
+        .await;
     let metrics = server.metrics().await;
     assert!(
         metrics.contains(
@@ -512,7 +521,9 @@ async fn a_body_that_cannot_be_read_is_refused_before_reading_it() {
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
-    let r = post(&server, "/v1/check", &check_body("user", "a", None)).await;
+    let r = server
+        .post("/v1/check", &check_body("user", "a", None))
+        .await;
     assert_eq!(header(&r, "x-ratelimit-remaining"), Some("2"));
 }
 
@@ -523,13 +534,19 @@ async fn a_body_that_cannot_be_read_is_refused_before_reading_it() {
 async fn a_full_memory_store_answers_new_keys_by_the_posture() {
     let server = Server::start_with_args(POLICY, &["--memory-max-keys", "2"]);
     for user in ["a", "b"] {
-        let r = post(&server, "/v1/check", &check_body("user", user, None)).await;
+        let r = server
+            .post("/v1/check", &check_body("user", user, None))
+            .await;
         assert_eq!(header(&r, "x-ratelimit-remaining"), Some("2"), "{user}");
     }
-    let r = post(&server, "/v1/check", &check_body("user", "c", None)).await;
+    let r = server
+        .post("/v1/check", &check_body("user", "c", None))
+        .await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-tollgate-degraded"), Some("open"));
-    let r = post(&server, "/v1/check", &check_body("user", "a", None)).await;
+    let r = server
+        .post("/v1/check", &check_body("user", "a", None))
+        .await;
     assert_eq!(header(&r, "x-ratelimit-remaining"), Some("1"));
     assert_eq!(header(&r, "x-tollgate-degraded"), None);
     // Beside a new key, a held one is still counted, and still denies: a client rotating
@@ -540,10 +557,10 @@ async fn a_full_memory_store_answers_new_keys_by_the_posture() {
             {"entries": [{"key": "user", "value": user}]}
         ]})
     };
-    let r = post(&server, "/v1/check", &both("y")).await;
+    let r = server.post("/v1/check", &both("y")).await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-tollgate-degraded"), Some("open"));
-    let r = post(&server, "/v1/check", &both("z")).await;
+    let r = server.post("/v1/check", &both("z")).await;
     assert_eq!(r.status(), 429, "user a has used its 3");
     let metrics = server.metrics().await;
     assert!(
@@ -571,13 +588,19 @@ descriptors:
     // One entry per request (each at its own instant): past 8 live ones (a buffer of 16, 448
     // bytes) a new key's 192 no longer fit.
     for _ in 0..40 {
-        let r = post(&server, "/v1/check", &check_body("user", "a", None)).await;
+        let r = server
+            .post("/v1/check", &check_body("user", "a", None))
+            .await;
         assert_eq!(header(&r, "x-tollgate-degraded"), None);
     }
-    let r = post(&server, "/v1/check", &check_body("user", "b", None)).await;
+    let r = server
+        .post("/v1/check", &check_body("user", "b", None))
+        .await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-tollgate-degraded"), Some("open"));
-    let r = post(&server, "/v1/check", &check_body("user", "a", None)).await;
+    let r = server
+        .post("/v1/check", &check_body("user", "a", None))
+        .await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         header(&r, "x-tollgate-degraded"),
@@ -606,7 +629,9 @@ descriptors:
         bytes(&server.metrics().await) == 0
     })
     .await;
-    let r = post(&server, "/v1/check", &check_body("user", "b", None)).await;
+    let r = server
+        .post("/v1/check", &check_body("user", "b", None))
+        .await;
     assert_eq!(header(&r, "x-tollgate-degraded"), None);
     assert_eq!(header(&r, "x-ratelimit-remaining"), Some("999"));
 }
@@ -621,7 +646,7 @@ async fn the_local_postures_store_is_capped_too() {
     let check = |user: &'static str| {
         let body = check_body("user", user, None);
         let server = &server;
-        async move { post(server, "/v1/check", &body).await }
+        async move { server.post("/v1/check", &body).await }
     };
     for user in ["a", "b"] {
         assert_eq!(header(&check(user).await, "x-tollgate-degraded"), None);
@@ -925,12 +950,9 @@ descriptors:
 ",
     );
     for _ in 0..2 {
-        let r = post(
-            &server,
-            "/v1/check",
-            &check_body("remote_address", "50.0.0.5", None),
-        )
-        .await;
+        let r = server
+            .post("/v1/check", &check_body("remote_address", "50.0.0.5", None))
+            .await;
         assert_eq!(r.status(), 429);
         let retry: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
         assert!((1..=60).contains(&retry), "{retry}");
@@ -945,12 +967,9 @@ descriptors:
             "{body}"
         );
     }
-    let r = post(
-        &server,
-        "/v1/check",
-        &check_body("remote_address", "50.0.0.6", None),
-    )
-    .await;
+    let r = server
+        .post("/v1/check", &check_body("remote_address", "50.0.0.6", None))
+        .await;
     assert_eq!(r.status(), 200);
 }
 
@@ -976,7 +995,7 @@ descriptors:
             {"entries": [{"key": "nothing", "value": "x"}]}
         ]
     });
-    let answer: Value = post(&server, "/json", &body).await.json().await.unwrap();
+    let answer: Value = server.post("/json", &body).await.json().await.unwrap();
     let statuses = &answer["statuses"];
     assert_eq!(statuses[0]["currentLimit"]["name"], "", "{answer}");
     let reset = statuses[0]["durationUntilReset"].as_str().unwrap();

@@ -69,17 +69,6 @@ fn promtool_check(text: &str) -> (bool, String) {
     (out.status.success(), said)
 }
 
-async fn post(server: &Server, path: &str, body: &Value) -> u16 {
-    reqwest::Client::new()
-        .post(server.url(path))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
-}
-
 /// One descriptor `key=value` charged `hits` in domain `api`.
 fn check(key: &str, value: &str, hits: u64) -> Value {
     json!({"domain": "api", "descriptors": [
@@ -91,14 +80,7 @@ fn check(key: &str, value: &str, hits: u64) -> Value {
 async fn the_whole_metrics_text_is_one_valid_exposition_on_redis() {
     let redis = RedisServer::start();
     let server = Server::start_with_args(POLICY, &["--store", &redis.url()]);
-    let r = server
-        .admin_send(
-            reqwest::Method::POST,
-            "/v1/admin/policy/candidate",
-            &json!({"sources": [{"name": "candidate.yaml", "text": CANDIDATE}]}),
-        )
-        .await;
-    assert!(r.status().is_success(), "candidate refused: {}", r.status());
+    server.push_candidate(CANDIDATE).await;
 
     // Before any traffic, and after some: allowed and over each limit, a check, an invalid
     // request.
@@ -110,12 +92,15 @@ async fn the_whole_metrics_text_is_one_valid_exposition_on_redis() {
         ("internal", "i"),
     ] {
         for _ in 0..3 {
-            post(&server, "/json", &check(key, value, 1)).await;
+            server.post("/json", &check(key, value, 1)).await;
         }
     }
-    post(&server, "/json", &check("user", "b", 0)).await;
+    server.post("/json", &check("user", "b", 0)).await;
     assert_eq!(
-        post(&server, "/v1/check", &json!({"domain": "api"})).await,
+        server
+            .post("/v1/check", &json!({"domain": "api"}))
+            .await
+            .status(),
         400
     );
     let after = server.metrics().await;

@@ -13,9 +13,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use serde_json::{Value, json};
 use support::{Server, descriptor, eventually};
 use tollgate_testkit::RedisServer;
+use tonic::transport::Channel;
 
 const DASHBOARD: &str = include_str!("../../../../deploy/grafana/tollgate.json");
 const ALERTS: &str = include_str!("../../../../deploy/prometheus/alerts.yaml");
@@ -268,25 +270,35 @@ async fn traffic(server: &Server, stop: Arc<AtomicBool>) {
         };
         grpc.should_rate_limit(request).await.unwrap();
         if round.is_multiple_of(5) {
-            let r = http
-                .post(server.url("/v1/check"))
-                .header("content-type", "application/json")
-                .body("{not json")
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 400);
-            let empty = RateLimitRequest {
-                domain: String::new(),
-                descriptors: vec![descriptor(&[("user", "x")])],
-                hits_addend: 1,
-            };
-            let refused = grpc.should_rate_limit(empty).await.unwrap_err();
-            assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+            invalid_requests(server, &http, &mut grpc).await;
         }
         round += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// One invalid request on each transport (a body that is not JSON, a request without a
+/// domain), each refused as invalid.
+async fn invalid_requests(
+    server: &Server,
+    http: &reqwest::Client,
+    grpc: &mut RateLimitServiceClient<Channel>,
+) {
+    let r = http
+        .post(server.url("/v1/check"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let empty = RateLimitRequest {
+        domain: String::new(),
+        descriptors: vec![descriptor(&[("user", "x")])],
+        hits_addend: 1,
+    };
+    let refused = grpc.should_rate_limit(empty).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
 }
 
 /// The value of each series of a vector result, by the value of `label`.
@@ -312,14 +324,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let redis = RedisServer::start();
     let server =
         Server::start_with_args(POLICY, &["--store", &redis.url(), "--store-timeout", "1s"]);
-    let r = server
-        .admin_send(
-            reqwest::Method::POST,
-            "/v1/admin/policy/candidate",
-            &json!({"sources": [{"name": "candidate.yaml", "text": CANDIDATE}]}),
-        )
-        .await;
-    assert!(r.status().is_success(), "candidate refused: {}", r.status());
+    server.push_candidate(CANDIDATE).await;
     let prometheus = Prometheus::start(server.http).await;
 
     let server = Arc::new(server);
@@ -445,20 +450,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let mut grpc = server.grpc_client().await;
     let http = reqwest::Client::new();
     for _ in 0..500 {
-        let r = http
-            .post(server.url("/v1/check"))
-            .header("content-type", "application/json")
-            .body("{not json")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 400);
-        let empty = RateLimitRequest {
-            domain: String::new(),
-            descriptors: vec![descriptor(&[("user", "x")])],
-            hits_addend: 1,
-        };
-        grpc.should_rate_limit(empty).await.unwrap_err();
+        invalid_requests(&server, &http, &mut grpc).await;
     }
     eventually(
         Duration::from_secs(30),

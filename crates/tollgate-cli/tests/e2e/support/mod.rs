@@ -91,7 +91,7 @@ impl Server {
         let path = dir.path().join("policy.yaml");
         std::fs::write(&path, policy).unwrap();
         let log = std::fs::File::create(dir.path().join(LOG)).unwrap();
-        Self::spawn_at(level, &path, args, dir, Stdio::from(log))
+        Self::spawn_at(level, Some(&path), args, dir, Stdio::from(log))
     }
 
     /// A server given no `--config` (its policy comes from `--config-source` in `args`), its
@@ -99,23 +99,7 @@ impl Server {
     pub fn start_sourced(args: &[&str]) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let log = std::fs::File::create(dir.path().join(LOG)).unwrap();
-        let mut command = Command::new(binary());
-        command
-            .env("RUST_LOG", "info")
-            .arg("serve")
-            .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
-            .args(["--admin-addr", "127.0.0.1:0"])
-            .args(args)
-            .stderr(Stdio::from(log));
-        let (child, [http, grpc, admin]) = listening(command, ["http", "grpc", "admin"]);
-        Server {
-            child,
-            http,
-            grpc,
-            admin,
-            config: dir.path().join("no-config"),
-            dir,
-        }
+        Self::spawn_at("info", None, args, dir, Stdio::from(log))
     }
 
     /// The server's process id (for its `/proc/PID/status`).
@@ -129,21 +113,24 @@ impl Server {
     }
 
     fn spawn(config: &Path, args: &[&str], dir: tempfile::TempDir, log: Stdio) -> Server {
-        Self::spawn_at("warn", config, args, dir, log)
+        Self::spawn_at("warn", Some(config), args, dir, log)
     }
 
+    /// `tollgate serve` logging at `level`, on the policy file `config` (`None`: none, its
+    /// policy comes from `args`), with its temporary directory `dir`.
     fn spawn_at(
         level: &str,
-        config: &Path,
+        config: Option<&Path>,
         args: &[&str],
         dir: tempfile::TempDir,
         log: Stdio,
     ) -> Server {
         let mut command = Command::new(binary());
+        command.env("RUST_LOG", level).arg("serve");
+        if let Some(config) = config {
+            command.arg("--config").arg(config);
+        }
         command
-            .env("RUST_LOG", level)
-            .args(["serve", "--config"])
-            .arg(config)
             .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
             .args(["--admin-addr", "127.0.0.1:0"])
             .args(args)
@@ -154,7 +141,7 @@ impl Server {
             http,
             grpc,
             admin,
-            config: config.to_path_buf(),
+            config: config.map_or_else(|| dir.path().join("no-config"), Path::to_path_buf),
             dir,
         }
     }
@@ -163,18 +150,23 @@ impl Server {
         format!("http://{}{}", self.http, path)
     }
 
+    /// `POST path` on the HTTP listener with `body` as JSON: the answer.
+    pub async fn post(&self, path: &str, body: &serde_json::Value) -> reqwest::Response {
+        reqwest::Client::new()
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
     /// `POST /v1/check` with one descriptor `key=value` in domain `api`.
     pub async fn check(&self, key: &str, value: &str) -> reqwest::Response {
         let body = serde_json::json!({
             "domain": "api",
             "descriptors": [{"entries": [{"key": key, "value": value}]}],
         });
-        reqwest::Client::new()
-            .post(self.url("/v1/check"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
+        self.post("/v1/check", &body).await
     }
 
     /// The server's `/metrics` text.
@@ -204,6 +196,20 @@ impl Server {
             .send()
             .await
             .unwrap()
+    }
+
+    /// Shadows `text` (as `candidate.yaml`) as the policy candidate through the admin API (no
+    /// token); fails the test if the server refuses it.
+    pub async fn push_candidate(&self, text: &str) {
+        let sources = serde_json::json!({"sources": [{"name": "candidate.yaml", "text": text}]});
+        let r = self
+            .admin_send(
+                reqwest::Method::POST,
+                "/v1/admin/policy/candidate",
+                &sources,
+            )
+            .await;
+        assert!(r.status().is_success(), "candidate refused: {}", r.status());
     }
 
     /// `GET` on the admin API (no token), its JSON answer.
