@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::observe::prometheus::{Exposition, Kind};
-use crate::policy::{Policy, Posture, Rule, RuleMode};
+use crate::policy::{Policy, Posture, Rule, RuleMode, posture_of};
 
 /// Descriptors charged against a rule, by domain, rule and outcome.
 pub const DECISIONS: &str = "tollgate_decisions_total";
@@ -238,7 +238,7 @@ impl RuleCounters {
             Kind::Counter,
         );
         for rule in policy.rules().iter().filter(|r| r.limit.is_some()) {
-            let posture = posture_of(rule, default_posture);
+            let posture = posture_of(Some(rule), default_posture);
             let labels = [
                 ("domain", rule.domain.as_str()),
                 ("rule", rule.name.as_str()),
@@ -269,12 +269,6 @@ impl RuleCounters {
             }
         }
     }
-}
-
-/// The failure posture that answers for `rule` when the store cannot: its own
-/// `on_store_error`, else `default` (the server's).
-pub fn posture_of(rule: &Rule, default: Posture) -> Posture {
-    rule.on_store_error.unwrap_or(default)
 }
 
 /// Appends the counter `name` (described by `help`): for each rule of `rules` with a limit, a

@@ -10,7 +10,7 @@ use super::keys::{self, KeyBuf};
 use super::overrides::Overrides;
 use super::request::{CheckRequest, InvalidRequest, MAX_DESCRIPTORS};
 use super::response::AppliedLimit;
-use crate::policy::{LocalBudget, Policy, Rule, RuleMode};
+use crate::policy::{self, LocalBudget, Policy, Rule, RuleMode};
 use crate::resilience::{FailureSettings, Posture};
 use crate::store::{Charge, INLINE_CHARGES, Store, StoreBackend};
 
@@ -204,10 +204,8 @@ impl Plan {
 /// The failure posture that answers for `limit` when the store cannot: its rule's
 /// `on_store_error`, else the default of `settings`.
 pub(super) fn posture_of(limit: Option<&AppliedLimit>, settings: &FailureSettings) -> Posture {
-    limit
-        .and_then(AppliedLimit::rule)
-        .and_then(|rule| rule.on_store_error)
-        .unwrap_or(settings.posture)
+    let rule = limit.and_then(AppliedLimit::rule).map(Arc::as_ref);
+    policy::posture_of(rule, settings.posture)
 }
 
 /// The `local` share of `limit`: its rule's `local_share`, else the default of `settings`.

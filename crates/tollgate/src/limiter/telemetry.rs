@@ -11,10 +11,11 @@ use super::candidate::Candidate;
 use super::response::CheckResponse;
 use super::snapshot::Snapshot;
 use crate::leases::HotKeys;
-use crate::metrics::{Outcome, posture_of};
+use crate::metrics::Outcome;
 use crate::observe::Histogram;
 use crate::observe::history::{COLUMNS, DEGRADED, Metrics, RuleCounts, ValueCounts, cumulative};
 use crate::observe::prometheus::{Exposition, Kind};
+use crate::policy::posture_of;
 use crate::resilience::Posture;
 use crate::store::{Store, StoreBackend, StoreError, Timed};
 
@@ -140,7 +141,7 @@ impl Telemetry {
                 .into_iter()
                 .map(|p| counters.degraded(rule.index, p))
                 .sum();
-            let posture = posture_of(rule, default_posture);
+            let posture = posture_of(Some(rule), default_posture);
             m.degraded.push((
                 rule.domain.clone(),
                 rule.name.clone(),

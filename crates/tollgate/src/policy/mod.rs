@@ -25,7 +25,9 @@ pub use field::MAX_FIELD_LEN;
 pub(crate) use field::{garbles, is_bidi_control};
 pub use load::MAX_POLICY_FILE;
 pub use posture::{Posture, UnknownPosture};
-pub use rule::{ChargeMode, LocalBudget, PolicyDefaults, Rule, RuleMode, UnknownChargeMode};
+pub use rule::{
+    ChargeMode, LocalBudget, PolicyDefaults, Rule, RuleMode, UnknownChargeMode, posture_of,
+};
 pub use snapshot::Policy;
 pub use tree::MAX_WILDCARDS_PER_LEVEL;
 pub use unit::{PeriodError, Unit, parse_period};

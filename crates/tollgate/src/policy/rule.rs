@@ -157,3 +157,10 @@ impl Rule {
         self.limit.is_none()
     }
 }
+
+/// The failure posture that answers for a limit of `rule` when the store cannot decide it:
+/// the rule's own `on_store_error`, else `default` (the server's), which also answers for a
+/// limit of no rule (one the caller sent).
+pub fn posture_of(rule: Option<&Rule>, default: Posture) -> Posture {
+    rule.and_then(|rule| rule.on_store_error).unwrap_or(default)
+}
