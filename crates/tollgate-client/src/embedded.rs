@@ -60,9 +60,15 @@ pub enum OpenError {
     /// The store could not be opened.
     #[error("cannot open the store: {0}")]
     Store(#[from] StoreError),
-    /// A rule that this store cannot decide exactly.
-    #[error("{0}")]
-    Unsupported(String),
+    /// Rules that this store cannot decide exactly; each problem names the rule and where it
+    /// is defined.
+    #[error("{problems}")]
+    Unsupported {
+        /// The store's kind: `redis` (the memory store decides every rule exactly).
+        store: &'static str,
+        /// Every rule it cannot decide, with its location.
+        problems: PolicyErrors,
+    },
 }
 
 /// A [`Limiter`] running in this process, over the memory store or a Redis shared with
@@ -99,8 +105,8 @@ impl Embedded {
             .await
             .map_err(|e| match e {
                 BuildError::Store { source, .. } => OpenError::Store(source),
-                BuildError::Unsupported { problems, .. } => {
-                    OpenError::Unsupported(problems.to_string())
+                BuildError::Unsupported { store, problems } => {
+                    OpenError::Unsupported { store, problems }
                 }
             })?;
         // `tollgate serve`'s sweeps, supervised as its are, for as long as a handle lives:
