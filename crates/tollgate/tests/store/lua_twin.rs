@@ -23,7 +23,7 @@ use proptest::test_runner::{TestCaseError, TestRunner};
 use redis::{Connection, Script, Value};
 use tollgate::store::redis::script::{
     DECIDE_BATCH_SCRIPT, DECIDE_SCRIPT, MAX_NOW_MICROS, MAX_REFILL_MICROS, REFUND_SCRIPT,
-    algorithm_code, fits_lua,
+    algorithm_code, batch_request_arg, fits_lua, split_batch_reply,
 };
 use tollgate_core::{
     Algorithm, Decision, MAX_LIMIT, MAX_LOG_LIMIT, Params, SlidingLog, State, Timestamp,
@@ -121,31 +121,33 @@ impl Redis {
         now: String,
     ) -> Vec<Result<Answer, String>> {
         let mut call = self.batch.prepare_invoke();
-        call.arg(now).arg(requests.len());
+        call.arg(now);
         for (charges, commit) in requests {
-            call.arg(charges.len()).arg(if *commit { "1" } else { "0" });
-            for c in charges {
-                call.key(&c.key)
-                    .arg(algorithm_code(c.params.algorithm()))
-                    .arg(c.params.limit())
-                    .arg(c.params.period_micros())
-                    .arg(c.params.burst())
-                    .arg(c.cost)
-                    .arg(c.flags());
-            }
+            let args: Vec<[u64; 6]> = charges
+                .iter()
+                .map(|c| {
+                    call.key(&c.key);
+                    [
+                        u64::from(algorithm_code(c.params.algorithm())),
+                        c.params.limit(),
+                        c.params.period_micros(),
+                        c.params.burst(),
+                        c.cost,
+                        c.flags(),
+                    ]
+                })
+                .collect();
+            let mut text = Vec::new();
+            batch_request_arg(&mut text, *commit, args.iter());
+            call.arg(text);
         }
-        let replies: Vec<Value> = call.invoke(&mut self.con).unwrap();
-        assert_eq!(replies.len(), requests.len(), "one reply per request");
+        let reply: Vec<Value> = call.invoke(&mut self.con).unwrap();
+        let replies = split_batch_reply(&reply, requests.iter().map(|(c, _)| c.len()))
+            .expect("one reply per request");
         replies
             .into_iter()
             .zip(requests)
-            .map(|(reply, (charges, _))| {
-                if let Ok((-1, message)) = redis::from_redis_value::<(i64, String)>(reply.clone()) {
-                    return Err(message);
-                }
-                let raw: Vec<i64> = redis::from_redis_value(reply).unwrap();
-                Ok(Answer::from_reply(raw, charges.len()))
-            })
+            .map(|(reply, (charges, _))| reply.map(|raw| Answer::from_reply(raw, charges.len())))
             .collect()
     }
 

@@ -352,15 +352,13 @@ async fn send(driving: &Driving, batch: Vec<Job>, now: NowArg, deadline: Deadlin
             call.arg(&request.keys[key.clone()]);
         }
     }
-    call.arg(now).arg(batch.len());
+    call.arg(now);
+    let mut text = Vec::with_capacity(64);
     for Job { request, .. } in &batch {
-        call.arg(request.charges.len())
-            .arg(if request.commit { "1" } else { "0" });
-        for (_, args) in &request.charges {
-            for arg in args {
-                call.arg(*arg);
-            }
-        }
+        text.clear();
+        let args = request.charges.iter().map(|(_, args)| args);
+        script::batch_request_arg(&mut text, request.commit, args);
+        call.arg(&text[..]);
     }
     let sent = tokio::time::Instant::now();
     let call = async {
@@ -396,18 +394,19 @@ async fn send(driving: &Driving, batch: Vec<Job>, now: NowArg, deadline: Deadlin
             return;
         }
     };
+    let charges = batch.iter().map(|job| job.request.charges.len());
+    let answer = answer.map(|reply| (script::split_batch_reply(&reply, charges), reply.len()));
     match answer {
-        Ok(replies) if replies.len() == batch.len() => {
+        Ok((Some(replies), _)) => {
             for ((job, reply), mut permit) in batch.into_iter().zip(replies).zip(permits) {
-                let reply = parse(reply);
+                let reply = reply.map_err(super::error::script_error);
                 permit.record(matches!(reply, Ok(_) | Err(StoreError::InvalidData(_))));
                 let _ = job.reply.send(reply);
             }
         }
-        Ok(replies) => {
+        Ok((None, values)) => {
             let error = StoreError::InvalidData(format!(
-                "batch script answered {} replies for {} requests",
-                replies.len(),
+                "batch script answered {values} values, not the replies of {} requests",
                 batch.len()
             ));
             for (job, mut permit) in batch.into_iter().zip(permits) {
@@ -424,15 +423,4 @@ async fn send(driving: &Driving, batch: Vec<Job>, now: NowArg, deadline: Deadlin
             }
         }
     }
-}
-
-/// One request's reply: its DECIDE numbers, or the error it raised.
-fn parse(reply: Value) -> Result<Vec<i64>, StoreError> {
-    if let Value::Array(items) = &reply
-        && let [Value::Int(-1), message] = items.as_slice()
-    {
-        let message: String = redis::from_redis_value_ref(message).unwrap_or_default();
-        return Err(super::error::script_error(message));
-    }
-    redis::from_redis_value(reply).map_err(|e| StoreError::InvalidData(e.to_string()))
 }

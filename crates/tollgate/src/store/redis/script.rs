@@ -47,14 +47,20 @@
 //! decisions, see `coalesce`). Each is decided exactly as one DECIDE call would, in order, all
 //! at one `now`; the script being atomic, the batch is the same as those calls back to back.
 //!
-//! - `ARGV[1]`: `now` as for DECIDE. `ARGV[2]`: the number of requests `m`.
-//! - then per request: `n` (its charges), commit (`"1"` / `"0"`), and 6 per charge as above.
-//!   `KEYS` holds the requests' keys back to back.
+//! - `ARGV[1]`: `now` as for DECIDE.
+//! - then one per request ([`batch_request_arg`]): its words separated by single spaces,
+//!   commit (`1` / `0`), `n` (its charges), then 6 per charge as above. `KEYS` holds the
+//!   requests' keys back to back.
 //!
-//! Reply: an array of `m` DECIDE replies, or `[-1, message]` for a request that raised an
-//! error (a foreign value at one of its keys, or the whole batch past its `"<D"`); that request
-//! wrote nothing (all its reads come
-//! before its writes), and the requests after it are decided normally.
+//! Reply: one flat array holding, per request in order, its DECIDE reply (`2 + 6 * n`
+//! integers), or `-1` and a message for a request that raised an error (a foreign value at one
+//! of its keys, or the whole batch past its `"<D"`): [`split_batch_reply`]. That request
+//! wrote nothing (all its reads come before its writes), and the requests after it are
+//! decided normally.
+//!
+//! One argument per request and one array per batch, because Redis's own handling of a
+//! script's arguments and reply arrays cost more than the script's decisions (see
+//! docs/benchmarks.md, "Redis path").
 //!
 //! # REFUND ([`REFUND_SCRIPT`])
 //!
@@ -172,6 +178,77 @@ pub fn decide_args(charge: &Charge<'_>) -> [u64; 6] {
     [algorithm, limit, period, burst, cost, flags]
 }
 
+/// Appends DECIDE_BATCH's argument for one request to `buf`: `commit`, then the number of its
+/// charges, then each charge's [`decide_args`], in decimal, separated by single spaces.
+pub fn batch_request_arg<'a>(
+    buf: &mut Vec<u8>,
+    commit: bool,
+    charges: impl ExactSizeIterator<Item = &'a [u64; 6]>,
+) {
+    buf.push(if commit { b'1' } else { b'0' });
+    buf.push(b' ');
+    push_decimal(buf, charges.len() as u64);
+    for args in charges {
+        for &v in args {
+            buf.push(b' ');
+            push_decimal(buf, v);
+        }
+    }
+}
+
+fn push_decimal(buf: &mut Vec<u8>, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&digits[i..]);
+}
+
+/// Splits a DECIDE_BATCH reply into each request's DECIDE reply, or the message its error
+/// raised; `charges` gives each request's number of charges, in order. `None` when the reply
+/// does not hold exactly that.
+pub fn split_batch_reply(
+    reply: &[redis::Value],
+    charges: impl IntoIterator<Item = usize>,
+) -> Option<Vec<Result<Vec<i64>, String>>> {
+    use redis::Value;
+    let mut rest = reply;
+    let mut replies = Vec::new();
+    for n in charges {
+        if let [Value::Int(-1), message, tail @ ..] = rest {
+            let message = match message {
+                Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                Value::SimpleString(text) => text.clone(),
+                _ => return None,
+            };
+            replies.push(Err(message));
+            rest = tail;
+            continue;
+        }
+        let len = 2 + 6 * n;
+        if rest.len() < len {
+            return None;
+        }
+        let (this, tail) = rest.split_at(len);
+        let numbers = this
+            .iter()
+            .map(|v| match v {
+                Value::Int(i) => Some(*i),
+                _ => None,
+            })
+            .collect::<Option<Vec<i64>>>()?;
+        replies.push(Ok(numbers));
+        rest = tail;
+    }
+    rest.is_empty().then_some(replies)
+}
+
 /// The scripts refuse a `now` at or past this (2^52 µs, in the year 2112): every instant they
 /// form must stay below 2^53 to be exact in a Lua double.
 pub const MAX_NOW_MICROS: u64 = 1 << 52;
@@ -232,9 +309,45 @@ mod tests {
 
     #[test]
     fn scripts_end_with_their_driver() {
-        assert!(DECIDE_SCRIPT.trim_end().ends_with("ARGV[1] == '1', now)"));
-        assert!(DECIDE_BATCH_SCRIPT.trim_end().ends_with("return replies"));
+        assert!(DECIDE_SCRIPT.trim_end().ends_with("return out"));
+        assert!(DECIDE_BATCH_SCRIPT.trim_end().ends_with("return out"));
         assert!(REFUND_SCRIPT.trim_end().ends_with("return refunded"));
+    }
+
+    #[test]
+    fn a_batch_request_is_one_argument_of_words() {
+        let mut buf = Vec::new();
+        let charges = [
+            [1, 1000, 1_000_000, 1000, 1, 1],
+            [6, 7, 60_000_000, 0, 0, 9],
+        ];
+        batch_request_arg(&mut buf, true, charges.iter());
+        assert_eq!(buf, b"1 2 1 1000 1000000 1000 1 1 6 7 60000000 0 0 9");
+        buf.clear();
+        batch_request_arg(&mut buf, false, [[u64::MAX, 0, 0, 0, 0, 0]].iter());
+        assert_eq!(buf, b"0 1 18446744073709551615 0 0 0 0 0");
+    }
+
+    #[test]
+    fn a_batch_reply_splits_by_request() {
+        use redis::Value::{BulkString, Int, SimpleString};
+        let ints = |v: &[i64]| v.iter().map(|&i| Int(i)).collect::<Vec<_>>();
+        let mut reply = ints(&[5, 1, 0, 9, 100, -1, 0, 1]);
+        reply.extend([Int(-1), BulkString(b"WRONGTYPE no".to_vec())]);
+        reply.extend(ints(&[5, 0, 1, 0, 100, 100, 0, 0, 0, 0, 0, -1, 0, 0]));
+        let split = split_batch_reply(&reply, [1, 3, 2]).unwrap();
+        assert_eq!(split[0], Ok(vec![5, 1, 0, 9, 100, -1, 0, 1]));
+        assert_eq!(split[1], Err("WRONGTYPE no".to_owned()));
+        assert_eq!(split[2].as_ref().map(Vec::len), Ok(14));
+        // Too few, too many, or not integers where numbers belong: not a batch reply.
+        assert!(split_batch_reply(&reply, [1, 3]).is_none());
+        assert!(split_batch_reply(&reply, [1, 3, 3]).is_none());
+        let late = [Int(-1), SimpleString("late".into())];
+        assert_eq!(
+            split_batch_reply(&late, [4]).unwrap(),
+            vec![Err("late".into())]
+        );
+        assert!(split_batch_reply(&[Int(5), SimpleString("x".into())], [0]).is_none());
     }
 
     #[test]

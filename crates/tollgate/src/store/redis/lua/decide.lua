@@ -1,12 +1,13 @@
 -- tollgate DECIDE, one request: decides (and, if admitted, commits) every limit of it. The
 -- drivers (decide_one.lua, decide_batch.lua) read the arguments and call decide_request.
 --
--- decide_request(first, n, arg, commit, now): the request's n charges are KEYS[first + i] with
--- 6 arguments each from ARGV[arg + 6 * (i - 1)]: algorithm (1 fixed_window, 2
--- sliding_window_log, 3 sliding_window_counter, 4 token_bucket, 5 leaky_bucket, 6 gcra),
--- limit, period_us, burst, cost, flags (the sum of 1 enforced, 2 charging up to the limit, 4
--- quota mode, 8 a check answers as the state stands). A cost of 0 is a check, which charges
--- nothing. commit: write if admitted; now: whole microseconds since the epoch.
+-- decide_request(out, base, A, first, n, arg, commit, now): the request's n charges are
+-- KEYS[first + i] with 6 arguments each from A[arg + 6 * (i - 1)] (A: the driver's argument
+-- strings): algorithm (1 fixed_window, 2 sliding_window_log, 3 sliding_window_counter, 4
+-- token_bucket, 5 leaky_bucket, 6 gcra), limit, period_us, burst, cost, flags (the sum of 1
+-- enforced, 2 charging up to the limit, 4 quota mode, 8 a check answers as the state stands).
+-- A cost of 0 is a check, which charges nothing. commit: write if admitted; now: whole
+-- microseconds since the epoch.
 --
 -- Every charge is decided against the current state; charges on the same key are decided in
 -- order, each seeing the tentative effect of the earlier ones. The request is admitted when every
@@ -18,10 +19,11 @@
 -- request unchanged. Every key written gets PEXPIREAT at ceil(expires_at / 1000) ms, expires_at
 -- being Rust's State::expires_at of the new state; a state already expired at `now` is deleted.
 --
--- Returns {now_us, admitted (1/0), then per charge: verdict (0 allowed, 1 denied, 2 cost
--- exceeds capacity), remaining, reset_after_us, retry_after_us (-1 when none), delay_us,
--- charged (the units an allowed charge takes, written if the request commits: its cost, or
--- what was left when it charges up to the limit; 0 for a check or a denial)}.
+-- Writes its reply into out from out[base] on, 2 + 6 * n numbers: now_us, admitted (1/0),
+-- then per charge: verdict (0 allowed, 1 denied, 2 cost exceeds capacity), remaining,
+-- reset_after_us, retry_after_us (-1 when none), delay_us, charged (the units an allowed
+-- charge takes, written if the request commits: its cost, or what was left when it charges up
+-- to the limit; 0 for a check or a denial). A driver's reply holds its requests' back to back.
 --
 -- Storage: see state.lua (hash layout) and each algorithm's file (fields, sliding-log ZSET).
 
@@ -67,22 +69,17 @@ local function decide_number(s)
   return v
 end
 
-local function decide_request(first, n, arg, commit, now)
-  local out
-  if n == 1 then
-    out = { now, 1, 0, 0, 0, 0, 0, 0 }
-  else
-    out = { now, 1 }
-  end
+local function decide_request(out, base, A, first, n, arg, commit, now)
+  out[base], out[base + 1] = now, 1
   local contexts = {} -- charge index -> its key's context
   local opened = {} -- distinct contexts, in order
   local admitted = 1
   local quotas, quota_passes = false, false
   for i = 1, n do
     local a = arg + 6 * (i - 1)
-    local alg, limit = decide_number(ARGV[a]), decide_number(ARGV[a + 1])
-    local period, burst = decide_number(ARGV[a + 2]), decide_number(ARGV[a + 3])
-    local cost, flags = decide_number(ARGV[a + 4]), decide_number(ARGV[a + 5])
+    local alg, limit = decide_number(A[a]), decide_number(A[a + 1])
+    local period, burst = decide_number(A[a + 2]), decide_number(A[a + 3])
+    local cost, flags = decide_number(A[a + 4]), decide_number(A[a + 5])
     state_build_twin(alg)
     local c = state_context(first, i, alg, contexts, opened)
 
@@ -145,7 +142,7 @@ local function decide_request(first, n, arg, commit, now)
     if verdict == 0 then
       charged = cost -- what was left, for a charge up to the limit; 0 for a check
     end
-    local o = 6 * i - 3
+    local o = base + 6 * i - 4
     out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4] = verdict, remaining, reset, retry, delay
     out[o + 5] = charged
     local enforced = has_flag(flags, 1)
@@ -159,21 +156,21 @@ local function decide_request(first, n, arg, commit, now)
   if quotas and not quota_passes then
     admitted = 0
   end
-  out[2] = admitted
+  out[base + 1] = admitted
 
   if admitted == 0 then
     -- Nothing is charged: a limit that allowed its charge answers with its figures as they
     -- stand (tollgate_core::as_is, on the state read afresh: the contexts hold this call's
     -- tentative charges), not as after a charge that is never made.
     for i = 1, n do
-      local o = 6 * i - 3
+      local o = base + 6 * i - 4
       if out[o] == 0 and out[o + 5] > 0 then
         local a = arg + 6 * (i - 1)
-        local alg = decide_number(ARGV[a])
+        local alg = decide_number(A[a])
         local c = state_open(KEYS[first + i], alg)
         -- Allowed still, without a retry, even over a state fuller than the limit.
-        local _, remaining, reset = decide_charge(c, alg, now, decide_number(ARGV[a + 1]),
-          decide_number(ARGV[a + 2]), decide_number(ARGV[a + 3]), 0)
+        local _, remaining, reset = decide_charge(c, alg, now, decide_number(A[a + 1]),
+          decide_number(A[a + 2]), decide_number(A[a + 3]), 0)
         out[o + 1], out[o + 2], out[o + 3], out[o + 4] = remaining, reset, -1, 0
       end
     end
@@ -198,7 +195,6 @@ local function decide_request(first, n, arg, commit, now)
       end
     end
   end
-  return out
 end
 
 -- The text of a count, made once per call and value (counts repeat across a batch's keys).
@@ -228,23 +224,23 @@ end
 -- as text (equal Lua strings are one object), parsed only where the arithmetic needs them,
 -- and written only where their text changes. Any other request, or a key that holds no hash,
 -- goes to decide_request (nothing has been written by then).
-local function decide_single(first, arg, commit, now)
-  local alg_text, flags_text = ARGV[arg], ARGV[arg + 5]
+local function decide_single(out, base, A, first, arg, commit, now)
+  local alg_text, flags_text = A[arg], A[arg + 5]
   local alg = decide_numbers[alg_text] or decide_number(alg_text)
-  local cost = decide_numbers[ARGV[arg + 4]] or decide_number(ARGV[arg + 4])
+  local cost = decide_numbers[A[arg + 4]] or decide_number(A[arg + 4])
   if alg == 2 or not alg or alg < 1 or alg > 6 or alg % 1 ~= 0 or not cost or cost < 1
     or (flags_text ~= '1' and flags_text ~= '5' and flags_text ~= '0' and flags_text ~= '4') then
-    return decide_request(first, 1, arg, commit, now)
+    return decide_request(out, base, A, first, 1, arg, commit, now)
   end
-  local limit_text, period_text = ARGV[arg + 1], ARGV[arg + 2]
+  local limit_text, period_text = A[arg + 1], A[arg + 2]
   local limit = decide_numbers[limit_text] or decide_number(limit_text)
   local period = decide_numbers[period_text] or decide_number(period_text)
-  local burst = decide_numbers[ARGV[arg + 3]] or decide_number(ARGV[arg + 3])
+  local burst = decide_numbers[A[arg + 3]] or decide_number(A[arg + 3])
   state_build_twin(alg)
   local key = KEYS[first + 1]
   local r = state_hmget(key, state_fields(alg))
   if r.err then
-    return decide_request(first, 1, arg, commit, now)
+    return decide_request(out, base, A, first, 1, arg, commit, now)
   end
   -- The stored state, when it is of this algorithm (else the key decides as empty).
   local stored = r[1] == alg_text
@@ -365,7 +361,8 @@ local function decide_single(first, arg, commit, now)
       end
     end
   end
-  return { now, admitted, verdict, remaining, reset, retry, delay, charged }
+  out[base], out[base + 1], out[base + 2], out[base + 3] = now, admitted, verdict, remaining
+  out[base + 4], out[base + 5], out[base + 6], out[base + 7] = reset, retry, delay, charged
 end
 
 -- `now` from a driver's argument: whole microseconds (tests); "" for the server's TIME; or "<D"

@@ -16,7 +16,10 @@ end
 if late then
   return redis.error_reply(LATE)
 end
+local out = {}
 if #KEYS == 1 then
-  return decide_single(0, 3, ARGV[1] == '1', now)
+  decide_single(out, 1, ARGV, 0, 3, ARGV[1] == '1', now)
+else
+  decide_request(out, 1, ARGV, 0, #KEYS, 3, ARGV[1] == '1', now)
 end
-return decide_request(0, #KEYS, 3, ARGV[1] == '1', now)
+return out
