@@ -20,7 +20,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::Value;
@@ -186,6 +186,7 @@ impl Coalescer {
             stats: stats.clone(),
             outstanding: Arc::new(Semaphore::new(limits.coalesce.in_flight.max(1))),
             script: Arc::new(redis::Script::new(script::DECIDE_BATCH_SCRIPT)),
+            functions: AtomicBool::new(true),
         });
         // Dropping the coalescer aborts the driver; the queue closes with it.
         let open = jobs.downgrade();
@@ -248,7 +249,82 @@ struct Driving {
     /// Batches out at once.
     outstanding: Arc<Semaphore>,
     script: Arc<redis::Script>,
+    /// Whether batches go by `FCALL` of [`script::decide_batch_library`]; until a Redis server
+    /// refuses to load it (before 7.0, or an ACL that forbids `FUNCTION`), then by `EVALSHA`.
+    functions: AtomicBool,
 }
+
+/// DECIDE_BATCH's call of `batch` by `verb` (`FCALL` or `EVALSHA`) of `name`, in one buffer
+/// (a ScriptInvocation would copy every argument twice).
+fn batch_call(verb: &str, name: &str, batch: &[Job], now: NowArg) -> redis::Cmd {
+    let keys: usize = batch.iter().map(|job| job.request.charges.len()).sum();
+    let mut call = redis::cmd(verb);
+    call.arg(name).arg(keys);
+    for Job { request, .. } in batch {
+        for (key, _) in &request.charges {
+            call.arg(&request.keys[key.clone()]);
+        }
+    }
+    call.arg(now);
+    let mut text = Vec::with_capacity(64);
+    for Job { request, .. } in batch {
+        text.clear();
+        let args = request.charges.iter().map(|(_, args)| args);
+        script::batch_request_arg(&mut text, request.commit, args);
+        call.arg(&text[..]);
+    }
+    call
+}
+
+/// Loads (again) the DECIDE_BATCH function library.
+async fn load_library(connection: &mut ConnectionManager) -> redis::RedisResult<()> {
+    let library = script::decide_batch_library();
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(&library.code)
+        .query_async::<()>(connection)
+        .await
+}
+
+/// Whether `FCALL` failed for want of the function (Redis lost or never had the library).
+fn function_missing(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR")
+        && e.detail()
+            .is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// Whether the server answered a `FUNCTION LOAD` with a refusal (an unknown command before
+/// Redis 7.0, an ACL's `NOPERM`, ...) rather than failing to answer.
+fn refused(e: &redis::RedisError) -> bool {
+    matches!(
+        e.kind(),
+        redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+    )
+}
+
+/// Sends this server's batches by `EVALSHA` from now on.
+fn refuse_functions(functions: &AtomicBool, node: &str, e: &redis::RedisError) {
+    if functions.swap(false, Ordering::Relaxed) {
+        tracing::warn!(node, error = %e, "Redis refused the decision function library; batches go by EVALSHA");
+    }
+}
+
+/// Loads the function library as the driver starts, so that no batch waits for Redis to
+/// compile it; a server that refuses it gets its batches by `EVALSHA`. A load that gets no
+/// answer is left to the first batch, which loads it when its `FCALL` finds no function.
+async fn prepare_functions(driving: &Driving) {
+    let mut connection = driving.connection.clone();
+    let load = tokio::time::timeout(LIBRARY_LOAD_TIMEOUT, load_library(&mut connection)).await;
+    if let Ok(Err(e)) = load
+        && refused(&e)
+    {
+        refuse_functions(&driving.functions, &driving.node, &e);
+    }
+}
+
+/// How long the driver waits for the library to load before it takes the first batch.
+const LIBRARY_LOAD_TIMEOUT: Duration = Duration::from_secs(5);
 
 async fn drive(driving: Arc<Driving>) {
     let Driving {
@@ -261,6 +337,9 @@ async fn drive(driving: Arc<Driving>) {
     } = driving.as_ref();
     let options = &limits.coalesce;
     let mut queued = queued.clone().lock_owned().await;
+    if driving.functions.load(Ordering::Relaxed) {
+        prepare_functions(&driving).await;
+    }
     loop {
         let Ok(permit) = outstanding.clone().acquire_owned().await else {
             return;
@@ -319,8 +398,10 @@ async fn send(driving: &Driving, batch: Vec<Job>, now: NowArg, deadline: Deadlin
         node,
         breaker,
         script,
+        functions,
         ..
     } = driving;
+    let library = script::decide_batch_library();
     let mut connection = connection.clone();
     let connection = &mut connection;
     // One permit per decision, as when each was its own call: an open breaker refuses them
@@ -343,25 +424,21 @@ async fn send(driving: &Driving, batch: Vec<Job>, now: NowArg, deadline: Deadlin
     if batch.is_empty() {
         return;
     }
-    // EVALSHA built in one buffer (a ScriptInvocation would copy every argument twice).
-    let keys: usize = batch.iter().map(|job| job.request.charges.len()).sum();
-    let mut call = redis::cmd("EVALSHA");
-    call.arg(script.get_hash()).arg(keys);
-    for Job { request, .. } in &batch {
-        for (key, _) in &request.charges {
-            call.arg(&request.keys[key.clone()]);
-        }
-    }
-    call.arg(now);
-    let mut text = Vec::with_capacity(64);
-    for Job { request, .. } in &batch {
-        text.clear();
-        let args = request.charges.iter().map(|(_, args)| args);
-        script::batch_request_arg(&mut text, request.commit, args);
-        call.arg(&text[..]);
-    }
     let sent = tokio::time::Instant::now();
     let call = async {
+        if functions.load(Ordering::Relaxed) {
+            let call = batch_call("FCALL", &library.function, &batch, now);
+            match call.query_async::<Vec<Value>>(connection).await {
+                // Redis restarted empty or flushed its functions: load them and try once more.
+                Err(e) if function_missing(&e) => match load_library(connection).await {
+                    Ok(()) => return call.query_async(connection).await,
+                    Err(e) if refused(&e) => refuse_functions(functions, node, &e),
+                    Err(e) => return Err(e),
+                },
+                answer => return answer,
+            }
+        }
+        let call = batch_call("EVALSHA", script.get_hash(), &batch, now);
         let mut answer = call.query_async::<Vec<Value>>(connection).await;
         if let Err(e) = &answer
             && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)

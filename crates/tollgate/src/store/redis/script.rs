@@ -58,6 +58,10 @@
 //! wrote nothing (all its reads come before its writes), and the requests after it are
 //! decided normally.
 //!
+//! On Redis 7 and later the coalescer calls the same code as a function
+//! ([`decide_batch_library`], `FCALL`), with the same arguments and reply; `EVALSHA` of
+//! [`DECIDE_BATCH_SCRIPT`] where functions are refused.
+//!
 //! One argument per request and one array per batch, because Redis's own handling of a
 //! script's arguments and reply arrays cost more than the script's decisions (see
 //! docs/benchmarks.md, "Redis path").
@@ -148,7 +152,46 @@ macro_rules! script {
 pub const DECIDE_SCRIPT: &str = script!("lua/decide.lua", "lua/decide_one.lua");
 
 /// The DECIDE_BATCH script. See the [module documentation](self) for its contract.
-pub const DECIDE_BATCH_SCRIPT: &str = script!("lua/decide.lua", "lua/decide_batch.lua");
+pub const DECIDE_BATCH_SCRIPT: &str = script!(
+    "lua/decide.lua",
+    "lua/decide_batch.lua",
+    "lua/decide_batch_eval.lua"
+);
+
+/// DECIDE_BATCH's code without its caller: defines `decide_batch(keys, argv)`.
+const DECIDE_BATCH_BODY: &str = script!("lua/decide.lua", "lua/decide_batch.lua");
+
+/// DECIDE_BATCH as a Redis function library (Redis 7 and later), called with `FCALL`: Redis
+/// runs a script's whole body on every `EVALSHA` call (for this one, ~70,000 instructions of
+/// defining its functions before the first decision), a library's body once, when it loads.
+/// Same arguments, same reply.
+#[derive(Debug)]
+pub struct FunctionLibrary {
+    /// The library's name, `tollgate_` and the SHA-1 of its code: one per version of the
+    /// script, so that servers of two versions sharing a Redis each call their own.
+    pub name: String,
+    /// The function to `FCALL`, `tollgate_decide_batch_` and the same SHA-1.
+    pub function: String,
+    /// What `FUNCTION LOAD` takes.
+    pub code: String,
+}
+
+/// The DECIDE_BATCH function library. See [`FunctionLibrary`].
+pub fn decide_batch_library() -> &'static FunctionLibrary {
+    static LIBRARY: std::sync::LazyLock<FunctionLibrary> = std::sync::LazyLock::new(|| {
+        let hash = redis::Script::new(DECIDE_BATCH_BODY).get_hash().to_owned();
+        let function = format!("tollgate_decide_batch_{hash}");
+        FunctionLibrary {
+            code: format!(
+                "#!lua name=tollgate_{hash}\n{DECIDE_BATCH_BODY}\n\
+                 redis.register_function('{function}', decide_batch)\n"
+            ),
+            name: format!("tollgate_{hash}"),
+            function,
+        }
+    });
+    &LIBRARY
+}
 
 /// The REFUND script. See the [module documentation](self) for its contract.
 pub const REFUND_SCRIPT: &str = script!("lua/refund.lua");
@@ -310,7 +353,15 @@ mod tests {
     #[test]
     fn scripts_end_with_their_driver() {
         assert!(DECIDE_SCRIPT.trim_end().ends_with("return out"));
-        assert!(DECIDE_BATCH_SCRIPT.trim_end().ends_with("return out"));
+        let batch = "return decide_batch(KEYS, ARGV)";
+        assert!(DECIDE_BATCH_SCRIPT.trim_end().ends_with(batch));
+        let library = decide_batch_library();
+        assert!(
+            library
+                .code
+                .starts_with(&format!("#!lua name={}\n", library.name))
+        );
+        assert!(library.code.trim_end().ends_with("decide_batch)"));
         assert!(REFUND_SCRIPT.trim_end().ends_with("return refunded"));
     }
 

@@ -167,7 +167,7 @@ local function decide_request(out, base, A, first, n, arg, commit, now)
       if out[o] == 0 and out[o + 5] > 0 then
         local a = arg + 6 * (i - 1)
         local alg = decide_number(A[a])
-        local c = state_open(KEYS[first + i], alg)
+        local c = state_open(call_keys[first + i], alg)
         -- Allowed still, without a retry, even over a state fuller than the limit.
         local _, remaining, reset = decide_charge(c, alg, now, decide_number(A[a + 1]),
           decide_number(A[a + 2]), decide_number(A[a + 3]), 0)
@@ -237,7 +237,7 @@ local function decide_single(out, base, A, first, arg, commit, now)
   local period = decide_numbers[period_text] or decide_number(period_text)
   local burst = decide_numbers[A[arg + 3]] or decide_number(A[arg + 3])
   state_build_twin(alg)
-  local key = KEYS[first + 1]
+  local key = call_keys[first + 1]
   local r = state_hmget(key, state_fields(alg))
   if r.err then
     return decide_request(out, base, A, first, 1, arg, commit, now)
@@ -391,3 +391,10 @@ end
 
 local LATE = 'ERR tollgate: late: the call reached Redis after its deadline; nothing was written'
 local BAD_NOW = 'ERR tollgate: now must be "", whole microseconds in [0, 2^52), or "<" and whole microseconds'
+
+-- Starts a call: its keys, and empty caches. The caches above hold values of one call, but a
+-- function library's locals outlive its calls, and kept they would grow without bound.
+local function decide_begin(keys)
+  exact_begin(keys)
+  decide_numbers, decide_texts, window_period, state_now_value = {}, {}, nil, nil
+end

@@ -2,10 +2,14 @@
 -- for one Redis server share one call. Each request is decided on its own, in order, against
 -- the state the requests before it left; all at one `now`.
 --
+-- decide_batch(keys, ARGV), run by `return decide_batch(KEYS, ARGV)` (decide_batch_eval.lua,
+-- for EVALSHA) or registered as a function of a library (FCALL: Redis runs a script's whole
+-- body on every EVALSHA, ~70,000 instructions a call for this one, and a library's once).
+--
+-- keys     the requests' keys back to back, n per request.
 -- ARGV[1]  now as decide_one.lua takes it (a batch past its "<D" writes nothing).
 -- then one per request: its words separated by single spaces, commit ("1" / "0"), n (its
---          charges), then 6 per charge as decide_request takes them. KEYS holds the requests'
---          keys back to back, n per request.
+--          charges), then 6 per charge as decide_request takes them.
 --
 -- Returns one flat array: each request's decide_request reply (2 + 6 * n numbers) in order,
 -- or -1 and a message for a request that failed (a key of a foreign type, or the whole batch
@@ -17,49 +21,52 @@
 -- together cost more than the deciding. A batch's requests are mostly of one rule, so their
 -- words are split once per distinct request text.
 
-local now, late = decide_now(ARGV[1])
-if not now then
-  return redis.error_reply(BAD_NOW)
-end
-local out = {}
-if late then
-  for r = 1, #ARGV - 1 do
-    out[2 * r - 1], out[2 * r] = -1, LATE
+local function decide_batch(keys, ARGV)
+  decide_begin(keys)
+  local now, late = decide_now(ARGV[1])
+  if not now then
+    return redis.error_reply(BAD_NOW)
+  end
+  local out = {}
+  if late then
+    for r = 1, #ARGV - 1 do
+      out[2 * r - 1], out[2 * r] = -1, LATE
+    end
+    return out
+  end
+  local gmatch = string.gmatch
+  local words_of = {} -- request text -> its words
+  local base, first = 1, 0
+  for r = 2, #ARGV do
+    local text = ARGV[r]
+    local A = words_of[text]
+    if not A then
+      A = {}
+      local k = 0
+      for word in gmatch(text, '[^ ]+') do
+        k = k + 1
+        A[k] = word
+      end
+      words_of[text] = A
+    end
+    local n = decide_numbers[A[2]] or decide_number(A[2])
+    local ok, failure
+    if n == 1 then
+      ok, failure = pcall(decide_single, out, base, A, first, 3, A[1] == '1', now)
+    else
+      ok, failure = pcall(decide_request, out, base, A, first, n, 3, A[1] == '1', now)
+    end
+    if ok then
+      base = base + 2 + 6 * n
+    else
+      -- What the request wrote of its reply goes: the next one's starts after the message.
+      for k = base + 2, base + 1 + 6 * n do
+        out[k] = nil
+      end
+      out[base], out[base + 1] = -1, type(failure) == 'table' and failure.err or tostring(failure)
+      base = base + 2
+    end
+    first = first + n
   end
   return out
 end
-local gmatch = string.gmatch
-local words_of = {} -- request text -> its words
-local base, first = 1, 0
-for r = 2, #ARGV do
-  local text = ARGV[r]
-  local A = words_of[text]
-  if not A then
-    A = {}
-    local k = 0
-    for word in gmatch(text, '[^ ]+') do
-      k = k + 1
-      A[k] = word
-    end
-    words_of[text] = A
-  end
-  local n = decide_numbers[A[2]] or decide_number(A[2])
-  local ok, failure
-  if n == 1 then
-    ok, failure = pcall(decide_single, out, base, A, first, 3, A[1] == '1', now)
-  else
-    ok, failure = pcall(decide_request, out, base, A, first, n, 3, A[1] == '1', now)
-  end
-  if ok then
-    base = base + 2 + 6 * n
-  else
-    -- What the request wrote of its reply goes: the next one's starts after the message.
-    for k = base + 2, base + 1 + 6 * n do
-      out[k] = nil
-    end
-    out[base], out[base + 1] = -1, type(failure) == 'table' and failure.err or tostring(failure)
-    base = base + 2
-  end
-  first = first + n
-end
-return out

@@ -9,6 +9,7 @@
 --
 -- Returns decide_request's reply, or the LATE error.
 
+exact_begin(KEYS)
 local now, late = decide_now(ARGV[2])
 if not now then
   return redis.error_reply(BAD_NOW)

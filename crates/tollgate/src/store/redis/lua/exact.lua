@@ -11,9 +11,13 @@
 -- meters (token bucket, leaky bucket, GCRA) burst * period / limit <= 2^50 µs. Then every
 -- pair's whole part stays below now + 2^51 < 2^53.
 
-local fmod = math.fmod
-local format = string.format
-local sub = string.sub
+-- The call's keys and the standard functions the helpers use, set as each call starts
+-- (`exact_begin`): a function library (decide_batch.lua under FCALL) is loaded with no standard
+-- library in reach, and its locals outlive its calls.
+local call_keys, fmod, format, sub
+local function exact_begin(keys)
+  call_keys, fmod, format, sub = keys, math.fmod, string.format, string.sub
+end
 local TWO52 = 4503599627370496
 local TWO53 = 9007199254740992
 

@@ -19,6 +19,7 @@
 --
 -- Returns the number of distinct keys whose state changed.
 
+exact_begin(KEYS)
 local now = tonumber(ARGV[1])
 if not now or now < 0 or now >= TWO52 or fmod(now, 1) ~= 0 then
   return redis.error_reply('ERR tollgate: now must be whole microseconds in [0, 2^52)')

@@ -254,10 +254,10 @@ end
 -- The context of charge i, whose key is KEYS[first + i]: the one an earlier charge of the same
 -- request opened for the same key, or a new one (recorded in `opened`). Stored in contexts[i].
 local function state_context(first, i, alg, contexts, opened)
-  local key = KEYS[first + i]
+  local key = call_keys[first + i]
   local c
   for j = 1, i - 1 do
-    if KEYS[first + j] == key then
+    if call_keys[first + j] == key then
       c = contexts[j]
       break
     end
