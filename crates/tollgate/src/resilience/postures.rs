@@ -279,6 +279,76 @@ mod tests {
         }
     }
 
+    /// A store that never answers: every call fails as unavailable.
+    struct Down;
+
+    impl Store for Down {
+        async fn decide(
+            &self,
+            _call: Call,
+            _charges: &[Charge<'_>],
+            _decisions: &mut Decisions,
+        ) -> Result<Answered, StoreError> {
+            Err(StoreError::Unavailable("down".into()))
+        }
+
+        async fn apply_before(
+            &self,
+            _charges: &[Charge<'_>],
+            _deadline: tokio::time::Instant,
+        ) -> Result<Vec<Decision>, StoreError> {
+            Err(StoreError::Unavailable("down".into()))
+        }
+
+        fn supports(&self, _params: &Params) -> Result<(), crate::store::Unsupported> {
+            Ok(())
+        }
+
+        async fn key_count(&self) -> Result<usize, StoreError> {
+            Err(StoreError::Unavailable("down".into()))
+        }
+
+        fn breakers(&self) -> Vec<(String, crate::resilience::BreakerState)> {
+            Vec::new()
+        }
+
+        fn kind(&self) -> &'static str {
+            "down"
+        }
+    }
+
+    /// The layer alone over a failing store: it answers each live charge by its posture, says
+    /// which posture answered and why, and leaves a candidate's charges unanswered.
+    #[tokio::test]
+    async fn over_a_failing_store_each_live_limit_takes_its_posture() {
+        let clock = Arc::new(ManualClock::default());
+        let layer = Postures::new(Down, FailureSettings::default(), clock);
+        let p = Params::new(Algorithm::FixedWindow, 4, Duration::from_secs(60), None).unwrap();
+        let open = Charge::new(b"o", &p, 1);
+        let closed = Charge {
+            posture: Posture::Closed,
+            ..Charge::new(b"c", &p, 1)
+        };
+        let shadow = Charge::new(b"s", &p, 1);
+        let call = Call {
+            live: 2,
+            ..Call::plain(crate::store::Mode::Apply)
+        };
+        let mut decisions = Decisions::new();
+        let answered = layer
+            .decide(call, &[open, closed, shadow], &mut decisions)
+            .await;
+        let Ok(Answered::Postures { degraded, cause }) = answered else {
+            panic!("the postures answer: {answered:?}");
+        };
+        assert!(matches!(cause, StoreError::Unavailable(_)), "{cause:?}");
+        assert_eq!(&degraded[..], &[Some(Posture::Open), Some(Posture::Closed)]);
+        assert_eq!(decisions.len(), 2, "the candidate's charge is not answered");
+        assert!(decisions[0].is_allowed(), "open allows");
+        assert_eq!(decisions[1].verdict, Verdict::Denied, "closed denies");
+        assert_eq!(decisions[1].retry_after, Some(Duration::from_secs(1)));
+    }
+
     fn fallback() -> Postures<MemoryStore> {
         let clock = Arc::new(ManualClock::default());
         Postures::new(
