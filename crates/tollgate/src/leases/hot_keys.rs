@@ -171,7 +171,6 @@ impl<S: Store + Granting> HotKeys<S> {
         charges: &[Charge<'_>],
         decisions: &mut Decisions,
     ) -> Result<Answered, StoreError> {
-        let at = (call.now, call.epoch);
         let commit = call.mode.applies();
         // Not while a candidate shadows: it must see every request the running policy decides.
         if commit
@@ -197,8 +196,7 @@ impl<S: Store + Granting> HotKeys<S> {
         if commit && matches!(answered, Answered::Store) {
             let live = call.live(charges);
             let live_decisions = decisions.get(..live.len()).unwrap_or_default();
-            let (now, epoch) = at;
-            self.remember_denials(live, live_decisions, now, epoch);
+            self.remember_denials(live, live_decisions, call.now, call.epoch);
         }
         Ok(answered)
     }
@@ -320,15 +318,7 @@ impl<S: Store + Granting> Store for HotKeys<S> {
         self.decide_hot(call, charges, decisions)
     }
 
-    fn apply_before(
-        &self,
-        charges: &[Charge<'_>],
-        deadline: tokio::time::Instant,
-    ) -> impl std::future::Future<Output = Result<Vec<Decision>, StoreError>> + Send {
-        self.inner.apply_before(charges, deadline)
-    }
-
-    health_of_inner!();
+    health_of_inner!(apply_before);
 }
 
 impl<S: Granting> Granting for HotKeys<S> {

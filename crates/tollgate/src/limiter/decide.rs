@@ -88,11 +88,11 @@ impl Pipeline<'_> {
                 Some(degraded)
             }
         };
-        let postures = self.conclude(
+        shadow_and_capacity(
             request,
             &planned,
-            postures,
             (&charges, live, fits),
+            &postures,
             &mut decisions,
         );
         // The charges borrow the plan's keys; the limits move out of it below.
@@ -126,14 +126,14 @@ impl Pipeline<'_> {
             let started = tokio::time::Instant::now();
             // Its one error is that partial answer, timed by the path that decides it again.
             memory.decide(&charges, charge, &mut decisions).ok()?;
-            let latency = &self.stack.inner().inner().latency()[usize::from(!charge)];
+            let latency = &self.stack.timed().latency()[usize::from(!charge)];
             latency.observe(started.elapsed());
         }
-        let postures = self.conclude(
+        shadow_and_capacity(
             request,
             &planned,
-            None,
             (&charges, live, fits),
+            &None,
             &mut decisions,
         );
         drop(charges);
@@ -141,7 +141,7 @@ impl Pipeline<'_> {
             request,
             &mut planned,
             &decisions,
-            postures,
+            None,
         )))
     }
 
@@ -156,27 +156,6 @@ impl Pipeline<'_> {
         }
     }
 
-    /// What both paths do once the stack answered (with the postures that answered, if any):
-    /// lets the candidate record its decisions, and answers costs that never fit. Returns the
-    /// postures that answered, per live charge.
-    fn conclude(
-        &self,
-        request: &CheckRequest,
-        planned: &Planned,
-        postures: Option<Degraded>,
-        (charges, live, fits): (&[Charge<'_>], usize, bool),
-        decisions: &mut Decisions,
-    ) -> Option<Degraded> {
-        shadow_and_capacity(
-            request,
-            planned,
-            (charges, live, fits),
-            &postures,
-            decisions,
-        );
-        postures
-    }
-
     /// Plans `request` into `planned` (empty): the live policy, and a candidate's when the
     /// request is charged.
     fn plan(
@@ -187,7 +166,7 @@ impl Pipeline<'_> {
     ) -> Result<(), InvalidRequest> {
         let (now, _) = self.at;
         let planner = Planner {
-            store: self.stack.inner().inner().inner(),
+            store: self.stack.store(),
             overrides: self.overrides,
         };
         let policy = &self.snapshot.policy;

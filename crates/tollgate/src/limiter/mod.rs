@@ -41,14 +41,13 @@ use self::snapshot::Snapshot;
 use self::stack::Stack;
 use self::telemetry::Telemetry;
 use crate::clock::SharedClock;
-use crate::leases::HotKeys;
 use crate::metrics::Outcome;
 use crate::observe::TopEntry;
 use crate::observe::history::Metrics;
 use crate::observe::shares::ValueShares;
 use crate::policy::{Policy, Rule};
 use crate::resilience::Posture;
-use crate::store::{StoreBackend, Timed};
+use crate::store::StoreBackend;
 
 /// Decides requests against the current policy using one store.
 #[derive(Debug)]
@@ -120,18 +119,13 @@ impl Limiter {
     /// epoch forgets the remembered denials. In that order: a lease of the old epoch seen after
     /// the new one begins is given back, and only leases reserved after the forfeit can be.
     pub fn store_data_lost(&self) {
-        self.hot_keys().forfeit();
+        self.stack.hot_keys().forfeit();
         self.policy_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The store.
     pub fn store(&self) -> &StoreBackend {
-        self.hot_keys().inner().inner()
-    }
-
-    /// The layer that keeps hot keys off the store.
-    fn hot_keys(&self) -> &HotKeys<Timed<StoreBackend>> {
-        self.stack.inner()
+        self.stack.store()
     }
 
     /// Sets (or with `None` clears) the shadow candidate; returns the one it replaces. Requests
@@ -236,12 +230,15 @@ impl Limiter {
     /// many keys got units back.
     pub async fn sweep_hot_keys(&self) -> usize {
         let (now, epoch) = (self.clock.now(), self.epoch());
-        self.hot_keys().sweep(now, epoch).await
+        self.stack.hot_keys().sweep(now, epoch).await
     }
 
     /// Gives back every local budget now (at shutdown). Returns how many keys got units back.
     pub async fn release_local_budgets(&self) -> usize {
-        self.hot_keys().release(Timestamp::MAX, self.epoch()).await
+        self.stack
+            .hot_keys()
+            .release(Timestamp::MAX, self.epoch())
+            .await
     }
 
     /// The posture that answers for `limit` when the store cannot: its rule's, else the default.
@@ -271,14 +268,19 @@ impl Limiter {
         let (snapshot, candidate) = (self.snapshot.load(), self.candidate.load_full());
         let posture = self.stack.settings.posture;
         self.telemetry
-            .render_metrics(&snapshot, posture, candidate.as_deref(), self.hot_keys())
+            .render_metrics(
+                &snapshot,
+                posture,
+                candidate.as_deref(),
+                self.stack.hot_keys(),
+            )
             .await
     }
 
     /// The counters the dashboard's history samples once a second, read without rendering.
     pub fn sample_metrics(&self) -> Metrics {
         let posture = self.stack.settings.posture;
-        let latency = self.hot_keys().inner().latency();
+        let latency = self.stack.timed().latency();
         self.telemetry
             .sample(&self.snapshot.load(), posture, latency)
     }

@@ -9,3 +9,20 @@ use crate::store::{StoreBackend, Timed};
 /// store calls are timed; the store decides. Each layer is a [`Store`](crate::store::Store)
 /// over the next.
 pub(crate) type Stack = Postures<HotKeys<Timed<StoreBackend>>>;
+
+impl Stack {
+    /// The layer that keeps hot keys off the store.
+    pub(crate) fn hot_keys(&self) -> &HotKeys<Timed<StoreBackend>> {
+        self.inner()
+    }
+
+    /// The store, timed.
+    pub(crate) fn timed(&self) -> &Timed<StoreBackend> {
+        self.hot_keys().inner()
+    }
+
+    /// The store at the bottom.
+    pub(crate) fn store(&self) -> &StoreBackend {
+        self.timed().inner()
+    }
+}

@@ -222,15 +222,7 @@ impl<S: Store> Store for Postures<S> {
         Ok(self.decide_or_answer(call, charges, decisions).await)
     }
 
-    fn apply_before(
-        &self,
-        charges: &[Charge<'_>],
-        deadline: tokio::time::Instant,
-    ) -> impl std::future::Future<Output = Result<Vec<Decision>, StoreError>> + Send {
-        self.inner.apply_before(charges, deadline)
-    }
-
-    health_of_inner!();
+    health_of_inner!(apply_before);
 }
 
 /// Whether the postures answer for the limits a partial answer (`decided`) left alone: a

@@ -167,8 +167,22 @@ pub trait Store: Send + Sync {
 }
 
 /// The health methods of a layer (a struct with an `inner` store) that adds none: its inner
-/// store's, forwarded.
+/// store's, forwarded. With `apply_before`, that method too: the layer does nothing to the
+/// charges a partial answer left to make.
 macro_rules! health_of_inner {
+    (apply_before) => {
+        fn apply_before(
+            &self,
+            charges: &[$crate::store::Charge<'_>],
+            deadline: tokio::time::Instant,
+        ) -> impl std::future::Future<
+            Output = Result<Vec<tollgate_core::Decision>, $crate::store::StoreError>,
+        > + Send {
+            self.inner.apply_before(charges, deadline)
+        }
+
+        $crate::store::health_of_inner!();
+    };
     () => {
         fn supports(
             &self,
