@@ -167,12 +167,11 @@ const DECIDE_BATCH_BODY: &str = script!("lua/decide.lua", "lua/decide_batch.lua"
 /// Same arguments, same reply.
 #[derive(Debug)]
 pub struct FunctionLibrary {
-    /// The library's name, `tollgate_` and the SHA-1 of its code: one per version of the
-    /// script, so that servers of two versions sharing a Redis each call their own.
-    pub name: String,
-    /// The function to `FCALL`, `tollgate_decide_batch_` and the same SHA-1.
+    /// The function to `FCALL`, `tollgate_decide_batch_` and the SHA-1 of the code.
     pub function: String,
-    /// What `FUNCTION LOAD` takes.
+    /// What `FUNCTION LOAD` takes: the library named `tollgate_` and the same SHA-1, one per
+    /// version of the script, so that servers of two versions sharing a Redis each call their
+    /// own.
     pub code: String,
 }
 
@@ -186,7 +185,6 @@ pub fn decide_batch_library() -> &'static FunctionLibrary {
                 "#!lua name=tollgate_{hash}\n{DECIDE_BATCH_BODY}\n\
                  redis.register_function('{function}', decide_batch)\n"
             ),
-            name: format!("tollgate_{hash}"),
             function,
         }
     });
@@ -228,29 +226,16 @@ pub fn batch_request_arg<'a>(
     commit: bool,
     charges: impl ExactSizeIterator<Item = &'a [u64; 6]>,
 ) {
+    let mut decimal = itoa::Buffer::new();
     buf.push(if commit { b'1' } else { b'0' });
     buf.push(b' ');
-    push_decimal(buf, charges.len() as u64);
+    buf.extend_from_slice(decimal.format(charges.len()).as_bytes());
     for args in charges {
         for &v in args {
             buf.push(b' ');
-            push_decimal(buf, v);
+            buf.extend_from_slice(decimal.format(v).as_bytes());
         }
     }
-}
-
-fn push_decimal(buf: &mut Vec<u8>, mut v: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    buf.extend_from_slice(&digits[i..]);
 }
 
 /// Splits a DECIDE_BATCH reply into each request's DECIDE reply, or the message its error
@@ -356,10 +341,14 @@ mod tests {
         let batch = "return decide_batch(KEYS, ARGV)";
         assert!(DECIDE_BATCH_SCRIPT.trim_end().ends_with(batch));
         let library = decide_batch_library();
+        let hash = library
+            .function
+            .trim_start_matches("tollgate_decide_batch_");
+        assert_eq!(hash.len(), 40, "{}", library.function);
         assert!(
             library
                 .code
-                .starts_with(&format!("#!lua name={}\n", library.name))
+                .starts_with(&format!("#!lua name=tollgate_{hash}\n"))
         );
         assert!(library.code.trim_end().ends_with("decide_batch)"));
         assert!(REFUND_SCRIPT.trim_end().ends_with("return refunded"));
