@@ -8,8 +8,10 @@
 use std::sync::Arc;
 
 use axum::extract::State;
+use axum::http::HeaderValue;
+use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tollgate::limiter::{
     CheckRequest, CheckResponse, Code, DescriptorStatus, InvalidRequest, LimitOverride,
     RequestDescriptor, Transport, check_cost,
@@ -17,6 +19,7 @@ use tollgate::limiter::{
 use tollgate::resilience::Posture;
 use tollgate_core::Verdict;
 
+use super::answer_json::{self, WireResponse, WireStatus};
 use super::body::Body;
 use super::invalid::InvalidBody;
 use super::respond::{add_rate_limit_headers, decision_status};
@@ -102,49 +105,6 @@ impl TryFrom<WireRequest> for CheckRequest {
     }
 }
 
-#[derive(Debug, Serialize)]
-struct WireResponse<'a> {
-    allowed: bool,
-    overall_code: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    retry_after_ms: Option<u64>,
-    /// Set when the store could not decide: the most severe posture that answered.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    degraded: Option<&'static str>,
-    /// Set when a soft limit was exceeded: how long to hold the request.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    soft_delay_ms: Option<u64>,
-    statuses: Vec<WireStatus<'a>>,
-}
-
-#[derive(Debug, Serialize)]
-struct WireStatus<'a> {
-    code: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    limit_name: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    algorithm: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    limit: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    period_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    remaining: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reset_after_ms: Option<u64>,
-    retry_after_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    delay_ms: Option<u64>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    shadow_would_deny: bool,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    soft_exceeded: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reason: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    degraded: Option<&'static str>,
-}
-
 pub(super) fn code_name(code: Code) -> &'static str {
     match code {
         Code::Ok => "OK",
@@ -211,8 +171,9 @@ pub async fn check<D: Decide>(State(decider): State<Arc<D>>, Body(body): Body) -
     };
     match decider.decide(&request).await {
         Ok(decided) => {
-            let mut response =
-                (decision_status(&decided), axum::Json(encode(&decided))).into_response();
+            let body = answer_json::to_vec(&encode(&decided));
+            let json = [(CONTENT_TYPE, HeaderValue::from_static("application/json"))];
+            let mut response = (decision_status(&decided), json, body).into_response();
             add_rate_limit_headers(response.headers_mut(), &decided);
             response
         }

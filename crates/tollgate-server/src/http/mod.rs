@@ -11,6 +11,7 @@
 //! | `GET /healthcheck` | envoyproxy/ratelimit's probe: `200 OK` while running (the store down too), `500` once the shutdown began (see [`Healthcheck`]) |
 //! | `GET /metrics` | Prometheus text |
 
+mod answer_json;
 pub mod authorize;
 mod body;
 mod check;
