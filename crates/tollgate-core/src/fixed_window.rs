@@ -66,6 +66,22 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
     }
 }
 
+/// Gives back `cost` charged at `at` (see [`crate::refund`]): from the count of the window `at`
+/// lies in, while the state still holds that window; nothing once it has rolled.
+pub fn refund(params: &Params, state: &State, at: Timestamp, cost: u64) -> Transition {
+    match *state {
+        State::FixedWindow { window, count }
+            if window == at.as_micros() / params.period_micros() && count > 0 =>
+        {
+            Transition::Set(State::FixedWindow {
+                window,
+                count: count.saturating_sub(cost),
+            })
+        }
+        _ => Transition::Keep,
+    }
+}
+
 /// The instant, in µs since the epoch, a window algorithm decides at, given the window its
 /// state was last written in: `now`, or the start of that window when `now` lies in the window
 /// just before it. That happens when the clock steps back across a boundary (a failover to a

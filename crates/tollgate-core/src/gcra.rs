@@ -15,7 +15,7 @@
 //! key that had used 3 of 10 has `max(0, new burst - 3)` left then (1 per hour loosened to 10
 //! per minute: a key that used its one unit has 9 left).
 
-use crate::scaled::{div_ceil, micros, saturate};
+use crate::scaled::{div_ceil, micros, rewound, saturate};
 use crate::{Decision, Params, State, Timestamp, Transition};
 
 /// Decides one request; see the [module documentation](self).
@@ -49,6 +49,34 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
     let retry_after = micros(div_ceil(new_ahead - tolerance, l));
     let decision = Decision::denied(limit, remaining(ahead), reset_after(ahead), retry_after);
     (decision, Transition::Keep)
+}
+
+/// Gives back `cost` charged at `at` (see [`crate::refund`]): the TAT moves back by what the
+/// charge added, `cost * period_micros` scaled units (`cost` at most the burst), never before
+/// `at`; a TAT written under another limit or period (a reload converted it since) is left
+/// alone.
+pub fn refund(params: &Params, state: &State, at: Timestamp, cost: u64) -> Transition {
+    match *state {
+        State::Gcra {
+            tat_scaled,
+            updated,
+            limit,
+            period,
+        } if limit == params.limit_scale() && period == params.period_scale() => {
+            let floor = u128::from(at.as_micros()) * u128::from(params.limit());
+            let back = u128::from(cost.min(params.burst())) * u128::from(params.period_micros());
+            match rewound(tat_scaled, floor, back) {
+                Some(tat_scaled) => Transition::Set(State::Gcra {
+                    tat_scaled,
+                    updated,
+                    limit,
+                    period,
+                }),
+                None => Transition::Keep,
+            }
+        }
+        _ => Transition::Keep,
+    }
 }
 
 #[cfg(test)]

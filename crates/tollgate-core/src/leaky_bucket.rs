@@ -14,7 +14,7 @@
 //! it held when written, as GCRA keeps its units used (see [`State`]): as many units of the new
 //! params, capped at the new queue (`burst`), leaving at the new rate since.
 
-use crate::scaled::{div_ceil, micros, saturate};
+use crate::scaled::{div_ceil, micros, rewound, saturate};
 use crate::{Decision, Params, State, Timestamp, Transition};
 
 /// Decides one request; see the [module documentation](self).
@@ -55,6 +55,33 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
         retry_after,
     );
     (decision, Transition::Keep)
+}
+
+/// Gives back `cost` charged at `at` (see [`crate::refund`]): the instant the queue is empty
+/// moves back by what the charge added, `cost * period_micros` scaled units (`cost` at most
+/// the burst), never before `at`; a queue written under another limit or period is left alone.
+pub fn refund(params: &Params, state: &State, at: Timestamp, cost: u64) -> Transition {
+    match *state {
+        State::LeakyBucket {
+            empty_at_scaled,
+            updated,
+            limit,
+            period,
+        } if limit == params.limit_scale() && period == params.period_scale() => {
+            let floor = u128::from(at.as_micros()) * u128::from(params.limit());
+            let back = u128::from(cost.min(params.burst())) * u128::from(params.period_micros());
+            match rewound(empty_at_scaled, floor, back) {
+                Some(empty_at_scaled) => Transition::Set(State::LeakyBucket {
+                    empty_at_scaled,
+                    updated,
+                    limit,
+                    period,
+                }),
+                None => Transition::Keep,
+            }
+        }
+        _ => Transition::Keep,
+    }
 }
 
 #[cfg(test)]

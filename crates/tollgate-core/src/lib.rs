@@ -3,7 +3,8 @@
 //! Every algorithm is a function of `(params, state, now, cost)`: it never reads a clock, never
 //! allocates on the decision path and never performs I/O. A decision is a value; a denial is not an
 //! error. Storage backends keep a [`State`] per key and apply the returned [`Transition`] only when
-//! they decide to commit the charge (a request with several limits commits all or none).
+//! they decide to commit the charge (a request with several limits commits all or none). A charge
+//! is given back the same way: [`refund`] is the transition that undoes it.
 //!
 //! Every algorithm keeps the same contract (each module documents its exact arithmetic):
 //! - a denied request, or one costing more than [`Params::capacity`], charges nothing
@@ -110,6 +111,39 @@ fn decide_whole(
     }
 }
 
+/// Gives back one charge of `cost` made at `at` under `params`: what a holder of units it did
+/// not use returns (a lease), or a request denied elsewhere takes back (a Redis Cluster slot
+/// that charged when another denied). Returns the transition that undoes the charge, exactly
+/// when nothing else touched the state since, conservatively otherwise: it never gives back
+/// more than `cost`, and nothing it cannot place.
+///
+/// - fixed window and sliding window counter: the window `at` lies in gets `cost` back (for the
+///   counter, as its previous window once it has rolled once); nothing once it is older;
+/// - sliding window log: up to `cost` comes off the entry at `at`; nothing when there is none;
+/// - token bucket: `cost` tokens go back, the bucket holding no more than full;
+/// - GCRA and leaky bucket: the instant they keep moves back by `cost * period / limit`, never
+///   before `at`;
+/// - a bucket written under another limit or period than `params` (a reload converted it since
+///   the charge) is left alone, as is a state of another algorithm.
+///
+/// `cost` counts at most the burst; a cost of 0 gives nothing back ([`Transition::Keep`]). The
+/// Redis store's REFUND script is this function's twin. A store that may have lost the counter
+/// charged and made it anew since (a restart, a flush, an expiry) must leave a state made after
+/// `at` alone itself: nothing in a state says when it was made.
+pub fn refund(params: &Params, state: &State, at: Timestamp, cost: u64) -> Transition {
+    if cost == 0 {
+        return Transition::Keep;
+    }
+    match params.algorithm() {
+        Algorithm::FixedWindow => fixed_window::refund(params, state, at, cost),
+        Algorithm::SlidingWindowLog => sliding_window_log::refund(params, state, at, cost),
+        Algorithm::SlidingWindowCounter => sliding_window_counter::refund(params, state, at, cost),
+        Algorithm::TokenBucket => token_bucket::refund(params, state, at, cost),
+        Algorithm::LeakyBucket => leaky_bucket::refund(params, state, at, cost),
+        Algorithm::Gcra => gcra::refund(params, state, at, cost),
+    }
+}
+
 /// Checks one limit without charging it (Envoy's per-descriptor `hits_addend: 0`).
 ///
 /// The verdict is the one a request of cost 1 would get, and so is a denial's `retry_after`.
@@ -184,6 +218,147 @@ mod tests {
         assert_eq!((as_is.remaining, as_is.retry_after), (0, None));
         assert!(check_as_is(&params, &at(1), now).is_allowed());
         assert!(!check_as_is(&params, &at(3), now).is_allowed());
+    }
+
+    fn charged(params: &Params, state: &State, at: Timestamp, cost: u64) -> State {
+        let (decision, transition) = decide(params, state, at, cost);
+        assert!(decision.is_allowed(), "{decision:?}");
+        let mut state = state.clone();
+        state.apply(transition);
+        state
+    }
+
+    fn refunded(params: &Params, state: &State, at: Timestamp, cost: u64) -> Option<State> {
+        let transition = refund(params, state, at, cost);
+        (transition != Transition::Keep).then(|| {
+            let mut state = state.clone();
+            state.apply(transition);
+            state
+        })
+    }
+
+    /// The windows give back into the window the charge landed in, while the state holds it
+    /// (the counter's previous window once it rolled once), and nothing from an older one.
+    #[test]
+    fn the_windows_give_back_into_the_window_charged() {
+        let second = Duration::from_secs(1);
+        let t = Timestamp::from_micros(7_250_000);
+        let next = Timestamp::from_micros(8_100_000);
+        let fixed = Params::new(Algorithm::FixedWindow, 5, second, None).unwrap();
+        let state = charged(&fixed, &State::empty(&fixed), t, 3);
+        let back = refunded(&fixed, &state, t, 2).unwrap();
+        assert_eq!(
+            back,
+            State::FixedWindow {
+                window: 7,
+                count: 1
+            }
+        );
+        // More than is left: the count stops at zero.
+        let back = refunded(&fixed, &back, t, 5).unwrap();
+        assert_eq!(
+            back,
+            State::FixedWindow {
+                window: 7,
+                count: 0
+            }
+        );
+        assert_eq!(
+            refunded(&fixed, &back, t, 1),
+            None,
+            "nothing left to give back"
+        );
+        let rolled = charged(&fixed, &state, next, 1);
+        assert_eq!(
+            refunded(&fixed, &rolled, t, 2),
+            None,
+            "the window has rolled"
+        );
+
+        let counter = Params::new(Algorithm::SlidingWindowCounter, 5, second, None).unwrap();
+        let state = charged(&counter, &State::empty(&counter), t, 3);
+        let rolled = charged(&counter, &state, next, 1);
+        let back = refunded(&counter, &rolled, t, 2).unwrap();
+        let expected = State::SlidingWindowCounter {
+            window: 8,
+            current: 1,
+            previous: 1,
+        };
+        assert_eq!(back, expected, "the previous window gets it back");
+        let later = charged(&counter, &rolled, Timestamp::from_micros(9_000_000), 1);
+        assert_eq!(refunded(&counter, &later, t, 2), None, "two windows on");
+    }
+
+    /// The log gives back from the entry at the charge's instant, at most what it holds.
+    #[test]
+    fn the_log_gives_back_from_the_entry_at_the_instant() {
+        let params =
+            Params::new(Algorithm::SlidingWindowLog, 5, Duration::from_secs(1), None).unwrap();
+        let t = Timestamp::from_micros(7_250_000);
+        let u = Timestamp::from_micros(7_300_000);
+        let state = charged(
+            &params,
+            &charged(&params, &State::empty(&params), t, 2),
+            u,
+            1,
+        );
+        assert_eq!(
+            refunded(&params, &state, Timestamp::from_micros(7_260_000), 1),
+            None
+        );
+        let back = refunded(&params, &state, t, 9).unwrap();
+        let log = SlidingLog::from_entries([(u, 1)]);
+        assert_eq!(back, State::SlidingWindowLog { log });
+    }
+
+    /// The buckets get back what the charge took: a token bucket no fuller than full, GCRA
+    /// and the leaky bucket no earlier than the charge; and nothing under other params.
+    #[test]
+    fn the_buckets_give_back_what_the_charge_took() {
+        let second = Duration::from_secs(1);
+        let t = Timestamp::from_micros(10_000_000);
+        let later = Timestamp::from_micros(10_100_000);
+        for algorithm in [
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+            Algorithm::LeakyBucket,
+        ] {
+            let params = Params::new(algorithm, 10, second, None).unwrap();
+            let once = charged(&params, &State::empty(&params), t, 3);
+            let twice = charged(&params, &once, later, 2);
+            // All 3 back at `t`: 5 used then, 2 of them at 100ms, 1 of the 3 refilled since.
+            let back = refunded(&params, &twice, t, 3).unwrap();
+            assert_eq!(
+                decide(&params, &back, later, 0).0.remaining,
+                decide(&params, &twice, later, 0).0.remaining + 3,
+                "{algorithm}"
+            );
+            // More than was ever charged: a token bucket is full, the others back at `t`.
+            let all = refunded(&params, &once, t, 10).unwrap();
+            assert_eq!(decide(&params, &all, t, 0).0.remaining, 10, "{algorithm}");
+            let other = Params::new(algorithm, 20, second, None).unwrap();
+            assert_eq!(
+                refunded(&other, &once, t, 1),
+                None,
+                "{algorithm} under a reload"
+            );
+            assert_eq!(
+                refund(&params, &once, t, 0),
+                Transition::Keep,
+                "{algorithm}"
+            );
+        }
+        // GCRA's arrival time never moves before the charge: a charge at `later` alone,
+        // given back as if made at `t`, leaves it at `later`.
+        let gcra = Params::new(Algorithm::Gcra, 10, second, None).unwrap();
+        let late = charged(&gcra, &State::empty(&gcra), later, 2);
+        let back = refunded(&gcra, &late, later, 5).unwrap();
+        assert_eq!(back.expires_at(&gcra), later);
+        assert_eq!(
+            refunded(&gcra, &back, later, 1),
+            None,
+            "nothing past the charge"
+        );
     }
 
     /// A log holding more than a lowered limit: a cost of 0 is denied there, but a limit that

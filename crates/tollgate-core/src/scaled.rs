@@ -26,6 +26,13 @@ pub(crate) fn instant(x: u128) -> Timestamp {
     Timestamp::from_micros(saturate(x))
 }
 
+/// A GCRA or leaky bucket instant, scaled, moved back by `back` scaled units but never before
+/// `floor` (the scaled instant of the charge being given back); `None` when it is not past the
+/// floor, and nothing is to move.
+pub(crate) fn rewound(scaled: u128, floor: u128, back: u128) -> Option<u128> {
+    (scaled > floor).then(|| scaled.saturating_sub(back).max(floor))
+}
+
 /// `ceil(n / d)`; `d` is a validated limit or period and never zero, but a zero divisor yields
 /// `u128::MAX` ("never") rather than a panic.
 pub(crate) fn div_ceil(n: u128, d: u128) -> u128 {

@@ -181,6 +181,15 @@ impl SlidingLog {
         }
     }
 
+    /// The cost admitted at `at`: its entry's, 0 when there is none.
+    pub fn cost_at(&self, at: Timestamp) -> u64 {
+        let index = self.entries.partition_point(|&(time, _)| time < at);
+        match self.entries.get(index) {
+            Some(&(time, end)) if time == at => end.saturating_sub(self.start(index)),
+            _ => 0,
+        }
+    }
+
     /// Takes up to `cost` back from the entry at `at` (what a give-back of a charge made at `at`
     /// does, as the Redis REFUND does); an entry left with no cost goes. Returns whether
     /// anything was taken.
@@ -280,6 +289,7 @@ mod tests {
     #[test]
     fn a_take_back_shrinks_the_entry_at_its_instant() {
         let mut log = SlidingLog::from_entries([(t(10), 2), (t(20), 3), (t(30), 1)]);
+        assert_eq!((log.cost_at(t(20)), log.cost_at(t(15))), (3, 0));
         assert!(!log.take_back(t(15), 1), "nothing at 15");
         assert!(log.take_back(t(20), 2));
         assert_eq!(entries(&log), [(10, 2), (20, 1), (30, 1)]);

@@ -97,6 +97,32 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
     (decision, Transition::Keep)
 }
 
+/// Gives back `cost` charged at `at` (see [`crate::refund`]): from the window `at` lies in,
+/// which is the state's previous window once it has rolled once; nothing once it is older.
+pub fn refund(params: &Params, state: &State, at: Timestamp, cost: u64) -> Transition {
+    let State::SlidingWindowCounter {
+        window,
+        current,
+        previous,
+    } = *state
+    else {
+        return Transition::Keep;
+    };
+    let charged_in = at.as_micros() / params.period_micros();
+    let (current, previous) = if window == charged_in && current > 0 {
+        (current.saturating_sub(cost), previous)
+    } else if window.checked_sub(1) == Some(charged_in) && previous > 0 {
+        (current, previous.saturating_sub(cost))
+    } else {
+        return Transition::Keep;
+    };
+    Transition::Set(State::SlidingWindowCounter {
+        window,
+        current,
+        previous,
+    })
+}
+
 /// Whether `charged * period + previous * (period - elapsed) <= limit * period`, where
 /// `charged` includes the request.
 fn fits(limit: u64, period: u64, charged: u128, previous: u64, elapsed: u128) -> bool {

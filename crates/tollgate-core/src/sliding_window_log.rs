@@ -91,6 +91,18 @@ fn decide_counting(
     (decision, Transition::Keep)
 }
 
+/// Gives back `cost` charged at `at` (see [`crate::refund`]): from the log's entry at that
+/// instant, which holds every cost admitted then; nothing when there is none (it has expired,
+/// or the log is not the one charged).
+pub fn refund(_params: &Params, state: &State, at: Timestamp, cost: u64) -> Transition {
+    match state {
+        State::SlidingWindowLog { log } if log.cost_at(at) > 0 => {
+            Transition::LogTakeBack { at, cost }
+        }
+        _ => Transition::Keep,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

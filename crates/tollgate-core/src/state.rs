@@ -99,10 +99,11 @@ pub enum State {
     },
 }
 
-/// How to change a [`State`] to charge an admitted request. Produced by [`crate::decide`].
+/// How to change a [`State`] to charge an admitted request, or to give a charge back.
+/// Produced by [`crate::decide`] and [`crate::refund`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transition {
-    /// Nothing changes (the request was denied, or it cost nothing).
+    /// Nothing changes (the request was denied, or it cost nothing; nothing to give back).
     Keep,
     /// Replace the state (every algorithm but the sliding log).
     Set(State),
@@ -117,6 +118,14 @@ pub enum Transition {
         /// Admission time of the new entry (the decision's `now`).
         at: Timestamp,
         /// Cost of the new entry.
+        cost: u64,
+    },
+    /// Sliding log: take up to `cost` back from the entry at `at` (a charge given back, see
+    /// [`crate::refund`]); an entry left with no cost goes.
+    LogTakeBack {
+        /// The instant of the charge given back.
+        at: Timestamp,
+        /// The cost given back.
         cost: u64,
     },
 }
@@ -229,10 +238,11 @@ impl State {
         }
     }
 
-    /// Applies a transition returned by [`crate::decide`] for this state.
+    /// Applies a transition returned by [`crate::decide`] or [`crate::refund`] for this state.
     ///
     /// This is the only place the sliding log grows. A [`Transition::LogAppend`] applied to a
-    /// state of another algorithm starts a new log; a zero-cost entry is never stored.
+    /// state of another algorithm starts a new log; a zero-cost entry is never stored. A
+    /// [`Transition::LogTakeBack`] changes nothing but a log.
     pub fn apply(&mut self, transition: Transition) {
         match transition {
             Transition::Keep => {}
@@ -249,6 +259,11 @@ impl State {
                 }
                 if let State::SlidingWindowLog { log } = self {
                     log.append(evict_before, at, cost);
+                }
+            }
+            Transition::LogTakeBack { at, cost } => {
+                if let State::SlidingWindowLog { log } = self {
+                    log.take_back(at, cost);
                 }
             }
         }

@@ -53,6 +53,33 @@ pub fn decide(params: &Params, state: &State, now: Timestamp, cost: u64) -> (Dec
     (decision, Transition::Keep)
 }
 
+/// Gives back `cost` charged at `at` (see [`crate::refund`]): `cost` tokens (at most the
+/// burst) go back into the bucket, which holds no more than full; a bucket written under
+/// another limit or period (a reload converted it since) is left alone. The tokens go back
+/// whenever the charge was made, so a late give-back credits a bucket that has refilled since.
+pub fn refund(params: &Params, state: &State, _at: Timestamp, cost: u64) -> Transition {
+    match *state {
+        State::TokenBucket {
+            used_scaled,
+            updated,
+            limit,
+            period,
+        } if limit == params.limit_scale()
+            && period == params.period_scale()
+            && used_scaled > 0 =>
+        {
+            let back = u128::from(cost.min(params.burst())) * u128::from(params.period_micros());
+            Transition::Set(State::TokenBucket {
+                used_scaled: used_scaled.saturating_sub(back),
+                updated,
+                limit,
+                period,
+            })
+        }
+        _ => Transition::Keep,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
