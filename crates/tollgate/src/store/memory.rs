@@ -25,6 +25,7 @@ use crate::clock::SharedClock;
 use crate::resilience::BreakerState;
 
 mod decide;
+mod leases;
 mod slot;
 
 use slot::Slot;

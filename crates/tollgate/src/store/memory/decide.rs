@@ -34,7 +34,7 @@ impl MemoryStore {
         commit: bool,
         decisions: &mut Decisions,
     ) -> Result<(), StoreError> {
-        self.decide_unless(false, charges, commit, decisions)
+        self.decide_unless(false, self.clock.now(), charges, commit, decisions)
     }
 
     /// [`MemoryStore::decide`] for a request a limit outside `charges` denies: nothing is
@@ -42,20 +42,22 @@ impl MemoryStore {
     /// denies.
     pub fn decide_denied(&self, charges: &[Charge<'_>], decisions: &mut Decisions) {
         // Nothing is committed, so no key is added: never full.
-        let _looked = self.decide_unless(true, charges, false, decisions);
+        let _looked = self.decide_unless(true, self.clock.now(), charges, false, decisions);
     }
 
     fn decide_unless(
         &self,
         denied: bool,
+        now: Timestamp,
         charges: &[Charge<'_>],
         commit: bool,
         decisions: &mut Decisions,
     ) -> Result<(), StoreError> {
         if let [charge] = charges {
-            return self.decide_one(denied, charge, commit, decisions);
+            return self
+                .decide_one(denied, now, charge, commit, decisions)
+                .map(drop);
         }
-        let now = self.clock.now();
         let hashes: SmallVec<[u64; INLINE_CHARGES]> =
             charges.iter().map(|c| self.hash(c.key)).collect();
         let mut shard_ids: SmallVec<[usize; INLINE_CHARGES]> =
@@ -192,21 +194,22 @@ impl MemoryStore {
                 self.apply_held(slot, transition, charge, now);
                 continue;
             }
-            self.insert_new(table, hash, charge, transition);
+            self.insert_new(table, hash, charge, transition, now);
         }
     }
 
     /// [`MemoryStore::decide_unless`] for a request of one charge, the common case, decided
     /// as the general path decides it: one hash, one lock, one probe, and no per-charge
-    /// buffers (which cost about as much as the decision).
-    fn decide_one(
+    /// buffers (which cost about as much as the decision). Returns the decision it pushed (a
+    /// lease's reservation reads it, decided at the `now` it names).
+    pub(super) fn decide_one(
         &self,
         denied: bool,
+        now: Timestamp,
         charge: &Charge<'_>,
         commit: bool,
         decisions: &mut Decisions,
-    ) -> Result<(), StoreError> {
-        let now = self.clock.now();
+    ) -> Result<Decision, StoreError> {
         let hash = self.hash(charge.key);
         let mut table = self.shards[Self::shard_of(hash)].lock();
         let held = table.find_mut(hash, |slot| *slot.key == *charge.key);
@@ -221,16 +224,16 @@ impl MemoryStore {
                 if decision.is_allowed() && transition != Transition::Keep {
                     decisions[at] = as_is(charge.params, &stored, now);
                 }
-                return Ok(());
+                return Ok(decisions[at]);
             }
             transition
         };
         if !commit || transition == Transition::Keep {
-            return Ok(());
+            return Ok(decisions[at]);
         }
         if let Some(slot) = held {
             self.apply_held(slot, transition, charge, now);
-            return Ok(());
+            return Ok(decisions[at]);
         }
         if let Some(why) = self.refusal(1, || Slot::new_bytes(charge)) {
             return Err(StoreError::Partly {
@@ -239,13 +242,13 @@ impl MemoryStore {
                 deadline: tokio::time::Instant::now(),
             });
         }
-        self.insert_new(&mut table, hash, charge, transition);
-        Ok(())
+        self.insert_new(&mut table, hash, charge, transition, now);
+        Ok(decisions[at])
     }
 
     /// Applies `transition` to a held `slot`, counting its change of bytes when the bound is
     /// set.
-    fn apply_held(
+    pub(super) fn apply_held(
         &self,
         slot: &mut Slot,
         transition: Transition,
@@ -260,20 +263,22 @@ impl MemoryStore {
         }
     }
 
-    /// Stores `charge`'s key, new to `table`, with `transition` applied, and counts it.
+    /// Stores `charge`'s key, new to `table`, with `transition` applied at `now`, and counts
+    /// it.
     fn insert_new(
         &self,
         table: &mut Shard,
         hash: u64,
         charge: &Charge<'_>,
         transition: Transition,
+        now: Timestamp,
     ) {
         let mut state = State::empty(charge.params);
         state.apply(transition);
         let slot = Slot {
             key: Key::from_slice(charge.key),
             expires_at: state.expires_at(charge.params),
-            state: Stored::from(state),
+            state: Stored::new(state, now),
         };
         if self.max_bytes.is_some() {
             self.bytes.fetch_add(slot.bytes(), Ordering::Relaxed);

@@ -1,5 +1,5 @@
 //! How the memory store holds one key: its slot (the key, its expiry and its state in one
-//! 128-byte allocation) and the state kept without `u128` fields.
+//! 128-byte allocation) and the state kept without `u128` fields, with the instant it was made.
 
 use std::borrow::Cow;
 use std::num::NonZeroU64;
@@ -37,8 +37,8 @@ pub(super) struct Slot {
 
 impl Slot {
     /// What a slot occupies: `Key` 64 + 8 + `Stored` 48 bytes (a bucket records when and under
-    /// which limit and period it was written), still one 128-byte malloc chunk with its 8-byte
-    /// header.
+    /// which limit and period it was written; [`Born`] fills the bytes beside the tag), still
+    /// one 128-byte malloc chunk with its 8-byte header.
     #[cfg(test)]
     const SIZE: usize = 120;
 
@@ -71,55 +71,87 @@ impl Slot {
     /// Applies `transition` and renews the expiry from the same state, read once. A sliding
     /// log is changed in place (no allocation once its buffer has grown to its longest length).
     /// A state that had expired at `now` was decided as empty, and is replaced by an empty one
-    /// first.
+    /// made at `now` first (as Redis makes a new key once a TTL dropped the old one); so is
+    /// a log that a state of another algorithm replaces.
     pub(super) fn apply(&mut self, transition: Transition, params: &Params, now: Timestamp) {
         if self.expires_at <= now {
-            self.state = Stored::from(State::empty(params));
+            self.state = Stored::new(State::empty(params), now);
         }
         if let Stored::SlidingWindowLog(state) = &mut self.state {
             state.apply(transition);
             self.expires_at = state.expires_at(params);
             return;
         }
+        let born = self.state.born().unwrap_or(now);
         let mut state = self.state.load().into_owned();
         state.apply(transition);
         self.expires_at = state.expires_at(params);
-        self.state = Stored::from(state);
+        self.state = Stored::new(state, born);
+    }
+}
+
+/// When a state was made, in µs, in the 7 bytes the tag of [`Stored`] leaves free beside it: a
+/// give-back leaves a state made after its charge alone (the counter charged expired, and this
+/// one was made since). Instants from 2^56 µs on (the year 4253) read as 2^56 - 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Born([u8; 7]);
+
+impl From<Timestamp> for Born {
+    fn from(at: Timestamp) -> Self {
+        let micros = at.as_micros().min((1 << 56) - 1).to_le_bytes();
+        let mut bytes = [0; 7];
+        bytes.copy_from_slice(&micros[..7]);
+        Born(bytes)
+    }
+}
+
+impl From<Born> for Timestamp {
+    fn from(Born(bytes): Born) -> Self {
+        let mut micros = [0; 8];
+        micros[..7].copy_from_slice(&bytes);
+        Timestamp::from_micros(u64::from_le_bytes(micros))
     }
 }
 
 /// A [`State`] as the memory store keeps it: the same values without `u128` fields, which
-/// would align the whole slot to 16 bytes and make it 16 bytes larger. The sliding log keeps
-/// its `State` boxed, so its entries are decided in place and never copied.
+/// would align the whole slot to 16 bytes and make it 16 bytes larger, and when it was made
+/// ([`Born`]). The sliding log keeps its `State` boxed, so its entries are decided in place and
+/// never copied; it needs no birth, as its entries carry their instants (a give-back finds none
+/// at the charge's instant in a log made since), as the Redis store's sorted sets do.
 #[derive(Debug)]
 pub(super) enum Stored {
     FixedWindow {
         window: u64,
         count: u64,
+        born: Born,
     },
     SlidingWindowLog(Box<State>),
     SlidingWindowCounter {
         window: u64,
         current: u64,
         previous: u64,
+        born: Born,
     },
     TokenBucket {
         used_scaled: Halves,
         updated: Timestamp,
         limit: NonZeroU64,
         period: NonZeroU64,
+        born: Born,
     },
     Gcra {
         tat_scaled: Halves,
         updated: Timestamp,
         limit: NonZeroU64,
         period: NonZeroU64,
+        born: Born,
     },
     LeakyBucket {
         empty_at_scaled: Halves,
         updated: Timestamp,
         limit: NonZeroU64,
         period: NonZeroU64,
+        born: Born,
     },
 }
 
@@ -153,11 +185,12 @@ impl Stored {
     pub(super) fn load(&self) -> Cow<'_, State> {
         Cow::Owned(match *self {
             Stored::SlidingWindowLog(ref state) => return Cow::Borrowed(state),
-            Stored::FixedWindow { window, count } => State::FixedWindow { window, count },
+            Stored::FixedWindow { window, count, .. } => State::FixedWindow { window, count },
             Stored::SlidingWindowCounter {
                 window,
                 current,
                 previous,
+                ..
             } => State::SlidingWindowCounter {
                 window,
                 current,
@@ -168,6 +201,7 @@ impl Stored {
                 updated,
                 limit,
                 period,
+                ..
             } => State::TokenBucket {
                 used_scaled: used_scaled.into(),
                 updated,
@@ -179,6 +213,7 @@ impl Stored {
                 updated,
                 limit,
                 period,
+                ..
             } => State::Gcra {
                 tat_scaled: tat_scaled.into(),
                 updated,
@@ -190,6 +225,7 @@ impl Stored {
                 updated,
                 limit,
                 period,
+                ..
             } => State::LeakyBucket {
                 empty_at_scaled: empty_at_scaled.into(),
                 updated,
@@ -200,10 +236,16 @@ impl Stored {
     }
 }
 
-impl From<State> for Stored {
-    fn from(state: State) -> Self {
+impl Stored {
+    /// `state`, kept as made at `born` (a sliding log keeps no birth).
+    pub(super) fn new(state: State, born: Timestamp) -> Self {
+        let born = Born::from(born);
         match state {
-            State::FixedWindow { window, count } => Stored::FixedWindow { window, count },
+            State::FixedWindow { window, count } => Stored::FixedWindow {
+                window,
+                count,
+                born,
+            },
             State::SlidingWindowLog { .. } => Stored::SlidingWindowLog(Box::new(state)),
             State::SlidingWindowCounter {
                 window,
@@ -213,6 +255,7 @@ impl From<State> for Stored {
                 window,
                 current,
                 previous,
+                born,
             },
             State::TokenBucket {
                 used_scaled,
@@ -224,6 +267,7 @@ impl From<State> for Stored {
                 updated,
                 limit,
                 period,
+                born,
             },
             State::Gcra {
                 tat_scaled,
@@ -235,6 +279,7 @@ impl From<State> for Stored {
                 updated,
                 limit,
                 period,
+                born,
             },
             State::LeakyBucket {
                 empty_at_scaled,
@@ -246,7 +291,20 @@ impl From<State> for Stored {
                 updated,
                 limit,
                 period,
+                born,
             },
+        }
+    }
+
+    /// When the state was made; `None` for a sliding log, which keeps no birth.
+    pub(super) fn born(&self) -> Option<Timestamp> {
+        match *self {
+            Stored::SlidingWindowLog(_) => None,
+            Stored::FixedWindow { born, .. }
+            | Stored::SlidingWindowCounter { born, .. }
+            | Stored::TokenBucket { born, .. }
+            | Stored::Gcra { born, .. }
+            | Stored::LeakyBucket { born, .. } => Some(born.into()),
         }
     }
 }
@@ -274,8 +332,10 @@ mod tests {
                 let at = now.saturating_add(Duration::from_millis(step * 100));
                 let (_, transition) = decide(&params, &state, at, 2);
                 state.apply(transition);
-                let stored = Stored::from(state.clone());
+                let stored = Stored::new(state.clone(), now);
                 assert_eq!(*stored.load(), state, "{algorithm}");
+                let born = (algorithm != Algorithm::SlidingWindowLog).then_some(now);
+                assert_eq!(stored.born(), born, "{algorithm}");
             }
         }
         let wide = State::Gcra {
@@ -284,6 +344,9 @@ mod tests {
             limit: NonZeroU64::MIN,
             period: NonZeroU64::MAX,
         };
-        assert_eq!(*Stored::from(wide.clone()).load(), wide);
+        let stored = Stored::new(wide.clone(), Timestamp::MAX);
+        assert_eq!(*stored.load(), wide);
+        let latest = Timestamp::from_micros((1 << 56) - 1);
+        assert_eq!(stored.born(), Some(latest), "the latest birth kept");
     }
 }
