@@ -1,7 +1,8 @@
 //! The store layer that keeps hot keys off the shared store: the [`Prefilter`] answers
 //! remembered denials, and [`Leases`] admit from local budgets. Both apply to a shared (Redis)
-//! store only; on the memory store, already local, the layer is inert. Explain reads the
-//! leases without taking from them, and never the prefilter.
+//! store only ([`Granting::shared`]); on the memory store, already local, the layer is inert,
+//! though that store grants leases too. Explain reads the leases without taking from them, and
+//! never the prefilter.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -71,7 +72,13 @@ impl<S> HotKeys<S> {
 impl<S: Granting> HotKeys<S> {
     /// The prefilter, if on and the store is shared (the memory store is already local).
     pub fn prefilter(&self) -> Option<&Prefilter> {
-        self.inner.grantor().and(self.prefilter.as_ref())
+        self.prefilter.as_ref().filter(|_| self.inner.shared())
+    }
+
+    /// The store local budgets are leased from: the grantor, if the store is shared (on one
+    /// process a local budget would only hold units the store could have decided).
+    fn lessor(&self) -> Option<&Arc<S::Grantor>> {
+        self.inner.grantor().filter(|_| self.inner.shared())
     }
 
     /// A live charge the prefilter denies, by its index among `charges`. None when an
@@ -140,7 +147,7 @@ impl<S: Granting> HotKeys<S> {
     /// Gives back the unused units of the leases lapsed at `now` (every one at
     /// [`Timestamp::MAX`]). Returns how many keys got units back.
     pub async fn release(&self, now: Timestamp, epoch: u64) -> usize {
-        let Some(grantor) = self.inner.grantor() else {
+        let Some(grantor) = self.lessor() else {
             return 0;
         };
         let credited = self.leases.sweep(&**grantor, now, epoch).await;
@@ -179,7 +186,7 @@ impl<S: Store + Granting> HotKeys<S> {
         {
             return Ok(Answered::Remembered { index, denial });
         }
-        let answered = match self.inner.grantor() {
+        let answered = match self.lessor() {
             // Boxed: inline, the lease paths' state would make every decision's future 3.9 KB
             // instead of 1.4 KB, and the Redis path boxes that future per request. The lease
             // paths call Redis anyway; one more allocation is nothing beside that.
@@ -326,5 +333,9 @@ impl<S: Granting> Granting for HotKeys<S> {
 
     fn grantor(&self) -> Option<&Arc<Self::Grantor>> {
         self.inner.grantor()
+    }
+
+    fn shared(&self) -> bool {
+        self.inner.shared()
     }
 }

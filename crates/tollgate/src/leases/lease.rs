@@ -545,11 +545,81 @@ impl Leases {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
-    use tollgate_core::{Algorithm, Params};
+    use tollgate_core::{Algorithm, Decision, Params, Timestamp};
 
-    use super::Unreturned;
+    use super::{Leases, Unreturned};
+    use crate::clock::{Clock, ManualClock};
+    use crate::policy::LocalBudget;
+    use crate::store::{Charge, MemoryStore, Store};
+
+    /// What a request of 1 on `key` would get from `store`, charging nothing.
+    async fn peeked(store: &MemoryStore, key: &[u8], params: &Params) -> Decision {
+        let decisions = store.peek(&[Charge::new(key, params, 1)]).await;
+        decisions.unwrap_or_else(|e| panic!("{e}"))[0]
+    }
+
+    /// The engine over the memory store: a lease is reserved in one charge, admits from its
+    /// units without the store, and once lapsed gives the unused ones back, leaving the
+    /// counter exactly as if only the units used had been charged, for every algorithm.
+    #[tokio::test]
+    async fn over_the_memory_store_a_lease_reserves_serves_and_gives_back() {
+        let start = Timestamp::from_micros(1_700_000_000_000_000);
+        let clock = Arc::new(ManualClock::new(start));
+        let store = Arc::new(MemoryStore::new(clock.clone()));
+        let budget = LocalBudget {
+            size: 10,
+            ttl: Duration::from_secs(1),
+        };
+        for algorithm in Algorithm::ALL {
+            clock.set(start);
+            let params = Params::new(algorithm, 100, Duration::from_secs(60), None)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let (key, control) = (
+                format!("leased {algorithm}"),
+                format!("control {algorithm}"),
+            );
+            let (key, control) = (key.as_bytes(), control.as_bytes());
+            let leases = Leases::default();
+            let charge = Charge::new(key, &params, 1);
+            let first = leases.take(&store, charge, budget, start, 0).await;
+            let first = first.unwrap_or_else(|| panic!("{algorithm}: no lease"));
+            assert!(
+                !first.spared_the_store,
+                "{algorithm}: the first request reserves"
+            );
+            assert_eq!(
+                first.decision.remaining, 99,
+                "{algorithm}: 90 left and 9 held"
+            );
+            let reserved = peeked(&store, key, &params).await;
+            assert_eq!(reserved.remaining, 89, "{algorithm}: 10 charged");
+            for n in 1..4 {
+                let taken = leases.take(&store, charge, budget, start, 0).await;
+                let taken = taken.unwrap_or_else(|| panic!("{algorithm}: not served"));
+                assert!(taken.spared_the_store, "{algorithm}: request {n}");
+                assert_eq!(taken.decision.remaining, 99 - n, "{algorithm}");
+            }
+            assert_eq!(
+                peeked(&store, key, &params).await,
+                reserved,
+                "{algorithm}: no call"
+            );
+            // The 4 units used, charged to a control counter at the reservation's instant.
+            let used = store.apply(&[Charge::new(control, &params, 4)]).await;
+            used.unwrap_or_else(|e| panic!("{e}"));
+            clock.advance(budget.ttl);
+            let credited = leases.sweep(&*store, clock.now(), 0).await;
+            assert_eq!(credited.len(), 1, "{algorithm}: 6 given back");
+            assert_eq!(
+                peeked(&store, key, &params).await,
+                peeked(&store, control, &params).await,
+                "{algorithm}: the counter as if the 4 used alone were charged"
+            );
+        }
+    }
 
     /// Refused give-backs are kept up to the capacity (docs/local-budgets.md says 4096); past
     /// it they are dropped (their units stay charged), and a sweep takes them all.

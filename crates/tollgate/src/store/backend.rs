@@ -187,10 +187,16 @@ impl Store for StoreBackend {
     }
 }
 
+/// Leases come from Redis: the memory store grants them too, but on one process the hot-keys
+/// layer has no use for them, and no other layer takes any yet.
 impl Granting for StoreBackend {
     type Grantor = RedisStore;
 
     fn grantor(&self) -> Option<&Arc<RedisStore>> {
         self.redis()
+    }
+
+    fn shared(&self) -> bool {
+        self.redis().is_some()
     }
 }

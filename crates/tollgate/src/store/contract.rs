@@ -225,9 +225,10 @@ async fn decided<S: Store + ?Sized>(
     Ok(decisions.into_vec())
 }
 
-/// A store that can grant leases: reserve units of a counter in one charge, and take back the
-/// ones a holder did not use. Shared between replicas, so the layers that keep hot keys off it
-/// apply (the memory store is already local).
+/// A store that can grant leases (see `leases`): reserve units of a counter in one charge, and
+/// take back the ones a holder did not use. Both stores do, with one contract (Redis's REFUND
+/// script, `tollgate_core::refund`); whether the hot-keys layer leases from one is
+/// [`Granting::shared`]'s to say.
 pub trait Grants: Store + 'static {
     /// Charges `charge` whole, as a lease's reservation: its decision and the store's instant
     /// of the charge (µs), which a give-back names.
@@ -236,7 +237,9 @@ pub trait Grants: Store + 'static {
         charge: Charge<'_>,
     ) -> impl Future<Output = Result<(Decision, i64), StoreError>> + Send;
 
-    /// Takes back `charge.cost` units of a reservation charged at `at`.
+    /// Takes back `charge.cost` units of a reservation charged at `at`: exactly when nothing
+    /// else charged the counter since, never more than was charged, nothing into a counter
+    /// made after `at` (the store lost or expired the one charged).
     fn give_back(
         &self,
         charge: Charge<'_>,
@@ -244,11 +247,18 @@ pub trait Grants: Store + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-/// A store, or a stack of layers over one, that may reach a store granting leases.
+/// A store, or a stack of layers over one, that may reach a store granting leases, and whether
+/// its store is shared. Two questions: the lease engine needs a grantor, the hot-keys layer a
+/// shared store as well.
 pub trait Granting {
     /// The granting store.
     type Grantor: Grants;
 
-    /// The store that grants leases, if this stack's store does.
+    /// The store that grants leases, if this stack reaches one.
     fn grantor(&self) -> Option<&Arc<Self::Grantor>>;
+
+    /// Whether replicas share this stack's store (Redis), so that keeping hot keys off it
+    /// pays: the prefilter and local budgets apply only then. A store of one process (memory)
+    /// already decides locally; they would add nothing there, and stay inert.
+    fn shared(&self) -> bool;
 }

@@ -94,4 +94,8 @@ impl<S: Granting> Granting for Timed<S> {
     fn grantor(&self) -> Option<&Arc<Self::Grantor>> {
         self.inner.grantor()
     }
+
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
 }
