@@ -339,3 +339,312 @@ impl<S: Granting> Granting for HotKeys<S> {
         self.inner.shared()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+
+    use tollgate_core::{Algorithm, Params, Verdict};
+
+    use super::*;
+    use crate::policy::LocalBudget;
+    use crate::store::{Grants, Unsupported};
+
+    /// A store that counts its calls: it admits every charge (the limit less one remaining)
+    /// except on the key `over`, which it denies for 10 s, and fails every call once told to.
+    #[derive(Debug, Default)]
+    struct Counted {
+        decides: AtomicUsize,
+        reserves: AtomicUsize,
+        give_backs: AtomicUsize,
+        failing: AtomicBool,
+    }
+
+    impl Counted {
+        fn answer(&self, charge: &Charge<'_>) -> Result<Decision, StoreError> {
+            if self.failing.load(Ordering::Relaxed) {
+                return Err(StoreError::Unavailable("told to fail".into()));
+            }
+            let limit = charge.params.limit();
+            let over = charge.key == b"over";
+            Ok(Decision {
+                verdict: if over {
+                    Verdict::Denied
+                } else {
+                    Verdict::Allowed
+                },
+                limit,
+                remaining: if over { 0 } else { limit - 1 },
+                reset_after: Duration::from_secs(60),
+                retry_after: over.then_some(Duration::from_secs(10)),
+                delay: Duration::ZERO,
+            })
+        }
+
+        fn calls(&self) -> [usize; 3] {
+            [&self.decides, &self.reserves, &self.give_backs].map(|n| n.load(Ordering::Relaxed))
+        }
+    }
+
+    impl Store for Counted {
+        async fn decide(
+            &self,
+            _call: Call,
+            charges: &[Charge<'_>],
+            decisions: &mut Decisions,
+        ) -> Result<Answered, StoreError> {
+            self.decides.fetch_add(1, Ordering::Relaxed);
+            decisions.clear();
+            for charge in charges {
+                decisions.push(self.answer(charge)?);
+            }
+            Ok(Answered::Store)
+        }
+
+        async fn apply_before(
+            &self,
+            _charges: &[Charge<'_>],
+            _deadline: tokio::time::Instant,
+        ) -> Result<Vec<Decision>, StoreError> {
+            Err(StoreError::Unavailable("not asked here".into()))
+        }
+
+        fn supports(&self, _params: &Params) -> Result<(), Unsupported> {
+            Ok(())
+        }
+
+        async fn key_count(&self) -> Result<usize, StoreError> {
+            Ok(0)
+        }
+
+        fn breakers(&self) -> Vec<(String, crate::resilience::BreakerState)> {
+            Vec::new()
+        }
+
+        fn kind(&self) -> &'static str {
+            "counted"
+        }
+    }
+
+    impl Grants for Counted {
+        async fn reserve(&self, charge: Charge<'_>) -> Result<(Decision, i64), StoreError> {
+            self.reserves.fetch_add(1, Ordering::Relaxed);
+            Ok((self.answer(&charge)?, 7))
+        }
+
+        async fn give_back(&self, _charge: Charge<'_>, _at: i64) -> Result<(), StoreError> {
+            self.give_backs.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    /// The counted store as a stack's bottom, shared between replicas or not.
+    #[derive(Debug)]
+    struct Bottom {
+        inner: Arc<Counted>,
+        shared: bool,
+    }
+
+    impl Store for Bottom {
+        fn decide(
+            &self,
+            call: Call,
+            charges: &[Charge<'_>],
+            decisions: &mut Decisions,
+        ) -> impl std::future::Future<Output = Result<Answered, StoreError>> + Send {
+            self.inner.decide(call, charges, decisions)
+        }
+
+        health_of_inner!(apply_before);
+    }
+
+    impl Granting for Bottom {
+        type Grantor = Counted;
+
+        fn grantor(&self) -> Option<&Arc<Counted>> {
+            Some(&self.inner)
+        }
+
+        fn shared(&self) -> bool {
+            self.shared
+        }
+    }
+
+    fn layer(shared: bool) -> (Arc<Counted>, HotKeys<Bottom>) {
+        let store = Arc::new(Counted::default());
+        let bottom = Bottom {
+            inner: store.clone(),
+            shared,
+        };
+        (store, HotKeys::new(bottom, true))
+    }
+
+    fn minute() -> Params {
+        Params::new(Algorithm::FixedWindow, 100, Duration::from_secs(60), None)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    const BUDGET: LocalBudget = LocalBudget {
+        size: 5,
+        ttl: Duration::from_secs(1),
+    };
+
+    /// A charge the prefilter may remember.
+    fn remembered<'a>(key: &'a [u8], params: &'a Params) -> Charge<'a> {
+        Charge {
+            prefilterable: true,
+            ..Charge::new(key, params, 1)
+        }
+    }
+
+    /// A charge of a rule with a local budget of five units.
+    fn leased<'a>(key: &'a [u8], params: &'a Params) -> Charge<'a> {
+        Charge {
+            local_budget: Some(&BUDGET),
+            ..Charge::new(key, params, 1)
+        }
+    }
+
+    async fn apply(
+        layer: &HotKeys<Bottom>,
+        at: Timestamp,
+        charges: &[Charge<'_>],
+    ) -> (Result<Answered, StoreError>, Decisions) {
+        let call = Call {
+            now: at,
+            ..Call::plain(Mode::Apply)
+        };
+        let mut decisions = Decisions::new();
+        let answered = layer.decide(call, charges, &mut decisions).await;
+        (answered, decisions)
+    }
+
+    const T: Timestamp = Timestamp::from_micros(1_700_000_000_000_000);
+
+    /// The store's denial is remembered: the same request answers from it, without the store,
+    /// until the retry-after the store gave.
+    #[tokio::test]
+    async fn a_remembered_denial_answers_without_calling_the_store() {
+        let (store, layer) = layer(true);
+        let params = minute();
+        let over = [remembered(b"over", &params)];
+        let (answered, decisions) = apply(&layer, T, &over).await;
+        assert!(matches!(answered, Ok(Answered::Store)), "{answered:?}");
+        assert_eq!(decisions[0].verdict, Verdict::Denied);
+        let soon = T.saturating_add(Duration::from_secs(4));
+        let (answered, _) = apply(&layer, soon, &over).await;
+        let Ok(Answered::Remembered { index: 0, denial }) = answered else {
+            panic!("remembered: {answered:?}");
+        };
+        assert_eq!(denial.retry_after, Some(Duration::from_secs(6)));
+        assert_eq!(store.calls(), [1, 0, 0], "the store was not called again");
+        let (answered, _) = apply(&layer, T.saturating_add(Duration::from_secs(10)), &over).await;
+        assert!(matches!(answered, Ok(Answered::Store)), "{answered:?}");
+        assert_eq!(
+            store.calls(),
+            [2, 0, 0],
+            "past the retry-after, the store decides"
+        );
+    }
+
+    /// A lease reserved in one call serves its units without calling the store.
+    #[tokio::test]
+    async fn leases_serve_without_calling_the_store() {
+        let (store, layer) = layer(true);
+        let params = minute();
+        let hot = [leased(b"hot", &params)];
+        for n in 0..BUDGET.size {
+            let (answered, decisions) = apply(&layer, T, &hot).await;
+            assert!(matches!(answered, Ok(Answered::Store)), "{answered:?}");
+            assert!(decisions[0].is_allowed());
+            assert_eq!(decisions[0].remaining, 98 + BUDGET.size - n, "request {n}");
+        }
+        assert_eq!(store.calls(), [0, 1, 0], "one reservation, no decision");
+        assert_eq!(layer.local_admissions().load(Ordering::Relaxed), 4);
+        // Used up: the next request reserves again (nothing is left to give back).
+        apply(&layer, T, &hot)
+            .await
+            .0
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(store.calls(), [0, 2, 0]);
+        // Lapsed, the lease gives its 4 unused units back.
+        let lapsed = T.saturating_add(BUDGET.ttl);
+        assert_eq!(layer.release(lapsed, 0).await, 1);
+        assert_eq!(store.calls(), [0, 2, 1]);
+    }
+
+    /// A request the store denies charges nothing: a limit admitted from a lease gets its
+    /// units back into the lease (and answers as it stands).
+    #[tokio::test]
+    async fn a_store_denial_gives_the_leases_their_units_back() {
+        let (store, layer) = layer(true);
+        let params = minute();
+        let (answered, decisions) = apply(
+            &layer,
+            T,
+            &[leased(b"hot", &params), Charge::new(b"over", &params, 1)],
+        )
+        .await;
+        assert!(matches!(answered, Ok(Answered::Store)), "{answered:?}");
+        assert_eq!(decisions[1].verdict, Verdict::Denied);
+        assert_eq!(decisions[0].remaining, 99 + BUDGET.size, "as it stands");
+        // All five units are still in the lease.
+        for _ in 0..BUDGET.size {
+            apply(&layer, T, &[leased(b"hot", &params)])
+                .await
+                .0
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        assert_eq!(
+            store.calls(),
+            [1, 1, 0],
+            "the five came from the first lease"
+        );
+        assert_eq!(layer.local_admissions().load(Ordering::Relaxed), 5);
+    }
+
+    /// A store that fails fails the call (the postures above answer); the units a lease
+    /// admitted for it go back into the lease.
+    #[tokio::test]
+    async fn a_failing_store_fails_the_call_and_leaves_the_lease_whole() {
+        let (store, layer) = layer(true);
+        let params = minute();
+        apply(&layer, T, &[leased(b"hot", &params)])
+            .await
+            .0
+            .unwrap_or_else(|e| panic!("{e}"));
+        store.failing.store(true, Ordering::Relaxed);
+        let both = [leased(b"hot", &params), Charge::new(b"cold", &params, 1)];
+        let (answered, _) = apply(&layer, T, &both).await;
+        assert!(
+            matches!(answered, Err(StoreError::Unavailable(_))),
+            "{answered:?}"
+        );
+        // The lease still holds its 4: served from it while the store fails.
+        for _ in 0..4 {
+            let (answered, decisions) = apply(&layer, T, &[leased(b"hot", &params)]).await;
+            assert!(
+                answered.is_ok() && decisions[0].is_allowed(),
+                "{answered:?}"
+            );
+        }
+        assert_eq!(store.calls(), [1, 1, 0]);
+    }
+
+    /// On a store of one process the layer is inert, though the store grants leases: every
+    /// request goes to the store, no denial is remembered and no lease reserved.
+    #[tokio::test]
+    async fn on_an_unshared_store_the_layer_is_inert() {
+        let (store, layer) = layer(false);
+        assert!(layer.prefilter().is_none());
+        let params = minute();
+        let over = remembered(b"over", &params);
+        for _ in 0..3 {
+            let (answered, _) = apply(&layer, T, &[over, leased(b"hot", &params)]).await;
+            assert!(matches!(answered, Ok(Answered::Store)), "{answered:?}");
+        }
+        assert_eq!(store.calls(), [3, 0, 0]);
+        assert_eq!(layer.release(Timestamp::MAX, 0).await, 0);
+        assert_eq!(layer.local_admissions().load(Ordering::Relaxed), 0);
+    }
+}
