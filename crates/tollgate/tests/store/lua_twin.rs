@@ -27,7 +27,7 @@ use tollgate::store::redis::script::{
 };
 use tollgate_core::{
     Algorithm, Decision, MAX_LIMIT, MAX_LOG_LIMIT, Params, SlidingLog, State, Timestamp,
-    Transition, Verdict, decide, decide_or_check,
+    Transition, Verdict, decide, decide_or_check, refund,
 };
 use tollgate_testkit::RedisServer;
 
@@ -428,7 +428,8 @@ impl Reference {
         }
     }
 
-    /// The REFUND contract, on the core's states. Returns the number of keys changed.
+    /// The REFUND contract, on the core's states ([`refund`], and a key made after the charge
+    /// left alone). Returns the number of keys changed.
     fn refund(&mut self, charges: &[Charge], now: u64) -> i64 {
         let mut changed: Vec<String> = Vec::new();
         for charge in charges {
@@ -461,62 +462,13 @@ impl Reference {
     }
 }
 
-/// Undoes one charge of `cost` made at `now` (see `script.rs`, REFUND). Returns whether the
-/// state changed.
+/// Undoes one charge of `cost` made at `now`: the core's [`refund`], REFUND's twin. Returns
+/// whether the state changed.
 fn refund_state(state: &mut State, params: &Params, now: u64, cost: u64) -> bool {
-    if cost == 0 {
-        return false;
-    }
-    let p = u128::from(params.period_micros());
-    let l = u128::from(params.limit());
-    let window = now / params.period_micros();
-    let take = |count: &mut u64| {
-        let before = *count;
-        *count = count.saturating_sub(cost);
-        before != *count
-    };
-    match state {
-        State::FixedWindow { window: w, count } => *w == window && take(count),
-        State::SlidingWindowCounter {
-            window: w,
-            current,
-            previous,
-        } => {
-            if *w == window {
-                take(current)
-            } else if *w == window + 1 {
-                take(previous)
-            } else {
-                false
-            }
-        }
-        // A bucket written under another limit or period than the refund's is left alone.
-        State::TokenBucket { limit, period, .. }
-        | State::Gcra { limit, period, .. }
-        | State::LeakyBucket { limit, period, .. }
-            if (limit.get(), period.get()) != (params.limit(), params.period_micros()) =>
-        {
-            false
-        }
-        State::TokenBucket { used_scaled, .. } => {
-            let refilled = used_scaled.saturating_sub(u128::from(cost) * p);
-            let changed = refilled != *used_scaled;
-            *used_scaled = refilled;
-            changed
-        }
-        State::Gcra { tat_scaled: t, .. }
-        | State::LeakyBucket {
-            empty_at_scaled: t, ..
-        } => {
-            let floor = u128::from(now) * l;
-            if *t <= floor {
-                return false;
-            }
-            *t = t.saturating_sub(u128::from(cost) * p).max(floor);
-            true
-        }
-        State::SlidingWindowLog { log } => log.take_back(Timestamp::from_micros(now), cost),
-    }
+    let transition = refund(params, state, Timestamp::from_micros(now), cost);
+    let changed = transition != Transition::Keep;
+    state.apply(transition);
+    changed
 }
 
 // ---------------------------------------------------------------------------------------------
