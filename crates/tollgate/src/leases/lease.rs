@@ -621,7 +621,7 @@ mod tests {
         }
     }
 
-    /// Refused give-backs are kept up to the capacity (docs/local-budgets.md says 4096); past
+    /// Refused give-backs are kept up to the capacity (docs/hot-keys.md says 4096); past
     /// it they are dropped (their units stay charged), and a sweep takes them all.
     #[test]
     fn refused_give_backs_are_kept_up_to_4096() {

@@ -6,6 +6,11 @@
 //! When the store that granted it loses its data, the lease is forfeit: dropped, never given
 //! back. A **grant** is the units one holder may spend.
 //!
+//! The engine runs over any store that [`Grants`](crate::store::Grants): Redis and the memory
+//! store, which give back alike (`tollgate_core::refund`, REFUND's twin: exact when nothing else
+//! touched the counter since, never more than was charged, nothing into a counter made after
+//! the charge). Reservations and concurrency slots will be leases on either.
+//!
 //! Local budgets are the engine's first user: for a rule with `local_budget: s`, a replica
 //! reserves `s` units of a key's quota from the shared store in one charge and admits requests
 //! from them without calling the store; what it did not use is given back when the lease lapses
@@ -24,11 +29,12 @@
 //! - under the limit: at most `R * s` units sit reserved and unused, for at most `h`, then go
 //!   back.
 //!
-//! `docs/local-budgets.md` derives these bounds and reports measured ones. The prefilter, the
+//! `docs/hot-keys.md` derives these bounds and reports measured ones. The prefilter, the
 //! layer's other half, never denies what the store would allow (see its module).
 //!
-//! [`HotKeys`] is the store layer that applies both; it sits on both stacks and is inert on
-//! the memory store.
+//! [`HotKeys`] is the store layer that applies both; it sits on both stacks, and applies them
+//! only over a store replicas share ([`Granting::shared`](crate::store::Granting::shared)): on
+//! the memory store, which grants leases but is already local, it is inert.
 
 mod hot_keys;
 mod keyed_shards;

@@ -100,7 +100,8 @@ pub(super) struct RateLimitDoc {
     /// store; what it did not use goes back when the reservation expires. Enforced limits only.
     pub local_budget: Option<Spanned<Count>>,
     /// Extension: how long a `local_budget` reservation lives, such as `100ms` (the default);
-    /// between 1ms and 60s. It bounds how far admissions can drift (see docs/local-budgets.md).
+    /// between 1ms and 60s. It bounds how far admissions can drift (see docs/hot-keys.md, "The
+    /// bound").
     pub local_budget_ttl: Option<Spanned<String>>,
 }
 

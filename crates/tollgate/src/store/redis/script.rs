@@ -68,7 +68,9 @@
 //!
 //! # REFUND ([`REFUND_SCRIPT`])
 //!
-//! Takes back charges a DECIDE call committed, for a cluster request whose other slot denied.
+//! Takes back charges a DECIDE call committed, for a cluster request whose other slot denied,
+//! and a lease's unused units. Its Rust twin is `tollgate_core::refund`, plus the rule on a key
+//! made after the charge, which the memory store follows as well.
 //!
 //! - `KEYS`: the keys to refund. `ARGV[1]`: the `now_us` the DECIDE call answered.
 //! - then 5 per key, from `ARGV[2 + 5 * (i - 1)]`: algorithm code, limit, period, burst, cost.
