@@ -1,6 +1,7 @@
 //! The stores: the memory store's contract and its one-charge path held equal to its general
-//! one, Redis failover, the Lua twins held equal to the Rust core on a real Redis, and the two
-//! stores' leases (reservations and give-backs) held equal to each other.
+//! one, Redis failover, how batches reach Redis's decision code (`FCALL`, `EVALSHA`), the Lua
+//! twins held equal to the Rust core on a real Redis, and the two stores' leases (reservations
+//! and give-backs) held equal to each other.
 //!
 //! One test binary for all of them: each links the whole stack once, not once a file.
 
@@ -9,4 +10,5 @@ mod lua_twin;
 mod memory_fast_path;
 mod memory_store;
 mod redis_failover;
+mod redis_library;
 mod strategies;
