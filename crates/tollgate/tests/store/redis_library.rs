@@ -39,6 +39,25 @@ async fn a_redis_that_refuses_functions_decides_exactly_by_evalsha() {
     );
 }
 
+/// An ACL that lets `FUNCTION LOAD` through but not `FCALL` is a refusal too: batches go by
+/// `EVALSHA`, exactly, where every one failed with `NOPERM`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_whose_acl_refuses_fcall_decides_exactly_by_evalsha() {
+    let redis = RedisServer::start();
+    assert_eq!(redis.cli(&["ACL", "SETUSER", "default", "-fcall"]), "OK");
+    let store = Arc::new(connect(&redis).await);
+    let params = hourly(25);
+
+    assert_eq!(admitted(&store, b"no-fcall", &params, 60).await, 25);
+    assert_eq!(admitted(&store, b"no-fcall", &params, 5).await, 0);
+
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    assert!(calls(&stats, "evalsha") >= 1, "batches by EVALSHA: {stats}");
+    let library = library_name();
+    let listed = redis.cli(&["FUNCTION", "LIST", "LIBRARYNAME", "tollgate_*"]);
+    assert!(listed.contains(&library), "the load went through: {listed}");
+}
+
 /// The library deleted under a running store (`FUNCTION FLUSH`; a restarted Redis has none
 /// either) is loaded again by the next batch, which then runs by `FCALL` as before, not by
 /// `EVALSHA`: no decision fails and the count carries on exactly.

@@ -250,7 +250,8 @@ struct Driving {
     outstanding: Arc<Semaphore>,
     script: Arc<redis::Script>,
     /// Whether batches go by `FCALL` of [`script::decide_batch_library`]; until a Redis server
-    /// refuses to load it (before 7.0, or an ACL that forbids `FUNCTION`), then by `EVALSHA`.
+    /// refuses to load it (before 7.0, or an ACL that forbids `FUNCTION`) or to run it (an ACL
+    /// that forbids `FCALL`), then by `EVALSHA`.
     functions: AtomicBool,
 }
 
@@ -435,6 +436,10 @@ async fn send(driving: &Driving, batch: Vec<Job>, now: NowArg, deadline: Deadlin
                     Err(e) if refused(&e) => refuse_functions(functions, node, &e),
                     Err(e) => return Err(e),
                 },
+                // An ACL that lets `FUNCTION LOAD` through but not `FCALL`.
+                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => {
+                    refuse_functions(functions, node, &e)
+                }
                 answer => return answer,
             }
         }
