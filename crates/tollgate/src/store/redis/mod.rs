@@ -36,6 +36,7 @@ mod cross_slot;
 mod decide;
 mod error;
 mod in_flight;
+mod invalid_options;
 mod leases;
 mod load;
 mod now;
@@ -52,10 +53,9 @@ mod topology;
 
 pub use self::breaker::{Breaker, BreakerConfig, BreakerState, Permit};
 pub use self::coalesce::CoalesceOptions;
+pub use self::invalid_options::{InvalidOptions, OptionsProblem};
 pub use self::now::LATE_SLACK;
-pub use self::options::{
-    DEFAULT_MAX_WAIT, InvalidOptions, MAX_SETTING, QUEUED_PER_IN_FLIGHT, RedisOptions,
-};
+pub use self::options::{DEFAULT_MAX_WAIT, MAX_SETTING, QUEUED_PER_IN_FLIGHT, RedisOptions};
 pub use self::shared_overrides::{SharedOverride, SharedOverrideChange, SharedOverrides};
 pub use self::shared_policy::{LEGACY_OVERRIDES_KEY, POLICY_KEY, SharedPolicy, Stamp};
 pub use self::slot::counter_slot;

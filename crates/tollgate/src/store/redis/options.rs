@@ -4,14 +4,7 @@ use std::time::Duration;
 
 use super::breaker::BreakerConfig;
 use super::coalesce::CoalesceOptions;
-
-/// Settings [`RedisOptions::check`] refuses: each problem, named by its field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}", problems.join("; "))]
-pub struct InvalidOptions {
-    /// One sentence per problem, each starting with the field's name.
-    pub problems: Vec<String>,
-}
+use super::invalid_options::{InvalidOptions, OptionsProblem};
 
 /// Connection and failure settings for the Redis backends.
 #[derive(Debug, Clone, Copy)]
@@ -69,44 +62,35 @@ impl RedisOptions {
     pub fn check(&self) -> Result<(), InvalidOptions> {
         let mut problems = Vec::new();
         if self.command_timeout.is_zero() {
-            problems.push("command_timeout is 0: every call would miss its deadline".to_owned());
+            problems.push(OptionsProblem::NoCommandTimeout);
         }
-        for (name, value) in [
+        for (field, value) in [
             ("command_timeout", self.command_timeout),
             ("connect_timeout", self.connect_timeout),
             ("breaker.open_for", self.breaker.open_for),
             ("max_wait", self.max_wait),
         ] {
             if value > MAX_SETTING {
-                problems.push(format!(
-                    "{name} ({value:?}) is more than a day: no deadline of the store's is that long"
-                ));
+                problems.push(OptionsProblem::OverADay { field, value });
             }
         }
         if self.max_in_flight == 0 {
-            problems.push("max_in_flight is 0: every decision would be shed".to_owned());
+            problems.push(OptionsProblem::NoInFlight);
         }
         if self.breaker.consecutive_failures == 0 {
-            problems.push(
-                "breaker.consecutive_failures is 0: the breaker would open without a failure"
-                    .to_owned(),
-            );
+            problems.push(OptionsProblem::NoBreakerFailures);
         }
         if !(self.breaker.failure_ratio > 0.0 && self.breaker.failure_ratio <= 1.0) {
-            problems.push(format!(
-                "breaker.failure_ratio {} is not above 0 and at most 1",
-                self.breaker.failure_ratio
-            ));
+            problems.push(OptionsProblem::FailureRatio(self.breaker.failure_ratio));
         }
         if self.coalesce.in_flight == 0 {
-            problems.push("coalesce.in_flight is 0: no batch could be sent".to_owned());
+            problems.push(OptionsProblem::NoBatchesInFlight);
         }
         if !self.coalesce.window_fits(self.command_timeout) {
-            problems.push(format!(
-                "coalesce.window ({:?}) is more than half of command_timeout ({:?}): \
-                 decisions would miss their deadline waiting for their batch",
-                self.coalesce.window, self.command_timeout
-            ));
+            problems.push(OptionsProblem::WindowOverHalf {
+                window: self.coalesce.window,
+                command_timeout: self.command_timeout,
+            });
         }
         if problems.is_empty() {
             Ok(())
@@ -156,5 +140,56 @@ mod tests {
         );
         with(&|o| o.breaker.open_for = Duration::MAX, "breaker.open_for");
         with(&|o| o.max_wait = Duration::MAX, "max_wait");
+    }
+
+    /// Each problem reads as the sentence it replaced, and several are `; `-separated.
+    #[test]
+    fn each_problem_reads_as_before() {
+        let texts = [
+            (
+                OptionsProblem::OverADay {
+                    field: "max_wait",
+                    value: Duration::from_secs(90_000),
+                },
+                "max_wait (90000s) is more than a day: no deadline of the store's is that long",
+            ),
+            (
+                OptionsProblem::FailureRatio(1.5),
+                "breaker.failure_ratio 1.5 is not above 0 and at most 1",
+            ),
+            (
+                OptionsProblem::NoBreakerFailures,
+                "breaker.consecutive_failures is 0: the breaker would open without a failure",
+            ),
+            (
+                OptionsProblem::NoBatchesInFlight,
+                "coalesce.in_flight is 0: no batch could be sent",
+            ),
+            (
+                OptionsProblem::WindowOverHalf {
+                    window: Duration::from_millis(6),
+                    command_timeout: Duration::from_millis(10),
+                },
+                "coalesce.window (6ms) is more than half of command_timeout (10ms): decisions would miss their deadline waiting for their batch",
+            ),
+        ];
+        for (problem, text) in texts {
+            assert_eq!(problem.to_string(), text);
+        }
+        let mut options = RedisOptions::default();
+        options.coalesce.in_flight = 0;
+        options.breaker.failure_ratio = 1.5;
+        let refused = options.check().unwrap_err();
+        assert_eq!(
+            refused.problems,
+            [
+                OptionsProblem::FailureRatio(1.5),
+                OptionsProblem::NoBatchesInFlight
+            ]
+        );
+        assert_eq!(
+            refused.to_string(),
+            "breaker.failure_ratio 1.5 is not above 0 and at most 1; coalesce.in_flight is 0: no batch could be sent"
+        );
     }
 }
