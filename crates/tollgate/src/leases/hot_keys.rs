@@ -15,8 +15,8 @@ use super::lease::{Leases, Taken};
 use super::prefilter::Prefilter;
 use crate::store::health_of_inner;
 use crate::store::{
-    Answered, Call, Charge, Decisions, Granting, INLINE_CHARGES, Mode, Store, StoreError, admitted,
-    has_budgets,
+    Answered, Call, Charge, Decisions, Granting, INLINE_CHARGES, Invalid, Mode, Store, StoreError,
+    admitted, has_budgets,
 };
 
 /// The layer over the store `inner`: remembered denials (`None` when the prefilter is off),
@@ -241,9 +241,9 @@ impl<S: Store + Granting> HotKeys<S> {
         let mut peeked = peeked.into_iter();
         decisions.clear();
         for i in 0..charges.len() {
-            let decision = from_lease(i).or_else(|| peeked.next()).ok_or_else(|| {
-                StoreError::InvalidData("the store answered too few decisions".into())
-            })?;
+            let decision = from_lease(i)
+                .or_else(|| peeked.next())
+                .ok_or_else(|| StoreError::InvalidData(Invalid::TooFewFromStore))?;
             decisions.push(decision);
         }
         Ok(())
@@ -287,9 +287,9 @@ impl<S: Store + Granting> HotKeys<S> {
                 .map_while(|t| t.as_ref().map(|t| t.decision).or_else(|| decided.next())),
         );
         let answer = match answer {
-            Ok(()) if decisions.len() < charges.len() => Err(StoreError::InvalidData(
-                "the store answered too few decisions".into(),
-            )),
+            Ok(()) if decisions.len() < charges.len() => {
+                Err(StoreError::InvalidData(Invalid::TooFewFromStore))
+            }
             answer => answer,
         };
         let admitted = answer.is_ok() && admitted(charges, decisions);
@@ -348,7 +348,12 @@ mod tests {
 
     use super::*;
     use crate::policy::LocalBudget;
-    use crate::store::{Grants, Unsupported};
+    use crate::store::{Failure, Grants, RedisFailure, Unsupported};
+
+    /// A failure of the store, saying `why`.
+    fn failure(why: &str) -> StoreError {
+        StoreError::Unavailable(Failure::Redis(RedisFailure::Script(why.to_owned())))
+    }
 
     /// A store that counts its calls: it admits every charge (the limit less one remaining)
     /// except on the key `over`, which it denies for 10 s, and fails every call once told to.
@@ -363,7 +368,7 @@ mod tests {
     impl Counted {
         fn answer(&self, charge: &Charge<'_>) -> Result<Decision, StoreError> {
             if self.failing.load(Ordering::Relaxed) {
-                return Err(StoreError::Unavailable("told to fail".into()));
+                return Err(failure("told to fail"));
             }
             let limit = charge.params.limit();
             let over = charge.key == b"over";
@@ -406,7 +411,7 @@ mod tests {
             _charges: &[Charge<'_>],
             _deadline: tokio::time::Instant,
         ) -> Result<Vec<Decision>, StoreError> {
-            Err(StoreError::Unavailable("not asked here".into()))
+            Err(failure("not asked here"))
         }
 
         fn supports(&self, _params: &Params) -> Result<(), Unsupported> {

@@ -12,7 +12,9 @@ use tokio::time::Instant;
 use tollgate_core::Decision;
 
 use super::postures::Postures;
-use crate::store::{Charge, Decisions, Degraded, INLINE_CHARGES, Store, StoreError, admitted};
+use crate::store::{
+    Charge, Decisions, Degraded, INLINE_CHARGES, Invalid, Store, StoreError, admitted,
+};
 
 /// The store's answer where its node answered (see [`StoreError::Partly`]): per charge, its
 /// decision as it stands, `None` where it could not be decided; and the request's deadline.
@@ -125,9 +127,9 @@ fn finish(
     for (i, looked) in decided.into_iter().enumerate() {
         let decision = match looked {
             Some(looked) => charged.next().unwrap_or(looked),
-            None => answered.next().ok_or_else(|| {
-                StoreError::InvalidData("the postures answered too few decisions".into())
-            })?,
+            None => answered
+                .next()
+                .ok_or_else(|| StoreError::InvalidData(Invalid::TooFewFromPostures))?,
         };
         decisions.push(decision);
         degraded.push(looked.is_none().then(|| charges[i].posture));

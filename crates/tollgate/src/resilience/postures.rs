@@ -261,6 +261,7 @@ mod tests {
 
     use super::*;
     use crate::clock::ManualClock;
+    use crate::store::{Failure, RedisFailure};
 
     /// `charge` under the `local` posture with `share`.
     fn local(charge: Charge<'_>, share: f64) -> Charge<'_> {
@@ -274,6 +275,11 @@ mod tests {
     /// A store that never answers: every call fails as unavailable.
     struct Down;
 
+    fn down() -> StoreError {
+        let answer = RedisFailure::Script("down".into());
+        StoreError::Unavailable(Failure::Redis(answer))
+    }
+
     impl Store for Down {
         async fn decide(
             &self,
@@ -281,7 +287,7 @@ mod tests {
             _charges: &[Charge<'_>],
             _decisions: &mut Decisions,
         ) -> Result<Answered, StoreError> {
-            Err(StoreError::Unavailable("down".into()))
+            Err(down())
         }
 
         async fn apply_before(
@@ -289,7 +295,7 @@ mod tests {
             _charges: &[Charge<'_>],
             _deadline: tokio::time::Instant,
         ) -> Result<Vec<Decision>, StoreError> {
-            Err(StoreError::Unavailable("down".into()))
+            Err(down())
         }
 
         fn supports(&self, _params: &Params) -> Result<(), crate::store::Unsupported> {
@@ -297,7 +303,7 @@ mod tests {
         }
 
         async fn key_count(&self) -> Result<usize, StoreError> {
-            Err(StoreError::Unavailable("down".into()))
+            Err(down())
         }
 
         fn breakers(&self) -> Vec<(String, crate::resilience::BreakerState)> {

@@ -7,7 +7,7 @@ use tollgate_core::{Decision, Params};
 
 use super::charge::Charge;
 use super::contract::{Answered, Call, Decisions, Granting, Store};
-use super::error::{StoreError, Unsupported};
+use super::error::{StoreError, Timeout, Unsupported};
 use super::memory::MemoryStore;
 use super::redis::{RedisOptions, RedisStore};
 use super::url::StoreUrl;
@@ -73,7 +73,7 @@ impl StoreBackend {
             }
             return Ok(());
         }
-        Err(last.unwrap_or_else(|| StoreError::TimedOut(format!("no answer within {within:?}"))))
+        Err(last.unwrap_or(StoreError::TimedOut(Timeout::NotReady(within))))
     }
 
     /// The memory store, if that is the backend: it answers in place, and has its own sweep.

@@ -20,7 +20,7 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 use tollgate_core::{Decision, Params, Timestamp};
 
-use super::{Answered, Call, Charge, Decisions, Store, StoreError, Unsupported};
+use super::{Answered, Call, Charge, Decisions, Refusal, Store, StoreError, Unsupported};
 use crate::clock::SharedClock;
 use crate::resilience::BreakerState;
 
@@ -98,20 +98,13 @@ impl MemoryStore {
     /// Why a commit that needs `new_keys` more keys, counted for `new_bytes`, is refused: the
     /// store holds its most keys or bytes. Out of line: requests on held keys never call it.
     #[inline(never)]
-    fn refusal(&self, new_keys: usize, new_bytes: impl FnOnce() -> usize) -> Option<String> {
+    fn refusal(&self, new_keys: usize, new_bytes: impl FnOnce() -> usize) -> Option<Refusal> {
         if self.len().saturating_add(new_keys) > self.max_keys {
-            return Some(format!(
-                "the memory store holds its most keys ({}, --memory-max-keys): a limit on a new key takes its failure posture until keys expire",
-                self.max_keys
-            ));
+            return Some(Refusal::MostKeys { max: self.max_keys });
         }
         let max = self.max_bytes?;
         let held = self.bytes.load(Ordering::Relaxed);
-        (held.saturating_add(new_bytes()) > max).then(|| {
-            format!(
-                "the memory store holds its most bytes ({held} of {max}, --memory-max-bytes): a limit on a new key takes its failure posture until keys expire"
-            )
-        })
+        (held.saturating_add(new_bytes()) > max).then_some(Refusal::MostBytes { held, max })
     }
 
     /// Counts a slot that went from `before` to `after` bytes.

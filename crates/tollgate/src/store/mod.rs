@@ -26,7 +26,10 @@ pub(crate) use contract::health_of_inner;
 pub use contract::{
     Answered, Call, Decisions, Degraded, Granting, Grants, INLINE_CHARGES, Mode, Store,
 };
-pub use error::{StoreError, Unsupported};
+pub use error::{
+    Failure, Invalid, RedisCall, RedisFailure, Refusal, ShedReason, StoreError, Timeout,
+    Unsupported,
+};
 pub use memory::MemoryStore;
 pub use timed::{Timed, timed_store_call};
 pub use url::{InvalidStoreUrl, StoreUrl, redact};

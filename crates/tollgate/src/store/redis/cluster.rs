@@ -19,7 +19,7 @@ use tracing::{info, warn};
 
 use super::RedisOptions;
 use super::topology::Topology;
-use crate::store::StoreError;
+use crate::store::{Failure, StoreError};
 
 /// Connections to every node of one cluster.
 #[derive(Debug)]
@@ -49,11 +49,16 @@ impl ClusterRouter {
             return Ok(c.clone());
         }
         let url = node_url(&self.seeds[0], node);
-        let client = super::client::open_client(url.as_str())
-            .map_err(|e| StoreError::Unavailable(format!("invalid node address {node}: {e}")))?;
+        let client = super::client::open_client(url.as_str()).map_err(|source| {
+            let node = node.into();
+            StoreError::Unavailable(Failure::InvalidNodeAddress { node, source })
+        })?;
         let connection =
             ConnectionManager::new_lazy_with_config(client, manager_config(&self.options))
-                .map_err(|e| StoreError::Unavailable(format!("cannot connect to {node}: {e}")))?;
+                .map_err(|source| {
+                    let node = node.into();
+                    StoreError::Unavailable(Failure::CannotConnect { node, source })
+                })?;
         self.nodes
             .lock()
             .entry(node.into())
@@ -96,9 +101,7 @@ impl ClusterRouter {
     pub fn primary_connections(&self) -> Result<Vec<ConnectionManager>, StoreError> {
         let primaries = self.topology.primaries();
         if primaries.is_empty() {
-            return Err(StoreError::Unavailable(
-                "cluster topology not known yet".into(),
-            ));
+            return Err(StoreError::Unavailable(Failure::TopologyUnknown));
         }
         primaries.iter().map(|node| self.connection(node)).collect()
     }

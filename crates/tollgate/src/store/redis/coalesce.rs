@@ -32,7 +32,7 @@ use super::breaker::{Breaker, Logged};
 use super::now::{NowArg, NowSource, real_now};
 use super::patience::{self, Deadline, Unanswered};
 use super::script;
-use crate::store::{Charge, StoreError};
+use crate::store::{Charge, Failure, Invalid, Refusal, StoreError, Timeout};
 
 /// How decisions are coalesced on a single Redis server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,7 +232,7 @@ impl Place<'_> {
         });
         answer
             .await
-            .map_err(|_| StoreError::Unavailable("redis batch dropped".into()))?
+            .map_err(|_| StoreError::Unavailable(Failure::BatchDropped))?
     }
 }
 
@@ -416,7 +416,7 @@ async fn send(driving: &Driving, batch: Vec<Job>, now: NowArg, deadline: Deadlin
                 Some(job)
             }
             None => {
-                let refused = StoreError::NotCalled(format!("circuit open for {node}"));
+                let refused = StoreError::NotCalled(Refusal::CircuitOpen { node: node.clone() });
                 let _ = job.reply.send(Err(refused));
                 None
             }
@@ -463,7 +463,7 @@ async fn send(driving: &Driving, batch: Vec<Job>, now: NowArg, deadline: Deadlin
         Err(Unanswered::Stalled) => {
             // Dropping the permits unreported counts a failure for each.
             drop(permits);
-            let error = StoreError::TimedOut(format!("{node}: deadline exceeded"));
+            let error = StoreError::TimedOut(Timeout::Node { node: node.clone() });
             for job in batch {
                 let _ = job.reply.send(Err(error.clone()));
             }
@@ -487,10 +487,10 @@ async fn send(driving: &Driving, batch: Vec<Job>, now: NowArg, deadline: Deadlin
             }
         }
         Ok((None, values)) => {
-            let error = StoreError::InvalidData(format!(
-                "batch script answered {values} values, not the replies of {} requests",
-                batch.len()
-            ));
+            let error = StoreError::InvalidData(Invalid::BatchLength {
+                values,
+                requests: batch.len(),
+            });
             for (job, mut permit) in batch.into_iter().zip(permits) {
                 permit.record(true);
                 let _ = job.reply.send(Err(error.clone()));

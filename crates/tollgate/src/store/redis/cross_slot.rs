@@ -14,7 +14,7 @@ use super::patience::Deadline;
 use super::script::charge_args;
 use super::store::RedisStore;
 use super::timeout::within;
-use crate::store::{Charge, StoreError, admitted};
+use crate::store::{Charge, Failure, RedisCall, StoreError, admitted};
 
 impl RedisStore {
     async fn run_refund(
@@ -81,7 +81,7 @@ impl RedisStore {
             join_all(groups.iter().map(move |g| {
                 within(
                     deadline.ceiling,
-                    "redis",
+                    RedisCall::Scripts,
                     self.run_decide(charges, keys, spans, g, commit, deadline),
                 )
             }))
@@ -135,7 +135,7 @@ impl RedisStore {
             Some(async move {
                 let own = self.deadline();
                 let refund = self.run_refund(charges, keys, spans, group, reply, own);
-                if let Err(e) = within(own.ceiling, "redis", refund).await {
+                if let Err(e) = within(own.ceiling, RedisCall::Scripts, refund).await {
                     warn!(error = %e, "Refund of a cross-slot charge failed; the charge stays");
                 }
             })
@@ -174,7 +174,7 @@ impl RedisStore {
                 }
             }
         }
-        let cause = cause.unwrap_or_else(|| StoreError::Unavailable("no slot failed".into()));
+        let cause = cause.unwrap_or(StoreError::Unavailable(Failure::NoSlotFailed));
         if replies.is_empty() {
             return cause;
         }
@@ -216,7 +216,9 @@ impl RedisStore {
                     return None;
                 }
                 let read = self.run_decide(checks, keys, spans, group, false, deadline);
-                within(deadline.ceiling, "redis", read).await.ok()
+                within(deadline.ceiling, RedisCall::Scripts, read)
+                    .await
+                    .ok()
             }
         });
         let fresh = join_all(rereads).await;

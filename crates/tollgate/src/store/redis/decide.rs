@@ -9,12 +9,12 @@ use tokio::time::Instant;
 use tollgate_core::{Decision, Verdict};
 
 use super::coalesce::{Coalescer, Request};
-use super::patience::{Deadline, ShedReason};
+use super::patience::Deadline;
 use super::script::{self, decide_args};
 use super::slot;
 use super::store::{Connection, RedisStore};
 use super::timeout::within;
-use crate::store::{Charge, INLINE_CHARGES, StoreError};
+use crate::store::{Charge, INLINE_CHARGES, Invalid, RedisCall, ShedReason, StoreError};
 
 /// One script call's worth of charges: indexes into the request's charges, all on `slot`.
 #[derive(Clone)]
@@ -118,7 +118,9 @@ impl RedisStore {
         }
         if let [only] = groups.as_slice() {
             let decide = self.run_decide(charges, keys, spans, only, commit, deadline);
-            return Ok(within(deadline.ceiling, "redis", decide).await?.decisions);
+            return Ok(within(deadline.ceiling, RedisCall::Scripts, decide)
+                .await?
+                .decisions);
         }
         self.apply_across_slots(charges, keys, spans, &groups, commit, deadline)
             .await
@@ -130,7 +132,7 @@ impl RedisStore {
         commit: bool,
     ) -> Result<Vec<Decision>, StoreError> {
         for c in charges {
-            script::fits_lua(c.params).map_err(|e| StoreError::InvalidData(e.to_string()))?;
+            script::fits_lua(c.params).map_err(|e| StoreError::InvalidData(e.into()))?;
         }
         if let Some(coalescer) = &self.coalescer {
             // One server: the whole request is one entry of a batch; the coalescer's queue
@@ -169,7 +171,7 @@ impl RedisStore {
         deadline: Instant,
     ) -> Result<Vec<Decision>, StoreError> {
         for c in charges {
-            script::fits_lua(c.params).map_err(|e| StoreError::InvalidData(e.to_string()))?;
+            script::fits_lua(c.params).map_err(|e| StoreError::InvalidData(e.into()))?;
         }
         let deadline = Deadline::until(
             deadline,
@@ -196,10 +198,10 @@ fn parse_reply<'a>(
 ) -> Result<Reply, StoreError> {
     let n = charges.len();
     if raw.len() != 2 + 6 * n {
-        return Err(StoreError::InvalidData(format!(
-            "script answered {} numbers for {n} charges",
-            raw.len()
-        )));
+        return Err(StoreError::InvalidData(Invalid::ReplyLength {
+            numbers: raw.len(),
+            charges: n,
+        }));
     }
     let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
     let per_charge = raw[2..].chunks_exact(6);
@@ -215,7 +217,7 @@ fn parse_reply<'a>(
                 1 => Verdict::Denied,
                 2 => Verdict::CostExceedsCapacity,
                 other => {
-                    return Err(StoreError::InvalidData(format!("unknown verdict {other}")));
+                    return Err(StoreError::InvalidData(Invalid::Verdict(other)));
                 }
             };
             Ok(Decision {

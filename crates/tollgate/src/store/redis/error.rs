@@ -3,26 +3,15 @@
 
 use redis::ErrorKind;
 
-use crate::store::StoreError;
-
-/// `e` in `context`, as a failure of the store (a retry may succeed).
-pub(super) fn unavailable(context: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(format!("{context}: {e}"))
-}
-
-/// A call in `context` that got no answer before its deadline.
-pub(super) fn timed_out(context: &str, what: &str) -> StoreError {
-    StoreError::TimedOut(format!("{context}: {what}"))
-}
+use crate::store::{Failure, Invalid, RedisFailure, StoreError};
 
 /// A Redis client error as a store error.
 pub(super) fn store_error(e: redis::RedisError) -> StoreError {
     if matches!(e.kind(), ErrorKind::UnexpectedReturnType | ErrorKind::Parse) {
-        return StoreError::InvalidData(e.to_string());
+        return StoreError::InvalidData(Invalid::Unreadable(e));
     }
-    let code = e.code().map(str::to_owned);
-    let detail = e.detail().unwrap_or_default().to_owned();
-    classify(own_code(code.as_deref(), &detail), e.to_string())
+    let class = class(own_code(e.code(), e.detail().unwrap_or_default()));
+    classify(class, RedisFailure::Client(e))
 }
 
 /// The code of a server error whose code is `code` and text after it `detail`. Redis closes an
@@ -42,22 +31,39 @@ pub(super) fn script_error(message: String) -> StoreError {
     let code = message
         .split_whitespace()
         .next()
-        .filter(|word| !word.is_empty() && word.bytes().all(|b| b.is_ascii_uppercase()))
-        .map(str::to_owned);
+        .filter(|word| !word.is_empty() && word.bytes().all(|b| b.is_ascii_uppercase()));
     let detail = message.split_once(' ').map_or("", |(_, rest)| rest);
-    classify(own_code(code.as_deref(), detail), message.clone())
+    let class = class(own_code(code, detail));
+    classify(class, RedisFailure::Script(message))
 }
 
-fn classify(code: Option<&str>, message: String) -> StoreError {
+/// What a Redis error means for the store, by its code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// A foreign value at one of our keys (`WRONGTYPE`).
+    ForeignValue,
+    /// A password missing or wrong (`NOAUTH`).
+    AuthRequired,
+    /// Anything else: a failure of the store.
+    Failure,
+}
+
+fn class(code: Option<&str>) -> Class {
     match code {
+        Some("WRONGTYPE") => Class::ForeignValue,
+        Some("NOAUTH") => Class::AuthRequired,
+        _ => Class::Failure,
+    }
+}
+
+fn classify(class: Class, failure: RedisFailure) -> StoreError {
+    match class {
         // A foreign value at one of our keys fails that call only; retrying will not help and
         // the store itself is healthy.
-        Some("WRONGTYPE") => StoreError::InvalidData(message),
-        Some("NOAUTH") => StoreError::Unavailable(format!(
-            "redis: authentication required: the store URL has no password or not the right one ({message})"
-        )),
+        Class::ForeignValue => StoreError::InvalidData(Invalid::ForeignValue(failure)),
+        Class::AuthRequired => StoreError::Unavailable(Failure::AuthRequired(failure)),
         // Unreachable, out of memory, cluster reconfiguring, script cache lost twice...
-        _ => StoreError::Unavailable(format!("redis: {message}")),
+        Class::Failure => StoreError::Unavailable(Failure::Redis(failure)),
     }
 }
 
@@ -69,7 +75,7 @@ mod tests {
     fn kind(e: &StoreError) -> &'static str {
         match e {
             StoreError::InvalidData(_) => "invalid data",
-            StoreError::Unavailable(m) if m.contains("authentication required") => "auth",
+            StoreError::Unavailable(Failure::AuthRequired(_)) => "auth",
             StoreError::Unavailable(_) => "unavailable",
             _ => "other",
         }

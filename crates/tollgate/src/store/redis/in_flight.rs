@@ -4,10 +4,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::options::QUEUED_PER_IN_FLIGHT;
-use super::patience::{Deadline, ShedReason};
+use super::patience::Deadline;
 use super::store::RedisStore;
 use super::timeout::within;
-use crate::store::StoreError;
+use crate::store::{RedisCall, Refusal, ShedReason, StoreError};
 
 /// A decision counted among those waiting for a place under the in-flight cap while it lives.
 struct Waiting<'a> {
@@ -45,7 +45,7 @@ impl RedisStore {
         F: Future<Output = Result<T, StoreError>>,
     {
         let (_in_flight, deadline) = self.in_flight_place(self.deadline()).await?;
-        within(deadline.ceiling, "redis", work(deadline)).await
+        within(deadline.ceiling, RedisCall::Scripts, work(deadline)).await
     }
 
     /// A place under the in-flight cap, and the decision's deadline from when it got it. Past
@@ -68,7 +68,7 @@ impl RedisStore {
         }
         match tokio::time::timeout_at(deadline.ceiling, self.in_flight.acquire()).await {
             Ok(Ok(permit)) => Ok((permit, deadline.sent())),
-            Ok(Err(_)) => Err(StoreError::NotCalled("redis store closed".into())),
+            Ok(Err(_)) => Err(StoreError::NotCalled(Refusal::Closed)),
             Err(_) => Err(self.shed.shed(ShedReason::WaitedTooLong)),
         }
     }

@@ -6,13 +6,13 @@ use tollgate_core::Decision;
 use super::decide::Group;
 use super::script::{self, charge_args};
 use super::store::RedisStore;
-use crate::store::{Charge, Grants, StoreError};
+use crate::store::{Charge, Grants, Invalid, StoreError};
 
 impl RedisStore {
     /// Charges one enforced counter like [`Store::apply`], and also returns the instant (µs,
     /// the store's clock) the charge was made at, for a later [`RedisStore::give_back`].
     pub async fn reserve(&self, charge: Charge<'_>) -> Result<(Decision, i64), StoreError> {
-        script::fits_lua(charge.params).map_err(|e| StoreError::InvalidData(e.to_string()))?;
+        script::fits_lua(charge.params).map_err(|e| StoreError::InvalidData(e.into()))?;
         let mut keys = Vec::with_capacity(96);
         let slot = self.key_and_slot(&mut keys, charge.key);
         let group = Group {
@@ -29,7 +29,7 @@ impl RedisStore {
             .decisions
             .first()
             .copied()
-            .ok_or_else(|| StoreError::InvalidData("the script answered no decision".into()))?;
+            .ok_or_else(|| StoreError::InvalidData(Invalid::NoDecision))?;
         Ok((decision, reply.now_micros))
     }
 

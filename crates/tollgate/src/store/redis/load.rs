@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::error::store_error;
 use super::script;
 use super::timeout::within;
-use crate::store::StoreError;
+use crate::store::{RedisCall, StoreError};
 
 /// Loads the decision scripts on each of `primaries`, one pipeline each, within 5 s: at
 /// startup (see [`RedisStore::load_scripts`]) and on a primary new to a cluster's slot map (a
@@ -44,7 +44,7 @@ pub(super) async fn load_scripts_on(primaries: Vec<ConnectionManager>) -> Result
         }
     });
     let loads = futures_util::future::try_join_all(loads);
-    within(deadline, "redis SCRIPT LOAD", loads).await?;
+    within(deadline, RedisCall::LoadScripts, loads).await?;
     Ok(())
 }
 

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::clock::SharedClock;
-use crate::store::StoreError;
+use crate::store::{Failure, StoreError};
 
 /// How long after its caller's deadline a call may still write. Longer than any reply's trip
 /// over a working network; shorter than the pauses that leave calls stranded (a failover, a
@@ -64,8 +64,9 @@ impl NowSource {
     /// Takes in a failed call: a late refusal received while waiting means the estimate of the
     /// server's clock is wrong, and it is dropped.
     pub fn failed(&self, error: &StoreError) {
-        if let (NowSource::Server(server), StoreError::Unavailable(message)) = (self, error)
-            && message.contains(LATE_MARK)
+        if let (NowSource::Server(server), StoreError::Unavailable(Failure::Redis(answer))) =
+            (self, error)
+            && answer.says(LATE_MARK)
         {
             server.forget();
         }
@@ -197,6 +198,7 @@ impl ServerClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::RedisFailure;
 
     #[test]
     fn a_call_may_write_until_its_deadline_and_the_slack_in_the_servers_clock() {
@@ -240,10 +242,14 @@ mod tests {
         let clock = std::sync::Arc::new(ServerClock::new(Duration::from_millis(10)));
         let source = NowSource::Server(clock.clone());
         source.learn(1_700_000_000_000_000);
-        source.failed(&StoreError::Unavailable("redis: connection refused".into()));
+        let failed = |message: &str| {
+            let answer = RedisFailure::Script(message.to_owned());
+            StoreError::Unavailable(Failure::Redis(answer))
+        };
+        source.failed(&failed("connection refused"));
         assert!(matches!(source.argument(), NowArg::NotAfter(_)));
-        source.failed(&StoreError::Unavailable(
-            "redis: ERR tollgate: late: the call reached Redis after its deadline".into(),
+        source.failed(&failed(
+            "ERR tollgate: late: the call reached Redis after its deadline",
         ));
         assert_eq!(source.argument(), NowArg::Server);
         source.learn(1_700_000_000_000_000);

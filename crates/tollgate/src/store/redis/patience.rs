@@ -53,7 +53,7 @@ use tracing::warn;
 use super::breaker::{Breaker, BreakerState};
 use crate::observe::Throttle;
 use crate::observe::prometheus::{Exposition, Kind};
-use crate::store::StoreError;
+use crate::store::{Refusal, ShedReason, StoreError};
 
 /// When a decision's store calls must have answered.
 #[derive(Debug, Clone, Copy)]
@@ -184,15 +184,7 @@ pub(super) async fn patiently<T>(
     }
 }
 
-/// Why the failure posture answered a decision for load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ShedReason {
-    /// Tollgate's queue towards the store was full.
-    QueueFull,
-    /// The decision waited `max_wait` (in the queue, for a place, or on a busy node).
-    WaitedTooLong,
-}
-
+/// The counters' side of [`ShedReason`] (its text is the refusal's, in `store::error`).
 impl ShedReason {
     const ALL: [ShedReason; 2] = [ShedReason::QueueFull, ShedReason::WaitedTooLong];
 
@@ -226,19 +218,15 @@ impl Shed {
     /// error the posture answers for. Nothing went to the breaker.
     pub fn shed(&self, reason: ShedReason) -> StoreError {
         let total = self.counts[reason as usize].fetch_add(1, Ordering::Relaxed) + 1;
-        let why = match reason {
-            ShedReason::QueueFull => "tollgate's queue towards Redis is full",
-            ShedReason::WaitedTooLong => "the decision waited --store-max-wait for a busy Redis",
-        };
         if let Some(held_back) = self.log.note(Instant::now()) {
             warn!(
                 reason = reason.name(),
                 shed_total = total,
                 held_back,
-                "Store busy, not failing: {why}; the failure posture answered for load"
+                "Store busy, not failing: {reason}; the failure posture answered for load"
             );
         }
-        StoreError::NotCalled(format!("redis busy: {why}"))
+        StoreError::NotCalled(Refusal::Busy(reason))
     }
 
     /// Decisions shed for `reason` so far.
@@ -424,7 +412,13 @@ mod tests {
         assert!(text.contains("tollgate_store_shed_total{reason=\"queue_full\"} 0"));
         assert!(text.contains("tollgate_store_shed_total{reason=\"waited_too_long\"} 0"));
         let error = shed.shed(ShedReason::WaitedTooLong);
-        assert!(matches!(error, StoreError::NotCalled(_)), "{error}");
+        assert!(
+            matches!(
+                error,
+                StoreError::NotCalled(Refusal::Busy(ShedReason::WaitedTooLong))
+            ),
+            "{error}"
+        );
         assert_eq!(shed.count(ShedReason::WaitedTooLong), 1);
         assert_eq!(shed.count(ShedReason::QueueFull), 0);
     }

@@ -9,10 +9,10 @@ use tokio::time::Instant;
 
 use super::breaker::{Breaker, Logged};
 use super::client::invoke_asking;
-use super::error::{store_error, timed_out};
-use super::patience::{self, Deadline, ShedReason, Unanswered};
+use super::error::store_error;
+use super::patience::{self, Deadline, Unanswered};
 use super::store::{Connection, RedisStore};
-use crate::store::StoreError;
+use crate::store::{Failure, Refusal, ShedReason, StoreError, Timeout};
 
 /// `MOVED` and `ASK` redirects followed within one call.
 const MAX_REDIRECTS: usize = 3;
@@ -22,7 +22,7 @@ impl RedisStore {
     fn owner_of(&self, slot: u16) -> Result<(Arc<str>, Arc<Breaker>), StoreError> {
         self.topology
             .breaker_for(slot)
-            .ok_or_else(|| StoreError::NotCalled(format!("no known node serves slot {slot}")))
+            .ok_or_else(|| StoreError::NotCalled(Refusal::NoNodeForSlot { slot }))
     }
 
     /// Runs a script invocation on the node that owns `slot`, following `MOVED` and `ASK`
@@ -76,7 +76,7 @@ impl RedisStore {
                 Err(Some(redirect)) => redirect,
                 Err(None) => {
                     if Instant::now() >= deadline.at {
-                        return Err(timed_out(&node, "deadline exceeded (slot migrating)"));
+                        return Err(StoreError::TimedOut(Timeout::SlotMigrating { node }));
                     }
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     // From the owner again: an `ASK` that led to the `TRYAGAIN` is no
@@ -90,9 +90,10 @@ impl RedisStore {
             // follow a few redirects, all within the decision's deadline.
             redirects += 1;
             if redirects > MAX_REDIRECTS {
-                return Err(StoreError::Unavailable(format!(
-                    "slot {slot}: more than {MAX_REDIRECTS} redirects"
-                )));
+                return Err(StoreError::Unavailable(Failure::TooManyRedirects {
+                    slot,
+                    most: MAX_REDIRECTS,
+                }));
             }
             asking = ask;
             if !asking {
@@ -114,14 +115,14 @@ impl RedisStore {
     /// failure.
     async fn through<T>(
         &self,
-        node: &str,
+        node: &Arc<str>,
         breaker: &Arc<Breaker>,
         deadline: Deadline,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let permit = breaker
             .try_call()
-            .ok_or_else(|| StoreError::NotCalled(format!("circuit open for {node}")))?;
+            .ok_or_else(|| StoreError::NotCalled(Refusal::CircuitOpen { node: node.clone() }))?;
         let mut permit = Logged::new(node, permit);
         let sent = Instant::now();
         match patience::patiently(deadline, (node, breaker), sent, 1, call).await {
@@ -130,7 +131,9 @@ impl RedisStore {
                 answer
             }
             // Dropped unreported: a failure.
-            Err(Unanswered::Stalled) => Err(timed_out(node, "deadline exceeded")),
+            Err(Unanswered::Stalled) => {
+                Err(StoreError::TimedOut(Timeout::Node { node: node.clone() }))
+            }
             Err(Unanswered::TooLong) => {
                 permit.release();
                 Err(self.shed.shed(ShedReason::WaitedTooLong))

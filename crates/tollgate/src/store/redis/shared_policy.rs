@@ -22,7 +22,7 @@ use super::error::store_error;
 use super::slot;
 use super::store::RedisStore;
 use super::timeout::within;
-use crate::store::StoreError;
+use crate::store::{RedisCall, Refusal, StoreError};
 
 /// The running policy.
 pub const POLICY_KEY: &str = "tg:{tollgate-policy}:current";
@@ -80,7 +80,7 @@ impl RedisStore {
         let (node, _) = self
             .topology
             .breaker_for(slot)
-            .ok_or_else(|| StoreError::NotCalled("cluster slot map not known yet".into()))?;
+            .ok_or(StoreError::NotCalled(Refusal::SlotMapUnknown))?;
         self.connection_to(&node)
     }
 
@@ -90,7 +90,7 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         // Not on the request path: more patience than a decision gets.
         let deadline = Instant::now() + self.options.command_timeout.max(Duration::from_secs(1));
-        within(deadline, "redis policy", async {
+        within(deadline, RedisCall::Policy, async {
             call.await.map_err(store_error)
         })
         .await

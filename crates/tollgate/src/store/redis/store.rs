@@ -15,16 +15,19 @@ use super::breaker::BreakerState;
 use super::client::open_client;
 use super::cluster::{self, ClusterRouter};
 use super::coalesce::{Coalescer, Limits};
-use super::error::{store_error, unavailable};
+use super::error::store_error;
 use super::load::load_scripts_on;
 use super::now::{NowSource, ServerClock};
 use super::options::{QUEUED_PER_IN_FLIGHT, RedisOptions};
-use super::patience::{Shed, ShedReason};
+use super::patience::Shed;
 use super::script;
 use super::timeout::within;
 use super::topology::Topology;
 use crate::clock::SharedClock;
-use crate::store::{Answered, Call, Charge, Decisions, Store, StoreError, StoreUrl, Unsupported};
+use crate::store::{
+    Answered, Call, Charge, Decisions, Failure, RedisCall, ShedReason, Store, StoreError, StoreUrl,
+    Unsupported,
+};
 
 pub(super) enum Connection {
     Single(ConnectionManager),
@@ -80,29 +83,27 @@ impl RedisStore {
         options: RedisOptions,
         clock: SharedClock,
     ) -> Result<Self, StoreError> {
-        options
-            .check()
-            .map_err(|e| StoreError::InvalidOptions(e.to_string()))?;
+        options.check().map_err(StoreError::InvalidOptions)?;
         let (connection, topology, background) = match url {
             StoreUrl::Memory => {
-                return Err(StoreError::Unavailable("memory is not a Redis URL".into()));
+                return Err(StoreError::Unavailable(Failure::NotRedis));
             }
             StoreUrl::Redis(url) => {
-                let client =
-                    open_client(url.as_str()).map_err(|e| unavailable("invalid Redis URL", e))?;
+                let client = open_client(url.as_str())
+                    .map_err(|e| StoreError::Unavailable(Failure::InvalidUrl(e)))?;
                 let node = client.get_connection_info().addr().to_string();
                 let manager = ConnectionManager::new_lazy_with_config(
                     client,
                     cluster::manager_config(&options),
                 )
-                .map_err(|e| unavailable("cannot create Redis connection", e))?;
+                .map_err(|e| StoreError::Unavailable(Failure::NoConnection(e)))?;
                 let topology = Arc::new(Topology::single(&node, options.breaker, clock));
                 (Connection::Single(manager), topology, None)
             }
             StoreUrl::Cluster(seeds) => {
                 for seed in seeds {
                     open_client(seed.as_str())
-                        .map_err(|e| unavailable("invalid cluster seed URL", e))?;
+                        .map_err(|e| StoreError::Unavailable(Failure::InvalidSeedUrl(e)))?;
                 }
                 let topology = Arc::new(Topology::cluster(options.breaker, clock));
                 let router = Arc::new(ClusterRouter::new(seeds.clone(), topology.clone(), options));
@@ -278,7 +279,7 @@ impl Store for RedisStore {
                 .map_err(store_error)
         });
         let counts = futures_util::future::try_join_all(counts);
-        let counts = within(Instant::now() + deadline, "redis DBSIZE", counts).await?;
+        let counts = within(Instant::now() + deadline, RedisCall::KeyCount, counts).await?;
         Ok(counts.into_iter().sum())
     }
 }

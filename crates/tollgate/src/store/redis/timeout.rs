@@ -2,18 +2,17 @@
 
 use tokio::time::Instant;
 
-use super::error::timed_out;
-use crate::store::StoreError;
+use crate::store::{RedisCall, StoreError, Timeout};
 
-/// `work`'s answer, or once `deadline` has passed, the failure of `what` (a node, a kind of
-/// call) to answer in time.
+/// `work`'s answer, or once `deadline` has passed, the failure of `what` (a kind of call) to
+/// answer in time.
 pub(super) async fn within<T>(
     deadline: Instant,
-    what: &str,
+    what: RedisCall,
     work: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
     match tokio::time::timeout_at(deadline, work).await {
         Ok(result) => result,
-        Err(_) => Err(timed_out(what, "deadline exceeded")),
+        Err(_) => Err(StoreError::TimedOut(Timeout::Call(what))),
     }
 }
