@@ -197,7 +197,7 @@ macro_rules! health_of_inner {
             self.inner.key_count()
         }
 
-        fn breakers(&self) -> Vec<(String, $crate::store::redis::BreakerState)> {
+        fn breakers(&self) -> Vec<(String, $crate::resilience::BreakerState)> {
             self.inner.breakers()
         }
 

@@ -5,18 +5,19 @@
 //! `error.rs`), so that the backends can import them without importing this file back.
 
 mod backend;
+pub(crate) mod breaker;
 mod capacity;
 mod charge;
 mod contract;
 mod error;
 mod memory;
 pub mod redis;
+mod redis_invalid_options;
+mod redis_options;
 mod timed;
 mod url;
 
-pub use self::redis::{
-    CoalesceOptions, LATE_SLACK, MAX_SETTING, RedisOptions, RedisStore, SharedPolicy,
-};
+pub use self::redis::{LATE_SLACK, RedisStore, SharedPolicy};
 pub use backend::StoreBackend;
 pub use capacity::{
     answer_never_fits, cost_exceeds_capacity, exceeds_with_earlier, never_admitted,
@@ -31,5 +32,9 @@ pub use error::{
     Unsupported,
 };
 pub use memory::MemoryStore;
+pub use redis_invalid_options::{InvalidOptions, OptionsProblem};
+pub use redis_options::{
+    CoalesceOptions, DEFAULT_MAX_WAIT, MAX_SETTING, QUEUED_PER_IN_FLIGHT, RedisOptions,
+};
 pub use timed::{Timed, timed_store_call};
 pub use url::{InvalidStoreUrl, StoreUrl, redact};

@@ -34,25 +34,11 @@ use super::patience::{self, Deadline, Unanswered};
 use super::script;
 use crate::store::{Charge, Failure, Invalid, Refusal, StoreError, Timeout};
 
-/// How decisions are coalesced on a single Redis server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CoalesceOptions {
-    /// Most decisions in one script call; 0 sends every decision as its own call (no
-    /// coalescing).
-    pub max_batch: usize,
-    /// How long the first decision of a batch waits for others before the batch is sent.
-    /// Zero sends at once whatever is queued. Tokio's timers tick in milliseconds, so a
-    /// non-zero window is at least about 1 ms.
-    pub window: Duration,
-    /// Batches outstanding at once.
-    pub in_flight: usize,
-}
-
 /// How one server's batches are sent: the coalescing options and what the store's options
 /// say about every call.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Limits {
-    pub coalesce: CoalesceOptions,
+    pub coalesce: super::options::CoalesceOptions,
     /// Decisions out at once over the batches in flight, past which batches grow.
     pub max_in_flight: usize,
     /// Decisions waiting in the queue; more are shed for load.
@@ -72,30 +58,6 @@ impl Limits {
             .div_ceil(batches)
             .min(self.max_in_flight.div_ceil(batches));
         self.coalesce.max_batch.max(share).max(1)
-    }
-}
-
-impl Default for CoalesceOptions {
-    fn default() -> Self {
-        // Measured on one Redis server, see docs/benchmarks.md.
-        CoalesceOptions {
-            max_batch: 64,
-            window: Duration::ZERO,
-            in_flight: 2,
-        }
-    }
-}
-
-impl CoalesceOptions {
-    /// Whether decisions are coalesced at all.
-    pub fn enabled(&self) -> bool {
-        self.max_batch > 0
-    }
-
-    /// Whether the window leaves a decision waiting `deadline` time for its call: a window
-    /// over half of it would spend the deadline waiting for company.
-    pub fn window_fits(&self, deadline: Duration) -> bool {
-        self.window.checked_mul(2).is_some_and(|w| w <= deadline)
     }
 }
 

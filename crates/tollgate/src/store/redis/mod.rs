@@ -28,7 +28,6 @@
 //! only under-admit, by at most the request's own cost, never over-admit. (A refund gives back
 //! what the script says it charged: for a limit that charges up to itself, what was left.)
 
-mod breaker;
 mod client;
 mod cluster;
 mod coalesce;
@@ -36,11 +35,9 @@ mod cross_slot;
 mod decide;
 mod error;
 mod in_flight;
-mod invalid_options;
 mod leases;
 mod load;
 mod now;
-mod options;
 mod patience;
 mod route;
 pub mod script;
@@ -51,12 +48,19 @@ mod store;
 mod timeout;
 mod topology;
 
+// The breaker and the settings live beside this module: they are not Redis's alone (the
+// breaker's states are every store's health, and the settings a memory store ignores can
+// be built without a Redis client); named here for the files below.
+pub(super) use super::breaker;
+pub(super) use super::redis_options as options;
+
 pub use self::breaker::{Breaker, BreakerConfig, BreakerState, Permit};
-pub use self::coalesce::CoalesceOptions;
-pub use self::invalid_options::{InvalidOptions, OptionsProblem};
 pub use self::now::LATE_SLACK;
-pub use self::options::{DEFAULT_MAX_WAIT, MAX_SETTING, QUEUED_PER_IN_FLIGHT, RedisOptions};
+pub use self::options::{
+    CoalesceOptions, DEFAULT_MAX_WAIT, MAX_SETTING, QUEUED_PER_IN_FLIGHT, RedisOptions,
+};
 pub use self::shared_overrides::{SharedOverride, SharedOverrideChange, SharedOverrides};
 pub use self::shared_policy::{LEGACY_OVERRIDES_KEY, POLICY_KEY, SharedPolicy, Stamp};
 pub use self::slot::counter_slot;
 pub use self::store::RedisStore;
+pub use super::redis_invalid_options::{InvalidOptions, OptionsProblem};

@@ -3,8 +3,7 @@
 use std::time::Duration;
 
 use super::breaker::BreakerConfig;
-use super::coalesce::CoalesceOptions;
-use super::invalid_options::{InvalidOptions, OptionsProblem};
+use super::redis_invalid_options::{InvalidOptions, OptionsProblem};
 
 /// Connection and failure settings for the Redis backends.
 #[derive(Debug, Clone, Copy)]
@@ -97,6 +96,44 @@ impl RedisOptions {
         } else {
             Err(InvalidOptions { problems })
         }
+    }
+}
+
+/// How decisions are coalesced on a single Redis server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoalesceOptions {
+    /// Most decisions in one script call; 0 sends every decision as its own call (no
+    /// coalescing).
+    pub max_batch: usize,
+    /// How long the first decision of a batch waits for others before the batch is sent.
+    /// Zero sends at once whatever is queued. Tokio's timers tick in milliseconds, so a
+    /// non-zero window is at least about 1 ms.
+    pub window: Duration,
+    /// Batches outstanding at once.
+    pub in_flight: usize,
+}
+
+impl Default for CoalesceOptions {
+    fn default() -> Self {
+        // Measured on one Redis server, see docs/benchmarks.md.
+        CoalesceOptions {
+            max_batch: 64,
+            window: Duration::ZERO,
+            in_flight: 2,
+        }
+    }
+}
+
+impl CoalesceOptions {
+    /// Whether decisions are coalesced at all.
+    pub fn enabled(&self) -> bool {
+        self.max_batch > 0
+    }
+
+    /// Whether the window leaves a decision waiting `deadline` time for its call: a window
+    /// over half of it would spend the deadline waiting for company.
+    pub fn window_fits(&self, deadline: Duration) -> bool {
+        self.window.checked_mul(2).is_some_and(|w| w <= deadline)
     }
 }
 
