@@ -27,6 +27,17 @@
 //! #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
 //! # }
 //! ```
+//!
+//! # Features
+//!
+//! | feature | default | brings |
+//! |---|---|---|
+//! | `redis` | on | the Redis and Redis Cluster stores (`store::RedisStore`, `StoreBackend::Redis`, `redis://` URLs), the policy sync (`lifecycle::sync`); redis-rs |
+//!
+//! Without `redis` (`tollgate = { version = "0.1", default-features = false }`) only the
+//! memory store is built, and a Redis URL is refused with
+//! [`InvalidStoreUrl::RedisNotBuilt`](store::InvalidStoreUrl::RedisNotBuilt). The settings
+//! (`RedisOptions`) are in both builds, so code written for one compiles in the other.
 
 pub mod background;
 pub mod clock;
@@ -44,6 +55,7 @@ pub mod service;
 pub mod store;
 
 /// The Redis policy sync, under its earlier path.
+#[cfg(feature = "redis")]
 pub use lifecycle::sync as policy_sync;
 
 pub use tollgate_core as core;

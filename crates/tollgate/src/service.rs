@@ -30,8 +30,9 @@ use crate::clock::{SharedClock, SystemClock};
 use crate::lifecycle::Lifecycle;
 use crate::limiter::{FailureSettings, Limiter};
 use crate::policy::{Policy, PolicyErrors};
+#[cfg(feature = "redis")]
 use crate::policy_sync::{self, SyncState};
-use crate::store::{RedisOptions, Store, StoreBackend, StoreError, StoreUrl};
+use crate::store::{Granting, RedisOptions, Store, StoreBackend, StoreError, StoreUrl};
 
 /// Why a service could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -176,6 +177,7 @@ impl ServiceBuilder {
                     None => memory,
                 })
             }
+            #[cfg(feature = "redis")]
             redis => redis,
         };
         store
@@ -184,7 +186,7 @@ impl ServiceBuilder {
                 store: store.kind(),
                 problems,
             })?;
-        if let StoreBackend::Memory(_) = store {
+        if store.memory().is_some() {
             let budgeted = self.policy.rules().iter();
             let budgeted = budgeted.filter(|r| r.local_budget.is_some()).count();
             if budgeted > 0 {
@@ -326,7 +328,7 @@ impl Service {
     /// `reload_now`, the policy watcher. A policy managed from outside (see
     /// [`ServiceBuilder::managed_by`]) has neither the watcher nor the sync.
     pub fn duties(&self, upkeep: &Upkeep, stop: &watch::Receiver<bool>) -> Vec<Duty> {
-        let redis = matches!(self.limiter.store(), StoreBackend::Redis(_));
+        let shared = self.limiter.store().shared();
         let own_policy = self.lifecycle.managed_by().is_none();
         let mut duties = Vec::new();
         let (limiter, every, stop_rx) = (self.limiter.clone(), upkeep.sweep_every, stop.clone());
@@ -334,7 +336,7 @@ impl Service {
             Box::pin(sweep_counters(limiter.clone(), every, stop_rx.clone()))
         }));
         // Leases and remembered denials exist on Redis only.
-        if redis {
+        if shared {
             let (limiter, stop_rx) = (self.limiter.clone(), stop.clone());
             duties.push(duty("hot_key_sweep", move || {
                 Box::pin(sweep_hot_keys(limiter.clone(), stop_rx.clone()))
@@ -352,25 +354,34 @@ impl Service {
                 ))
             }));
         }
-        if let (true, true, Some(every)) = (own_policy, redis, upkeep.sync_every) {
-            let (lifecycle, stop_rx) = (self.lifecycle.clone(), stop.clone());
-            // Kept across runs: a restarted sync publishes what was activated meanwhile.
-            let state = if upkeep.sync_follows {
-                SyncState::follower(&self.lifecycle)
-            } else {
-                SyncState::new(&self.lifecycle)
-            };
-            let state = Arc::new(tokio::sync::Mutex::new(state));
-            duties.push(duty("policy_sync", move || {
-                Box::pin(policy_sync::resume(
-                    lifecycle.clone(),
-                    every,
-                    stop_rx.clone(),
-                    state.clone(),
-                ))
-            }));
+        #[cfg(feature = "redis")]
+        if own_policy && shared {
+            duties.extend(self.policy_sync(upkeep, stop));
         }
         duties
+    }
+
+    /// The policy sync, with `sync_every`: on a shared store (Redis), for a service whose
+    /// policy is its own.
+    #[cfg(feature = "redis")]
+    fn policy_sync(&self, upkeep: &Upkeep, stop: &watch::Receiver<bool>) -> Option<Duty> {
+        let every = upkeep.sync_every?;
+        let (lifecycle, stop_rx) = (self.lifecycle.clone(), stop.clone());
+        // Kept across runs: a restarted sync publishes what was activated meanwhile.
+        let state = if upkeep.sync_follows {
+            SyncState::follower(&self.lifecycle)
+        } else {
+            SyncState::new(&self.lifecycle)
+        };
+        let state = Arc::new(tokio::sync::Mutex::new(state));
+        Some(duty("policy_sync", move || {
+            Box::pin(policy_sync::resume(
+                lifecycle.clone(),
+                every,
+                stop_rx.clone(),
+                state.clone(),
+            ))
+        }))
     }
 }
 

@@ -243,7 +243,7 @@ impl<S: Store + Granting> HotKeys<S> {
         for i in 0..charges.len() {
             let decision = from_lease(i)
                 .or_else(|| peeked.next())
-                .ok_or_else(|| StoreError::InvalidData(Invalid::TooFewFromStore))?;
+                .ok_or(StoreError::InvalidData(Invalid::TooFewFromStore))?;
             decisions.push(decision);
         }
         Ok(())

@@ -10,17 +10,14 @@
 //!
 //! Without a running policy sync (the memory store, or no sync asked for), or while Redis does
 //! not answer, a command is decided against this replica's version as before, and the sync
-//! publishes it when Redis is back.
+//! publishes it when Redis is back. Reading and publishing the fleet's version is in
+//! `fleet/redis.rs` (the `redis` feature); without it there is no fleet.
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-
-use tracing::warn;
-
-use super::sync::{publish_policy, rank};
 use super::{Activation, Lifecycle, Origin, PromoteError, RollbackError};
 use crate::policy::PolicyErrors;
-use crate::store::{RedisStore, StoreBackend};
+
+#[cfg(feature = "redis")]
+mod redis;
 
 impl Lifecycle {
     /// [`Lifecycle::activate`] (a push) decided against the fleet's policy; a new version is
@@ -70,56 +67,22 @@ impl Lifecycle {
             .await
             .map_err(PromoteError::Rejected)
     }
+}
 
-    /// The version a command published itself, which the sync need not publish again.
-    pub(super) fn published_by_command(&self) -> u64 {
-        self.published_seq.load(Ordering::Relaxed)
-    }
-
-    /// The shared store, when this replica's policy sync runs on one.
-    fn fleet_store(&self) -> Option<&RedisStore> {
-        self.published.lock().as_ref()?;
-        match self.limiter.store() {
-            StoreBackend::Redis(store) => Some(store),
-            StoreBackend::Memory(_) => None,
-        }
-    }
-
-    /// The hash of the policy the fleet runs, when there is a fleet and Redis answers.
+/// Without the `redis` feature there is no fleet: a command is decided against this replica's
+/// version, and nothing is published.
+#[cfg(not(feature = "redis"))]
+impl Lifecycle {
+    /// No fleet's policy to read.
     async fn fleet_hash(&self) -> Option<String> {
-        let store = self.fleet_store()?;
-        match store.shared_policy().await {
-            Ok(shared) => shared.map(|s| s.hash),
-            Err(e) => {
-                warn!(error = %e, "Could not read the fleet's policy; deciding against this replica's");
-                None
-            }
-        }
+        None
     }
 
-    /// Publishes a version the command activated before it answers.
+    /// Nowhere to publish: the activation as it is.
     async fn publish_now(
         &self,
         result: Result<Activation, PolicyErrors>,
     ) -> Result<Activation, PolicyErrors> {
-        let Ok(Activation::Activated(version)) = &result else {
-            return result;
-        };
-        let Some(store) = self.fleet_store() else {
-            return result;
-        };
-        if version.origin == Origin::Shared {
-            return result;
-        }
-        match publish_policy(store, self, version, rank(version)).await {
-            Ok(Some(_)) => {
-                self.published_seq.fetch_max(version.seq, Ordering::Relaxed);
-                result
-            }
-            // Another replica's version, accepted later, is what the fleet runs.
-            Ok(None) => Ok(Activation::Superseded(Arc::clone(version))),
-            // The sync publishes it when Redis answers again.
-            Err(_) => result,
-        }
+        result
     }
 }

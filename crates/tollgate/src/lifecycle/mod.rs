@@ -26,6 +26,7 @@ mod fleet;
 mod history;
 mod managed;
 mod manager;
+#[cfg(feature = "redis")]
 pub mod sync;
 mod version;
 mod watch;
@@ -202,7 +203,8 @@ pub struct Lifecycle {
     /// What the rules of every policy compiled here get for the settings they leave out.
     defaults: PolicyDefaults,
     /// The last version a command published itself (see [`Lifecycle::fleet_activate`]): the
-    /// sync need not publish it again.
+    /// sync need not publish it again. Without Redis nothing is published.
+    #[cfg(feature = "redis")]
     published_seq: AtomicU64,
     /// Most bytes of source texts the kept versions hold (see
     /// [`Lifecycle::with_history_max_bytes`]).
@@ -240,6 +242,7 @@ impl Lifecycle {
             published: Mutex::new(None),
             managed: manager::Manager::default(),
             defaults: PolicyDefaults::default(),
+            #[cfg(feature = "redis")]
             published_seq: AtomicU64::new(0),
             history_max_bytes: DEFAULT_HISTORY_MAX_BYTES,
         }

@@ -337,9 +337,7 @@ descriptors:
     async fn candidate_counters_live_apart_from_the_live_ones() {
         let lifecycle = lifecycle();
         let limiter = lifecycle.limiter();
-        let StoreBackend::Memory(store) = limiter.store() else {
-            panic!("memory store")
-        };
+        let store = limiter.store().memory().expect("memory store");
         limiter.check(&request(&[&[("user", "a")]])).await.unwrap();
         assert_eq!(store.len(), 1);
         lifecycle.set_candidate(sources(STRICTER)).unwrap();

@@ -17,7 +17,7 @@ use crate::observe::history::{COLUMNS, DEGRADED, Metrics, RuleCounts, ValueCount
 use crate::observe::prometheus::{Exposition, Kind};
 use crate::policy::posture_of;
 use crate::resilience::Posture;
-use crate::store::{Store, StoreBackend, StoreError, Timed};
+use crate::store::{Granting, Store, StoreBackend, StoreError, Timed};
 
 /// Check requests decided.
 pub const REQUESTS: &str = "tollgate_requests_total";
@@ -255,7 +255,7 @@ impl Telemetry {
         )
         .histogram(&[], &self.decision_latency);
         let kind = store.kind();
-        let lease_ops = store.redis().map(|_| leases.store_latency());
+        let lease_ops = store.shared().then(|| leases.store_latency());
         let ops = ["apply", "peek"]
             .into_iter()
             .zip(hot_keys.inner().latency());
@@ -267,7 +267,7 @@ impl Telemetry {
         for (op, histogram) in ops.chain(lease_ops.into_iter().flatten()) {
             store_ops.histogram(&[("store", kind), ("op", op)], histogram);
         }
-        if store.redis().is_some() {
+        if store.shared() {
             let mut failures = text.family(
                 "tollgate_local_budget_store_failures_total",
                 "Local-budget store calls that failed: a reservation that timed out after Redis ran it strands its units, a failed give-back leaves them charged (under the limit until the counter resets).",
@@ -277,9 +277,7 @@ impl Telemetry {
                 failures.sample(&[("op", op)], count);
             }
         }
-        if let Some(redis) = store.redis()
-            && let Some((batches, decisions)) = redis.batch_stats()
-        {
+        if let Some((batches, decisions)) = store.batch_stats() {
             text.family(
                 "tollgate_store_batches_total",
                 "Script calls that carried coalesced decisions to Redis.",

@@ -129,7 +129,7 @@ fn finish(
             Some(looked) => charged.next().unwrap_or(looked),
             None => answered
                 .next()
-                .ok_or_else(|| StoreError::InvalidData(Invalid::TooFewFromPostures))?,
+                .ok_or(StoreError::InvalidData(Invalid::TooFewFromPostures))?,
         };
         decisions.push(decision);
         degraded.push(looked.is_none().then(|| charges[i].posture));

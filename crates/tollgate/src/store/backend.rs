@@ -1,48 +1,95 @@
-//! The configured backend: [`StoreBackend`], the enum of the two stores, matched here alone.
+//! The configured backend: [`StoreBackend`], the enum of the stores, matched here alone. The
+//! Redis variant comes with the `redis` feature; what only it does is in `backend/redis.rs`.
 
+use std::future::Future;
+#[cfg(feature = "redis")]
 use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::{Decision, Params};
 
 use super::charge::Charge;
-use super::contract::{Answered, Call, Decisions, Granting, Store};
+use super::contract::{Answered, Call, Decisions, Store};
 use super::error::{StoreError, Timeout, Unsupported};
 use super::memory::MemoryStore;
-use super::redis::{RedisOptions, RedisStore};
+#[cfg(feature = "redis")]
+use super::redis::RedisStore;
+use super::redis_options::RedisOptions;
 use super::url::StoreUrl;
 use crate::resilience::BreakerState;
 
-/// The configured backend.
+#[cfg(feature = "redis")]
+mod redis;
+
+/// The configured backend. The Redis variant comes with the `redis` feature (hence
+/// `non_exhaustive`: a match elsewhere holds in every build).
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum StoreBackend {
     /// In-process, the embedded default.
     Memory(MemoryStore),
     /// Redis or Redis Cluster (shared: a local-budget lease renewal runs as a task of its own).
+    #[cfg(feature = "redis")]
     Redis(Arc<RedisStore>),
 }
 
+/// `$body` with `$store` bound to the store `$backend` holds, by reference: one arm per
+/// backend, the Redis one with the `redis` feature alone.
+macro_rules! each {
+    ($backend:expr, $store:ident => $body:expr) => {
+        match $backend {
+            StoreBackend::Memory($store) => $body,
+            #[cfg(feature = "redis")]
+            StoreBackend::Redis(redis) => {
+                let $store: &RedisStore = redis;
+                $body
+            }
+        }
+    };
+}
+
+/// What a backend does beside the [`Store`] contract; the memory store does none of it.
+trait Extras {
+    /// Prometheus text for the backend's own counters.
+    fn render_metrics(&self, _out: &mut String) {}
+
+    /// Script calls that carried coalesced decisions, and the decisions they carried.
+    fn batch_stats(&self) -> Option<(u64, u64)> {
+        None
+    }
+
+    /// Work done once the store answers, ahead of the first decisions.
+    fn warm_up(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+impl Extras for MemoryStore {}
+
 impl StoreBackend {
-    /// Opens the store named by `url`. `clock` drives the memory store.
+    /// Opens the store named by `url`. `clock` drives the memory store; `options` are the
+    /// Redis stores' (the memory store has none).
     pub async fn open(
         url: &StoreUrl,
-        options: RedisOptions,
+        #[cfg_attr(not(feature = "redis"), expect(unused_variables))] options: RedisOptions,
         clock: crate::clock::SharedClock,
     ) -> Result<Self, StoreError> {
         match url {
             StoreUrl::Memory => Ok(StoreBackend::Memory(MemoryStore::new(clock))),
-            _ => {
-                let redis = RedisStore::connect(url, options, clock).await?;
-                Ok(StoreBackend::Redis(Arc::new(redis)))
-            }
+            #[cfg(feature = "redis")]
+            _ => Self::open_redis(url, options, clock).await,
         }
     }
 
     /// Prometheus text for the backend's own counters (Redis: decisions shed for load).
     pub fn render_metrics(&self, out: &mut String) {
-        if let StoreBackend::Redis(redis) = self {
-            redis.render_metrics(out);
-        }
+        each!(self, store => store.render_metrics(out));
+    }
+
+    /// Script calls that carried coalesced decisions to the store, and the decisions they
+    /// carried (Redis with coalescing); `None` where decisions are not coalesced.
+    pub fn batch_stats(&self) -> Option<(u64, u64)> {
+        each!(self, store => Extras::batch_stats(store))
     }
 
     /// Waits until the store answers, at most `within`. Returns whether it does.
@@ -52,7 +99,7 @@ impl StoreBackend {
 
     /// Waits until the store answers, at most `within`; else the last error it gave (a refused
     /// password says so, where "not reachable" would send an operator to the network). Redis
-    /// then loads the decision scripts (see [`RedisStore::load_scripts`]); a failure there is
+    /// then loads the decision scripts (see `RedisStore::load_scripts`); a failure there is
     /// logged, and the first decisions load them instead.
     pub async fn ready_within(&self, within: Duration) -> Result<(), StoreError> {
         let mut last = None;
@@ -66,11 +113,7 @@ impl StoreBackend {
             }
         };
         if tokio::time::timeout(within, attempts).await.is_ok() {
-            if let StoreBackend::Redis(redis) = self
-                && let Err(e) = redis.load_scripts().await
-            {
-                tracing::warn!(error = %e, "Could not load the decision scripts ahead of the first decisions");
-            }
+            each!(self, store => store.warm_up().await);
             return Ok(());
         }
         Err(last.unwrap_or(StoreError::TimedOut(Timeout::NotReady(within))))
@@ -80,16 +123,8 @@ impl StoreBackend {
     pub fn memory(&self) -> Option<&MemoryStore> {
         match self {
             StoreBackend::Memory(m) => Some(m),
+            #[cfg(feature = "redis")]
             StoreBackend::Redis(_) => None,
-        }
-    }
-
-    /// The Redis store, if that is the backend: shared between replicas, so the prefilter and
-    /// local budgets apply, and the one that reserves and gives back leases.
-    pub fn redis(&self) -> Option<&Arc<RedisStore>> {
-        match self {
-            StoreBackend::Memory(_) => None,
-            StoreBackend::Redis(r) => Some(r),
         }
     }
 
@@ -136,6 +171,7 @@ impl Store for StoreBackend {
                 m.decide(charges, call.mode.applies(), decisions)?;
                 Ok(Answered::Store)
             }
+            #[cfg(feature = "redis")]
             StoreBackend::Redis(r) => Box::pin(Store::decide(&**r, call, charges, decisions)).await,
         }
     }
@@ -145,58 +181,41 @@ impl Store for StoreBackend {
         charges: &[Charge<'_>],
         deadline: tokio::time::Instant,
     ) -> Result<Vec<Decision>, StoreError> {
-        match self {
-            StoreBackend::Memory(m) => m.apply(charges).await,
-            StoreBackend::Redis(r) => Store::apply_before(&**r, charges, deadline).await,
-        }
+        each!(self, store => Store::apply_before(store, charges, deadline).await)
     }
 
     fn supports(&self, params: &Params) -> Result<(), Unsupported> {
-        match self {
-            StoreBackend::Memory(m) => Store::supports(m, params),
-            StoreBackend::Redis(r) => Store::supports(&**r, params),
-        }
+        each!(self, store => Store::supports(store, params))
     }
 
     async fn key_count(&self) -> Result<usize, StoreError> {
-        match self {
-            StoreBackend::Memory(m) => m.key_count().await,
-            StoreBackend::Redis(r) => r.key_count().await,
-        }
+        each!(self, store => store.key_count().await)
     }
 
     fn breakers(&self) -> Vec<(String, BreakerState)> {
-        match self {
-            StoreBackend::Memory(m) => Store::breakers(m),
-            StoreBackend::Redis(r) => Store::breakers(&**r),
-        }
+        each!(self, store => Store::breakers(store))
     }
 
     fn kind(&self) -> &'static str {
-        match self {
-            StoreBackend::Memory(m) => m.kind(),
-            StoreBackend::Redis(r) => r.kind(),
-        }
+        each!(self, store => store.kind())
     }
 
     fn description(&self) -> &'static str {
-        match self {
-            StoreBackend::Memory(m) => m.description(),
-            StoreBackend::Redis(r) => r.description(),
-        }
+        each!(self, store => store.description())
     }
 }
 
-/// Leases come from Redis: the memory store grants them too, but on one process the hot-keys
-/// layer has no use for them, and no other layer takes any yet.
-impl Granting for StoreBackend {
-    type Grantor = RedisStore;
+/// Without Redis the one store is the memory store: it grants leases too, but on one process
+/// the hot-keys layer has no use for them, and no other layer takes any yet.
+#[cfg(not(feature = "redis"))]
+impl super::contract::Granting for StoreBackend {
+    type Grantor = MemoryStore;
 
-    fn grantor(&self) -> Option<&Arc<RedisStore>> {
-        self.redis()
+    fn grantor(&self) -> Option<&std::sync::Arc<MemoryStore>> {
+        None
     }
 
     fn shared(&self) -> bool {
-        self.redis().is_some()
+        false
     }
 }

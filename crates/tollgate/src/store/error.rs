@@ -11,13 +11,17 @@ use std::time::Duration;
 
 use tollgate_core::Decision;
 
-use super::redis::InvalidOptions;
+#[cfg(feature = "redis")]
 use super::redis::script::InexactInLua;
+use super::redis_invalid_options::InvalidOptions;
 
 /// A limit a store cannot decide exactly (see [`Store::supports`](super::Store::supports)).
+/// Without the `redis` feature it has no variant: the memory store decides every limit.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Unsupported {
     /// The Redis scripts, which work on doubles, cannot represent it exactly.
+    #[cfg(feature = "redis")]
     #[error(transparent)]
     InexactInLua(#[from] InexactInLua),
 }
@@ -70,8 +74,10 @@ impl StoreError {
     }
 }
 
-/// What failed: the cause of [`StoreError::Unavailable`].
+/// What failed: the cause of [`StoreError::Unavailable`]. The causes that hold a Redis
+/// client's error come with the `redis` feature (hence `non_exhaustive`).
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum Failure {
     /// Redis answered an error, or the client failed to reach it (unreachable, out of memory,
     /// cluster reconfiguring, script cache lost twice...).
@@ -83,21 +89,26 @@ pub enum Failure {
     )]
     AuthRequired(RedisFailure),
     /// The Redis URL names no server the client can open.
+    #[cfg(feature = "redis")]
     #[error("invalid Redis URL: {0}")]
     InvalidUrl(#[source] redis::RedisError),
     /// A cluster seed URL names no server the client can open.
+    #[cfg(feature = "redis")]
     #[error("invalid cluster seed URL: {0}")]
     InvalidSeedUrl(#[source] redis::RedisError),
     /// The connection to the Redis server could not be set up.
+    #[cfg(feature = "redis")]
     #[error("cannot create Redis connection: {0}")]
     NoConnection(#[source] redis::RedisError),
     /// A cluster node's address, as the slot map gives it, is no address the client can open.
+    #[cfg(feature = "redis")]
     #[error("invalid node address {node}: {source}")]
     InvalidNodeAddress {
         node: Arc<str>,
         source: redis::RedisError,
     },
     /// The connection to a cluster node could not be set up.
+    #[cfg(feature = "redis")]
     #[error("cannot connect to {node}: {source}")]
     CannotConnect {
         node: Arc<str>,
@@ -121,10 +132,13 @@ pub enum Failure {
     NoSlotFailed,
 }
 
-/// What Redis answered a failed call with.
+/// What Redis answered a failed call with. The client's error comes with the `redis` feature
+/// (hence `non_exhaustive`).
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum RedisFailure {
     /// The client's error: the server's, or its own (I/O, protocol).
+    #[cfg(feature = "redis")]
     #[error("{0}")]
     Client(#[source] redis::RedisError),
     /// The error a batched script call answered for one request: the server's error as its
@@ -133,6 +147,8 @@ pub enum RedisFailure {
     Script(String),
 }
 
+// Asked by the Redis stores alone.
+#[cfg(feature = "redis")]
 impl RedisFailure {
     /// Whether its text says `mark`.
     pub(crate) fn says(&self, mark: &str) -> bool {
@@ -218,16 +234,21 @@ pub enum RedisCall {
     Policy,
 }
 
-/// What the store answered that cannot be used: the cause of [`StoreError::InvalidData`].
+/// What the store answered that cannot be used: the cause of [`StoreError::InvalidData`]. The
+/// causes the Redis client or scripts give come with the `redis` feature (hence
+/// `non_exhaustive`).
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum Invalid {
     /// A foreign value at one of our keys (`WRONGTYPE`).
     #[error("{0}")]
     ForeignValue(RedisFailure),
     /// A reply the client could not read as what was asked.
+    #[cfg(feature = "redis")]
     #[error("{0}")]
     Unreadable(#[source] redis::RedisError),
     /// A limit the Redis scripts cannot decide exactly.
+    #[cfg(feature = "redis")]
     #[error(transparent)]
     Inexact(#[from] InexactInLua),
     /// A decision script's reply of the wrong length.
@@ -250,7 +271,9 @@ pub enum Invalid {
     TooFewFromPostures,
 }
 
-#[cfg(test)]
+// The causes' texts, most of them Redis's (its client's errors among them): the `redis`
+// feature's.
+#[cfg(all(test, feature = "redis"))]
 mod tests {
     use std::error::Error as _;
 

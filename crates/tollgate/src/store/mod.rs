@@ -3,20 +3,28 @@
 //! This file only declares the modules and names what they hold: the contract types live in
 //! files of their own ([`Charge`] in `charge.rs`, [`Store`] in `contract.rs`, [`StoreError`] in
 //! `error.rs`), so that the backends can import them without importing this file back.
+//!
+//! The Redis stores ([`redis`]) come with the `redis` feature, on by default. Their settings
+//! ([`RedisOptions`]) and the circuit breaker's states are in every build: the same types are
+//! taken and reported with and without it.
 
 mod backend;
+// Its Redis half (the permits a call holds, logged) has no user without the Redis stores.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) mod breaker;
 mod capacity;
 mod charge;
 mod contract;
 mod error;
 mod memory;
+#[cfg(feature = "redis")]
 pub mod redis;
 mod redis_invalid_options;
 mod redis_options;
 mod timed;
 mod url;
 
+#[cfg(feature = "redis")]
 pub use self::redis::{LATE_SLACK, RedisStore, SharedPolicy};
 pub use backend::StoreBackend;
 pub use capacity::{

@@ -10,8 +10,7 @@ use std::time::Duration;
 use tollgate::clock::SystemClock;
 use tollgate::limiter::{CheckRequest, CheckResponse, Code, Limiter, RequestDescriptor};
 use tollgate::policy::Policy;
-use tollgate::store::{CoalesceOptions, MemoryStore, RedisOptions, StoreBackend, StoreUrl};
-use tollgate_testkit::{RedisCluster, RedisServer};
+use tollgate::store::{MemoryStore, StoreBackend};
 
 /// Day windows: a test never sees one roll over (short of midnight UTC).
 const POLICY: &str = r#"
@@ -159,23 +158,6 @@ async fn on_store(store: StoreBackend, clock: Arc<SystemClock>, run: &str) {
     checks_on(&limiter, run).await;
 }
 
-async fn on_redis(url: &str, options: RedisOptions, run: &str) {
-    let clock = Arc::new(SystemClock::new());
-    let url: StoreUrl = url.parse().unwrap();
-    let store = StoreBackend::open(&url, options, clock.clone())
-        .await
-        .unwrap();
-    on_store(store, clock, run).await;
-}
-
-fn options() -> RedisOptions {
-    RedisOptions {
-        connect_timeout: Duration::from_secs(5),
-        command_timeout: Duration::from_secs(2),
-        ..RedisOptions::default()
-    }
-}
-
 #[tokio::test]
 async fn quota_mode_and_checks_on_the_memory_store() {
     let clock = Arc::new(SystemClock::new());
@@ -183,22 +165,48 @@ async fn quota_mode_and_checks_on_the_memory_store() {
     on_store(store, clock, "m").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn quota_mode_and_checks_on_redis() {
-    let redis = RedisServer::start();
-    on_redis(&redis.url(), options(), "one").await;
-    let batched = RedisOptions {
-        coalesce: CoalesceOptions {
-            max_batch: 0,
-            ..CoalesceOptions::default()
-        },
-        ..options()
-    };
-    on_redis(&redis.url(), batched, "unbatched").await;
-}
+/// The Redis stores (the `redis` feature).
+#[cfg(feature = "redis")]
+mod redis {
+    use tollgate::store::{CoalesceOptions, RedisOptions, StoreUrl};
+    use tollgate_testkit::{RedisCluster, RedisServer};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn quota_mode_and_checks_across_cluster_slots() {
-    let cluster = RedisCluster::start(3, 0);
-    on_redis(&cluster.store_url(), options(), "cluster").await;
+    use super::*;
+
+    async fn on_redis(url: &str, options: RedisOptions, run: &str) {
+        let clock = Arc::new(SystemClock::new());
+        let url: StoreUrl = url.parse().unwrap();
+        let store = StoreBackend::open(&url, options, clock.clone())
+            .await
+            .unwrap();
+        on_store(store, clock, run).await;
+    }
+
+    fn options() -> RedisOptions {
+        RedisOptions {
+            connect_timeout: Duration::from_secs(5),
+            command_timeout: Duration::from_secs(2),
+            ..RedisOptions::default()
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn quota_mode_and_checks_on_redis() {
+        let redis = RedisServer::start();
+        on_redis(&redis.url(), options(), "one").await;
+        let batched = RedisOptions {
+            coalesce: CoalesceOptions {
+                max_batch: 0,
+                ..CoalesceOptions::default()
+            },
+            ..options()
+        };
+        on_redis(&redis.url(), batched, "unbatched").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn quota_mode_and_checks_across_cluster_slots() {
+        let cluster = RedisCluster::start(3, 0);
+        on_redis(&cluster.store_url(), options(), "cluster").await;
+    }
 }

@@ -5,10 +5,15 @@
 //!
 //! One test binary for all of them: each links the whole stack once, not once a file.
 
+// The Redis files need the Redis stores (the `redis` feature, on by default).
+#[cfg(feature = "redis")]
 mod grants_twin;
+#[cfg(feature = "redis")]
 mod lua_twin;
 mod memory_fast_path;
 mod memory_store;
+#[cfg(feature = "redis")]
 mod redis_failover;
+#[cfg(feature = "redis")]
 mod redis_library;
 mod strategies;
