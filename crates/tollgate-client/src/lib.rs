@@ -35,23 +35,26 @@
 //!
 //! # Features
 //!
-//! Each way of deciding is a Cargo feature, all three on by default; the middleware
+//! Each way of deciding is a Cargo feature, three of them on by default; the middleware
 //! ([`RateLimitLayer`], [`Descriptors`], the [`Backend`] trait) is always there. Turn the
 //! default off to compile only what you use: `tollgate-client = { version = "0.1",
-//! default-features = false, features = ["embedded"] }` builds no gRPC or HTTP client.
+//! default-features = false, features = ["embedded"] }` builds no gRPC or HTTP client, and
+//! `features = ["embedded-memory"]` no Redis client either.
 //!
-//! | feature | brings | extra dependencies |
-//! |---|---|---|
-//! | `embedded` | `Embedded`, `Options`, `OpenError`, `verdict`: the limiter in-process | none |
-//! | `remote-http` | `Remote`, `Posture`: a client of the service's HTTP API | `reqwest`, `serde`, `url` |
-//! | `remote-grpc` | `RemoteGrpc`, `Posture`, `tls`: a client of its gRPC API | `tonic`, `envoy-types`, `url` |
+//! | feature | default | brings | extra dependencies |
+//! |---|---|---|---|
+//! | `embedded` | on | `Embedded`, `Options`, `OpenError`, `verdict`: the limiter in-process, on the memory store or Redis (`redis://`, `redis+cluster://`) | `redis` (tollgate's `redis` feature) |
+//! | `embedded-memory` | with `embedded` | the same on the memory store alone: a Redis URL is refused with `InvalidStoreUrl::RedisNotBuilt` | none |
+//! | `remote-http` | on | `Remote`, `Posture`: a client of the service's HTTP API | `reqwest`, `serde`, `url` |
+//! | `remote-grpc` | on | `RemoteGrpc`, `Posture`, `tls`: a client of its gRPC API | `tonic`, `envoy-types`, `url` |
 //!
 //! Every feature depends on the `tollgate` crate (the request and response types, and the
-//! limiter itself), and the doc example above needs `embedded`.
+//! limiter itself), without its Redis stores unless `embedded` is on; the doc example above
+//! needs `embedded-memory`.
 
 mod backend;
 mod describe;
-#[cfg(feature = "embedded")]
+#[cfg(feature = "embedded-memory")]
 mod embedded;
 mod layer;
 #[cfg(feature = "remote-grpc")]
@@ -65,7 +68,7 @@ mod remote_http;
 
 pub use backend::{Backend, BackendError, Outcome, Verdict};
 pub use describe::{AuthenticatedUser, Describe, Descriptors};
-#[cfg(feature = "embedded")]
+#[cfg(feature = "embedded-memory")]
 pub use embedded::{DEFAULT_POLICY_SYNC, Embedded, OpenError, Options, verdict};
 pub use layer::{Cost, RateLimit, RateLimitLayer, refused_charges};
 #[cfg(any(feature = "remote-http", feature = "remote-grpc"))]
