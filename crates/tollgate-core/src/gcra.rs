@@ -63,9 +63,7 @@ pub fn refund(params: &Params, state: &State, at: Timestamp, cost: u64) -> Trans
             limit,
             period,
         } if limit == params.limit_scale() && period == params.period_scale() => {
-            let floor = u128::from(at.as_micros()) * u128::from(params.limit());
-            let back = u128::from(cost.min(params.burst())) * u128::from(params.period_micros());
-            match rewound(tat_scaled, floor, back) {
+            match rewound(params, tat_scaled, at, cost) {
                 Some(tat_scaled) => Transition::Set(State::Gcra {
                     tat_scaled,
                     updated,

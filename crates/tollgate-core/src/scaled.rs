@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use crate::Timestamp;
+use crate::{Params, Timestamp};
 
 /// `x` as `u64`, saturating.
 pub(crate) fn saturate(x: u128) -> u64 {
@@ -26,10 +26,12 @@ pub(crate) fn instant(x: u128) -> Timestamp {
     Timestamp::from_micros(saturate(x))
 }
 
-/// A GCRA or leaky bucket instant, scaled, moved back by `back` scaled units but never before
-/// `floor` (the scaled instant of the charge being given back); `None` when it is not past the
-/// floor, and nothing is to move.
-pub(crate) fn rewound(scaled: u128, floor: u128, back: u128) -> Option<u128> {
+/// A GCRA or leaky bucket instant, scaled, moved back by what a charge of `cost` at `at` added
+/// (`cost * period_micros` scaled units, `cost` at most the burst) but never before `at`;
+/// `None` when it is not past `at`, and nothing is to move.
+pub(crate) fn rewound(params: &Params, scaled: u128, at: Timestamp, cost: u64) -> Option<u128> {
+    let floor = u128::from(at.as_micros()) * u128::from(params.limit());
+    let back = u128::from(cost.min(params.burst())) * u128::from(params.period_micros());
     (scaled > floor).then(|| scaled.saturating_sub(back).max(floor))
 }
 
