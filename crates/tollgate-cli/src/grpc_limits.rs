@@ -14,7 +14,7 @@ const MAX_WINDOW: u64 = (1 << 31) - 1;
 pub struct GrpcLimitArgs {
     /// Requests in flight per gRPC connection (HTTP/2's `SETTINGS_MAX_CONCURRENT_STREAMS`); a
     /// client wanting more opens another connection, as Envoy does.
-    #[arg(long, env = "TOLLGATE_GRPC_MAX_CONCURRENT_STREAMS", default_value_t = tollgate_server::listen::GRPC_MAX_STREAMS, value_parser = crate::serve::positive::<u32>, value_name = "N")]
+    #[arg(long, env = "TOLLGATE_GRPC_MAX_CONCURRENT_STREAMS", default_value_t = tollgate_server::listen::GRPC_MAX_STREAMS, value_parser = crate::arg_values::positive::<u32>, value_name = "N")]
     pub grpc_max_concurrent_streams: u32,
     /// Bytes one gRPC stream may send before the server reads them (HTTP/2's initial stream
     /// window), at least 64KiB - 1 byte: `64KiB`, `1MiB` or a number of bytes.
@@ -36,7 +36,7 @@ pub struct GrpcLimitArgs {
     /// gRPC connections open at once (TLS handshakes included); one accepted past it is closed
     /// at once, counted in `tollgate_grpc_connections_refused_total` and logged at most once a
     /// second.
-    #[arg(long, env = "TOLLGATE_GRPC_MAX_CONNECTIONS", default_value_t = 1024, value_parser = crate::serve::positive::<usize>, value_name = "N")]
+    #[arg(long, env = "TOLLGATE_GRPC_MAX_CONNECTIONS", default_value_t = 1024, value_parser = crate::arg_values::positive::<usize>, value_name = "N")]
     pub grpc_max_connections: usize,
 }
 

@@ -1,6 +1,7 @@
 //! `tollgate`: the rate-limit decision service and its tools.
 
 mod admin_client;
+mod arg_values;
 mod bench;
 mod bench_server;
 mod check;
@@ -8,6 +9,7 @@ mod grpc_limits;
 mod grpc_tls;
 mod policy;
 mod serve;
+mod serve_args;
 mod stdout;
 mod top;
 mod upstream_env;
@@ -36,7 +38,7 @@ struct Cli {
 enum Command {
     /// Run the service: Envoy RLS v3 gRPC and the HTTP/JSON API.
     #[command(allow_negative_numbers = true)]
-    Serve(Box<serve::ServeArgs>),
+    Serve(Box<serve_args::ServeArgs>),
     /// Ask a running server for a decision and print it.
     #[command(allow_negative_numbers = true)]
     Check(check::CheckArgs),

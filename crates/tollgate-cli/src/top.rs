@@ -16,7 +16,7 @@ pub struct TopArgs {
     #[arg(long)]
     rule: String,
     /// How many keys.
-    #[arg(short = 'n', long, default_value_t = 10, value_parser = crate::serve::positive::<usize>)]
+    #[arg(short = 'n', long, default_value_t = 10, value_parser = crate::arg_values::positive::<usize>)]
     count: usize,
     #[command(flatten)]
     admin: AdminArgs,

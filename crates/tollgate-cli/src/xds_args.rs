@@ -60,10 +60,10 @@ pub struct XdsArgs {
     /// The first wait before connecting again after a stream to the management server failed;
     /// each further wait doubles, up to `--xds-backoff-max`, each a random time between half
     /// and all of it.
-    #[arg(long, default_value = "10s", value_parser = crate::serve::humantime_duration, value_name = "DURATION", env = "TOLLGATE_XDS_BACKOFF_INITIAL")]
+    #[arg(long, default_value = "10s", value_parser = crate::arg_values::humantime_duration, value_name = "DURATION", env = "TOLLGATE_XDS_BACKOFF_INITIAL")]
     xds_backoff_initial: Duration,
     /// The longest wait before connecting again.
-    #[arg(long, default_value = "60s", value_parser = crate::serve::humantime_duration, value_name = "DURATION", env = "TOLLGATE_XDS_BACKOFF_MAX")]
+    #[arg(long, default_value = "60s", value_parser = crate::arg_values::humantime_duration, value_name = "DURATION", env = "TOLLGATE_XDS_BACKOFF_MAX")]
     xds_backoff_max: Duration,
     /// With `--config-source`: serve at once, with the empty policy (every request allowed,
     /// `/readyz` saying so) until the first configuration arrives, instead of waiting for it
