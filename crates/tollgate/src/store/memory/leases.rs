@@ -127,4 +127,24 @@ mod tests {
             );
         }
     }
+
+    /// A log that a reload replaced by another algorithm's counter is a counter made then: a
+    /// give-back of a charge the log took before leaves it alone.
+    #[tokio::test]
+    async fn a_log_replaced_by_another_algorithm_gets_nothing_back() {
+        let (clock, store) = store();
+        let log = Params::new(
+            Algorithm::SlidingWindowLog,
+            10,
+            Duration::from_secs(1),
+            None,
+        )
+        .unwrap();
+        let gcra = Params::new(Algorithm::Gcra, 10, Duration::from_secs(1), None).unwrap();
+        let (_, at) = store.reserve(Charge::new(b"k", &log, 5)).unwrap();
+        clock.advance(Duration::from_millis(10));
+        store.apply(&[Charge::new(b"k", &gcra, 2)]).await.unwrap();
+        assert!(!store.give_back(Charge::new(b"k", &gcra, 5), at));
+        assert_eq!(left(&store, &gcra).await, 8, "the 2 stay charged");
+    }
 }

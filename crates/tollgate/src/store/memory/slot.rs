@@ -71,8 +71,9 @@ impl Slot {
     /// Applies `transition` and renews the expiry from the same state, read once. A sliding
     /// log is changed in place (no allocation once its buffer has grown to its longest length).
     /// A state that had expired at `now` was decided as empty, and is replaced by an empty one
-    /// made at `now` first (as Redis makes a new key once a TTL dropped the old one); so is
-    /// a log that a state of another algorithm replaces.
+    /// made at `now` first (as Redis makes a new key once a TTL dropped the old one). A log
+    /// that a state of another algorithm replaces (a reload changed the rule's algorithm) is
+    /// stored as that state, made at `now`.
     pub(super) fn apply(&mut self, transition: Transition, params: &Params, now: Timestamp) {
         if self.expires_at <= now {
             self.state = Stored::new(State::empty(params), now);
@@ -80,6 +81,9 @@ impl Slot {
         if let Stored::SlidingWindowLog(state) = &mut self.state {
             state.apply(transition);
             self.expires_at = state.expires_at(params);
+            if !matches!(**state, State::SlidingWindowLog { .. }) {
+                self.state = Stored::new((**state).clone(), now);
+            }
             return;
         }
         let born = self.state.born().unwrap_or(now);
