@@ -7,6 +7,8 @@
 //! cargo run -q -p tollgate --example redis-lua -- library      # FUNCTION LOAD's argument
 //! cargo run -q -p tollgate --example redis-lua -- function     # the name FCALL calls
 //! cargo run -q -p tollgate --example redis-lua -- batch        # DECIDE_BATCH for EVALSHA
+//! cargo run -q -p tollgate --example redis-lua -- decide       # DECIDE, one unbatched call
+//! cargo run -q -p tollgate --example redis-lua -- refund       # REFUND
 //! cargo run -q -p tollgate --example redis-lua -- request gcra 1000 1s
 //! ```
 //!
