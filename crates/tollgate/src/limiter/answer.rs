@@ -22,22 +22,28 @@ pub(super) struct Told {
     pub degraded: Option<Posture>,
 }
 
-/// The response to a request whose live plan `live` got `told`, one per span, in order (the
-/// limits move out of the plan). With `commit`, each limit's outcome is recorded in
-/// `snapshot`'s counters and top keys.
+/// A response with no statuses yet, for [`build`] to fill.
+pub(super) fn empty() -> CheckResponse {
+    CheckResponse {
+        overall: Code::Ok,
+        statuses: Statuses::new(),
+    }
+}
+
+/// Fills `response` ([`empty`]) with the answer to a request whose live plan `live` got
+/// `told`, one per span, in order (the limits move out of the plan). With `commit`, each
+/// limit's outcome is recorded in `snapshot`'s counters and top keys.
+///
+/// Filled where the caller keeps it: the response holds four statuses inline (over 500
+/// bytes), and each return by value through the frames above cost a copy of them.
 pub(super) fn build(
     snapshot: &Snapshot,
     descriptors: &[RequestDescriptor],
     live: &mut Plan,
     told: impl IntoIterator<Item = Told>,
-    commit: bool,
-    now: Timestamp,
-) -> CheckResponse {
-    // Built where it stays: the response holds its statuses inline.
-    let mut response = CheckResponse {
-        overall: Code::Ok,
-        statuses: Statuses::new(),
-    };
+    (commit, now): (bool, Timestamp),
+    response: &mut CheckResponse,
+) {
     let statuses = &mut response.statuses;
     statuses.extend(descriptors.iter().map(|_| DescriptorStatus::unlimited()));
     for ((i, _), told) in live.spans.iter().zip(told) {
@@ -95,7 +101,6 @@ pub(super) fn build(
         }
     }
     response.overall = overall(&response.statuses);
-    response
 }
 
 /// The request's code from its descriptors' (as envoyproxy/ratelimit decides it):

@@ -79,7 +79,9 @@ impl Pipeline<'_> {
                     .fetch_add(1, Ordering::Relaxed);
                 drop(charges);
                 let told = answer::prefiltered(index, denial);
-                return Ok(self.answer(request, &mut planned.live, told, true));
+                let mut response = answer::empty();
+                self.answer(request, &mut planned.live, told, true, &mut response);
+                return Ok(response);
             }
             Answered::Postures { degraded, cause } => {
                 if call.mode.applies() {
@@ -97,7 +99,9 @@ impl Pipeline<'_> {
         );
         // The charges borrow the plan's keys; the limits move out of it below.
         drop(charges);
-        Ok(self.answer_decided(request, &mut planned, &decisions, postures))
+        let mut response = answer::empty();
+        self.answer_decided(request, &mut planned, &decisions, postures, &mut response);
+        Ok(response)
     }
 
     /// [`Pipeline::decide`] on the memory store, which answers in place: made on this stack
@@ -106,12 +110,15 @@ impl Pipeline<'_> {
     /// `None` for a request the memory store could decide only in part (at its most keys,
     /// a limit on a new key): nothing was charged, and [`Pipeline::decide`] decides it again,
     /// letting the postures answer for the new keys.
+    ///
+    /// The answer is filled into `response` ([`answer::empty`]), which the caller keeps.
     pub fn decide_now(
         &self,
         memory: &MemoryStore,
         request: &CheckRequest,
         commit: bool,
-    ) -> Option<Result<CheckResponse, InvalidRequest>> {
+        response: &mut CheckResponse,
+    ) -> Option<Result<(), InvalidRequest>> {
         let mut planned = Planned::default();
         if let Err(invalid) = self.plan(request, commit, &mut planned) {
             return Some(Err(invalid));
@@ -137,12 +144,8 @@ impl Pipeline<'_> {
             &mut decisions,
         );
         drop(charges);
-        Some(Ok(self.answer_decided(
-            request,
-            &mut planned,
-            &decisions,
-            None,
-        )))
+        self.answer_decided(request, &mut planned, &decisions, None, response);
+        Some(Ok(()))
     }
 
     /// The call of a request's charges, the first `live` of them the live plan's.
@@ -202,23 +205,24 @@ impl Pipeline<'_> {
         (charges, live)
     }
 
-    /// The answer to `planned`'s request from `decisions` and the postures that answered.
+    /// The answer to `planned`'s request from `decisions` and the postures that answered,
+    /// filled into `response` ([`answer::empty`]).
     fn answer_decided(
         &self,
         request: &CheckRequest,
         planned: &mut Planned,
         decisions: &Decisions,
         postures: Option<Degraded>,
-    ) -> CheckResponse {
+        response: &mut CheckResponse,
+    ) {
         let degraded = |n: usize| postures.as_ref().and_then(|p| p.get(n).copied().flatten());
         let told = decisions.iter().enumerate().map(|(n, &decision)| Told {
             decision: Some(decision),
             degraded: degraded(n),
         });
         let commit = planned.commit;
-        let response = self.answer(request, &mut planned.live, told, commit);
-        self.telemetry.note_answer(&response, commit);
-        response
+        self.answer(request, &mut planned.live, told, commit, response);
+        self.telemetry.note_answer(response, commit);
     }
 
     fn answer(
@@ -227,12 +231,12 @@ impl Pipeline<'_> {
         live: &mut Plan,
         told: impl IntoIterator<Item = Told>,
         commit: bool,
-    ) -> CheckResponse {
+        response: &mut CheckResponse,
+    ) {
         let descriptors = request.descriptors();
-        let mut response =
-            answer::build(&self.snapshot, descriptors, live, told, commit, self.at.0);
-        answer::mark_unlimited(&self.snapshot.policy, request, &mut response);
-        response
+        let at = (commit, self.at.0);
+        answer::build(&self.snapshot, descriptors, live, told, at, response);
+        answer::mark_unlimited(&self.snapshot.policy, request, response);
     }
 }
 

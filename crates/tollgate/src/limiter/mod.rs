@@ -182,14 +182,23 @@ impl Limiter {
     /// allocator's shared arena lock and consolidated its free lists. The memory store answers
     /// in place, so its decision is a plain call that never outlives this one; Redis futures
     /// are boxed on their own instead.
+    ///
+    /// The response is filled where it is returned from: built in a frame below and returned
+    /// through each, its statuses (over 500 bytes inline) were copied at every step.
     fn decide_in_place(
         &self,
         request: &CheckRequest,
         commit: bool,
     ) -> Option<Result<CheckResponse, LimitError>> {
         let memory = self.store().memory()?;
-        let decided = self.pipeline().decide_now(memory, request, commit)?;
-        Some(decided.map_err(LimitError::from))
+        let mut response = answer::empty();
+        match self
+            .pipeline()
+            .decide_now(memory, request, commit, &mut response)?
+        {
+            Ok(()) => Some(Ok(response)),
+            Err(invalid) => Some(Err(invalid.into())),
+        }
     }
 
     async fn decide(
