@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use arc_swap::{ArcSwap, ArcSwapOption};
+use arc_swap::ArcSwap;
 
 use super::Limiter;
 use super::overrides::Overrides;
+use super::shadow::CandidateSlot;
 use super::snapshot::Snapshot;
 use super::telemetry::Telemetry;
 use crate::clock::{SharedClock, SystemClock};
@@ -33,7 +34,7 @@ impl Limiter {
     ) -> Self {
         Limiter {
             snapshot: ArcSwap::from_pointee(Snapshot::new(policy, None)),
-            candidate: ArcSwapOption::empty(),
+            candidate: CandidateSlot::default(),
             stack: Postures::new(
                 HotKeys::new(Timed::new(store), true),
                 settings,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use arc_swap::{ArcSwapOption, Guard};
+use arc_swap::Guard;
 use smallvec::SmallVec;
 use tollgate_core::Timestamp;
 
@@ -15,6 +15,7 @@ use super::overrides::Overrides;
 use super::plan::{Plan, Planner, Side};
 use super::request::{CheckRequest, InvalidRequest};
 use super::response::CheckResponse;
+use super::shadow::CandidateSlot;
 use super::snapshot::Snapshot;
 use super::stack::Stack;
 use super::telemetry::Telemetry;
@@ -26,7 +27,7 @@ use crate::store::{
 /// What one decision reads of the limiter, borrowed for the request.
 pub(super) struct Pipeline<'a> {
     pub snapshot: Guard<Arc<Snapshot>>,
-    pub candidate: &'a ArcSwapOption<Candidate>,
+    pub candidate: &'a CandidateSlot,
     /// The store under its layers.
     pub stack: &'a Stack,
     pub overrides: &'a Overrides,
@@ -180,7 +181,7 @@ impl Pipeline<'_> {
         planned.commit = commit && !planned.live.blocks();
         // Only charged decisions feed the candidate: explain shows the live policy alone.
         if planned.commit
-            && let Some(c) = self.candidate.load_full()
+            && let Some(c) = self.candidate.load()
         {
             let mut plan = Box::<Plan>::default();
             let side = Side::Candidate(c.hash());

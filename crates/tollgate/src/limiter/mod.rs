@@ -11,6 +11,7 @@ mod overrides;
 mod plan;
 mod request;
 mod response;
+mod shadow;
 mod snapshot;
 mod stack;
 mod telemetry;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use arc_swap::{ArcSwap, ArcSwapOption};
+use arc_swap::ArcSwap;
 use tollgate_core::Timestamp;
 
 pub use crate::resilience::FailureSettings;
@@ -37,6 +38,7 @@ pub use response::{AppliedLimit, CheckResponse, Code, DescriptorStatus, Statuses
 pub use telemetry::Transport;
 
 use self::decide::Pipeline;
+use self::shadow::CandidateSlot;
 use self::snapshot::Snapshot;
 use self::stack::Stack;
 use self::telemetry::Telemetry;
@@ -54,7 +56,7 @@ use crate::store::StoreBackend;
 pub struct Limiter {
     snapshot: ArcSwap<Snapshot>,
     /// A policy decided beside the live one and never enforced (see [`Candidate`]).
-    candidate: ArcSwapOption<Candidate>,
+    candidate: CandidateSlot,
     /// The store under its layers.
     stack: Stack,
     overrides: Overrides,
@@ -136,15 +138,12 @@ impl Limiter {
 
     /// Clears the candidate if it is still `expected`; returns whether it was.
     pub fn clear_candidate(&self, expected: &Arc<Candidate>) -> bool {
-        let previous = self.candidate.compare_and_swap(expected, None);
-        previous
-            .as_ref()
-            .is_some_and(|previous| Arc::ptr_eq(previous, expected))
+        self.candidate.clear(expected)
     }
 
     /// The shadow candidate, if one is set.
     pub fn candidate(&self) -> Option<Arc<Candidate>> {
-        self.candidate.load_full()
+        self.candidate.load()
     }
 
     /// Decides one request. A denial is `Ok` with `overall == OverLimit`; `Err` means the
@@ -274,7 +273,7 @@ impl Limiter {
 
     /// Prometheus text for the decision counters and store gauges.
     pub async fn render_metrics(&self) -> String {
-        let (snapshot, candidate) = (self.snapshot.load(), self.candidate.load_full());
+        let (snapshot, candidate) = (self.snapshot.load(), self.candidate.load());
         let posture = self.stack.settings.posture;
         self.telemetry
             .render_metrics(
