@@ -355,8 +355,8 @@ mod tests {
         StoreError::Unavailable(Failure::Redis(RedisFailure::Script(why.to_owned())))
     }
 
-    /// A store that counts its calls: it admits every charge (the limit less one remaining)
-    /// except on the key `over`, which it denies for 10 s, and fails every call once told to.
+    /// A store that counts its calls: it admits every charge (each on a fresh counter: the
+    /// limit less the charge's cost remaining) except on the key `over`, which it denies for 10 s, and fails every call once told to.
     #[derive(Debug, Default)]
     struct Counted {
         decides: AtomicUsize,
@@ -379,7 +379,11 @@ mod tests {
                     Verdict::Allowed
                 },
                 limit,
-                remaining: if over { 0 } else { limit - 1 },
+                remaining: if over {
+                    0
+                } else {
+                    limit.saturating_sub(charge.cost)
+                },
                 reset_after: Duration::from_secs(60),
                 retry_after: over.then_some(Duration::from_secs(10)),
                 delay: Duration::ZERO,
@@ -562,7 +566,11 @@ mod tests {
             let (answered, decisions) = apply(&layer, T, &hot).await;
             assert!(matches!(answered, Ok(Answered::Store)), "{answered:?}");
             assert!(decisions[0].is_allowed());
-            assert_eq!(decisions[0].remaining, 98 + BUDGET.size - n, "request {n}");
+            assert_eq!(
+                decisions[0].remaining,
+                100 - (n + 1),
+                "request {n}: the limit less what it used"
+            );
         }
         assert_eq!(store.calls(), [0, 1, 0], "one reservation, no decision");
         assert_eq!(layer.local_admissions().load(Ordering::Relaxed), 4);
@@ -592,7 +600,7 @@ mod tests {
         .await;
         assert!(matches!(answered, Ok(Answered::Store)), "{answered:?}");
         assert_eq!(decisions[1].verdict, Verdict::Denied);
-        assert_eq!(decisions[0].remaining, 99 + BUDGET.size, "as it stands");
+        assert_eq!(decisions[0].remaining, 100, "as it stands: nothing used");
         // All five units are still in the lease.
         for _ in 0..BUDGET.size {
             apply(&layer, T, &[leased(b"hot", &params)])
