@@ -27,12 +27,17 @@ pub(crate) fn instant(x: u128) -> Timestamp {
 }
 
 /// A GCRA or leaky bucket instant, scaled, moved back by what a charge of `cost` at `at` added
-/// (`cost * period_micros` scaled units, `cost` at most the burst) but never before `at`;
+/// ([`charged`]) but never before `at`;
 /// `None` when it is not past `at`, and nothing is to move.
 pub(crate) fn rewound(params: &Params, scaled: u128, at: Timestamp, cost: u64) -> Option<u128> {
     let floor = u128::from(at.as_micros()) * u128::from(params.limit());
-    let back = u128::from(cost.min(params.burst())) * u128::from(params.period_micros());
-    (scaled > floor).then(|| scaled.saturating_sub(back).max(floor))
+    (scaled > floor).then(|| scaled.saturating_sub(charged(params, cost)).max(floor))
+}
+
+/// What a charge of `cost` added to a bucket's or GCRA's scaled state: `cost * period_micros`
+/// scaled units, `cost` at most the burst.
+pub(crate) fn charged(params: &Params, cost: u64) -> u128 {
+    u128::from(cost.min(params.burst())) * u128::from(params.period_micros())
 }
 
 /// `ceil(n / d)`; `d` is a validated limit or period and never zero, but a zero divisor yields

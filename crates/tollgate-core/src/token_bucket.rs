@@ -14,7 +14,7 @@
 //! had used at `updated` (see [`State`]): as many tokens of the new params, capped at the new
 //! burst, so `max(0, new burst - used)` were left then, refilled at the new rate since.
 
-use crate::scaled::{div_ceil, micros, saturate};
+use crate::scaled::{charged, div_ceil, micros, saturate};
 use crate::{Decision, Params, State, Timestamp, Transition};
 
 /// Decides one request; see the [module documentation](self).
@@ -68,9 +68,8 @@ pub fn refund(params: &Params, state: &State, _at: Timestamp, cost: u64) -> Tran
             && period == params.period_scale()
             && used_scaled > 0 =>
         {
-            let back = u128::from(cost.min(params.burst())) * u128::from(params.period_micros());
             Transition::Set(State::TokenBucket {
-                used_scaled: used_scaled.saturating_sub(back),
+                used_scaled: used_scaled.saturating_sub(charged(params, cost)),
                 updated,
                 limit,
                 period,
