@@ -102,6 +102,7 @@ async fn past_the_limit_a_check_is_a_429_with_retry_after() {
         header(&r, "ratelimit"),
         Some(format!("\"per_user\";r=0;t={reset}").as_str())
     );
+    assert_eq!(header(&r, "content-type"), Some("application/json"));
     let body = json_body(r).await;
     assert_eq!(body["allowed"], false);
     assert_eq!(body["overall_code"], "OVER_LIMIT");
