@@ -16,4 +16,6 @@ mod memory_store;
 mod redis_failover;
 #[cfg(feature = "redis")]
 mod redis_library;
+#[cfg(feature = "redis")]
+mod redis_support;
 mod strategies;

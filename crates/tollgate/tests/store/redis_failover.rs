@@ -6,11 +6,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::clock::SystemClock;
 use tollgate::resilience::BreakerState;
-use tollgate::store::{Charge, RedisOptions, Store, StoreBackend, StoreUrl};
+use tollgate::store::{Charge, Store, StoreBackend};
 use tollgate_core::{Algorithm, Params};
 use tollgate_testkit::RedisCluster;
+
+use super::redis_support::{hourly, open_ready};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_resume_on_the_promoted_replica() {
@@ -318,24 +319,8 @@ async fn a_request_denied_across_slots_reports_the_allowed_limit_as_it_stands() 
 /// A cluster store through one seed node, ready to decide.
 async fn connect(cluster: &RedisCluster, command_timeout: Duration) -> StoreBackend {
     let seed = cluster.seed_url();
-    let url: StoreUrl = format!("redis+cluster://{}", seed.trim_start_matches("redis://"))
-        .parse()
-        .unwrap();
-    let options = RedisOptions {
-        connect_timeout: Duration::from_secs(2),
-        command_timeout,
-        ..RedisOptions::default()
-    };
-    let store = StoreBackend::open(&url, options, Arc::new(SystemClock::new()))
-        .await
-        .unwrap();
-    assert!(store.wait_ready(Duration::from_secs(10)).await);
-    store
-}
-
-/// `limit` an hour with `algorithm`.
-fn hourly(algorithm: Algorithm, limit: u64) -> Params {
-    Params::new(algorithm, limit, Duration::from_secs(3600), None).unwrap()
+    let url = format!("redis+cluster://{}", seed.trim_start_matches("redis://"));
+    open_ready(&url, command_timeout).await
 }
 
 /// Where the cluster's only key lives: its primary's port, the key, and its slot.

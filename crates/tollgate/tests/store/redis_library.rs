@@ -6,11 +6,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::clock::SystemClock;
 use tollgate::store::redis::script::decide_batch_library;
-use tollgate::store::{Charge, RedisOptions, Store, StoreBackend, StoreUrl};
+use tollgate::store::{Charge, Store, StoreBackend};
 use tollgate_core::{Algorithm, Params};
 use tollgate_testkit::RedisServer;
+
+use super::redis_support::{hourly, open_ready};
 
 /// A Redis that refuses `FUNCTION` (here renamed away; an ACL without `+function` answers
 /// `NOPERM` alike) gets its batches by `EVALSHA`, which decides exactly: of 60 concurrent
@@ -25,7 +26,7 @@ async fn a_redis_that_refuses_functions_decides_exactly_by_evalsha() {
         "FUNCTION is refused"
     );
     let store = Arc::new(connect(&redis).await);
-    let params = hourly(25);
+    let params = hourly(Algorithm::FixedWindow, 25);
 
     assert_eq!(admitted(&store, b"refused", &params, 60).await, 25);
     assert_eq!(admitted(&store, b"refused", &params, 5).await, 0);
@@ -46,7 +47,7 @@ async fn a_redis_whose_acl_refuses_fcall_decides_exactly_by_evalsha() {
     let redis = RedisServer::start();
     assert_eq!(redis.cli(&["ACL", "SETUSER", "default", "-fcall"]), "OK");
     let store = Arc::new(connect(&redis).await);
-    let params = hourly(25);
+    let params = hourly(Algorithm::FixedWindow, 25);
 
     assert_eq!(admitted(&store, b"no-fcall", &params, 60).await, 25);
     assert_eq!(admitted(&store, b"no-fcall", &params, 5).await, 0);
@@ -65,7 +66,7 @@ async fn a_redis_whose_acl_refuses_fcall_decides_exactly_by_evalsha() {
 async fn a_flushed_library_is_loaded_again_and_decisions_stay_exact() {
     let redis = RedisServer::start();
     let store = Arc::new(connect(&redis).await);
-    let params = hourly(30);
+    let params = hourly(Algorithm::FixedWindow, 30);
     let library = library_name();
 
     assert_eq!(admitted(&store, b"flushed", &params, 10).await, 10);
@@ -126,26 +127,5 @@ fn calls(stats: &str, command: &str) -> u64 {
 
 /// A single-server store, coalescing as `serve` does, ready to decide.
 async fn connect(redis: &RedisServer) -> StoreBackend {
-    let url: StoreUrl = redis.url().parse().unwrap();
-    let options = RedisOptions {
-        connect_timeout: Duration::from_secs(2),
-        command_timeout: Duration::from_secs(2),
-        ..RedisOptions::default()
-    };
-    let store = StoreBackend::open(&url, options, Arc::new(SystemClock::new()))
-        .await
-        .unwrap();
-    assert!(store.wait_ready(Duration::from_secs(10)).await);
-    store
-}
-
-/// `limit` an hour, fixed window.
-fn hourly(limit: u64) -> Params {
-    Params::new(
-        Algorithm::FixedWindow,
-        limit,
-        Duration::from_secs(3600),
-        None,
-    )
-    .unwrap()
+    open_ready(&redis.url(), Duration::from_secs(2)).await
 }
