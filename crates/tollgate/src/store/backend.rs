@@ -214,8 +214,4 @@ impl super::contract::Granting for StoreBackend {
     fn grantor(&self) -> Option<&std::sync::Arc<MemoryStore>> {
         None
     }
-
-    fn shared(&self) -> bool {
-        false
-    }
 }

@@ -259,6 +259,10 @@ pub trait Granting {
 
     /// Whether replicas share this stack's store (Redis), so that keeping hot keys off it
     /// pays: the prefilter and local budgets apply only then. A store of one process (memory)
-    /// already decides locally; they would add nothing there, and stay inert.
-    fn shared(&self) -> bool;
+    /// already decides locally; they would add nothing there, and stay inert. By default, a
+    /// stack shares the store it leases from: today only Redis is handed out as a grantor; a
+    /// stack that hands out the memory store must answer `false` here.
+    fn shared(&self) -> bool {
+        self.grantor().is_some()
+    }
 }

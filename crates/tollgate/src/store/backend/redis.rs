@@ -55,8 +55,4 @@ impl Granting for StoreBackend {
     fn grantor(&self) -> Option<&Arc<RedisStore>> {
         self.redis()
     }
-
-    fn shared(&self) -> bool {
-        self.redis().is_some()
-    }
 }
