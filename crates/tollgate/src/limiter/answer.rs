@@ -41,7 +41,8 @@ pub(super) fn build(
     descriptors: &[RequestDescriptor],
     live: &mut Plan,
     told: impl IntoIterator<Item = Told>,
-    (commit, now): (bool, Timestamp),
+    commit: bool,
+    now: Timestamp,
     response: &mut CheckResponse,
 ) {
     let statuses = &mut response.statuses;

@@ -235,8 +235,16 @@ impl Pipeline<'_> {
         response: &mut CheckResponse,
     ) {
         let descriptors = request.descriptors();
-        let at = (commit, self.at.0);
-        answer::build(&self.snapshot, descriptors, live, told, at, response);
+        let now = self.at.0;
+        answer::build(
+            &self.snapshot,
+            descriptors,
+            live,
+            told,
+            commit,
+            now,
+            response,
+        );
         answer::mark_unlimited(&self.snapshot.policy, request, response);
     }
 }
