@@ -45,6 +45,9 @@ use super::prometheus::Distribution;
 pub struct Histogram {
     /// Upper bounds in seconds, finite and strictly increasing.
     bounds: &'static [f64],
+    /// The same in whole nanoseconds (the most each bucket holds), which a duration is
+    /// compared with: an integer search where one in seconds converted the duration to a float.
+    bounds_nanos: Box<[u64]>,
     /// Per-bucket (not cumulative) counts: one per bound, then one for `+Inf`.
     buckets: Box<[AtomicU64]>,
     /// Sum of all observations in nanoseconds; wraps after about 584 years of total latency.
@@ -72,6 +75,7 @@ impl Histogram {
         );
         Histogram {
             bounds,
+            bounds_nanos: bounds.iter().map(|&b| nanos_at_most(b)).collect(),
             buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
             sum_nanos: AtomicU64::new(0),
         }
@@ -79,12 +83,11 @@ impl Histogram {
 
     /// Counts one duration: in the first bucket whose bound is at or above it, else `+Inf`.
     pub fn observe(&self, duration: Duration) {
-        let seconds = duration.as_secs_f64();
-        let bucket = self.bounds.partition_point(|&bound| bound < seconds);
+        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        let bucket = self.bounds_nanos.partition_point(|&bound| bound < nanos);
         if let Some(counter) = self.buckets.get(bucket) {
             counter.fetch_add(1, Ordering::Relaxed);
         }
-        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
         self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
@@ -98,6 +101,20 @@ impl Histogram {
     /// The sum of all observed durations.
     pub fn sum(&self) -> Duration {
         Duration::from_nanos(self.sum_nanos.load(Ordering::Relaxed))
+    }
+}
+
+/// The most whole nanoseconds a bound of `seconds` holds (0 for a negative one). A decimal
+/// bound is a few ulps off its value in binary (1e-5 × 1e9 is 10000.000000000002): the
+/// integer it lies that close to is the bound itself.
+fn nanos_at_most(seconds: f64) -> u64 {
+    let nanos = seconds * 1e9;
+    let nearest = nanos.round();
+    // `as` saturates: a negative bound holds nothing above 0, a huge one everything.
+    if (nanos - nearest).abs() <= nanos.abs() * 1e-12 {
+        nearest as u64
+    } else {
+        nanos.floor() as u64
     }
 }
 
@@ -206,6 +223,35 @@ mod tests {
                 "e_count 0"
             ]
         );
+    }
+
+    #[test]
+    fn every_latency_bound_holds_its_own_value_and_not_a_nanosecond_more() {
+        let bounds = Histogram::LATENCY_SECONDS;
+        let micros = [
+            10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000,
+            250_000, 1_000_000,
+        ];
+        assert_eq!(bounds.len(), micros.len());
+        for (i, (&bound, &micros)) in bounds.iter().zip(&micros).enumerate() {
+            let h = Histogram::new(bounds);
+            let at = Duration::from_micros(micros);
+            h.observe(at);
+            h.observe(at + Duration::from_nanos(1));
+            let counts: Vec<u64> = h
+                .buckets
+                .iter()
+                .map(|b| b.load(Ordering::Relaxed))
+                .collect();
+            assert_eq!(
+                (counts[i], counts[i + 1]),
+                (1, 1),
+                "bound {bound}: {counts:?}"
+            );
+        }
+        assert_eq!(nanos_at_most(1.5e-9), 1);
+        assert_eq!(nanos_at_most(-1.0), 0);
+        assert_eq!(nanos_at_most(1e30), u64::MAX);
     }
 
     #[test]
