@@ -11,6 +11,14 @@ use tollgate_core::Timestamp;
 pub trait Clock: Send + Sync + std::fmt::Debug {
     /// The current time.
     fn now(&self) -> Timestamp;
+
+    /// The time at `instant`, a reading of the monotonic clock the caller has just taken (to
+    /// time what it is about to do): one clock read where `now` would be a second. The
+    /// default ignores it and returns [`Clock::now`].
+    fn now_at(&self, instant: Instant) -> Timestamp {
+        let _ = instant;
+        self.now()
+    }
 }
 
 /// Shared handle to a clock.
@@ -47,6 +55,11 @@ impl Default for SystemClock {
 impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
         self.wall_at_start.saturating_add(self.start.elapsed())
+    }
+
+    fn now_at(&self, instant: Instant) -> Timestamp {
+        self.wall_at_start
+            .saturating_add(instant.saturating_duration_since(self.start))
     }
 }
 
@@ -88,5 +101,39 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
         Timestamp::from_micros(self.0.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the instants the clock is asked about
+    fn the_system_clock_at_an_instant_is_its_time_then() {
+        let clock = SystemClock::new();
+        let before = clock.now();
+        let instant = Instant::now();
+        let after = clock.now();
+        let at = clock.now_at(instant);
+        assert!(
+            before <= at && at <= after,
+            "{before:?} <= {at:?} <= {after:?}"
+        );
+        // An instant a second later is a second later on the clock, to the microsecond.
+        let later = clock.now_at(instant + Duration::from_secs(1));
+        assert_eq!(later.as_micros() - at.as_micros(), 1_000_000);
+        // One from before the clock was made is its start, never earlier.
+        if let Some(earlier) = clock.start.checked_sub(Duration::from_secs(5)) {
+            assert_eq!(clock.now_at(earlier), clock.wall_at_start);
+        }
+    }
+
+    #[test]
+    fn a_manual_clock_ignores_the_instant() {
+        let clock = ManualClock::new(Timestamp::from_micros(42));
+        #[allow(clippy::disallowed_methods)]
+        let instant = Instant::now() + Duration::from_secs(60);
+        assert_eq!(clock.now_at(instant), Timestamp::from_micros(42));
     }
 }

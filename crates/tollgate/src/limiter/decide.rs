@@ -112,14 +112,16 @@ impl Pipeline<'_> {
     /// a limit on a new key): nothing was charged, and [`Pipeline::decide`] decides it again,
     /// letting the postures answer for the new keys.
     ///
-    /// The answer is filled into `response` ([`answer::empty`]), which the caller keeps.
+    /// The answer is filled into `response` ([`answer::empty`]), which the caller keeps. Returns
+    /// the mode of the store's call, for the caller to time as the stack's `Timed` layer would;
+    /// `None` when the request charged nothing, so the store was not called.
     pub fn decide_now(
         &self,
         memory: &MemoryStore,
         request: &CheckRequest,
         commit: bool,
         response: &mut CheckResponse,
-    ) -> Option<Result<(), InvalidRequest>> {
+    ) -> Option<Result<Option<Mode>, InvalidRequest>> {
         let mut planned = Planned::default();
         if let Err(invalid) = self.plan(request, commit, &mut planned) {
             return Some(Err(invalid));
@@ -128,14 +130,10 @@ impl Pipeline<'_> {
         let fits = !never_fits(&charges, live);
         let charge = planned.commit && fits;
         let mut decisions = Decisions::new();
-        if !charges.is_empty() {
-            // Timed as the stack's `Timed` layer times it; the memory store always reaches
-            // itself.
-            let started = tokio::time::Instant::now();
+        let called = !charges.is_empty();
+        if called {
             // Its one error is that partial answer, timed by the path that decides it again.
             memory.decide(&charges, charge, &mut decisions).ok()?;
-            let latency = &self.stack.timed().latency()[usize::from(!charge)];
-            latency.observe(started.elapsed());
         }
         shadow_and_capacity(
             request,
@@ -146,7 +144,7 @@ impl Pipeline<'_> {
         );
         drop(charges);
         self.answer_decided(request, &mut planned, &decisions, None, response);
-        Some(Ok(()))
+        Some(Ok(called.then_some(Mode::of(charge))))
     }
 
     /// The call of a request's charges, the first `live` of them the live plan's.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tollgate_core::Decision;
 
 use super::charge::Charge;
-use super::contract::{Answered, Call, Decisions, Granting, Store, health_of_inner};
+use super::contract::{Answered, Call, Decisions, Granting, Mode, Store, health_of_inner};
 use super::error::StoreError;
 use crate::observe::Histogram;
 
@@ -63,6 +63,11 @@ impl<S> Timed<S> {
     pub fn latency(&self) -> &[Histogram; 2] {
         &self.latency
     }
+
+    /// The latency of calls in `mode`.
+    pub fn latency_of(&self, mode: Mode) -> &Histogram {
+        &self.latency[usize::from(!mode.applies())]
+    }
 }
 
 impl<S: Store> Store for Timed<S> {
@@ -72,7 +77,7 @@ impl<S: Store> Store for Timed<S> {
         charges: &[Charge<'_>],
         decisions: &mut Decisions,
     ) -> Result<Answered, StoreError> {
-        let histogram = &self.latency[usize::from(!call.mode.applies())];
+        let histogram = self.latency_of(call.mode);
         timed_store_call(histogram, self.inner.decide(call, charges, decisions)).await
     }
 

@@ -270,6 +270,47 @@ async fn outcomes_are_counted_per_rule() {
     assert!(!text.contains("tollgate_prefilter_entries"), "{text}");
 }
 
+/// On the memory store, which decides in place, each decision is timed once and its store call
+/// with it: every check in the decision histogram, each one that charged in the store's
+/// `apply`, each explain that read a counter in `peek`; a request that matched nothing asks
+/// the store nothing.
+#[tokio::test]
+async fn memory_decisions_and_their_store_calls_are_each_timed_once() {
+    let (_clock, limiter) = limiter();
+    for _ in 0..3 {
+        limiter
+            .check(&request(&[&[("user", "erin")]]))
+            .await
+            .unwrap();
+    }
+    limiter
+        .check(&request(&[&[("nobody", "x")]]))
+        .await
+        .unwrap();
+    limiter
+        .explain(&request(&[&[("user", "erin")]]))
+        .await
+        .unwrap();
+    let text = limiter.render_metrics().await;
+    let value = |series: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(series))
+            .unwrap_or_else(|| panic!("no {series} in {text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let store = |part: &str, op: &str| {
+        value(&format!(
+            "tollgate_store_operation_duration_seconds_{part}{{store=\"memory\",op=\"{op}\"}}"
+        ))
+    };
+    assert_eq!(value("tollgate_decision_duration_seconds_count "), 4.0);
+    assert_eq!(store("count", "apply"), 3.0);
+    assert_eq!(store("count", "peek"), 1.0);
+    // The store's calls were timed within their decisions, never beyond them.
+    assert!(store("sum", "apply") <= value("tollgate_decision_duration_seconds_sum "));
+}
+
 /// Prometheus counters only go up: a new policy continues each rule's counts by domain and
 /// name, whatever its limit now is; a rule under a new name starts from zero. Its top denied
 /// keys carry over the same way: after a rollback, `tollgate top` still says who was denied.
