@@ -238,8 +238,17 @@ local function decide_single(out, base, A, first, arg, commit, now)
   local burst = decide_numbers[A[arg + 3]] or decide_number(A[arg + 3])
   state_build_twin(alg)
   local key = call_keys[first + 1]
-  local r = state_hmget(key, state_fields(alg))
-  if r.err then
+  -- t, x, y, p[, z[, l]], not b: every write leaves a hash with both, so a hash with p has b
+  -- (state.lua), and one with t but no p (written before p was recorded) goes to decide_request.
+  local r
+  if alg == 1 then
+    r = redis.pcall('HMGET', key, 't', 'x', 'y', 'p')
+  elseif alg == 3 then
+    r = redis.pcall('HMGET', key, 't', 'x', 'y', 'p', 'z')
+  else
+    r = redis.pcall('HMGET', key, 't', 'x', 'y', 'p', 'z', 'l')
+  end
+  if r.err or (r[1] and not r[4]) then
     return decide_request(out, base, A, first, 1, arg, commit, now)
   end
   -- The stored state, when it is of this algorithm (else the key decides as empty).
@@ -256,7 +265,7 @@ local function decide_single(out, base, A, first, arg, commit, now)
       end
       y = decide_numbers[r[3]] or decide_number(r[3])
       if alg == 3 then
-        z = decide_numbers[r[6]] or decide_number(r[6])
+        z = decide_numbers[r[5]] or decide_number(r[5])
       end
     end
     if alg == 1 then
@@ -271,19 +280,19 @@ local function decide_single(out, base, A, first, arg, commit, now)
       -- The remainder of a scaled pair (the bucket's z, the others' y) often repeats.
       x = tonumber(r[2])
       if alg == 4 then
-        y, z = tonumber(r[3]), decide_numbers[r[6]] or decide_number(r[6])
+        y, z = tonumber(r[3]), decide_numbers[r[5]] or decide_number(r[5])
       else
-        y, z = decide_numbers[r[3]] or decide_number(r[3]), tonumber(r[6])
+        y, z = decide_numbers[r[3]] or decide_number(r[3]), tonumber(r[5])
       end
-      if r[7] == limit_text then
+      if r[6] == limit_text then
         l = limit
       else
-        l = tonumber(r[7])
+        l = tonumber(r[6])
       end
-      if r[5] == period_text then
+      if r[4] == period_text then
         p = period
       else
-        p = tonumber(r[5])
+        p = tonumber(r[4])
       end
     end
     if alg == 4 then
@@ -315,7 +324,7 @@ local function decide_single(out, base, A, first, arg, commit, now)
       local old_ms
       if not stored then
         w[1], w[2], w[3], w[4], n = 't', alg_text, 'p', period_text, 4
-      elseif r[5] ~= period_text then
+      elseif r[4] ~= period_text then
         w[1], w[2], n = 'p', period_text, 2
       elseif x and y and (alg ~= 3 or z) and (alg ~= 4 or z) then
         old_ms = div_ceil(state_expires_of(alg, x, y, z, period), 1000)
@@ -342,14 +351,14 @@ local function decide_single(out, base, A, first, arg, commit, now)
         else
           v = state_int(nz, now)
         end
-        if not stored or v ~= r[6] then
+        if not stored or v ~= r[5] then
           w[n + 1], w[n + 2], n = 'z', v, n + 2
         end
-        if alg >= 4 and (not stored or r[7] ~= limit_text) then
+        if alg >= 4 and (not stored or r[6] ~= limit_text) then
           w[n + 1], w[n + 2], n = 'l', limit_text, n + 2
         end
       end
-      if not r[4] then
+      if not r[1] then -- no hash: no b either
         w[n + 1], w[n + 2], n = 'b', state_int(now, now), n + 2
       end
       if n > 0 then

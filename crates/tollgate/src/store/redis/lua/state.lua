@@ -15,6 +15,11 @@
 -- count within its window, a bucket within the same millisecond). A window hash written
 -- before p was recorded gets a PEXPIREAT and its p on its next write.
 --
+-- Every write leaves both b and p in the hash (a hash made before b was recorded gets it on
+-- its next write, as it gets p): a hash that holds p holds b. decide_single relies on that to
+-- read one field fewer (each field of an HMGET reply costs Redis ~2,300 instructions); a hash
+-- with t but no p may lack b, and goes to decide_request, which reads b.
+--
 -- Fields: key; kind = 'h' (hash or missing) or 'z' (ZSET or missing); born = b; tag, x, y, z = the
 -- tentative state (tag 0 = empty, 2 = the sliding log), l, p = the params it was written under; base = the stored ZSET is part of the
 -- log; T = cost appended to the log by this call; dirty = a transition was applied; ep = the
