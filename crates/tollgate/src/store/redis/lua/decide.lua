@@ -208,14 +208,116 @@ local function decide_text(v)
   return s
 end
 
--- The window index of `now` for `period`, and its text, made once per call and period.
-local window_period, window_index, window_text
+-- The window index of `now` for `period` and its text, made once per call and period; with
+-- them the time to the window's end, and the PEXPIREAT (ms, and its text, each made when first
+-- needed) of a fixed window counting in it.
+local window_period, window_index, window_text, window_to_end
+local window_ms, window_ms_text
 local function decide_window(now, period)
   if period ~= window_period then
-    window_period, window_index = period, divmod(now, period)
-    window_text = int(window_index)
+    local elapsed
+    window_period, window_index, elapsed = period, divmod(now, period)
+    window_text, window_to_end = int(window_index), period - elapsed
+    window_ms, window_ms_text = nil, nil
   end
   return window_index, window_text
+end
+
+-- decide_single's fixed window (fixed_window.lua's decide and expires, inlined) for the states
+-- it meets most: none, another algorithm's, or a count in the window of `now` or an earlier
+-- one. r: the HMGET reply (t, x, y, p). Returns false, having written nothing, for any other
+-- state (the clock stepped back into the window before the stored one; a field missing),
+-- which decide_single then decides.
+local function fixed_window_single(out, base, key, r, alg_text, limit, period, period_text, cost,
+    enforced, commit, now)
+  local window, text = decide_window(now, period)
+  local t, sx, sy = r[1], r[2], r[3]
+  local stored = t == alg_text
+  local same_period = stored and r[4] == period_text
+  local count, old_ms = 0, nil
+  if stored then
+    if not sx or not sy then
+      return false
+    end
+    if sx == text then
+      count = decide_numbers[sy] or decide_number(sy)
+      if same_period then
+        old_ms = window_ms or div_ceil((window + 1) * period, 1000)
+        window_ms = old_ms
+        if count == 0 then
+          old_ms = 0
+        end
+      end
+    else
+      local x = tonumber(sx)
+      if not x or x >= window then
+        return false
+      end
+      local y = decide_numbers[sy] or decide_number(sy)
+      if same_period and y then
+        old_ms = y == 0 and 0 or div_ceil((x + 1) * period, 1000)
+      end
+    end
+  end
+  local verdict, remaining, reset, retry, charged = 0, 0, 0, -1, 0
+  local admitted, counted = 1, count + cost
+  if cost > limit then
+    verdict, remaining = 2, limit - count
+  elseif counted <= limit then
+    charged, remaining, reset = cost, limit - counted, window_to_end
+  else
+    verdict, remaining, retry = 1, limit - count, window_to_end
+  end
+  if verdict ~= 0 then
+    if remaining < 0 then
+      remaining = 0
+    end
+    if count > 0 then
+      reset = window_to_end
+    end
+    if enforced then
+      admitted = 0
+    end
+  elseif commit then
+    -- As decide_single writes: the fields whose text changed, then the TTL unless the key
+    -- already expires then.
+    local v = decide_texts[counted] or decide_text(counted)
+    if same_period and sx == text then
+      if v ~= sy then
+        redis.call('HSET', key, 'y', v)
+      end
+    else
+      local w, n = state_write, 0
+      if not stored then
+        w[1], w[2], w[3], w[4], n = 't', alg_text, 'p', period_text, 4
+      elseif not same_period then
+        w[1], w[2], n = 'p', period_text, 2
+      end
+      if not stored or sx ~= text then
+        w[n + 1], w[n + 2], n = 'x', text, n + 2
+      end
+      if not stored or v ~= sy then
+        w[n + 1], w[n + 2], n = 'y', v, n + 2
+      end
+      if not t then
+        w[n + 1], w[n + 2], n = 'b', state_int(now, now), n + 2
+      end
+      if n > 0 then
+        redis.call('HSET', key, unpack(w, 1, n))
+      end
+    end
+    local ms = window_ms or div_ceil((window + 1) * period, 1000)
+    window_ms = ms
+    if ms ~= old_ms then
+      if not window_ms_text then
+        window_ms_text = int(ms)
+      end
+      redis.call('PEXPIREAT', key, window_ms_text)
+    end
+  end
+  out[base], out[base + 1], out[base + 2], out[base + 3] = now, admitted, verdict, remaining
+  out[base + 4], out[base + 5], out[base + 6], out[base + 7] = reset, retry, 0, charged
+  return true
 end
 
 -- decide_request for the common request: one charge of a hash algorithm, cost >= 1, flags only
@@ -236,7 +338,6 @@ local function decide_single(out, base, A, first, arg, commit, now)
   local limit = decide_numbers[limit_text] or decide_number(limit_text)
   local period = decide_numbers[period_text] or decide_number(period_text)
   local burst = decide_numbers[A[arg + 3]] or decide_number(A[arg + 3])
-  state_build_twin(alg)
   local key = call_keys[first + 1]
   -- t, x, y, p[, z[, l]], not b: every write leaves a hash with both, so a hash with p has b
   -- (state.lua), and one with t but no p (written before p was recorded) goes to decide_request.
@@ -251,6 +352,11 @@ local function decide_single(out, base, A, first, arg, commit, now)
   if r.err or (r[1] and not r[4]) then
     return decide_request(out, base, A, first, 1, arg, commit, now)
   end
+  if alg == 1 and fixed_window_single(out, base, key, r, alg_text, limit, period, period_text,
+      cost, flags_text == '1' or flags_text == '5', commit, now) then
+    return
+  end
+  state_build_twin(alg)
   -- The stored state, when it is of this algorithm (else the key decides as empty).
   local stored = r[1] == alg_text
   local x, y, z, l, p
