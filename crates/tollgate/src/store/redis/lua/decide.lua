@@ -210,15 +210,15 @@ end
 
 -- The window index of `now` for `period` and its text, made once per call and period; with
 -- them the time to the window's end, and the PEXPIREAT (ms, and its text, each made when first
--- needed) of a fixed window counting in it.
+-- needed) of a fixed window and of a sliding counter counting in it.
 local window_period, window_index, window_text, window_to_end
-local window_ms, window_ms_text
+local window_ms, window_ms_text, counter_ms, counter_ms_text
 local function decide_window(now, period)
   if period ~= window_period then
     local elapsed
     window_period, window_index, elapsed = period, divmod(now, period)
     window_text, window_to_end = int(window_index), period - elapsed
-    window_ms, window_ms_text = nil, nil
+    window_ms, window_ms_text, counter_ms, counter_ms_text = nil, nil, nil, nil
   end
   return window_index, window_text
 end
@@ -320,6 +320,122 @@ local function fixed_window_single(out, base, key, r, alg_text, limit, period, p
   return true
 end
 
+-- decide_single's sliding window counter (sliding_window_counter.lua's decide and expires,
+-- inlined where the charge is allowed; its decide answers a denial) for the states it meets
+-- most: none, another algorithm's, or counts of the window of `now` or earlier ones. r: the
+-- HMGET reply (t, x, y, p, z). Returns false, having written nothing, for any other state (the
+-- clock stepped back into the window before the stored one; a field missing), which
+-- decide_single then decides.
+local function sliding_window_counter_single(out, base, key, r, alg_text, limit, period,
+    period_text, cost, enforced, commit, now)
+  local window, text = decide_window(now, period)
+  local t, sx, sy, sz = r[1], r[2], r[3], r[5]
+  local stored = t == alg_text
+  local same_period = stored and r[4] == period_text
+  local x, y, z
+  local current, previous, old_ms = 0, 0, nil
+  if stored then
+    if not sx or not sy or not sz then
+      return false
+    end
+    y = decide_numbers[sy] or decide_number(sy)
+    z = decide_numbers[sz] or decide_number(sz)
+    if sx == text then
+      x, current, previous = window, y, z
+    else
+      x = tonumber(sx)
+      if not x or x >= window then
+        return false
+      end
+      if x + 1 == window then
+        previous = y
+      end
+    end
+    if same_period and y and z then
+      if y > 0 and x == window then
+        old_ms = counter_ms or div_ceil((window + 2) * period, 1000)
+        counter_ms = old_ms
+      elseif y > 0 then
+        old_ms = div_ceil((x + 2) * period, 1000)
+      elseif z > 0 then
+        old_ms = div_ceil((x + 1) * period, 1000)
+      else
+        old_ms = 0
+      end
+    end
+  end
+  local to_end = window_to_end
+  local weighted = 0
+  if previous ~= 0 then
+    local q, m
+    local p = previous * to_end
+    if p < TWO52 then
+      m = p % period -- exact: p + period <= 2^53 (exact.lua, divmod)
+      q = (p - m) / period
+    else
+      q, m = muldivmod(previous, to_end, period)
+    end
+    weighted = m > 0 and q + 1 or q
+  end
+  local counted = current + cost
+  if cost > limit or counted + weighted > limit then
+    state_build_twin(3)
+    local verdict, remaining, reset, retry =
+      sliding_window_counter_decide(x, y, z, now, limit, period, cost)
+    local admitted = 1
+    if enforced then
+      admitted = 0
+    end
+    out[base], out[base + 1], out[base + 2], out[base + 3] = now, admitted, verdict, remaining
+    out[base + 4], out[base + 5], out[base + 6], out[base + 7] = reset, retry, 0, 0
+    return true
+  end
+  if commit then
+    -- As decide_single writes: the fields whose text changed, then the TTL unless the key
+    -- already expires then.
+    local v = decide_texts[counted] or decide_text(counted)
+    if same_period and sx == text then
+      if v ~= sy then
+        redis.call('HSET', key, 'y', v)
+      end
+    else
+      local vz = decide_texts[previous] or decide_text(previous)
+      local w, n = state_write, 0
+      if not stored then
+        w[1], w[2], w[3], w[4], n = 't', alg_text, 'p', period_text, 4
+      elseif not same_period then
+        w[1], w[2], n = 'p', period_text, 2
+      end
+      if not stored or sx ~= text then
+        w[n + 1], w[n + 2], n = 'x', text, n + 2
+      end
+      if not stored or v ~= sy then
+        w[n + 1], w[n + 2], n = 'y', v, n + 2
+      end
+      if not stored or vz ~= sz then
+        w[n + 1], w[n + 2], n = 'z', vz, n + 2
+      end
+      if not t then
+        w[n + 1], w[n + 2], n = 'b', state_int(now, now), n + 2
+      end
+      if n > 0 then
+        redis.call('HSET', key, unpack(w, 1, n))
+      end
+    end
+    local ms = counter_ms or div_ceil((window + 2) * period, 1000)
+    counter_ms = ms
+    if ms ~= old_ms then
+      if not counter_ms_text then
+        counter_ms_text = int(ms)
+      end
+      redis.call('PEXPIREAT', key, counter_ms_text)
+    end
+  end
+  out[base], out[base + 1], out[base + 2], out[base + 3] = now, 1, 0, limit - counted - weighted
+  out[base + 4], out[base + 5], out[base + 6], out[base + 7] = period + to_end, -1, 0, cost
+  return true
+end
+
 -- decide_request for the common request: one charge of a hash algorithm, cost >= 1, flags only
 -- enforced (1) and quota mode (4), which for a single charge decide nothing more. Same
 -- decisions, reads and writes, in fewer steps: no per-key context, the stored fields compared
@@ -354,6 +470,10 @@ local function decide_single(out, base, A, first, arg, commit, now)
   end
   if alg == 1 and fixed_window_single(out, base, key, r, alg_text, limit, period, period_text,
       cost, flags_text == '1' or flags_text == '5', commit, now) then
+    return
+  end
+  if alg == 3 and sliding_window_counter_single(out, base, key, r, alg_text, limit, period,
+      period_text, cost, flags_text == '1' or flags_text == '5', commit, now) then
     return
   end
   state_build_twin(alg)

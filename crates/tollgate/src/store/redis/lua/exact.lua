@@ -29,6 +29,10 @@ end
 
 -- floor(a / m), a mod m, exactly, for integers 0 <= a < 2^53 and 1 <= m < 2^53: fmod is exact
 -- in IEEE arithmetic, and a - r is a multiple of m below 2^53, so the division is exact too.
+--
+-- Lua's own `a % m` (a - floor(a / m) * m, no function call) is exact when a + m <= 2^53: with
+-- k = floor(a / m), the quotient a / m rounds to at least k, and not up to k + 1, which is at
+-- least 1/m away while half a unit in the last place there is below (k + 1) / 2^53 <= 1/m.
 local function divmod(a, m)
   local r = fmod(a, m)
   return (a - r) / m, r
