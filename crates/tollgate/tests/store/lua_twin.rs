@@ -951,6 +951,48 @@ fn a_failing_request_does_not_fail_its_batch() {
     }
 }
 
+/// The function library keeps its reply array from call to call: a batch after a longer one,
+/// or a late one after it, answers its own requests and nothing more.
+#[test]
+fn a_batch_after_a_longer_one_answers_only_its_own() {
+    let mut redis = Redis::start();
+    let params = Params::new(Algorithm::FixedWindow, 100, Duration::from_secs(1), None).unwrap();
+    let key = fresh_key("shorter");
+    let charge = [Charge::new(&key, params, 1)];
+    let mut fcall = |now: String, requests: usize| -> Vec<Value> {
+        let mut text = Vec::new();
+        let args = [[
+            u64::from(algorithm_code(params.algorithm())),
+            params.limit(),
+            params.period_micros(),
+            params.burst(),
+            1,
+            charge[0].flags(),
+        ]];
+        batch_request_arg(&mut text, true, args.iter());
+        redis::cmd("FCALL")
+            .arg(&decide_batch_library().function)
+            .arg(requests)
+            .arg(vec![&key; requests])
+            .arg(now)
+            .arg(vec![&text; requests])
+            .query(&mut redis.con)
+            .unwrap()
+    };
+    let now = BASE + 5_000_000;
+    assert_eq!(fcall(now.to_string(), 5).len(), 5 * 8);
+    let reply = fcall(now.to_string(), 2);
+    assert_eq!(reply.len(), 2 * 8);
+    assert_eq!(
+        reply[8 + 3],
+        Value::Int(100 - 7),
+        "the seventh charge of the window"
+    );
+    let late = fcall("<1".to_owned(), 1);
+    assert_eq!(late.len(), 2, "{late:?}");
+    assert_eq!(late[0], Value::Int(-1));
+}
+
 /// Charge then refund at the same instant, nothing in between: every later decision is the one
 /// a key that never saw the charge gets. The charge comes at the latest instant seen so far: a
 /// charge behind the clock can land where a refund at its instant does not look (a window
