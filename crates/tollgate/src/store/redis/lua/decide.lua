@@ -223,15 +223,28 @@ local function decide_window(now, period)
   return window_index, window_text
 end
 
+-- What a lean path (fixed_window_single, ...) leaves decide_single to write: HSET of the first
+-- lean_fields entries of state_write (0: none), then PEXPIREAT lean_expire (nil: none). A lean
+-- path reads, decides and fills the reply under pcall, so that a state it cannot read (a field
+-- that is not a number) raises nothing the request sees: decide_single then decides it as
+-- before. The writes come after, unprotected, so their errors reach the caller as ever.
+local lean_fields, lean_expire = 0, nil
+
 -- decide_single's fixed window (fixed_window.lua's decide and expires, inlined) for the states
 -- it meets most: none, another algorithm's, or a count in the window of `now` or an earlier
--- one. r: the HMGET reply (t, x, y, p). Returns false, having written nothing, for any other
--- state (the clock stepped back into the window before the stored one; a field missing),
--- which decide_single then decides.
-local function fixed_window_single(out, base, key, r, alg_text, limit, period, period_text, cost,
-    enforced, commit, now)
+-- one; reads t, x, y, p. Returns true, with the reply filled and the writes planned (see
+-- lean_fields), or false for any other state (the clock stepped back into the window before
+-- the stored one; a field missing), which decide_single then decides.
+local function fixed_window_single(out, base, key, A, commit, now)
+  local r = redis.pcall('HMGET', key, 't', 'x', 'y', 'p')
+  local t = r[1]
+  if r.err or (t and not r[4]) then
+    return false
+  end
+  local alg_text, limit, period, period_text = A[3], A.limit, A.period, A[5]
+  local cost = A.cost
   local window, text = decide_window(now, period)
-  local t, sx, sy = r[1], r[2], r[3]
+  local sx, sy = r[2], r[3]
   local stored = t == alg_text
   local same_period = stored and r[4] == period_text
   local count, old_ms = 0, nil
@@ -275,19 +288,19 @@ local function fixed_window_single(out, base, key, r, alg_text, limit, period, p
     if count > 0 then
       reset = window_to_end
     end
-    if enforced then
+    if A.enforced then
       admitted = 0
     end
   elseif commit then
     -- As decide_single writes: the fields whose text changed, then the TTL unless the key
     -- already expires then.
     local v = decide_texts[counted] or decide_text(counted)
+    local w, n = state_write, 0
     if same_period and sx == text then
       if v ~= sy then
-        redis.call('HSET', key, 'y', v)
+        w[1], w[2], n = 'y', v, 2
       end
     else
-      local w, n = state_write, 0
       if not stored then
         w[1], w[2], w[3], w[4], n = 't', alg_text, 'p', period_text, 4
       elseif not same_period then
@@ -302,17 +315,15 @@ local function fixed_window_single(out, base, key, r, alg_text, limit, period, p
       if not t then
         w[n + 1], w[n + 2], n = 'b', state_int(now, now), n + 2
       end
-      if n > 0 then
-        redis.call('HSET', key, unpack(w, 1, n))
-      end
     end
+    lean_fields = n
     local ms = window_ms or div_ceil((window + 1) * period, 1000)
     window_ms = ms
     if ms ~= old_ms then
       if not window_ms_text then
         window_ms_text = int(ms)
       end
-      redis.call('PEXPIREAT', key, window_ms_text)
+      lean_expire = window_ms_text
     end
   end
   out[base], out[base + 1], out[base + 2], out[base + 3] = now, admitted, verdict, remaining
@@ -322,14 +333,18 @@ end
 
 -- decide_single's sliding window counter (sliding_window_counter.lua's decide and expires,
 -- inlined where the charge is allowed; its decide answers a denial) for the states it meets
--- most: none, another algorithm's, or counts of the window of `now` or earlier ones. r: the
--- HMGET reply (t, x, y, p, z). Returns false, having written nothing, for any other state (the
--- clock stepped back into the window before the stored one; a field missing), which
--- decide_single then decides.
-local function sliding_window_counter_single(out, base, key, r, alg_text, limit, period,
-    period_text, cost, enforced, commit, now)
+-- most: none, another algorithm's, or counts of the window of `now` or earlier ones; reads t,
+-- x, y, p, z. Returns true or false as fixed_window_single does.
+local function sliding_window_counter_single(out, base, key, A, commit, now)
+  local r = redis.pcall('HMGET', key, 't', 'x', 'y', 'p', 'z')
+  local t = r[1]
+  if r.err or (t and not r[4]) then
+    return false
+  end
+  local alg_text, limit, period, period_text = A[3], A.limit, A.period, A[5]
+  local cost = A.cost
   local window, text = decide_window(now, period)
-  local t, sx, sy, sz = r[1], r[2], r[3], r[5]
+  local sx, sy, sz = r[2], r[3], r[5]
   local stored = t == alg_text
   local same_period = stored and r[4] == period_text
   local x, y, z
@@ -383,7 +398,7 @@ local function sliding_window_counter_single(out, base, key, r, alg_text, limit,
     local verdict, remaining, reset, retry =
       sliding_window_counter_decide(x, y, z, now, limit, period, cost)
     local admitted = 1
-    if enforced then
+    if A.enforced then
       admitted = 0
     end
     out[base], out[base + 1], out[base + 2], out[base + 3] = now, admitted, verdict, remaining
@@ -394,13 +409,13 @@ local function sliding_window_counter_single(out, base, key, r, alg_text, limit,
     -- As decide_single writes: the fields whose text changed, then the TTL unless the key
     -- already expires then.
     local v = decide_texts[counted] or decide_text(counted)
+    local w, n = state_write, 0
     if same_period and sx == text then
       if v ~= sy then
-        redis.call('HSET', key, 'y', v)
+        w[1], w[2], n = 'y', v, 2
       end
     else
       local vz = decide_texts[previous] or decide_text(previous)
-      local w, n = state_write, 0
       if not stored then
         w[1], w[2], w[3], w[4], n = 't', alg_text, 'p', period_text, 4
       elseif not same_period then
@@ -418,17 +433,15 @@ local function sliding_window_counter_single(out, base, key, r, alg_text, limit,
       if not t then
         w[n + 1], w[n + 2], n = 'b', state_int(now, now), n + 2
       end
-      if n > 0 then
-        redis.call('HSET', key, unpack(w, 1, n))
-      end
     end
+    lean_fields = n
     local ms = counter_ms or div_ceil((window + 2) * period, 1000)
     counter_ms = ms
     if ms ~= old_ms then
       if not counter_ms_text then
         counter_ms_text = int(ms)
       end
-      redis.call('PEXPIREAT', key, counter_ms_text)
+      lean_expire = counter_ms_text
     end
   end
   out[base], out[base + 1], out[base + 2], out[base + 3] = now, 1, 0, limit - counted - weighted
@@ -436,25 +449,73 @@ local function sliding_window_counter_single(out, base, key, r, alg_text, limit,
   return true
 end
 
+-- The plan of the one-charge request A (its words; the charge's from A[arg]), made once per
+-- call and request text: whether decide_single decides it (a hash algorithm, cost >= 1, flags
+-- only enforced and quota mode, which for one charge decide nothing more), its numbers, and
+-- its algorithm's lean path (or false). Kept in A: alg, limit, period, burst, cost, enforced,
+-- single, lean. Returns lean.
+local function decide_plan(A, arg)
+  local alg_text, flags_text = A[arg], A[arg + 5]
+  local alg = decide_numbers[alg_text] or decide_number(alg_text)
+  local cost = decide_numbers[A[arg + 4]] or decide_number(A[arg + 4])
+  local single = not (alg == 2 or not alg or alg < 1 or alg > 6 or alg % 1 ~= 0 or not cost
+    or cost < 1 or (flags_text ~= '1' and flags_text ~= '5' and flags_text ~= '0'
+      and flags_text ~= '4'))
+  local lean = false
+  if single then
+    A.alg, A.cost = alg, cost
+    A.limit = decide_numbers[A[arg + 1]] or decide_number(A[arg + 1])
+    A.period = decide_numbers[A[arg + 2]] or decide_number(A[arg + 2])
+    A.burst = decide_numbers[A[arg + 3]] or decide_number(A[arg + 3])
+    A.enforced = flags_text == '1' or flags_text == '5'
+    if arg == 3 then -- the lean paths read the words where both drivers put them
+      if alg == 1 then
+        lean = fixed_window_single
+      elseif alg == 3 then
+        lean = sliding_window_counter_single
+      end
+    end
+  end
+  A.single, A.lean = single, lean
+  return lean
+end
+
 -- decide_request for the common request: one charge of a hash algorithm, cost >= 1, flags only
 -- enforced (1) and quota mode (4), which for a single charge decide nothing more. Same
 -- decisions, reads and writes, in fewer steps: no per-key context, the stored fields compared
 -- as text (equal Lua strings are one object), parsed only where the arithmetic needs them,
--- and written only where their text changes. Any other request, or a key that holds no hash,
--- goes to decide_request (nothing has been written by then).
+-- and written only where their text changes. Its algorithm's lean path (decide_plan) decides
+-- the states a key meets most, under pcall, and this writes what it planned; a state the lean
+-- path declines (or cannot read) is decided below, from a fresh read. Any other request, or a
+-- key that holds no hash, goes to decide_request (nothing has been written by then).
 local function decide_single(out, base, A, first, arg, commit, now)
-  local alg_text, flags_text = A[arg], A[arg + 5]
-  local alg = decide_numbers[alg_text] or decide_number(alg_text)
-  local cost = decide_numbers[A[arg + 4]] or decide_number(A[arg + 4])
-  if alg == 2 or not alg or alg < 1 or alg > 6 or alg % 1 ~= 0 or not cost or cost < 1
-    or (flags_text ~= '1' and flags_text ~= '5' and flags_text ~= '0' and flags_text ~= '4') then
+  local lean = A.lean
+  if lean == nil then
+    lean = decide_plan(A, arg)
+  end
+  if not A.single then
     return decide_request(out, base, A, first, 1, arg, commit, now)
   end
-  local limit_text, period_text = A[arg + 1], A[arg + 2]
-  local limit = decide_numbers[limit_text] or decide_number(limit_text)
-  local period = decide_numbers[period_text] or decide_number(period_text)
-  local burst = decide_numbers[A[arg + 3]] or decide_number(A[arg + 3])
   local key = call_keys[first + 1]
+  if lean then
+    lean_fields, lean_expire = 0, nil
+    local ok, done = pcall(lean, out, base, key, A, commit, now)
+    if ok and done then
+      local n, w = lean_fields, state_write
+      if n == 2 then
+        redis.call('HSET', key, w[1], w[2])
+      elseif n > 0 then
+        redis.call('HSET', key, unpack(w, 1, n))
+      end
+      if lean_expire then
+        redis.call('PEXPIREAT', key, lean_expire)
+      end
+      return
+    end
+  end
+  local alg_text, flags_text, alg, cost = A[arg], A[arg + 5], A.alg, A.cost
+  local limit_text, period_text = A[arg + 1], A[arg + 2]
+  local limit, period, burst = A.limit, A.period, A.burst
   -- t, x, y, p[, z[, l]], not b: every write leaves a hash with both, so a hash with p has b
   -- (state.lua), and one with t but no p (written before p was recorded) goes to decide_request.
   local r
@@ -467,14 +528,6 @@ local function decide_single(out, base, A, first, arg, commit, now)
   end
   if r.err or (r[1] and not r[4]) then
     return decide_request(out, base, A, first, 1, arg, commit, now)
-  end
-  if alg == 1 and fixed_window_single(out, base, key, r, alg_text, limit, period, period_text,
-      cost, flags_text == '1' or flags_text == '5', commit, now) then
-    return
-  end
-  if alg == 3 and sliding_window_counter_single(out, base, key, r, alg_text, limit, period,
-      period_text, cost, flags_text == '1' or flags_text == '5', commit, now) then
-    return
   end
   state_build_twin(alg)
   -- The stored state, when it is of this algorithm (else the key decides as empty).
