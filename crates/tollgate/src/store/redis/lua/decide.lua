@@ -449,6 +449,147 @@ local function sliding_window_counter_single(out, base, key, A, commit, now)
   return true
 end
 
+
+-- ceil(a / 1000) for an integer 0 <= a < 2^53 - 1000, by `%` (exact there: exact.lua, divmod).
+local function ms_of(a)
+  local r = a % 1000
+  if r > 0 then
+    return (a - r) / 1000 + 1
+  end
+  return a / 1000
+end
+
+-- decide_single's GCRA (gcra.lua's decide on the meter, inlined where the charge is allowed;
+-- the twin answers a denial) for the states it meets most: none, another algorithm's, or a
+-- TAT written under the same limit and period; reads t, x, y, p, z, l. Returns true or false
+-- as fixed_window_single does, false for a state written under other params (which the twin
+-- converts) or a remainder carried past the limit. Raises on a field that is not a number
+-- (`+ 0` is one conversion where tonumber makes two), which decide_single's pcall turns into
+-- the same fallback.
+local function gcra_single(out, base, key, A, commit, now)
+  local r = redis.pcall('HMGET', key, 't', 'x', 'y', 'p', 'z', 'l')
+  local t = r[1]
+  if r.err or (t and not r[4]) then
+    return false
+  end
+  local alg_text, limit_text, period_text = A[3], A[4], A[5]
+  local stored = t == alg_text
+  if stored and (r[4] ~= period_text or r[6] ~= limit_text) then
+    return false
+  end
+  local limit, period, burst, cost = A.limit, A.period, A.burst, A.cost
+  -- The tolerance burst * period and the increment cost * period as pairs, once per plan.
+  local tw, tf, cw, cf = A.tw, A.tf, A.cw, A.cf
+  if not tw then
+    tw, tf = muldivmod(burst, period, limit)
+    cw, cf = muldivmod(cost, period, limit)
+    A.tw, A.tf, A.cw, A.cf = tw, tf, cw, cf
+  end
+  local sx, sy, sz = r[2], r[3], r[5]
+  local x, y, z, old_ms
+  local aw, af = 0, 0 -- how far the TAT is ahead of now (the meter's `ahead`)
+  if stored then
+    y = decide_numbers[sy]
+    if not y then
+      y = sy + 0
+      decide_numbers[sy] = y
+    end
+    x, z = sx + 0, sz + 0
+    if y >= limit then
+      return false
+    end
+    old_ms = ms_of(y > 0 and x + 1 or x)
+    -- `converted` under the same params: the backlog at z capped at the tolerance.
+    local w, f = x, y
+    if w >= z then
+      local bw = w - z
+      if bw > tw or (bw == tw and f > tf) then
+        w, f = z + tw, tf
+      end
+    end
+    if w >= now then
+      aw, af = w - now, f
+    end
+  end
+  local nw, nf = aw + cw, af + cf
+  if nf >= limit then
+    nw, nf = nw + 1, nf - limit
+  end
+  if cost > burst or nw > tw or (nw == tw and nf > tf) then
+    state_build_twin(6)
+    local l, p
+    if stored then
+      l, p = limit, period
+    end
+    local verdict, remaining, reset, retry =
+      gcra_decide(x, y, z, l, p, now, limit, period, burst, cost)
+    local admitted = 1
+    if A.enforced then
+      admitted = 0
+    end
+    out[base], out[base + 1], out[base + 2], out[base + 3] = now, admitted, verdict, remaining
+    out[base + 4], out[base + 5], out[base + 6], out[base + 7] = reset, retry, 0, 0
+    return true
+  end
+  -- The meter's `remaining` of the new backlog: floor((tolerance - backlog) / period).
+  local remaining = 0
+  local xw, xf = tw - nw, tf - nf
+  if xf < 0 then
+    xw, xf = xw - 1, xf + limit
+  end
+  if xw >= 0 then
+    local q, m
+    local p = xw * limit
+    if p < TWO52 then
+      m = p % period
+      q = (p - m) / period
+    else
+      q, m = muldivmod(xw, limit, period)
+    end
+    local sum = m + xf -- below period + limit
+    remaining = q + (sum - sum % period) / period
+  end
+  if commit then
+    -- As decide_single writes: the fields whose text changed, then the TTL unless the key
+    -- already expires then.
+    local nx = now + nw
+    local expires = nf > 0 and nx + 1 or nx
+    if expires <= now then
+      return false -- deleted, not written: decide_single does it
+    end
+    local w, n = state_write, 0
+    if not stored then
+      w[1], w[2], w[3], w[4], n = 't', alg_text, 'p', period_text, 4
+    end
+    local v = state_int(nx, now)
+    if not stored or v ~= sx then
+      w[n + 1], w[n + 2], n = 'x', v, n + 2
+    end
+    v = decide_texts[nf] or decide_text(nf)
+    if not stored or v ~= sy then
+      w[n + 1], w[n + 2], n = 'y', v, n + 2
+    end
+    v = state_int(now, now)
+    if not stored or v ~= sz then
+      w[n + 1], w[n + 2], n = 'z', v, n + 2
+    end
+    if not stored then
+      w[n + 1], w[n + 2], n = 'l', limit_text, n + 2
+    end
+    if not t then
+      w[n + 1], w[n + 2], n = 'b', v, n + 2
+    end
+    lean_fields = n
+    local ms = ms_of(expires)
+    if ms ~= old_ms then
+      lean_expire = int(ms)
+    end
+  end
+  out[base], out[base + 1], out[base + 2], out[base + 3] = now, 1, 0, remaining
+  out[base + 4], out[base + 5], out[base + 6], out[base + 7] = nf > 0 and nw + 1 or nw, -1, 0, cost
+  return true
+end
+
 -- The plan of the one-charge request A (its words; the charge's from A[arg]), made once per
 -- call and request text: whether decide_single decides it (a hash algorithm, cost >= 1, flags
 -- only enforced and quota mode, which for one charge decide nothing more), its numbers, and
@@ -473,6 +614,8 @@ local function decide_plan(A, arg)
         lean = fixed_window_single
       elseif alg == 3 then
         lean = sliding_window_counter_single
+      elseif alg == 6 then
+        lean = gcra_single
       end
     end
   end
