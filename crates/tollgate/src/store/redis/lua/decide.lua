@@ -459,14 +459,20 @@ local function ms_of(a)
   return a / 1000
 end
 
--- decide_single's GCRA (gcra.lua's decide on the meter, inlined where the charge is allowed;
--- the twin answers a denial) for the states it meets most: none, another algorithm's, or a
--- TAT written under the same limit and period; reads t, x, y, p, z, l. Returns true or false
--- as fixed_window_single does, false for a state written under other params (which the twin
--- converts) or a remainder carried past the limit. Raises on a field that is not a number
--- (`+ 0` is one conversion where tonumber makes two), which decide_single's pcall turns into
--- the same fallback.
-local function gcra_single(out, base, key, A, commit, now)
+-- decide_single's meters (gcra.lua's, token_bucket.lua's and leaky_bucket.lua's decide on the
+-- meter, inlined where the charge is allowed; the twin answers a denial) for the states they
+-- meet most: none, another algorithm's, or one written under the same limit and period; reads
+-- t, x, y, p, z, l. Returns true or false as fixed_window_single does, false for a state
+-- written under other params (which the twin converts), a remainder carried past the limit or
+-- a state that expires as written. Raises on a field that is not a number (`+ 0` is one
+-- conversion where tonumber makes two), which decide_single's pcall turns into the same
+-- fallback.
+--
+-- GCRA and the leaky bucket keep x, y = the instant (TAT; when the queue is dry) as a pair, z
+-- = when written; the token bucket x = updated, y, z = when it is full again. The meter runs
+-- on the backlog ahead of `at` (now; for the bucket, the later of now and updated, `late`
+-- being added to its durations), capped at the tolerance from when the state was written.
+local function meter_single(out, base, key, A, commit, now)
   local r = redis.pcall('HMGET', key, 't', 'x', 'y', 'p', 'z', 'l')
   local t = r[1]
   if r.err or (t and not r[4]) then
@@ -477,7 +483,7 @@ local function gcra_single(out, base, key, A, commit, now)
   if stored and (r[4] ~= period_text or r[6] ~= limit_text) then
     return false
   end
-  local limit, period, burst, cost = A.limit, A.period, A.burst, A.cost
+  local alg, limit, period, burst, cost = A.alg, A.limit, A.period, A.burst, A.cost
   -- The tolerance burst * period and the increment cost * period as pairs, once per plan.
   local tw, tf, cw, cf = A.tw, A.tf, A.cw, A.cf
   if not tw then
@@ -485,30 +491,47 @@ local function gcra_single(out, base, key, A, commit, now)
     cw, cf = muldivmod(cost, period, limit)
     A.tw, A.tf, A.cw, A.cf = tw, tf, cw, cf
   end
+  local bucket = alg == 4
   local sx, sy, sz = r[2], r[3], r[5]
   local x, y, z, old_ms
-  local aw, af = 0, 0 -- how far the TAT is ahead of now (the meter's `ahead`)
+  local at = now
+  local aw, af = 0, 0 -- the backlog ahead of `at` (the meter's `ahead`)
   if stored then
-    y = decide_numbers[sy]
-    if not y then
-      y = sy + 0
-      decide_numbers[sy] = y
+    -- The remainder of a pair (the bucket's z, the others' y) often repeats: cached.
+    local w, f, from
+    if bucket then
+      z = decide_numbers[sz]
+      if not z then
+        z = sz + 0
+        decide_numbers[sz] = z
+      end
+      x, y = sx + 0, sy + 0
+      w, f, from = y, z, x
+      if x > now then
+        at = x
+      end
+    else
+      y = decide_numbers[sy]
+      if not y then
+        y = sy + 0
+        decide_numbers[sy] = y
+      end
+      x, z = sx + 0, sz + 0
+      w, f, from = x, y, z
     end
-    x, z = sx + 0, sz + 0
-    if y >= limit then
+    if f >= limit then
       return false
     end
-    old_ms = ms_of(y > 0 and x + 1 or x)
-    -- `converted` under the same params: the backlog at z capped at the tolerance.
-    local w, f = x, y
-    if w >= z then
-      local bw = w - z
+    old_ms = ms_of(f > 0 and w + 1 or w)
+    -- `converted` under the same params: the backlog when written, capped at the tolerance.
+    if w >= from then
+      local bw = w - from
       if bw > tw or (bw == tw and f > tf) then
-        w, f = z + tw, tf
+        w, f = from + tw, tf
       end
     end
-    if w >= now then
-      aw, af = w - now, f
+    if w >= at then
+      aw, af = w - at, f
     end
   end
   local nw, nf = aw + cw, af + cf
@@ -516,19 +539,28 @@ local function gcra_single(out, base, key, A, commit, now)
     nw, nf = nw + 1, nf - limit
   end
   if cost > burst or nw > tw or (nw == tw and nf > tf) then
-    state_build_twin(6)
+    state_build_twin(alg)
     local l, p
     if stored then
       l, p = limit, period
     end
-    local verdict, remaining, reset, retry =
-      gcra_decide(x, y, z, l, p, now, limit, period, burst, cost)
+    local verdict, remaining, reset, retry, delay
+    if alg == 6 then
+      verdict, remaining, reset, retry, delay =
+        gcra_decide(x, y, z, l, p, now, limit, period, burst, cost)
+    elseif bucket then
+      verdict, remaining, reset, retry, delay =
+        token_bucket_decide(x, y, z, l, p, now, limit, period, burst, cost)
+    else
+      verdict, remaining, reset, retry, delay =
+        leaky_bucket_decide(x, y, z, l, p, now, limit, period, burst, cost)
+    end
     local admitted = 1
     if A.enforced then
       admitted = 0
     end
     out[base], out[base + 1], out[base + 2], out[base + 3] = now, admitted, verdict, remaining
-    out[base + 4], out[base + 5], out[base + 6], out[base + 7] = reset, retry, 0, 0
+    out[base + 4], out[base + 5], out[base + 6], out[base + 7] = reset, retry, delay, 0
     return true
   end
   -- The meter's `remaining` of the new backlog: floor((tolerance - backlog) / period).
@@ -549,11 +581,19 @@ local function gcra_single(out, base, key, A, commit, now)
     local sum = m + xf -- below period + limit
     remaining = q + (sum - sum % period) / period
   end
+  local reset = nf > 0 and nw + 1 or nw
+  local delay = 0
+  if bucket then
+    reset = reset + at - now
+  elseif alg == 5 then
+    delay = af > 0 and aw + 1 or aw
+  end
   if commit then
     -- As decide_single writes: the fields whose text changed, then the TTL unless the key
-    -- already expires then.
-    local nx = now + nw
-    local expires = nf > 0 and nx + 1 or nx
+    -- already expires then. The new state: (x, y, z) = (at, at + nw, nf) for the bucket,
+    -- (now + nw, nf, now) for the others.
+    local ew = at + nw
+    local expires = nf > 0 and ew + 1 or ew
     if expires <= now then
       return false -- deleted, not written: decide_single does it
     end
@@ -561,23 +601,26 @@ local function gcra_single(out, base, key, A, commit, now)
     if not stored then
       w[1], w[2], w[3], w[4], n = 't', alg_text, 'p', period_text, 4
     end
-    local v = state_int(nx, now)
-    if not stored or v ~= sx then
-      w[n + 1], w[n + 2], n = 'x', v, n + 2
+    local vx, vy, vz
+    if bucket then
+      vx, vy, vz = state_int(at, now), int(ew), decide_texts[nf] or decide_text(nf)
+    else
+      vx, vy, vz = state_int(ew, now), decide_texts[nf] or decide_text(nf), state_int(now, now)
     end
-    v = decide_texts[nf] or decide_text(nf)
-    if not stored or v ~= sy then
-      w[n + 1], w[n + 2], n = 'y', v, n + 2
+    if not stored or vx ~= sx then
+      w[n + 1], w[n + 2], n = 'x', vx, n + 2
     end
-    v = state_int(now, now)
-    if not stored or v ~= sz then
-      w[n + 1], w[n + 2], n = 'z', v, n + 2
+    if not stored or vy ~= sy then
+      w[n + 1], w[n + 2], n = 'y', vy, n + 2
+    end
+    if not stored or vz ~= sz then
+      w[n + 1], w[n + 2], n = 'z', vz, n + 2
     end
     if not stored then
       w[n + 1], w[n + 2], n = 'l', limit_text, n + 2
     end
     if not t then
-      w[n + 1], w[n + 2], n = 'b', v, n + 2
+      w[n + 1], w[n + 2], n = 'b', state_int(now, now), n + 2
     end
     lean_fields = n
     local ms = ms_of(expires)
@@ -586,7 +629,7 @@ local function gcra_single(out, base, key, A, commit, now)
     end
   end
   out[base], out[base + 1], out[base + 2], out[base + 3] = now, 1, 0, remaining
-  out[base + 4], out[base + 5], out[base + 6], out[base + 7] = nf > 0 and nw + 1 or nw, -1, 0, cost
+  out[base + 4], out[base + 5], out[base + 6], out[base + 7] = reset, -1, delay, cost
   return true
 end
 
@@ -614,8 +657,8 @@ local function decide_plan(A, arg)
         lean = fixed_window_single
       elseif alg == 3 then
         lean = sliding_window_counter_single
-      elseif alg == 6 then
-        lean = gcra_single
+      else
+        lean = meter_single
       end
     end
   end
