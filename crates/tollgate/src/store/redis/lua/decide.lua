@@ -225,16 +225,18 @@ end
 
 -- What a lean path (fixed_window_single, ...) leaves decide_single to write: HSET of the first
 -- lean_fields entries of state_write (0: none), then PEXPIREAT lean_expire (nil: none). A lean
--- path reads, decides and fills the reply under pcall, so that a state it cannot read (a field
--- that is not a number) raises nothing the request sees: decide_single then decides it as
--- before. The writes come after, unprotected, so their errors reach the caller as ever.
+-- path reads, decides and fills the reply; one that may raise on a state it cannot read (a
+-- field that is not a number) runs under pcall, so that the request never sees that error:
+-- decide_single then decides it as before. The writes come after, unprotected, so their errors
+-- reach the caller as ever.
 local lean_fields, lean_expire = 0, nil
 
 -- decide_single's fixed window (fixed_window.lua's decide and expires, inlined) for the states
 -- it meets most: none, another algorithm's, or a count in the window of `now` or an earlier
 -- one; reads t, x, y, p. Returns true, with the reply filled and the writes planned (see
 -- lean_fields), or false for any other state (the clock stepped back into the window before
--- the stored one; a field missing), which decide_single then decides.
+-- the stored one; a field missing or not a number), which decide_single then decides. Raises
+-- nothing, so decide_single calls it without pcall.
 local function fixed_window_single(out, base, key, A, commit, now)
   local r = redis.pcall('HMGET', key, 't', 'x', 'y', 'p')
   local t = r[1]
@@ -254,6 +256,9 @@ local function fixed_window_single(out, base, key, A, commit, now)
     end
     if sx == text then
       count = decide_numbers[sy] or decide_number(sy)
+      if not count then
+        return false
+      end
       if same_period then
         old_ms = window_ms or div_ceil((window + 1) * period, 1000)
         window_ms = old_ms
@@ -355,6 +360,9 @@ local function sliding_window_counter_single(out, base, key, A, commit, now)
     end
     y = decide_numbers[sy] or decide_number(sy)
     z = decide_numbers[sz] or decide_number(sz)
+    if not y or not z then
+      return false
+    end
     if sx == text then
       x, current, previous = window, y, z
     else
@@ -637,7 +645,7 @@ end
 -- call and request text: whether decide_single decides it (a hash algorithm, cost >= 1, flags
 -- only enforced and quota mode, which for one charge decide nothing more), its numbers, and
 -- its algorithm's lean path (or false). Kept in A: alg, limit, period, burst, cost, enforced,
--- single, lean. Returns lean.
+-- single, lean, protect (the lean path may raise: run it under pcall). Returns lean.
 local function decide_plan(A, arg)
   local alg_text, flags_text = A[arg], A[arg + 5]
   local alg = decide_numbers[alg_text] or decide_number(alg_text)
@@ -659,6 +667,7 @@ local function decide_plan(A, arg)
         lean = sliding_window_counter_single
       else
         lean = meter_single
+        A.protect = true
       end
     end
   end
@@ -685,7 +694,12 @@ local function decide_single(out, base, A, first, arg, commit, now)
   local key = call_keys[first + 1]
   if lean then
     lean_fields, lean_expire = 0, nil
-    local ok, done = pcall(lean, out, base, key, A, commit, now)
+    local ok, done
+    if A.protect then
+      ok, done = pcall(lean, out, base, key, A, commit, now)
+    else
+      ok, done = true, lean(out, base, key, A, commit, now)
+    end
     if ok and done then
       local n, w = lean_fields, state_write
       if n == 2 then
