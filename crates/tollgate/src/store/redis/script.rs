@@ -109,6 +109,9 @@
 //!   made, written once: REFUND leaves a hash made after the charge it undoes alone (Redis lost
 //!   the counter charged, say a `FLUSHALL` before a local budget's give-back, and a new one was
 //!   made since; a clock stepped back in between drops the refund too, conservatively).
+//!   Every write leaves both `b` and `p` in the hash, so a hash that holds `p` holds `b`: a
+//!   one-charge decision reads `p` and not `b`, and decides a hash with `t` but no `p` (older
+//!   than both) the long way, which reads `b`.
 //!
 //! A hash of another algorithm, or a ZSET read by a hash algorithm (and the other way round),
 //! is an empty state, as in Rust (a policy that switches a live key's algorithm).
