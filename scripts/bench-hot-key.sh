@@ -8,7 +8,7 @@
 # Method: docs/measuring.md ("Pinned server rounds") and docs/benchmarks.md ("Redis path").
 #
 #   per run:   decisions/s, p99, Redis CPU per decision ((utime + stime) of redis-server from
-#              /proc/PID/stat over the run / decisions), Redis's EVALSHA calls and
+#              /proc/PID/stat over the run / decisions), Redis's script calls (FCALL, EVALSHA, EVAL) and
 #              usec_per_call (INFO commandstats after CONFIG RESETSTAT), the replicas' CPU per
 #              decision (summed), prefilter answers, local-budget admissions, store errors;
 #   summary:   per scenario the medians over the rounds with their range, the ratios of the
@@ -152,7 +152,7 @@ run() {
   s1="$(set_ticks "$set")"; r1="$(pticks "$REDIS_PID")"
   for c in $counters; do after+=("$(metric_sum "$set" "$c")"); done
   stats="$(redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' |
-    sed -n 's/^cmdstat_\(evalsha\|eval\):calls=\([0-9]*\),usec=\([0-9]*\),.*/\2 \3/p' |
+    sed -n 's/^cmdstat_\(fcall\|evalsha\|eval\):calls=\([0-9]*\),usec=\([0-9]*\),.*/\2 \3/p' |
     awk '{ c += $1; u += $2 } END { print c + 0, u + 0 }')"
   python3 - "$TMP/run.json" "$name" "$round" "$hz" $((s1 - s0)) $((r1 - r0)) "$stats" \
     "$(cut -d' ' -f1-3 /proc/loadavg)" "${before[@]}" "${after[@]}" >"$out" <<'PY'
@@ -198,7 +198,7 @@ def mr(values, fmt):
     values = sorted(values)
     return f"{fmt(statistics.median(values))} ({fmt(values[0])}–{fmt(values[-1])})"
 print("| scenario | decisions/s | p99 ms | Redis CPU µs/decision | replicas' CPU µs/decision "
-      "| EVALSHA calls per 1000 decisions | EVALSHA µs/call | prefilter answers | local-budget admissions | errors | store errors |")
+      "| script calls per 1000 decisions | script µs/call | prefilter answers | local-budget admissions | errors | store errors |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 for name in names:
     rs = by[name]

@@ -138,9 +138,10 @@ bench() {
   local evalsha="null"
   if [ -n "$with_redis" ]; then
     r1="$(pticks "${pid[redis_server]}")"
-    evalsha="$(redis-cli -p "$redis_port" info commandstats |
-      sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')"
-    evalsha="${evalsha:-null}"
+    # The decision scripts' calls: FCALL, or EVALSHA where Redis refuses functions.
+    evalsha="$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' |
+      sed -n 's/^cmdstat_\(fcall\|evalsha\):calls=\([0-9]*\),usec=\([0-9]*\),.*/\2 \3/p' |
+      awk '{ c += $1; u += $2 } END { if (c > 0) printf "%.2f", u / c; else print "null" }')"
   fi
   python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
@@ -235,7 +236,7 @@ def paired(p, s, other):
     return [load(p, s, r)["server_cpu_us"] / max(load(p, other, r)["server_cpu_us"], 1e-9)
             for r in range(1, rounds + 1)]
 
-print("| protocol | server | decisions/s | server CPU µs/decision |%s%s p99 µs | server core share | Redis CPU µs/decision | Redis EVALSHA µs/call |"
+print("| protocol | server | decisions/s | server CPU µs/decision |%s%s p99 µs | server core share | Redis CPU µs/decision | Redis script µs/call |"
       % ("".join(f" CPU / {r}'s, paired |" for r in refs),
          " CPU / BASE_BIN's, paired |" if with_base else ""))
 print("|---|---|---|---|" + "---|" * len(refs) + ("---|" if with_base else "") + "---|---|---|---|")

@@ -7,7 +7,8 @@
 # ("Pinned server rounds") and docs/benchmarks.md ("Redis path").
 #
 #   per run:   decisions/s, p99, Redis CPU per decision ((utime + stime) of redis-server from
-#              /proc/PID/stat over the run / decisions), Redis's EVALSHA usec_per_call and calls
+#              /proc/PID/stat over the run / decisions), Redis's script calls (FCALL, and EVALSHA or EVAL
+#              where Redis refuses functions) and their usec_per_call
 #              (INFO commandstats after CONFIG RESETSTAT) and so decisions per call, the server's
 #              CPU per decision and the share of its core it used, store errors (a run with any
 #              answered by the failure posture is flagged: its figures are not the store's);
@@ -116,7 +117,7 @@ run() {
     --connections "$CONNECTIONS" --duration "$duration" --json >"$TMP/run.json"
   s1="$(pticks "${SPID[$label]}")"; r1="$(pticks "$REDIS_PID")"; e1="$(store_errors "$label")"
   stats="$(redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' |
-    sed -n 's/^cmdstat_\(evalsha\|eval\):calls=\([0-9]*\),usec=\([0-9]*\),.*/\2 \3/p' |
+    sed -n 's/^cmdstat_\(fcall\|evalsha\|eval\):calls=\([0-9]*\),usec=\([0-9]*\),.*/\2 \3/p' |
     awk '{ c += $1; u += $2 } END { print c + 0, u + 0 }')"
   python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
@@ -143,7 +144,7 @@ if [ "$warm_s" -gt 0 ]; then
   for p in "${pairs[@]}"; do run "${p#*|}" "${p%%|*}" "$WARMUP" "$TMP/warmup.json"; done
 fi
 printf '%-5s %-24s %-16s %10s %8s %10s %10s %9s %10s %7s\n' round algorithm server decisions/s \
-  p99_us redis_us srv_us per_call evalsha_us errors
+  p99_us redis_us srv_us per_call script_us errors
 for round in $(seq "$ROUNDS"); do
   n="${#pairs[@]}"
   for i in $(seq 0 $((n - 1))); do
@@ -173,7 +174,7 @@ def mr(values, fmt):
     values = sorted(values)
     return f"{fmt(statistics.median(values))} ({fmt(values[0])}–{fmt(values[-1])})"
 print("| algorithm | server | Redis CPU µs/decision |" + (" Redis CPU / base's, paired |" if with_base else "")
-      + " server CPU µs/decision | decisions per call | EVALSHA µs/call | decisions/s | p99 µs | server core share | posture answers |")
+      + " server CPU µs/decision | decisions per call | script µs/call | decisions/s | p99 µs | server core share | posture answers |")
 print("|---|---|---|" + ("---|" if with_base else "") + "---|---|---|---|---|---|---|")
 flagged = 0
 for a in algorithms:
