@@ -234,9 +234,9 @@ impl Limiter {
 
     /// Times the memory store's call in place (`called`: its mode, if it was called) as the
     /// decision it was part of, which took `took`, as the stack's `Timed` layer would time it:
-    /// in process the store's call is most of the decision, both fall in the lowest latency
-    /// bucket (10 µs), and on a virtual machine a clock read (25–50 ns) costs more than the
-    /// store's lookup and arithmetic.
+    /// in process both fall in the lowest latency bucket (10 µs), and two more clock reads
+    /// (26–30 ns each on a virtual machine, more on a busy core) would cost a tenth of a
+    /// decision.
     fn time_in_place(&self, called: Option<Mode>, took: Duration) {
         if let Some(mode) = called {
             self.stack.timed().latency_of(mode).observe(took);
