@@ -14,6 +14,7 @@
 //! entries holds 2 MiB).
 
 use std::hash::BuildHasher;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use foldhash::quality::RandomState;
@@ -131,6 +132,16 @@ impl MemoryStore {
         // SHARDS is a power of two. The table uses the low bits (bucket) and the top seven
         // (tag) of the same keyed hash, so the shard takes bits from the middle.
         ((hash >> 32) as usize) & (SHARDS - 1)
+    }
+
+    /// The time on this store's clock.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// Whether this store reads its time from `clock` (the same one, not one alike).
+    pub fn reads(&self, clock: &SharedClock) -> bool {
+        Arc::ptr_eq(&self.clock, clock)
     }
 
     /// Removes every entry whose state has expired at `now`. Returns how many were removed.

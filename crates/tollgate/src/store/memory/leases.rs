@@ -5,7 +5,7 @@
 use tollgate_core::{Decision, Timestamp, Transition, refund};
 
 use super::MemoryStore;
-use crate::store::{Charge, Decisions, Grants, StoreError};
+use crate::store::{Charge, Grants, StoreError};
 
 impl MemoryStore {
     /// Charges one counter like [`Store::apply`](crate::store::Store::apply), and also returns
@@ -13,7 +13,7 @@ impl MemoryStore {
     /// [`MemoryStore::give_back`].
     pub fn reserve(&self, charge: Charge<'_>) -> Result<(Decision, i64), StoreError> {
         let now = self.clock.now();
-        let decision = self.decide_one(false, now, &charge, true, &mut Decisions::new())?;
+        let decision = self.decide_one_at(now, &charge, true)?;
         Ok((decision, i64::try_from(now.as_micros()).unwrap_or(i64::MAX)))
     }
 
