@@ -112,12 +112,13 @@ impl Pipeline<'_> {
     /// a limit on a new key): nothing was charged, and [`Pipeline::decide`] decides it again,
     /// letting the postures answer for the new keys.
     ///
-    /// The answer is filled into `response` ([`answer::empty`]), which the caller keeps. Returns
+    /// `memory` is the store and the time on its clock. The answer is filled into `response`
+    /// ([`answer::empty`]), which the caller keeps. Returns
     /// the mode of the store's call, for the caller to time as the stack's `Timed` layer would;
     /// `None` when the request charged nothing, so the store was not called.
     pub fn decide_now(
         &self,
-        memory: &MemoryStore,
+        (memory, now): (&MemoryStore, Timestamp),
         request: &CheckRequest,
         commit: bool,
         response: &mut CheckResponse,
@@ -133,7 +134,9 @@ impl Pipeline<'_> {
         let called = !charges.is_empty();
         if called {
             // Its one error is that partial answer, timed by the path that decides it again.
-            memory.decide(&charges, charge, &mut decisions).ok()?;
+            memory
+                .decide_at(now, &charges, charge, &mut decisions)
+                .ok()?;
         }
         shadow_and_capacity(
             request,

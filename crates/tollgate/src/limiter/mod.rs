@@ -61,6 +61,9 @@ pub struct Limiter {
     stack: Stack,
     overrides: Overrides,
     clock: SharedClock,
+    /// Whether the store is the memory store on `clock` (as `serve` runs it): a decision in
+    /// place then charges it at the decision's own time, read once for both.
+    store_reads_clock: bool,
     telemetry: Telemetry,
     /// Counts policy replacements, for [`Limiter::epoch`].
     policy_epoch: AtomicU64,
@@ -216,9 +219,14 @@ impl Limiter {
         response: &mut CheckResponse,
     ) -> Option<Result<Option<Mode>, LimitError>> {
         let memory = self.store().memory()?;
-        let decided = self
-            .pipeline(started)
-            .decide_now(memory, request, commit, response)?;
+        let pipeline = self.pipeline(started);
+        let now = if self.store_reads_clock {
+            pipeline.at.0
+        } else {
+            memory.now()
+        };
+        let memory = (memory, now);
+        let decided = pipeline.decide_now(memory, request, commit, response)?;
         Some(decided.map_err(LimitError::from))
     }
 

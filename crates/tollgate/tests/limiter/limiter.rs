@@ -311,6 +311,66 @@ async fn memory_decisions_and_their_store_calls_are_each_timed_once() {
     assert!(store("sum", "apply") <= value("tollgate_decision_duration_seconds_sum "));
 }
 
+/// A clock that counts how often it is read.
+#[derive(Debug, Default)]
+struct CountedClock {
+    inner: ManualClock,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+impl Clock for CountedClock {
+    fn now(&self) -> Timestamp {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.now()
+    }
+}
+
+/// On the memory store, a decision reads the clock once: when the limiter and the store share
+/// one (as `serve` runs them), the store charges at the decision's time; when the store has a
+/// clock of its own, it reads that one, and decides by it.
+#[tokio::test]
+async fn a_memory_decision_reads_a_shared_clock_once() {
+    let clock = Arc::new(CountedClock::default());
+    let store = StoreBackend::Memory(MemoryStore::new(clock.clone()));
+    let policy = Policy::from_yaml("test.yaml", POLICY).unwrap();
+    let limiter =
+        Limiter::with_failure_settings(policy, store, FailureSettings::default(), clock.clone());
+    let reads = || clock.reads.load(std::sync::atomic::Ordering::Relaxed);
+    // One descriptor (the path of its own), two (the general one), and an explain.
+    let requests = [
+        request(&[&[("user", "erin")]]),
+        request(&[&[("user", "erin")], &[("ip", "10.0.0.1")]]),
+    ];
+    for r in &requests {
+        let before = reads();
+        limiter.check(r).await.unwrap();
+        assert_eq!(reads() - before, 1, "{r:?}");
+        let before = reads();
+        limiter.explain(r).await.unwrap();
+        assert_eq!(reads() - before, 1, "explain {r:?}");
+    }
+
+    // A store on a clock of its own, a day ahead: its keys expire by it.
+    let own = Arc::new(ManualClock::new(Timestamp::from_micros(
+        1_700_000_040_000_000 + 86_400_000_000,
+    )));
+    let store = StoreBackend::Memory(MemoryStore::new(own.clone()));
+    let policy = Policy::from_yaml("test.yaml", POLICY).unwrap();
+    let limiter =
+        Limiter::with_failure_settings(policy, store, FailureSettings::default(), clock.clone());
+    let erin = request(&[&[("user", "erin")]]);
+    let first = limiter.check(&erin).await.unwrap();
+    let reset = first.statuses[0].decision.unwrap().reset_after;
+    own.advance(reset);
+    let next = limiter.check(&erin).await.unwrap();
+    assert_eq!(
+        next.statuses[0].decision.unwrap().remaining,
+        first.statuses[0].decision.unwrap().remaining,
+        "a new window on the store's clock, the limiter's clock unmoved"
+    );
+}
+
 /// Prometheus counters only go up: a new policy continues each rule's counts by domain and
 /// name, whatever its limit now is; a rule under a new name starts from zero. Its top denied
 /// keys carry over the same way: after a rollback, `tollgate top` still says who was denied.
