@@ -57,33 +57,16 @@ pub(super) fn build(
             };
             continue;
         };
-        let denied = decision.verdict != Verdict::Allowed;
-        let mode = limit.as_ref().map_or(RuleMode::Enforce, mode_of);
-        let degraded = told.degraded;
-        if let (true, Some(rule)) = (commit, limit.as_ref().and_then(AppliedLimit::rule)) {
-            if let Some(posture) = degraded {
-                snapshot.counters.record_degraded(rule.index, posture);
-            }
-            // Outcomes and throttled keys are the limit's: an answer of the open or closed
-            // posture, which decided nothing about the key, is counted as degraded only.
-            if matches!(degraded, None | Some(Posture::Local)) {
-                snapshot.record_outcome(rule, &descriptors[*i], Outcome::of(denied, mode));
-            }
-        }
-        let code = if denied && mode == RuleMode::Enforce {
-            Code::OverLimit
-        } else {
-            Code::Ok
-        };
-        // Written field by field over the unlimited status: a whole status built aside and
-        // copied in costs a copy of its 128 bytes per limit.
         let status = &mut statuses[*i];
-        status.code = code;
-        status.limit = limit;
-        status.decision = Some(decision);
-        status.shadow_would_deny = denied && mode == RuleMode::Shadow;
-        status.soft_exceeded = denied && mode == RuleMode::Soft;
-        status.degraded = degraded;
+        decided(
+            snapshot,
+            &descriptors[*i],
+            limit,
+            decision,
+            told.degraded,
+            commit,
+            status,
+        );
     }
     // A limit of 0 (a caller's, or a rule's `requests_per_unit: 0`): over it, with no counter
     // and no store asked.
@@ -104,10 +87,49 @@ pub(super) fn build(
     response.overall = overall(&response.statuses);
 }
 
+/// Writes over `status` (an unlimited one) what `decision` on `limit` answers for
+/// `descriptor`, `degraded` the posture that answered for the store, if one did. With
+/// `commit`, the limit's outcome is recorded in `snapshot`'s counters and top keys.
+pub(super) fn decided(
+    snapshot: &Snapshot,
+    descriptor: &RequestDescriptor,
+    limit: Option<AppliedLimit>,
+    decision: Decision,
+    degraded: Option<Posture>,
+    commit: bool,
+    status: &mut DescriptorStatus,
+) {
+    let denied = decision.verdict != Verdict::Allowed;
+    let mode = limit.as_ref().map_or(RuleMode::Enforce, mode_of);
+    if let (true, Some(rule)) = (commit, limit.as_ref().and_then(AppliedLimit::rule)) {
+        if let Some(posture) = degraded {
+            snapshot.counters.record_degraded(rule.index, posture);
+        }
+        // Outcomes and throttled keys are the limit's: an answer of the open or closed
+        // posture, which decided nothing about the key, is counted as degraded only.
+        if matches!(degraded, None | Some(Posture::Local)) {
+            snapshot.record_outcome(rule, descriptor, Outcome::of(denied, mode));
+        }
+    }
+    let code = if denied && mode == RuleMode::Enforce {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    };
+    // Written field by field over the unlimited status: a whole status built aside and
+    // copied in costs a copy of its 128 bytes per limit.
+    status.code = code;
+    status.limit = limit;
+    status.decision = Some(decision);
+    status.shadow_would_deny = denied && mode == RuleMode::Shadow;
+    status.soft_exceeded = denied && mode == RuleMode::Soft;
+    status.degraded = degraded;
+}
+
 /// The request's code from its descriptors' (as envoyproxy/ratelimit decides it):
 /// `OVER_LIMIT` when a limit without quota mode is over, or when the request has quota-mode
 /// limits and every one of them is over.
-fn overall(statuses: &[DescriptorStatus]) -> Code {
+pub(super) fn overall(statuses: &[DescriptorStatus]) -> Code {
     let (mut quotas, mut quota_passes) = (false, false);
     for status in statuses {
         let quota = status

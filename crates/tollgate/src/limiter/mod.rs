@@ -12,6 +12,7 @@ mod plan;
 mod request;
 mod response;
 mod shadow;
+mod single;
 mod snapshot;
 mod stack;
 mod telemetry;
@@ -197,8 +198,9 @@ impl Limiter {
     }
 
     /// The decision on the memory store, made on this stack frame into `response`
-    /// ([`answer::empty`]); `None` on Redis, and for the rare request the memory store at its
-    /// most keys decides only in part.
+    /// ([`answer::empty`]): the common request of one limited descriptor on a path of its own
+    /// (`single`), any other on the general one; `None` on Redis, and for the rare request the
+    /// memory store at its most keys decides only in part.
     ///
     /// A decision holds the plans and decisions inline (about 1.4 KB). In a future awaited by
     /// the caller, they would sit inside the caller's future, which the HTTP and gRPC servers
@@ -226,6 +228,9 @@ impl Limiter {
             memory.now()
         };
         let memory = (memory, now);
+        if let Some(mode) = pipeline.decide_single(memory, request, commit, response) {
+            return Some(Ok(Some(mode)));
+        }
         let decided = pipeline.decide_now(memory, request, commit, response)?;
         Some(decided.map_err(LimitError::from))
     }

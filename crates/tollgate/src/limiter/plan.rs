@@ -8,7 +8,7 @@ use tollgate_core::Timestamp;
 
 use super::keys::{self, KeyBuf};
 use super::overrides::Overrides;
-use super::request::{CheckRequest, InvalidRequest, MAX_DESCRIPTORS};
+use super::request::{CheckRequest, InvalidRequest, MAX_DESCRIPTORS, RequestDescriptor};
 use super::response::AppliedLimit;
 use crate::policy::{self, LocalBudget, Policy, Rule, RuleMode};
 use crate::resilience::{FailureSettings, Posture};
@@ -97,27 +97,7 @@ impl Planner<'_> {
                         }
                         rule.limit.is_some()
                     })
-                    .map(|rule| {
-                        let runtime = match side {
-                            Side::Live => {
-                                self.overrides
-                                    .find(request.domain(), rule, d.entries(), now)
-                            }
-                            Side::Candidate(_) => None,
-                        };
-                        match runtime {
-                            Some(params) if self.store.supports(&params).is_ok() => {
-                                AppliedLimit::Overridden(rule.clone(), params)
-                            }
-                            // `requests_per_unit: 0`, decided like a caller's limit of 0.
-                            _ => match (rule.blocked, rule.limit) {
-                                (true, Some(params)) => {
-                                    AppliedLimit::Blocked(params, Some(rule.clone()))
-                                }
-                                _ => AppliedLimit::Rule(rule.clone()),
-                            },
-                        }
-                    }),
+                    .map(|rule| self.limit_of(request.domain(), rule, d, now, side)),
             });
         }
         drop_replaced(limits, &replaced_by_unlimited);
@@ -151,13 +131,37 @@ impl Planner<'_> {
         }
         Ok(())
     }
+
+    /// The limit `rule` (which has one) applies to `descriptor` of `domain` at `now`: for the
+    /// live policy, a runtime override's if one is in force (and the store supports it), else
+    /// the rule's, or a block for its `requests_per_unit: 0`.
+    pub fn limit_of(
+        &self,
+        domain: &str,
+        rule: &Arc<Rule>,
+        descriptor: &RequestDescriptor,
+        now: Timestamp,
+        side: Side<'_>,
+    ) -> AppliedLimit {
+        let runtime = match side {
+            Side::Live => self.overrides.find(domain, rule, descriptor.entries(), now),
+            Side::Candidate(_) => None,
+        };
+        match runtime {
+            Some(params) if self.store.supports(&params).is_ok() => {
+                AppliedLimit::Overridden(rule.clone(), params)
+            }
+            // `requests_per_unit: 0`, decided like a caller's limit of 0.
+            _ => match (rule.blocked, rule.limit) {
+                (true, Some(params)) => AppliedLimit::Blocked(params, Some(rule.clone())),
+                _ => AppliedLimit::Rule(rule.clone()),
+            },
+        }
+    }
 }
 
 impl Plan {
-    /// Appends one charge per span, in order, with what the store layers need about its
-    /// limit (its rule's settings, else the defaults of `settings`). With `live` false (a
-    /// candidate, which never denies) every charge only counts, whatever the rule's mode, and
-    /// takes no local budget nor the prefilter.
+    /// Appends one charge per span, in order ([`charge_of`]; `live` false for a candidate's).
     pub fn push_charges<'a>(
         &'a self,
         request: &CheckRequest,
@@ -168,21 +172,14 @@ impl Plan {
         let descriptors = request.descriptors();
         charges.extend(self.spans.iter().filter_map(|(i, span)| {
             let limit = self.limits[*i].as_ref()?;
-            let quota = live && quota_of(limit);
-            let params = limit.params()?;
-            Some(Charge {
-                key: &self.key_buf[span.clone()],
-                params,
-                cost: descriptors[*i].cost(),
-                checks_as_is: request.checks_as_is() && !params.charges_up_to_limit(),
-                enforce: live && mode_of(limit) == RuleMode::Enforce,
-                quota,
-                posture: posture_of(Some(limit), settings),
-                local_share: share_of(Some(limit), settings),
-                local_budget: budget_of(limit).filter(|_| live),
-                // A quota limit's denial may not deny the request: nothing to remember.
-                prefilterable: live && !quota && prefilterable(limit),
-            })
+            charge_of(
+                limit,
+                &self.key_buf[span.clone()],
+                request,
+                &descriptors[*i],
+                live,
+                settings,
+            )
         }));
     }
 
@@ -199,6 +196,35 @@ impl Plan {
         let other_quota = self.limits.iter().any(|l| quota(l) && !blocked(l));
         self.limits.iter().any(|l| blocked(l) && !quota(l)) || (blocked_quota && !other_quota)
     }
+}
+
+/// The charge of `limit` on `key` for `descriptor` of `request`, with what the store layers
+/// need about the limit (its rule's settings, else the defaults of `settings`); `None` for a
+/// limit without params. With `live` false (a candidate, which never denies) it only counts,
+/// whatever the rule's mode, and takes no local budget nor the prefilter.
+pub(super) fn charge_of<'a>(
+    limit: &'a AppliedLimit,
+    key: &'a [u8],
+    request: &CheckRequest,
+    descriptor: &RequestDescriptor,
+    live: bool,
+    settings: &FailureSettings,
+) -> Option<Charge<'a>> {
+    let quota = live && quota_of(limit);
+    let params = limit.params()?;
+    Some(Charge {
+        key,
+        params,
+        cost: descriptor.cost(),
+        checks_as_is: request.checks_as_is() && !params.charges_up_to_limit(),
+        enforce: live && mode_of(limit) == RuleMode::Enforce,
+        quota,
+        posture: posture_of(Some(limit), settings),
+        local_share: share_of(Some(limit), settings),
+        local_budget: budget_of(limit).filter(|_| live),
+        // A quota limit's denial may not deny the request: nothing to remember.
+        prefilterable: live && !quota && prefilterable(limit),
+    })
 }
 
 /// The failure posture that answers for `limit` when the store cannot: its rule's

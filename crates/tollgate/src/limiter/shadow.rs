@@ -26,10 +26,15 @@ pub(super) struct CandidateSlot {
 impl CandidateSlot {
     /// The candidate, if one is set.
     pub fn load(&self) -> Option<Arc<Candidate>> {
-        if !self.set.load(Ordering::Acquire) {
+        if !self.is_set() {
             return None;
         }
         self.current.load_full()
+    }
+
+    /// Whether a candidate is set (one atomic load).
+    pub fn is_set(&self) -> bool {
+        self.set.load(Ordering::Acquire)
     }
 
     /// Sets (or with `None` clears) the candidate; returns the one it replaces.
