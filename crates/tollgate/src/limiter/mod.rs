@@ -153,7 +153,6 @@ impl Limiter {
     /// Decides one request. A denial is `Ok` with `overall == OverLimit`; `Err` means the
     /// request is invalid (nothing was counted).
     pub async fn check(&self, request: &CheckRequest) -> Result<CheckResponse, LimitError> {
-        self.telemetry.requests.fetch_add(1, Ordering::Relaxed);
         let started = tokio::time::Instant::now();
         {
             // In a block: neither the response nor the plan's borrows are kept in this future
@@ -162,13 +161,22 @@ impl Limiter {
             if let Some(decided) = self.decide_in_place(started, request, true, &mut response) {
                 // One clock read times both the decision and, in it, the store's call.
                 let took = started.elapsed();
-                self.telemetry.decision_latency.observe(took);
+                let telemetry = &self.telemetry;
                 return match decided {
+                    // The common case: one duration, observed once for both series.
+                    Ok(Some(Mode::Apply)) => {
+                        telemetry.in_place.observe(took);
+                        Ok(response)
+                    }
                     Ok(called) => {
+                        telemetry.decision_latency.observe(took);
                         self.time_in_place(called, took);
                         Ok(response)
                     }
-                    Err(invalid) => Err(invalid),
+                    Err(invalid) => {
+                        telemetry.decision_latency.observe(took);
+                        Err(invalid)
+                    }
                 };
             }
         }

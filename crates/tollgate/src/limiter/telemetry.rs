@@ -12,9 +12,9 @@ use super::response::CheckResponse;
 use super::snapshot::Snapshot;
 use crate::leases::HotKeys;
 use crate::metrics::Outcome;
-use crate::observe::Histogram;
 use crate::observe::history::{COLUMNS, DEGRADED, Metrics, RuleCounts, ValueCounts, cumulative};
 use crate::observe::prometheus::{Exposition, Kind};
+use crate::observe::{Histogram, Summed};
 use crate::policy::posture_of;
 use crate::resilience::Posture;
 use crate::store::{Granting, Store, StoreBackend, StoreError, Timed};
@@ -58,8 +58,13 @@ impl Transport {
 /// The limiter's own counters, histograms and log throttles.
 #[derive(Debug)]
 pub(super) struct Telemetry {
+    /// Decisions timed apart from their store call (see `in_place`).
     pub decision_latency: Histogram,
-    pub requests: AtomicU64,
+    /// Charged decisions on the memory store, which calls it in place: each is timed once, and
+    /// counted both as a decision and as the store's `apply` call (the two would be the same
+    /// duration, observed twice: four locked adds where two do). Every check is timed in one
+    /// of the two, so their count is the requests decided.
+    pub in_place: Histogram,
     store_errors: AtomicU64,
     fail_open: AtomicU64,
     /// When a store error was last logged (microseconds), so an outage cannot flood the log.
@@ -75,7 +80,7 @@ impl Default for Telemetry {
     fn default() -> Self {
         Telemetry {
             decision_latency: Histogram::new(Histogram::LATENCY_SECONDS),
-            requests: AtomicU64::new(0),
+            in_place: Histogram::new(Histogram::LATENCY_SECONDS),
             store_errors: AtomicU64::new(0),
             fail_open: AtomicU64::new(0),
             last_error_log: AtomicU64::new(0),
@@ -87,6 +92,16 @@ impl Default for Telemetry {
 }
 
 impl Telemetry {
+    /// The latency of every decision.
+    fn decisions(&self) -> Summed<'_> {
+        Summed(&self.decision_latency, &self.in_place)
+    }
+
+    /// The latency of the store's `apply` calls, which the `Timed` layer timed in `timed`.
+    fn store_applies<'a>(&'a self, timed: &'a Histogram) -> Summed<'a> {
+        Summed(timed, &self.in_place)
+    }
+
     /// Counts a decision the store could not make, and logs it at most once a second.
     pub fn note_store_error(&self, error: &StoreError, now: Timestamp) {
         let errors = self.store_errors.fetch_add(1, Ordering::Relaxed) + 1;
@@ -164,9 +179,9 @@ impl Telemetry {
                 ));
             }
         }
-        m.decision_latency = cumulative(&self.decision_latency);
-        m.store_latency = cumulative(&store_latency[0]);
-        m.requests = self.requests.load(Ordering::Relaxed);
+        m.decision_latency = cumulative(&self.decisions());
+        m.store_latency = cumulative(&self.store_applies(&store_latency[0]));
+        m.requests = self.decisions().count();
         m.store_errors = self.store_errors.load(Ordering::Relaxed);
         m.fail_open = self.fail_open.load(Ordering::Relaxed);
         m
@@ -196,7 +211,7 @@ impl Telemetry {
             "Check requests decided (a request refused as malformed is not counted).",
             Kind::Counter,
         )
-        .sample(&[], self.requests.load(Ordering::Relaxed));
+        .sample(&[], self.decisions().count());
         let counters = [
             (
                 STORE_ERRORS,
@@ -253,7 +268,7 @@ impl Telemetry {
             "Time to decide a check request, store included.",
             Kind::Histogram,
         )
-        .histogram(&[], &self.decision_latency);
+        .histogram(&[], &self.decisions());
         let kind = store.kind();
         let lease_ops = store.shared().then(|| leases.store_latency());
         let ops = ["apply", "peek"]
@@ -264,7 +279,14 @@ impl Telemetry {
             "Store calls by backend and operation.",
             Kind::Histogram,
         );
-        for (op, histogram) in ops.chain(lease_ops.into_iter().flatten()) {
+        for (op, histogram) in ops {
+            let labels = [("store", kind), ("op", op)];
+            match op {
+                "apply" => store_ops.histogram(&labels, &self.store_applies(histogram)),
+                _ => store_ops.histogram(&labels, histogram),
+            };
+        }
+        for (op, histogram) in lease_ops.into_iter().flatten() {
             store_ops.histogram(&[("store", kind), ("op", op)], histogram);
         }
         if store.shared() {

@@ -133,6 +133,34 @@ impl Distribution for Histogram {
     }
 }
 
+/// Two histograms of the same bounds read as one, their buckets and sums added: for a duration
+/// observed once, in a histogram of its own, that two series show (see [`Summed::count`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Summed<'a>(pub &'a Histogram, pub &'a Histogram);
+
+impl Summed<'_> {
+    /// How many durations the two have observed.
+    pub fn count(&self) -> u64 {
+        self.0.count().wrapping_add(self.1.count())
+    }
+}
+
+impl Distribution for Summed<'_> {
+    fn buckets(&self) -> impl Iterator<Item = (Option<f64>, u64)> {
+        debug_assert_eq!(
+            self.0.bounds, self.1.bounds,
+            "summed histograms share bounds"
+        );
+        let pairs = self.0.buckets().zip(self.1.buckets());
+        pairs.map(|((bound, a), (_, b))| (bound, a.wrapping_add(b)))
+    }
+
+    fn sum_seconds(&self) -> f64 {
+        let nanos = |h: &Histogram| h.sum_nanos.load(Ordering::Relaxed);
+        nanos(self.0).wrapping_add(nanos(self.1)) as f64 / 1e9
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +220,37 @@ mod tests {
             ]
         );
         assert!(out.ends_with('\n'));
+    }
+
+    /// Summed, two histograms read as one: each bucket and the sum are the two added, and the
+    /// count is every duration either observed.
+    #[test]
+    fn summed_histograms_add_bucket_by_bucket() {
+        let (a, b) = (
+            Histogram::new(&[0.001, 0.01]),
+            Histogram::new(&[0.001, 0.01]),
+        );
+        a.observe(Duration::from_micros(500));
+        a.observe(Duration::from_millis(20));
+        b.observe(Duration::from_millis(5));
+        b.observe(Duration::from_micros(700));
+        b.observe(Duration::from_micros(300));
+        let both = Summed(&a, &b);
+        assert_eq!(both.count(), 5);
+        let mut out = String::new();
+        Exposition::new(&mut out)
+            .family("t_seconds", "Test.", Kind::Histogram)
+            .histogram(&[], &both);
+        assert_eq!(
+            lines(&out)[2..],
+            [
+                r#"t_seconds_bucket{le="0.001"} 3"#,
+                r#"t_seconds_bucket{le="0.01"} 4"#,
+                r#"t_seconds_bucket{le="+Inf"} 5"#,
+                "t_seconds_sum 0.0265",
+                "t_seconds_count 5",
+            ]
+        );
     }
 
     #[test]

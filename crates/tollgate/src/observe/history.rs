@@ -77,8 +77,7 @@ pub struct Metrics {
 }
 
 /// `histogram`'s buckets as [`Buckets`]: cumulative, each with its upper bound.
-pub fn cumulative(histogram: &super::Histogram) -> Buckets {
-    use super::prometheus::Distribution;
+pub fn cumulative(histogram: &impl super::prometheus::Distribution) -> Buckets {
     let mut below = 0;
     histogram
         .buckets()

@@ -13,6 +13,6 @@ pub mod shares;
 mod throttle;
 mod top_keys;
 
-pub use histogram::Histogram;
+pub use histogram::{Histogram, Summed};
 pub use throttle::Throttle;
 pub use top_keys::{MAX_CAPACITY, MAX_KEY_BYTES, TopEntry, TopKeys};
