@@ -11,16 +11,81 @@ use super::request::{MAX_FIELD_LEN, RequestDescriptor};
 /// of typical size), so building keys allocates nothing on the hot path.
 pub type KeyBuf = SmallVec<[u8; 256]>;
 
+/// Where a key's bytes are written.
+trait Sink {
+    fn byte(&mut self, byte: u8);
+    fn bytes(&mut self, bytes: &[u8]);
+}
+
+impl Sink for KeyBuf {
+    fn byte(&mut self, byte: u8) {
+        self.push(byte);
+    }
+
+    fn bytes(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// A key built on the stack first, then copied into the [`KeyBuf`] whole. Written straight
+/// into the buffer, each of a key's dozen parts was a call: a byte pushed, or a slice copied
+/// as an insert at the end, which first moves the (empty) tail. Here a byte is a store and a
+/// part one copy: about 120 instructions fewer a key of one entry.
+struct OnStack {
+    bytes: [u8; 256],
+    len: usize,
+    /// A write did not fit: the key is built in the buffer instead.
+    overflowed: bool,
+}
+
+impl OnStack {
+    fn new() -> Self {
+        OnStack {
+            bytes: [0; 256],
+            len: 0,
+            overflowed: false,
+        }
+    }
+
+    /// The key written, unless it did not fit.
+    fn written(&self) -> Option<&[u8]> {
+        (!self.overflowed).then(|| &self.bytes[..self.len])
+    }
+}
+
+impl Sink for OnStack {
+    fn byte(&mut self, byte: u8) {
+        match self.bytes.get_mut(self.len) {
+            Some(slot) => {
+                *slot = byte;
+                self.len += 1;
+            }
+            None => self.overflowed = true,
+        }
+    }
+
+    fn bytes(&mut self, bytes: &[u8]) {
+        let end = self.len.saturating_add(bytes.len());
+        match self.bytes.get_mut(self.len..end) {
+            Some(slots) => {
+                slots.copy_from_slice(bytes);
+                self.len = end;
+            }
+            None => self.overflowed = true,
+        }
+    }
+}
+
 /// Appends `n` in decimal: a key takes several, and `write!` costs more than the rest of the key.
-fn push_decimal(buf: &mut KeyBuf, mut n: u64) {
+fn push_decimal(buf: &mut impl Sink, mut n: u64) {
     // Most are lengths below 100: a byte or two, pushed without the digit buffer's copy.
     if n < 10 {
-        buf.push(b'0' + n as u8);
+        buf.byte(b'0' + n as u8);
         return;
     }
     if n < 100 {
-        buf.push(b'0' + (n / 10) as u8);
-        buf.push(b'0' + (n % 10) as u8);
+        buf.byte(b'0' + (n / 10) as u8);
+        buf.byte(b'0' + (n % 10) as u8);
         return;
     }
     let mut digits = [0u8; 20];
@@ -33,26 +98,26 @@ fn push_decimal(buf: &mut KeyBuf, mut n: u64) {
             break;
         }
     }
-    buf.extend_from_slice(&digits[start..]);
+    buf.bytes(&digits[start..]);
 }
 
-fn push_part(buf: &mut KeyBuf, part: &[u8]) {
+fn push_part(buf: &mut impl Sink, part: &[u8]) {
     // Decimal length, then ':' — readable in `redis-cli`, and injective.
     push_decimal(buf, part.len() as u64);
-    buf.push(b':');
-    buf.extend_from_slice(part);
+    buf.byte(b':');
+    buf.bytes(part);
 }
 
 /// Appends the entries; the value of entry `i` is a bare `*` when bit `i` of `shared` is set,
 /// and a value longer than [`MAX_FIELD_LEN`] is its digest ([`push_digest`]: `#` and hex digits). A
 /// part always starts with its length, so neither can be mistaken for a value.
-fn push_entries(buf: &mut KeyBuf, descriptor: &RequestDescriptor, shared: u64) {
+fn push_entries(buf: &mut impl Sink, descriptor: &RequestDescriptor, shared: u64) {
     push_decimal(buf, descriptor.entries().len() as u64);
-    buf.push(b'|');
+    buf.byte(b'|');
     for (i, (key, value)) in descriptor.entries().iter().enumerate() {
         push_part(buf, key.as_bytes());
         if i < 64 && shared & (1 << i) != 0 {
-            buf.push(b'*');
+            buf.byte(b'*');
         } else if value.len() > MAX_FIELD_LEN {
             push_digest(buf, value);
         } else {
@@ -64,11 +129,11 @@ fn push_entries(buf: &mut KeyBuf, descriptor: &RequestDescriptor, shared: u64) {
 /// Appends what stands for a value longer than [`MAX_FIELD_LEN`] bytes: `#` and the first 32
 /// hex digits (128 bits) of its SHA-1, the same on every replica, so each long value keeps a
 /// counter of its own and nobody can choose a long value that lands on another's.
-fn push_digest(buf: &mut KeyBuf, value: &str) {
+fn push_digest(buf: &mut impl Sink, value: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    buf.push(b'#');
+    buf.byte(b'#');
     for byte in &sha1_smol::Sha1::from(value).digest().bytes()[..16] {
-        buf.extend_from_slice(&[HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]]);
+        buf.bytes(&[HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]]);
     }
 }
 
@@ -80,8 +145,21 @@ pub fn rule_key(
     shared: u64,
     descriptor: &RequestDescriptor,
 ) {
-    buf.push(b'r');
-    buf.push(b'|');
+    let mut key = OnStack::new();
+    write_rule_key(&mut key, rule_identity, shared, descriptor);
+    match key.written() {
+        Some(key) => buf.extend_from_slice(key),
+        None => write_rule_key(buf, rule_identity, shared, descriptor),
+    }
+}
+
+fn write_rule_key(
+    buf: &mut impl Sink,
+    rule_identity: &str,
+    shared: u64,
+    descriptor: &RequestDescriptor,
+) {
+    buf.bytes(b"r|");
     push_part(buf, rule_identity.as_bytes());
     push_entries(buf, descriptor, shared);
 }
@@ -98,7 +176,7 @@ pub fn candidate_rule_key(
 ) {
     buf.extend_from_slice(b"c|");
     push_part(buf, candidate_hash.as_bytes());
-    rule_key(buf, rule_identity, shared, descriptor);
+    write_rule_key(buf, rule_identity, shared, descriptor);
 }
 
 /// Appends the key of a caller-supplied limit override's counter: the domain, the period and
@@ -211,6 +289,27 @@ mod tests {
         assert_ne!(one, live);
         assert_ne!(one, other);
         assert!(one.ends_with(&live), "the live key follows the namespace");
+    }
+
+    /// A key is built on the stack when it fits there, in the buffer when it does not: the
+    /// same bytes either way, at every length around the stack's size and well past it.
+    #[test]
+    fn keys_too_long_for_the_stack_are_the_same_keys() {
+        let mut lengths = Vec::new();
+        for len in (230..250).chain([1_000]) {
+            let entries = vec![("k".to_owned(), "v".repeat(len))];
+            let d = RequestDescriptor::new(entries, 1, None).unwrap();
+            let identity = "r";
+            let mut built = KeyBuf::from_slice(b"before");
+            rule_key(&mut built, identity, 0, &d);
+            let mut straight = KeyBuf::from_slice(b"before");
+            write_rule_key(&mut straight, identity, 0, &d);
+            assert_eq!(built, straight, "{len}");
+            lengths.push(built.len() - b"before".len());
+        }
+        // The keys tried do cross the stack's size, one byte at a time.
+        assert!((250..=262).all(|n| lengths.contains(&n)), "{lengths:?}");
+        assert!(lengths.iter().any(|&n| n > 1_000), "{lengths:?}");
     }
 
     #[test]
