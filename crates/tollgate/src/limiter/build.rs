@@ -32,7 +32,6 @@ impl Limiter {
         settings: FailureSettings,
         clock: SharedClock,
     ) -> Self {
-        let store_reads_clock = store.memory().is_some_and(|m| m.reads(&clock));
         Limiter {
             snapshot: ArcSwap::from_pointee(Snapshot::new(policy, None)),
             candidate: CandidateSlot::default(),
@@ -43,7 +42,6 @@ impl Limiter {
             ),
             overrides: Overrides::default(),
             clock,
-            store_reads_clock,
             telemetry: Telemetry::default(),
             policy_epoch: AtomicU64::new(0),
         }

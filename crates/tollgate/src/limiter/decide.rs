@@ -113,9 +113,9 @@ impl Pipeline<'_> {
     /// letting the postures answer for the new keys.
     ///
     /// `memory` is the store and the time on its clock. The answer is filled into `response`
-    /// ([`answer::empty`]), which the caller keeps. Returns
-    /// the mode of the store's call, for the caller to time as the stack's `Timed` layer would;
-    /// `None` when the request charged nothing, so the store was not called.
+    /// ([`answer::empty`]), which the caller keeps. Returns the mode of the store's call, for
+    /// the caller to time as the stack's `Timed` layer would; `None` when the request charged
+    /// nothing, so the store was not called.
     pub fn decide_now(
         &self,
         (memory, now): (&MemoryStore, Timestamp),

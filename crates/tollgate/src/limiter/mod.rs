@@ -62,9 +62,6 @@ pub struct Limiter {
     stack: Stack,
     overrides: Overrides,
     clock: SharedClock,
-    /// Whether the store is the memory store on `clock` (as `serve` runs it): a decision in
-    /// place then charges it at the decision's own time, read once for both.
-    store_reads_clock: bool,
     telemetry: Telemetry,
     /// Counts policy replacements, for [`Limiter::epoch`].
     policy_epoch: AtomicU64,
@@ -230,7 +227,9 @@ impl Limiter {
     ) -> Option<Result<Option<Mode>, LimitError>> {
         let memory = self.store().memory()?;
         let pipeline = self.pipeline(started);
-        let now = if self.store_reads_clock {
+        // A memory store on this limiter's clock (as `serve` runs it) is charged at the
+        // decision's own time, read once for both; one on a clock of its own reads that.
+        let now = if memory.reads(&self.clock) {
             pipeline.at.0
         } else {
             memory.now()
