@@ -23,8 +23,9 @@ impl Pipeline<'_> {
     ///
     /// Left to the general path: a limit the caller sent, a descriptor no rule limits (or an
     /// unlimited rule's), a limit of 0 (it may stop the request's charge), a runtime override
-    /// in force on the key (rare; its limit replaces the rule's), a rule that replaces itself
-    /// and, for a charged request, a shadow candidate (it is charged beside the live policy).
+    /// in force on the key (rare; its limit replaces the rule's) and, for a charged request, a
+    /// shadow candidate (it is charged beside the live policy). With one descriptor no
+    /// `replaces` applies: the policy refuses a rule that replaces itself.
     pub fn decide_single(
         &self,
         (memory, store_now): (&MemoryStore, Timestamp),
@@ -42,9 +43,8 @@ impl Pipeline<'_> {
             .snapshot
             .policy
             .find(request.domain(), descriptor.entries())?;
-        if rule.limit.is_none() || rule.replaces.contains(&rule.name) {
-            return None;
-        }
+        // An unlimited rule (no limit) is the general path's to answer.
+        rule.limit?;
         let (now, _) = self.at;
         let planner = Planner {
             store: self.stack.store(),
