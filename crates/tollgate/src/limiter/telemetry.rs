@@ -271,21 +271,17 @@ impl Telemetry {
         .histogram(&[], &self.decisions());
         let kind = store.kind();
         let lease_ops = store.shared().then(|| leases.store_latency());
-        let ops = ["apply", "peek"]
-            .into_iter()
-            .zip(hot_keys.inner().latency());
+        let [apply, peek] = hot_keys.inner().latency();
         let mut store_ops = text.family(
             STORE_OPERATION_DURATION,
             "Store calls by backend and operation.",
             Kind::Histogram,
         );
-        for (op, histogram) in ops {
-            let labels = [("store", kind), ("op", op)];
-            match op {
-                "apply" => store_ops.histogram(&labels, &self.store_applies(histogram)),
-                _ => store_ops.histogram(&labels, histogram),
-            };
-        }
+        store_ops.histogram(
+            &[("store", kind), ("op", "apply")],
+            &self.store_applies(apply),
+        );
+        store_ops.histogram(&[("store", kind), ("op", "peek")], peek);
         for (op, histogram) in lease_ops.into_iter().flatten() {
             store_ops.histogram(&[("store", kind), ("op", op)], histogram);
         }
