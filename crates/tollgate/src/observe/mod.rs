@@ -10,6 +10,7 @@ mod histogram;
 pub mod history;
 pub mod prometheus;
 pub mod shares;
+mod thread_slot;
 mod throttle;
 mod top_keys;
 

@@ -3,7 +3,8 @@
 //! with label values escaped as the format requires.
 //!
 //! It is for scrapes only: nothing here runs on the request path, where counting stays a
-//! relaxed atomic add (see [`crate::metrics`], [`crate::observe::Histogram::observe`]).
+//! relaxed atomic add or a thread's own counter (see [`crate::metrics`],
+//! [`crate::observe::Histogram::observe`]).
 //!
 //! ```
 //! use tollgate::observe::prometheus::{Exposition, Kind};
