@@ -8,7 +8,9 @@ use tollgate_core::Params;
 use super::request::{MAX_FIELD_LEN, RequestDescriptor};
 
 /// Every counter key of one request, back to back. Inline up to 256 bytes (four descriptors
-/// of typical size), so building keys allocates nothing on the hot path.
+/// of typical size), so building keys allocates nothing on the hot path. Each key is built on
+/// the stack, then copied in whole ([`rule_key`]); a request's only key is used where it was
+/// built ([`OneKey`]).
 pub type KeyBuf = SmallVec<[u8; 256]>;
 
 /// Where a key's bytes are written.
@@ -27,21 +29,21 @@ impl Sink for KeyBuf {
     }
 }
 
-/// A key built on the stack first, then copied into the [`KeyBuf`] whole. Written straight
-/// into the buffer, each of a key's dozen parts was a call: a byte pushed, or a slice copied
-/// as an insert at the end, which first moves the (empty) tail. Here a byte is a store and a
-/// part one copy: about 120 instructions fewer a key of one entry.
-struct OnStack {
-    bytes: [u8; 256],
+/// A key built on the stack, in `N` bytes. Written straight into a [`KeyBuf`], each of a
+/// key's dozen parts was a call: a byte pushed, or a slice copied as an insert at the end,
+/// which first moves the (empty) tail. Here a byte is a store and a part one copy: about 120
+/// instructions fewer a key of one entry.
+struct OnStack<const N: usize> {
+    bytes: [u8; N],
     len: usize,
-    /// A write did not fit: the key is built in the buffer instead.
+    /// A write did not fit: the key is built in a buffer instead.
     overflowed: bool,
 }
 
-impl OnStack {
+impl<const N: usize> OnStack<N> {
     fn new() -> Self {
         OnStack {
-            bytes: [0; 256],
+            bytes: [0; N],
             len: 0,
             overflowed: false,
         }
@@ -53,7 +55,7 @@ impl OnStack {
     }
 }
 
-impl Sink for OnStack {
+impl<const N: usize> Sink for OnStack<N> {
     fn byte(&mut self, byte: u8) {
         match self.bytes.get_mut(self.len) {
             Some(slot) => {
@@ -72,6 +74,45 @@ impl Sink for OnStack {
                 self.len = end;
             }
             None => self.overflowed = true,
+        }
+    }
+}
+
+/// Room for the one key of a request with one descriptor ([`OneKey`]): most keys are well
+/// under it (55 bytes for a 30-byte value); a longer one is built in a [`KeyBuf`].
+const ONE_KEY_BYTES: usize = 128;
+
+/// The counter key of one descriptor, where the request has no other: built and used on the
+/// stack, where the general path copies each key into the request's [`KeyBuf`].
+pub(super) struct OneKey {
+    stack: OnStack<ONE_KEY_BYTES>,
+    /// Where a key longer than the stack's room is built (inline up to 256 bytes).
+    long: KeyBuf,
+}
+
+impl OneKey {
+    pub(super) fn new() -> Self {
+        OneKey {
+            stack: OnStack::new(),
+            long: KeyBuf::new(),
+        }
+    }
+
+    /// Builds the key of a configured rule's counter for `descriptor` (see [`rule_key`]) and
+    /// returns it: written where it stays, as a key returned by value was copied whole.
+    pub(super) fn rule(
+        &mut self,
+        rule_identity: &str,
+        shared: u64,
+        descriptor: &RequestDescriptor,
+    ) -> &[u8] {
+        write_rule_key(&mut self.stack, rule_identity, shared, descriptor);
+        match self.stack.written() {
+            Some(key) => key,
+            None => {
+                write_rule_key(&mut self.long, rule_identity, shared, descriptor);
+                &self.long
+            }
         }
     }
 }
@@ -145,7 +186,7 @@ pub fn rule_key(
     shared: u64,
     descriptor: &RequestDescriptor,
 ) {
-    let mut key = OnStack::new();
+    let mut key = OnStack::<256>::new();
     write_rule_key(&mut key, rule_identity, shared, descriptor);
     match key.written() {
         Some(key) => buf.extend_from_slice(key),
@@ -291,12 +332,13 @@ mod tests {
         assert!(one.ends_with(&live), "the live key follows the namespace");
     }
 
-    /// A key is built on the stack when it fits there, in the buffer when it does not: the
-    /// same bytes either way, at every length around the stack's size and well past it.
+    /// A key is built on the stack when it fits there, in a buffer when it does not: the same
+    /// bytes either way, at every length around each stack's size and well past it, whether
+    /// appended to the request's keys or built alone.
     #[test]
     fn keys_too_long_for_the_stack_are_the_same_keys() {
         let mut lengths = Vec::new();
-        for len in (230..250).chain([1_000]) {
+        for len in (105..125).chain(230..250).chain([1_000]) {
             let entries = vec![("k".to_owned(), "v".repeat(len))];
             let d = RequestDescriptor::new(entries, 1, None).unwrap();
             let identity = "r";
@@ -305,10 +347,16 @@ mod tests {
             let mut straight = KeyBuf::from_slice(b"before");
             write_rule_key(&mut straight, identity, 0, &d);
             assert_eq!(built, straight, "{len}");
-            lengths.push(built.len() - b"before".len());
+            let mut alone = OneKey::new();
+            let alone = alone.rule(identity, 0, &d);
+            assert_eq!(alone, &straight[b"before".len()..], "{len}");
+            lengths.push(alone.len());
         }
-        // The keys tried do cross the stack's size, one byte at a time.
-        assert!((250..=262).all(|n| lengths.contains(&n)), "{lengths:?}");
+        // The keys tried do cross each stack's size, one byte at a time.
+        for room in [ONE_KEY_BYTES, 256] {
+            let around = room - 6..=room + 6;
+            assert!(around.clone().all(|n| lengths.contains(&n)), "{lengths:?}");
+        }
         assert!(lengths.iter().any(|&n| n > 1_000), "{lengths:?}");
     }
 

@@ -8,7 +8,7 @@ use tollgate_core::Timestamp;
 
 use super::answer;
 use super::decide::Pipeline;
-use super::keys::{self, KeyBuf};
+use super::keys::OneKey;
 use super::plan::{self, Planner, Side};
 use super::request::CheckRequest;
 use super::response::{AppliedLimit, CheckResponse, DescriptorStatus};
@@ -54,10 +54,10 @@ impl Pipeline<'_> {
         if !matches!(limit, AppliedLimit::Rule(_)) {
             return None;
         }
-        let mut key = KeyBuf::new();
-        keys::rule_key(&mut key, &rule.identity, rule.shared_levels, descriptor);
+        let mut key = OneKey::new();
+        let key = key.rule(&rule.identity, rule.shared_levels, descriptor);
         let settings = &self.stack.settings;
-        let charge = plan::charge_of(&limit, &key, request, descriptor, true, settings)?;
+        let charge = plan::charge_of(&limit, key, request, descriptor, true, settings)?;
         // One charge always fits beside the others: there are none.
         let decision = memory.decide_one_at(store_now, &charge, commit).ok()?;
         let statuses = &mut response.statuses;
