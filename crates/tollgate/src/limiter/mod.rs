@@ -152,29 +152,33 @@ impl Limiter {
     pub async fn check(&self, request: &CheckRequest) -> Result<CheckResponse, LimitError> {
         let started = tokio::time::Instant::now();
         {
-            // In a block: neither the response nor the plan's borrows are kept in this future
-            // across the await below.
-            let mut response = answer::empty();
-            if let Some(decided) = self.decide_in_place(started, request, true, &mut response) {
+            // In a block: neither the answer nor the plan's borrows are kept in this future
+            // across the await below. The answer is built in the `Result` returned, written out
+            // here: a response moved into one, or made by a call and wrapped, was copied whole
+            // (over 500 bytes) before the copy that returns it.
+            let mut answer: Result<CheckResponse, LimitError> = Ok(CheckResponse {
+                overall: Code::Ok,
+                statuses: Statuses::new(),
+            });
+            if let Ok(response) = &mut answer
+                && let Some(decided) = self.decide_in_place(started, request, true, response)
+            {
                 // One clock read times both the decision and, in it, the store's call.
                 let took = started.elapsed();
                 let telemetry = &self.telemetry;
-                return match decided {
+                match decided {
                     // The common case: one duration, observed once for both series.
-                    Ok(Some(Mode::Apply)) => {
-                        telemetry.in_place.observe(took);
-                        Ok(response)
-                    }
+                    Ok(Some(Mode::Apply)) => telemetry.in_place.observe(took),
                     Ok(called) => {
                         telemetry.decision_latency.observe(took);
                         self.time_in_place(called, took);
-                        Ok(response)
                     }
                     Err(invalid) => {
                         telemetry.decision_latency.observe(took);
-                        Err(invalid)
+                        answer = Err(invalid);
                     }
-                };
+                }
+                return answer;
             }
         }
         let answer = Box::pin(self.decide(started, request, true)).await;
