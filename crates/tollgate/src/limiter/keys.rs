@@ -118,6 +118,8 @@ impl OneKey {
 }
 
 /// Appends `n` in decimal: a key takes several, and `write!` costs more than the rest of the key.
+/// Inlined: most are one or two bytes, for which the call cost more than the writes.
+#[inline]
 fn push_decimal(buf: &mut impl Sink, mut n: u64) {
     // Most are lengths below 100: a byte or two, pushed without the digit buffer's copy.
     if n < 10 {
