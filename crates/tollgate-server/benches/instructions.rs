@@ -8,6 +8,8 @@
 //! once over its keys and must allow every decision.
 //!
 //! - `limiter/<algorithm>`: `Limiter::check` on the memory store, one descriptor.
+//! - `limiter/nested`: the same for a fixed window one level down the policy's tree, under an
+//!   exact value: the descriptor `path=/login, k=<value>`, as Envoy's route descriptors read.
 //! - `grpc/memory`, `grpc/noop`: the RLS service's tonic server (`RlsService::into_server`) called
 //!   as a tower service with a framed protobuf request, over the limiter or over `AllowAll`; its
 //!   answer body and trailers read to the end.
@@ -65,6 +67,7 @@ fn paths() -> Vec<String> {
         .collect();
     paths.extend(
         [
+            "limiter/nested",
             "grpc/noop",
             "grpc/memory",
             "grpc/memory-budget",
@@ -139,14 +142,15 @@ fn run(path: &str, decisions: usize) -> Result<(), Failure> {
         .enable_all()
         .build()?;
     let (clock, limiter, sources) = match path.strip_prefix("limiter/") {
+        Some(NESTED) => limiter(nested_sources()),
         Some(name) => {
             let algorithm = Algorithm::ALL
                 .into_iter()
                 .find(|a| a.name() == name)
                 .ok_or_else(|| format!("unknown algorithm `{name}`"))?;
-            limiter(algorithm)
+            limiter(sources(algorithm))
         }
-        None => limiter(Algorithm::FixedWindow),
+        None => limiter(sources(Algorithm::FixedWindow)),
     };
     runtime.block_on(async {
         match path {
@@ -167,7 +171,10 @@ fn run(path: &str, decisions: usize) -> Result<(), Failure> {
                 let router = tollgate_server::http::router(lifecycle(limiter, sources));
                 http_router(&clock, router, decisions).await
             }
-            _ if path.starts_with("limiter/") => check(&clock, &limiter, decisions).await,
+            _ if path.starts_with("limiter/") => {
+                let nested = path.ends_with(NESTED);
+                check(&clock, &limiter, nested, decisions).await
+            }
             _ => Err("unknown path (see `list`)".into()),
         }
     })
@@ -182,10 +189,20 @@ fn sources(algorithm: Algorithm) -> Vec<(String, String)> {
     vec![("bench.yaml".to_owned(), yaml)]
 }
 
-/// A limiter on the memory store running [`sources`], its clock and the store's one manual
+/// The `limiter/nested` path's name and policy: the fixed window of [`sources`] on `k` under
+/// `path: /login`.
+const NESTED: &str = "nested";
+
+fn nested_sources() -> Vec<(String, String)> {
+    let yaml = "domain: bench\ndescriptors:\n  - key: path\n    value: /login\n    descriptors:\n      - key: k\n        rate_limit: {name: r, period: 1s, requests_per_unit: 10, algorithm: fixed_window}\n";
+    vec![("bench.yaml".to_owned(), yaml.to_owned())]
+}
+
+/// A limiter on the memory store running `sources`, its clock and the store's one manual
 /// clock, and the policy's sources.
-fn limiter(algorithm: Algorithm) -> (Arc<ManualClock>, Arc<Limiter>, Vec<(String, String)>) {
-    let sources = sources(algorithm);
+fn limiter(
+    sources: Vec<(String, String)>,
+) -> (Arc<ManualClock>, Arc<Limiter>, Vec<(String, String)>) {
     let policy = Policy::from_sources(&sources).expect("bench policy");
     let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
         1_700_000_000_000_000,
@@ -231,10 +248,18 @@ where
     }
 }
 
-async fn check(clock: &ManualClock, limiter: &Limiter, decisions: usize) -> Result<(), Failure> {
+/// `Limiter::check` of `k=<value>`, or with `nested` of `path=/login, k=<value>`.
+async fn check(
+    clock: &ManualClock,
+    limiter: &Limiter,
+    nested: bool,
+    decisions: usize,
+) -> Result<(), Failure> {
     let requests: Vec<CheckRequest> = (0..KEYS)
         .map(|n| {
-            let d = RequestDescriptor::new(vec![("k".into(), value(n))], 1, None)?;
+            let route = nested.then(|| ("path".to_owned(), "/login".to_owned()));
+            let entries = route.into_iter().chain([("k".into(), value(n))]).collect();
+            let d = RequestDescriptor::new(entries, 1, None)?;
             CheckRequest::new("bench".into(), vec![d])
         })
         .collect::<Result<_, _>>()?;
