@@ -68,6 +68,10 @@ pub fn add(cell: &AtomicU64, n: u64, slot: usize) {
     }
 }
 
+/// Held by the tests that count on free slots, and by the one that takes them all.
+#[cfg(test)]
+pub(super) static EVERY_SLOT: Mutex<()> = Mutex::new(());
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,6 +79,7 @@ mod tests {
     /// Threads alive at once hold different slots of their own.
     #[test]
     fn live_threads_hold_different_slots() {
+        let _slots = EVERY_SLOT.lock();
         let (tx, rx) = std::sync::mpsc::channel();
         let barrier = std::sync::Barrier::new(4);
         std::thread::scope(|s| {
@@ -100,6 +105,7 @@ mod tests {
     /// than there are slots, each still get one of their own.
     #[test]
     fn ended_threads_give_their_slots_back() {
+        let _slots = EVERY_SLOT.lock();
         for n in 0..3 * OWNED {
             let slot = std::thread::spawn(current).join().unwrap();
             assert!(slot < OWNED, "thread {n} got the shared slot");
