@@ -1,18 +1,53 @@
 //! What a decision answers over HTTP: its status and its rate-limit headers.
 
+use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tollgate::limiter::CheckResponse;
 
 use crate::headers::each_rate_limit_header;
 
+/// More headers than a decision ever has (at most eight: degraded, soft, the five quota
+/// headers and `Retry-After`).
+const MOST_HEADERS: usize = 10;
+
 /// Adds the rate-limit headers of `decided` to `headers`.
+///
+/// Their values are written into one buffer, and each header's value is a slice of it: one
+/// allocation for them all. Copied one by one (`HeaderValue::from_str`), five or more small
+/// blocks were allocated and freed a response; beside the request's own, they overflowed
+/// glibc's per-thread cache, and the connection's next read buffer then consolidated the
+/// arena's free lists (1% of the no-op HTTP server's time).
 pub(super) fn add_rate_limit_headers(headers: &mut HeaderMap, decided: &CheckResponse) {
-    headers.reserve(7);
-    each_rate_limit_header(decided, |name, value| {
-        if let Ok(value) = HeaderValue::from_str(value) {
-            headers.insert(HeaderName::from_static(name), value);
+    let mut values = Vec::with_capacity(160);
+    let mut ends = [("", 0); MOST_HEADERS];
+    let mut count = 0;
+    each_rate_limit_header(decided, |name, value| match ends.get_mut(count) {
+        Some(end) => {
+            values.extend_from_slice(value.as_bytes());
+            *end = (name, values.len());
+            count += 1;
         }
+        // Never reached (see MOST_HEADERS); copied rather than lost if it were.
+        None => insert(headers, name, HeaderValue::from_str(value)),
     });
+    let values = Bytes::from(values);
+    headers.reserve(count);
+    let mut start = 0;
+    for &(name, end) in ends.iter().take(count) {
+        insert(
+            headers,
+            name,
+            HeaderValue::from_maybe_shared(values.slice(start..end)),
+        );
+        start = end;
+    }
+}
+
+fn insert<E>(headers: &mut HeaderMap, name: &'static str, value: Result<HeaderValue, E>) {
+    // The values are ASCII by construction; one that were not is left out, as before.
+    if let Ok(value) = value {
+        headers.insert(HeaderName::from_static(name), value);
+    }
 }
 
 /// 200 when allowed, 429 when denied by a limit, 503 when denied because the limiter is
