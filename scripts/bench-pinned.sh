@@ -245,7 +245,8 @@ for p in protocols:
         runs = [load(p, s, r) for r in range(1, rounds + 1)]
         against_base = ""
         if with_base:
-            against_base = " %s |" % ("—" if s.endswith("-base") else
+            # The bare server has no base run: it runs no tollgate code.
+            against_base = " %s |" % ("—" if s + "-base" not in servers else
                                       mr(paired(p, s, s + "-base"), lambda v: f"{v:.2f}"))
         redis = [d["redis_cpu_us"] for d in runs if d["redis_cpu_us"] is not None]
         evalsha = [d["redis_evalsha_usec_per_call"] for d in runs
