@@ -3,8 +3,9 @@
 //! here; this module adds what takes axum's types.
 
 pub use tollgate::limiter::headers::{
-    DEGRADED, LIMIT, POLICY, RATELIMIT, REMAINING, RESET, RETRY_AFTER, SOFT_EXCEEDED, ceil_ms,
-    ceil_secs, descriptor_value, each_rate_limit_header, rate_limit_headers,
+    DEGRADED, LIMIT, POLICY, RATELIMIT, REMAINING, RESET, RETRY_AFTER, SOFT_EXCEEDED,
+    append_rate_limit_headers, ceil_ms, ceil_secs, descriptor_value, each_rate_limit_header,
+    rate_limit_headers,
 };
 
 /// A request header's value as a descriptor value (see [`descriptor_value`]): `None` when

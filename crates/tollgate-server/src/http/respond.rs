@@ -4,7 +4,7 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tollgate::limiter::CheckResponse;
 
-use crate::headers::each_rate_limit_header;
+use crate::headers::append_rate_limit_headers;
 
 /// More headers than a decision ever has (at most eight: degraded, soft, the five quota
 /// headers and `Retry-After`).
@@ -18,19 +18,21 @@ const MOST_HEADERS: usize = 10;
 /// glibc's per-thread cache, and the connection's next read buffer then consolidated the
 /// arena's free lists (1% of the no-op HTTP server's time).
 pub(super) fn add_rate_limit_headers(headers: &mut HeaderMap, decided: &CheckResponse) {
-    let mut values = Vec::with_capacity(160);
+    let mut values = String::with_capacity(160);
     let mut ends = [("", 0); MOST_HEADERS];
-    let mut count = 0;
-    each_rate_limit_header(decided, |name, value| match ends.get_mut(count) {
-        Some(end) => {
-            values.extend_from_slice(value.as_bytes());
-            *end = (name, values.len());
-            count += 1;
+    let (mut count, mut written) = (0, 0);
+    append_rate_limit_headers(decided, &mut values, |name, value| {
+        written += value.len();
+        match ends.get_mut(count) {
+            Some(end) => {
+                *end = (name, written);
+                count += 1;
+            }
+            // Never reached (see MOST_HEADERS); copied rather than lost if it were.
+            None => insert(headers, name, HeaderValue::from_str(value)),
         }
-        // Never reached (see MOST_HEADERS); copied rather than lost if it were.
-        None => insert(headers, name, HeaderValue::from_str(value)),
     });
-    let values = Bytes::from(values);
+    let values = Bytes::from(values.into_bytes());
     headers.reserve(count);
     let mut start = 0;
     for &(name, end) in ends.iter().take(count) {

@@ -65,15 +65,25 @@ pub fn rate_limit_headers(response: &CheckResponse) -> Vec<(&'static str, String
 }
 
 /// Calls `emit(name, value)` for each header of [`rate_limit_headers`], in the same order. Every
-/// value is formatted into one buffer reused across headers: this runs on every decision, and a
-/// `String` per header was a visible share of a request's cost.
-pub fn each_rate_limit_header(response: &CheckResponse, mut emit: impl FnMut(&'static str, &str)) {
-    let mut buffer = String::with_capacity(64);
+/// value is formatted into one buffer: this runs on every decision, and a `String` per header
+/// was a visible share of a request's cost.
+pub fn each_rate_limit_header(response: &CheckResponse, emit: impl FnMut(&'static str, &str)) {
+    append_rate_limit_headers(response, &mut String::with_capacity(160), emit);
+}
+
+/// [`each_rate_limit_header`] into the caller's `buffer`: each value is appended to it, one
+/// after the other, and `emit` is given the value just appended. A caller that keeps the
+/// buffer (the HTTP answer's header values, which are slices of it) allocates nothing more.
+pub fn append_rate_limit_headers(
+    response: &CheckResponse,
+    buffer: &mut String,
+    mut emit: impl FnMut(&'static str, &str),
+) {
     let mut put = |name: &'static str, value: fmt::Arguments<'_>| {
-        buffer.clear();
+        let start = buffer.len();
         // Writing into a String cannot fail.
         let _ = buffer.write_fmt(value);
-        emit(name, &buffer);
+        emit(name, &buffer[start..]);
     };
     if let Some(posture) = response.degraded() {
         put(DEGRADED, format_args!("{}", posture.name()));
