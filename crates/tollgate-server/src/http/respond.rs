@@ -46,7 +46,7 @@ pub(super) fn add_rate_limit_headers(headers: &mut HeaderMap, decided: &CheckRes
 }
 
 fn insert<E>(headers: &mut HeaderMap, name: &'static str, value: Result<HeaderValue, E>) {
-    // The values are ASCII by construction; one that were not is left out, as before.
+    // The values are ASCII by construction; one that is not would be left out, as before.
     if let Ok(value) = value {
         headers.insert(HeaderName::from_static(name), value);
     }

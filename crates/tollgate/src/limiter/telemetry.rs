@@ -62,8 +62,8 @@ pub(super) struct Telemetry {
     pub decision_latency: Histogram,
     /// Charged decisions on the memory store, which calls it in place: each is timed once, and
     /// counted both as a decision and as the store's `apply` call (the two would be the same
-    /// duration, observed twice: four locked adds where two do). Every check is timed in one
-    /// of the two, so their count is the requests decided.
+    /// duration, observed twice: twice the adds). Every check is timed in one of the two, so
+    /// their count is the requests decided.
     pub in_place: Histogram,
     store_errors: AtomicU64,
     fail_open: AtomicU64,
