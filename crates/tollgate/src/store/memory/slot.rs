@@ -75,6 +75,23 @@ impl Slot {
     /// that a state of another algorithm replaces (a reload changed the rule's algorithm) is
     /// stored as that state, made at `now`.
     pub(super) fn apply(&mut self, transition: Transition, params: &Params, now: Timestamp) {
+        match transition {
+            // The common charge: a state that replaces one that is not a log. Neither the state
+            // it replaces nor an empty one needs building: only the birth is kept, if current.
+            Transition::Set(state) if !matches!(self.state, Stored::SlidingWindowLog(_)) => {
+                let born = match self.state.born() {
+                    Some(born) if self.expires_at > now => born,
+                    _ => now,
+                };
+                self.expires_at = state.expires_at(params);
+                self.state = Stored::new(state, born);
+            }
+            transition => self.apply_slow(transition, params, now),
+        }
+    }
+
+    /// [`Slot::apply`] for a log, or for a transition that changes one.
+    fn apply_slow(&mut self, transition: Transition, params: &Params, now: Timestamp) {
         if self.expires_at <= now {
             self.state = Stored::new(State::empty(params), now);
         }
@@ -352,5 +369,43 @@ mod tests {
         assert_eq!(*stored.load(), wide);
         let latest = Timestamp::from_micros((1 << 56) - 1);
         assert_eq!(stored.born(), Some(latest), "the latest birth kept");
+    }
+
+    /// A slot of `params`' algorithm made at `at`, holding nothing yet.
+    fn empty_slot(params: &Params, at: Timestamp) -> Slot {
+        Slot {
+            key: Key::from_slice(b"k"),
+            expires_at: Timestamp::EPOCH,
+            state: Stored::new(State::empty(params), at),
+        }
+    }
+
+    #[test]
+    fn a_charge_keeps_the_birth_while_current_and_its_own_once_expired() {
+        let start = Timestamp::from_micros(1_700_000_000_000_000);
+        let at = |ms| start.saturating_add(Duration::from_millis(ms));
+        for algorithm in Algorithm::ALL {
+            let params = Params::new(algorithm, 5, Duration::from_secs(1), None).unwrap();
+            // The fast path and the general one, charged alike: both agree at every step, on
+            // the state, the expiry and the birth.
+            let (mut fast, mut slow) = (empty_slot(&params, at(0)), empty_slot(&params, at(0)));
+            // Charges 0.3 s apart, then one after a pause that lets the state expire.
+            for ms in [0, 300, 600, 5_000, 5_300] {
+                let (_, transition) = decide(&params, &fast.state.load(), at(ms), 2);
+                fast.apply(transition.clone(), &params, at(ms));
+                slow.apply_slow(transition, &params, at(ms));
+                assert_eq!(
+                    *fast.state.load(),
+                    *slow.state.load(),
+                    "{algorithm} at {ms}"
+                );
+                assert_eq!(fast.expires_at, slow.expires_at, "{algorithm} at {ms}");
+                assert_eq!(fast.state.born(), slow.state.born(), "{algorithm} at {ms}");
+            }
+            if algorithm != Algorithm::SlidingWindowLog {
+                // Born with its first charge; made again by the one after the pause.
+                assert_eq!(fast.state.born(), Some(at(5_000)), "{algorithm}");
+            }
+        }
     }
 }
