@@ -10,6 +10,8 @@
 //! - `limiter/<algorithm>`: `Limiter::check` on the memory store, one descriptor.
 //! - `limiter/nested`: the same for a fixed window one level down the policy's tree, under an
 //!   exact value: the descriptor `path=/login, k=<value>`, as Envoy's route descriptors read.
+//! - `limiter/pair`: a request of two descriptors, `k=<value>` and `j=<value>`, each limited by a
+//!   fixed window of its own (the general path, and answers beyond one inline status).
 //! - `grpc/memory`, `grpc/noop`: the RLS service's tonic server (`RlsService::into_server`) called
 //!   as a tower service with a framed protobuf request, over the limiter or over `AllowAll`; its
 //!   answer body and trailers read to the end.
@@ -68,6 +70,7 @@ fn paths() -> Vec<String> {
     paths.extend(
         [
             "limiter/nested",
+            "limiter/pair",
             "grpc/noop",
             "grpc/memory",
             "grpc/memory-budget",
@@ -143,6 +146,7 @@ fn run(path: &str, decisions: usize) -> Result<(), Failure> {
         .build()?;
     let (clock, limiter, sources) = match path.strip_prefix("limiter/") {
         Some(NESTED) => limiter(nested_sources()),
+        Some(PAIR) => limiter(pair_sources()),
         Some(name) => {
             let algorithm = Algorithm::ALL
                 .into_iter()
@@ -172,8 +176,12 @@ fn run(path: &str, decisions: usize) -> Result<(), Failure> {
                 http_router(&clock, router, decisions).await
             }
             _ if path.starts_with("limiter/") => {
-                let nested = path.ends_with(NESTED);
-                check(&clock, &limiter, nested, decisions).await
+                let shape = match path.strip_prefix("limiter/") {
+                    Some(NESTED) => Shape::Nested,
+                    Some(PAIR) => Shape::Pair,
+                    _ => Shape::Top,
+                };
+                check(&clock, &limiter, shape, decisions).await
             }
             _ => Err("unknown path (see `list`)".into()),
         }
@@ -196,6 +204,28 @@ const NESTED: &str = "nested";
 fn nested_sources() -> Vec<(String, String)> {
     let yaml = "domain: bench\ndescriptors:\n  - key: path\n    value: /login\n    descriptors:\n      - key: k\n        rate_limit: {name: r, period: 1s, requests_per_unit: 10, algorithm: fixed_window}\n";
     vec![("bench.yaml".to_owned(), yaml.to_owned())]
+}
+
+/// The `limiter/pair` path's name and policy: the fixed window of [`sources`] on `k`, and
+/// another on `j`.
+const PAIR: &str = "pair";
+
+fn pair_sources() -> Vec<(String, String)> {
+    let rule = "rate_limit: {period: 1s, requests_per_unit: 10, algorithm: fixed_window}";
+    let yaml =
+        format!("domain: bench\ndescriptors:\n  - key: k\n    {rule}\n  - key: j\n    {rule}\n");
+    vec![("bench.yaml".to_owned(), yaml)]
+}
+
+/// The request of a `limiter/` path.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// `k=<value>`.
+    Top,
+    /// `path=/login, k=<value>`.
+    Nested,
+    /// `k=<value>` and `j=<value>`, two descriptors.
+    Pair,
 }
 
 /// A limiter on the memory store running `sources`, its clock and the store's one manual
@@ -248,19 +278,25 @@ where
     }
 }
 
-/// `Limiter::check` of `k=<value>`, or with `nested` of `path=/login, k=<value>`.
+/// `Limiter::check` of a request of `shape`.
 async fn check(
     clock: &ManualClock,
     limiter: &Limiter,
-    nested: bool,
+    shape: Shape,
     decisions: usize,
 ) -> Result<(), Failure> {
     let requests: Vec<CheckRequest> = (0..KEYS)
         .map(|n| {
-            let route = nested.then(|| ("path".to_owned(), "/login".to_owned()));
-            let entries = route.into_iter().chain([("k".into(), value(n))]).collect();
-            let d = RequestDescriptor::new(entries, 1, None)?;
-            CheckRequest::new("bench".into(), vec![d])
+            let one = |key: &str| RequestDescriptor::new(vec![(key.into(), value(n))], 1, None);
+            let descriptors = match shape {
+                Shape::Top => vec![one("k")?],
+                Shape::Nested => {
+                    let entries = vec![("path".into(), "/login".into()), ("k".into(), value(n))];
+                    vec![RequestDescriptor::new(entries, 1, None)?]
+                }
+                Shape::Pair => vec![one("k")?, one("j")?],
+            };
+            CheckRequest::new("bench".into(), descriptors)
         })
         .collect::<Result<_, _>>()?;
     drive(clock, decisions, |n| {
