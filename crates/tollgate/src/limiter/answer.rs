@@ -34,8 +34,9 @@ pub(super) fn empty() -> CheckResponse {
 /// `told`, one per span, in order (the limits move out of the plan). With `commit`, each
 /// limit's outcome is recorded in `snapshot`'s counters and top keys.
 ///
-/// Filled where the caller keeps it: the response holds four statuses inline (over 500
-/// bytes), and each return by value through the frames above cost a copy of them.
+/// Filled where the caller keeps it: each return by value through the frames above cost a copy
+/// of the response (a status inline, 128 bytes). A request of more descriptors allocates its
+/// statuses here, once (`extend` reserves them all).
 pub(super) fn build(
     snapshot: &Snapshot,
     descriptors: &[RequestDescriptor],

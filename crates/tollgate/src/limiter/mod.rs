@@ -155,7 +155,7 @@ impl Limiter {
             // In a block: neither the answer nor the plan's borrows are kept in this future
             // across the await below. The answer is built in the `Result` returned, written out
             // here: a response moved into one, or made by a call and wrapped, was copied whole
-            // (over 500 bytes) before the copy that returns it.
+            // before the copy that returns it.
             let mut answer: Result<CheckResponse, LimitError> = Ok(CheckResponse {
                 overall: Code::Ok,
                 statuses: Statuses::new(),
@@ -219,7 +219,7 @@ impl Limiter {
     /// are boxed on their own instead.
     ///
     /// The response is filled where the caller returns it from: built in a frame below and
-    /// returned through each, its statuses (over 500 bytes inline) were copied at every step.
+    /// returned through each, its inline status (128 bytes) was copied at every step.
     ///
     /// Returns the mode of the store's call, `None` when the request charged nothing.
     fn decide_in_place(
