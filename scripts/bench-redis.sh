@@ -24,6 +24,12 @@
 #   PROTOCOL [grpc] (grpc or http), ROUNDS [3] (at most 20), DURATION [5s] (at most 60 s),
 #   WARMUP [1s] (one unreported run per pair first; 0s skips), KEYS [10000], CONCURRENCY [64],
 #   CONNECTIONS [2], SERVER_CPU [0], LOAD_CPU [1],
+#   REDIS_CPU [LOAD_CPU]       redis-server's core. Beside the generator, Redis's figures include
+#                              what sharing a core costs it (its script time is wall time, so the
+#                              generator's turns on the core fall inside its commands); on a core
+#                              of its own (REDIS_CPU=1 SERVER_CPU=0 LOAD_CPU=0: the server and the
+#                              generator share the other) they are Redis's alone, as on a host of
+#                              its own, and the server's are not comparable.
 #   BASE_BIN [none]            another build's `tollgate` (the commit compared against): every
 #                              server also runs from it, as NAME-base, in the same rotation.
 # Everything listens on 127.0.0.1 ports the kernel chooses, the generator targets only those,
@@ -41,6 +47,7 @@ CONCURRENCY="${CONCURRENCY:-64}"
 CONNECTIONS="${CONNECTIONS:-2}"
 SERVER_CPU="${SERVER_CPU:-0}"
 LOAD_CPU="${LOAD_CPU:-1}"
+REDIS_CPU="${REDIS_CPU:-$LOAD_CPU}"
 BASE_BIN="${BASE_BIN:-}"
 
 me="$(basename "$0")"
@@ -55,7 +62,7 @@ for a in $ALGORITHMS; do
   esac
 done
 for b in $BATCHES; do [[ "$b" == default || "$b" =~ ^[0-9]+$ ]] || fail "BATCHES: 'default' or a number, got '$b'"; done
-for v in KEYS CONCURRENCY CONNECTIONS SERVER_CPU LOAD_CPU; do
+for v in KEYS CONCURRENCY CONNECTIONS SERVER_CPU LOAD_CPU REDIS_CPU; do
   [[ "${!v}" =~ ^[0-9]+$ ]] || fail "$v must be a number, got '${!v}'"
 done
 command -v taskset >/dev/null || fail "taskset is required"
@@ -64,8 +71,8 @@ command -v taskset >/dev/null || fail "taskset is required"
 
 # shellcheck source=scripts/bench-common.sh
 source "$(dirname "$0")/bench-common.sh"
-# bench-common starts redis-server unpinned: move it (every thread) to the generator's core.
-taskset -a -p -c "$LOAD_CPU" "$REDIS_PID" >/dev/null
+# bench-common starts redis-server unpinned: move it (every thread) to its core.
+taskset -a -p -c "$REDIS_CPU" "$REDIS_PID" >/dev/null
 hz="$(getconf CLK_TCK)"
 
 {
@@ -133,7 +140,7 @@ print(json.dumps(d))' "$TMP/run.json" "$hz" $((s1 - s0)) $((r1 - r0)) $((e1 - e0
 }
 
 echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo '+dirty')${BASE_BIN:+  base $BASE_BIN}"
-echo "# serve on CPU $SERVER_CPU, generator and redis-server on CPU $LOAD_CPU, one tokio worker each"
+echo "# serve on CPU $SERVER_CPU, generator on CPU $LOAD_CPU, redis-server on CPU $REDIS_CPU, one tokio worker each"
 echo "# load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# $PROTOCOL, concurrency $CONCURRENCY on $CONNECTIONS connections, $KEYS keys, 1000/s per key; $ROUNDS rounds of $DURATION, $WARMUP warm-up"
 echo
