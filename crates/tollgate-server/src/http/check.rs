@@ -8,8 +8,6 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::HeaderValue;
-use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use tollgate::limiter::{
@@ -22,7 +20,7 @@ use tollgate_core::Verdict;
 use super::answer_json::{self, WireResponse, WireStatus};
 use super::body::Body;
 use super::invalid::InvalidBody;
-use super::respond::{add_rate_limit_headers, decision_status};
+use super::respond::decision_response;
 use crate::ApiError;
 use crate::Decide;
 use crate::headers::ceil_ms;
@@ -170,13 +168,7 @@ pub async fn check<D: Decide>(State(decider): State<Arc<D>>, Body(body): Body) -
         }
     };
     match decider.decide(&request).await {
-        Ok(decided) => {
-            let body = answer_json::to_vec(&encode(&decided));
-            let json = [(CONTENT_TYPE, HeaderValue::from_static("application/json"))];
-            let mut response = (decision_status(&decided), json, body).into_response();
-            add_rate_limit_headers(response.headers_mut(), &decided);
-            response
-        }
+        Ok(decided) => decision_response(&decided, answer_json::to_vec(&encode(&decided))),
         Err(e) => {
             decider.refused(Transport::Http, &e);
             ApiError::from(&e).into_response()
