@@ -5,6 +5,7 @@
 use smallvec::SmallVec;
 use tollgate_core::Params;
 
+use super::decimal;
 use super::request::{MAX_FIELD_LEN, RequestDescriptor};
 
 /// Every counter key of one request, back to back. Inline up to 256 bytes (four descriptors
@@ -120,7 +121,7 @@ impl OneKey {
 /// Appends `n` in decimal: a key takes several, and `write!` costs more than the rest of the key.
 /// Inlined: most are one or two bytes, for which the call cost more than the writes.
 #[inline]
-fn push_decimal(buf: &mut impl Sink, mut n: u64) {
+fn push_decimal(buf: &mut impl Sink, n: u64) {
     // Most are lengths below 100: a byte or two, pushed without the digit buffer's copy.
     if n < 10 {
         buf.byte(b'0' + n as u8);
@@ -131,17 +132,7 @@ fn push_decimal(buf: &mut impl Sink, mut n: u64) {
         buf.byte(b'0' + (n % 10) as u8);
         return;
     }
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    buf.bytes(&digits[start..]);
+    buf.bytes(decimal::digits(n, &mut [0; 20]));
 }
 
 fn push_part(buf: &mut impl Sink, part: &[u8]) {

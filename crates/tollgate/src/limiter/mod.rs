@@ -4,6 +4,7 @@ mod answer;
 mod build;
 mod candidate;
 mod decide;
+mod decimal;
 mod describe;
 pub mod headers;
 mod keys;
