@@ -22,8 +22,8 @@
 //!   limit, period in microseconds, burst, cost (0: a check, which charges nothing), flags (1
 //!   enforced, plus 2 when the limit charges up to the limit: a charge that does not fit whole
 //!   is decided again for what is left, as `tollgate_core::decide` does; plus 4 for a quota-mode
-//!   charge; plus 8 when a check answers as the counter stands, `tollgate_core::check_as_is`,
-//!   rather than as a cost of 1 would).
+//!   charge; plus 8 when a check (a cost of 0) answers as the counter stands,
+//!   `tollgate_core::check_as_is`, rather than as a cost of 1 would).
 //!
 //! Every charge is decided against the current state; charges on the same key are decided in
 //! order, each seeing the tentative effect of the earlier ones. The call is admitted when every
@@ -213,14 +213,19 @@ pub fn charge_args(params: &Params, cost: u64) -> [u64; 5] {
 
 /// The six numbers that describe a charge to DECIDE: its [`charge_args`], then its flags, 1
 /// when it is enforced, plus 2 when its limit charges up to the limit, plus 4 when it is a
-/// quota-mode charge ([`Charge::quota`]), plus 8 when a check answers as the counter stands
-/// ([`Charge::checks_as_is`]).
+/// quota-mode charge ([`Charge::quota`]), plus 8 when a check (a cost of 0) answers as the
+/// counter stands ([`Charge::checks_as_is`]).
+///
+/// The 8 is sent for a check only: it means nothing to a charge of a cost, and the script's
+/// lean path for the common request (one charge, flags 0, 1, 4 or 5) declined any other flags,
+/// so every gRPC charge (its requests check as the counter stands) took the general path, about
+/// twice the Redis time a decision.
 pub fn decide_args(charge: &Charge<'_>) -> [u64; 6] {
     let [algorithm, limit, period, burst, cost] = charge_args(charge.params, charge.cost);
     let flags = u64::from(charge.enforce)
         | u64::from(charge.params.charges_up_to_limit()) << 1
         | u64::from(charge.quota) << 2
-        | u64::from(charge.checks_as_is) << 3;
+        | u64::from(charge.checks_as_is && cost == 0) << 3;
     [algorithm, limit, period, burst, cost, flags]
 }
 
@@ -339,6 +344,22 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// A charge of a cost sends no "as the counter stands" flag, which only a check reads: the
+    /// script's lean path takes only flags 0, 1, 4 and 5.
+    #[test]
+    fn only_a_check_is_flagged_as_answering_as_the_counter_stands() {
+        use tollgate_core::{Algorithm, Params};
+        let params = Params::new(Algorithm::FixedWindow, 10, Duration::from_secs(1), None).unwrap();
+        let as_is = |cost| Charge {
+            checks_as_is: true,
+            ..Charge::new(b"k", &params, cost)
+        };
+        assert_eq!(decide_args(&as_is(1))[5], 1);
+        assert_eq!(decide_args(&as_is(3))[5], 1);
+        assert_eq!(decide_args(&as_is(0))[5], 9);
+        assert_eq!(decide_args(&Charge::new(b"k", &params, 0))[5], 1);
+    }
 
     #[test]
     fn scripts_end_with_their_driver() {
