@@ -71,6 +71,9 @@ fn three_plus_three_cluster_serves_fails_over_and_cleans_up() {
     let owner = cluster.node_for_slot(slot);
     assert_eq!(cluster.node_for_key("greeting"), owner);
     assert_eq!(cluster.cli(owner, &["GET", "greeting"]), "hello");
+    // Replication is asynchronous: the write must have reached the replica before its primary
+    // dies, or the new owner rightly holds nothing (a run failed so, `GET` answering "").
+    assert_eq!(cluster.cli(owner, &["WAIT", "1", "5000"]), "1");
 
     // Failover: kill the owner, its replica takes over, the old primary rejoins as a replica.
     cluster.kill_node(owner);
