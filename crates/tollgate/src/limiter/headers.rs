@@ -93,10 +93,11 @@ pub fn append_rate_limit_headers(
     if let Some(delay) = response.soft_delay() {
         put(SOFT_EXCEEDED, &|b| push_decimal(b, ceil_ms(delay)));
     }
-    let retry_after = response.retry_after().map(|retry| ceil_secs(retry).max(1));
+    // Whole seconds, at least 1; read only by the answers that send it.
+    let retry_after = || response.retry_after().map(|retry| ceil_secs(retry).max(1));
     if response.unavailable() {
         // Not a real limit: no quota headers, only when to try again.
-        if let Some(retry) = retry_after {
+        if let Some(retry) = retry_after() {
             put(RETRY_AFTER, &|b| push_decimal(b, retry));
         }
         return;
@@ -130,7 +131,7 @@ pub fn append_rate_limit_headers(
         b.push_str(";t=");
         push_decimal(b, reset);
     });
-    if let Some(retry) = retry_after {
+    if let Some(retry) = retry_after() {
         put(RETRY_AFTER, &|b| push_decimal(b, retry));
     }
 }

@@ -144,9 +144,9 @@ impl DescriptorStatus {
 
 /// One status per request descriptor (it derefs to a slice), inline for one: the common request
 /// answers without allocating, and every answer is small to move. Inline up to four, each answer
-/// was 560 bytes, copied whole four times on its way to the caller: 199 more instructions for a
-/// request of one descriptor (`limiter/fixed_window` in `scripts/bench-instructions.sh`) than a
-/// request of two pays for the allocation (25, `limiter/pair`).
+/// was 560 bytes, copied whole about four times on its way to the caller: about 200 more
+/// instructions for a request of one descriptor (`limiter/*` in `scripts/bench-instructions.sh`)
+/// than a request of two now pays for its one allocation (about 45, `limiter/pair`).
 pub type Statuses = SmallVec<[DescriptorStatus; 1]>;
 
 /// Result for a whole request.
