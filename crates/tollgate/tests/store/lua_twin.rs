@@ -254,6 +254,9 @@ struct Charge {
     params: Params,
     cost: u64,
     enforce: bool,
+    /// Sends the "a check answers as the counter stands" flag (8) with a charge of a cost, as
+    /// replicas before it went with checks only did: it must change nothing.
+    flagged_as_is: bool,
 }
 
 impl Charge {
@@ -263,12 +266,15 @@ impl Charge {
             params,
             cost,
             enforce: true,
+            flagged_as_is: false,
         }
     }
 
-    /// DECIDE's flags argument: 1 enforced, plus 2 charging up to the limit.
+    /// DECIDE's flags argument: 1 enforced, plus 2 charging up to the limit, plus 8 if flagged.
     fn flags(&self) -> u64 {
-        u64::from(self.enforce) + 2 * u64::from(self.params.charges_up_to_limit())
+        u64::from(self.enforce)
+            + 2 * u64::from(self.params.charges_up_to_limit())
+            + 8 * u64::from(self.flagged_as_is)
     }
 }
 
@@ -720,7 +726,11 @@ fn random_sequences_decide_like_the_core() {
             let mut now = start;
             for step in &steps {
                 now = step_clock(now, step.advance(params.period_micros()));
-                let charge = [Charge::new(&key, params, step.cost(params.capacity()))];
+                let cost = step.cost(params.capacity());
+                let charge = [Charge {
+                    flagged_as_is: cost > 0 && step.cost.0 & 0x80 != 0,
+                    ..Charge::new(&key, params, cost)
+                }];
                 both(redis, &mut reference, &charge, now, true, &[&key])?;
             }
             Ok(())
@@ -826,6 +836,7 @@ impl Call {
                     params,
                     cost: step.cost(params.capacity()),
                     enforce,
+                    flagged_as_is: false,
                 }
             })
             .collect()

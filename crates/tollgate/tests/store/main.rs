@@ -17,5 +17,7 @@ mod redis_failover;
 #[cfg(feature = "redis")]
 mod redis_library;
 #[cfg(feature = "redis")]
+mod redis_plan;
+#[cfg(feature = "redis")]
 mod redis_support;
 mod strategies;

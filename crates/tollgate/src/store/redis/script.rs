@@ -216,10 +216,10 @@ pub fn charge_args(params: &Params, cost: u64) -> [u64; 5] {
 /// quota-mode charge ([`Charge::quota`]), plus 8 when a check (a cost of 0) answers as the
 /// counter stands ([`Charge::checks_as_is`]).
 ///
-/// The 8 is sent for a check only: it means nothing to a charge of a cost, and the script's
-/// lean path for the common request (one charge, flags 0, 1, 4 or 5) declined any other flags,
-/// so every gRPC charge (its requests check as the counter stands) took the general path, about
-/// twice the Redis time a decision.
+/// The 8 is sent for a check only: it means nothing to a charge of a cost. The script's
+/// one-charge path declined it until its plan learnt to ignore it there, so every gRPC charge
+/// (its requests check as the counter stands) took the general path, about twice the Redis time
+/// a decision; `tests/store/redis_plan.rs` watches which path a request takes.
 pub fn decide_args(charge: &Charge<'_>) -> [u64; 6] {
     let [algorithm, limit, period, burst, cost] = charge_args(charge.params, charge.cost);
     let flags = u64::from(charge.enforce)
@@ -345,8 +345,7 @@ mod tests {
 
     use super::*;
 
-    /// A charge of a cost sends no "as the counter stands" flag, which only a check reads: the
-    /// script's lean path takes only flags 0, 1, 4 and 5.
+    /// A charge of a cost sends no "as the counter stands" flag, which only a check reads.
     #[test]
     fn only_a_check_is_flagged_as_answering_as_the_counter_stands() {
         use tollgate_core::{Algorithm, Params};

@@ -646,25 +646,32 @@ local function meter_single(out, base, key, A, commit, now)
   return true
 end
 
+-- Flags that leave a one-charge request of a cost to decide_single: any sum of enforced (1),
+-- quota mode (4), which for one charge decide nothing more, and "a check answers as the
+-- state stands" (8), which only a check (cost 0) reads. The value is whether it is enforced.
+local single_flags = {
+  ['0'] = false, ['4'] = false, ['8'] = false, ['12'] = false,
+  ['1'] = true, ['5'] = true, ['9'] = true, ['13'] = true,
+}
+
 -- The plan of the one-charge request A (its words; the charge's from A[arg]), made once per
 -- call and request text: whether decide_single decides it (a hash algorithm, cost >= 1, flags
--- only enforced and quota mode, which for one charge decide nothing more), its numbers, and
--- its algorithm's lean path (or false). Kept in A: alg, limit, period, burst, cost, enforced,
--- single, lean, protect (the lean path may raise: run it under pcall). Returns lean.
+-- of single_flags), its numbers, and its algorithm's lean path (or false). Kept in A: alg,
+-- limit, period, burst, cost, enforced, single, lean, protect (the lean path may raise: run it
+-- under pcall). Returns lean.
 local function decide_plan(A, arg)
-  local alg_text, flags_text = A[arg], A[arg + 5]
+  local alg_text, enforced = A[arg], single_flags[A[arg + 5]]
   local alg = decide_numbers[alg_text] or decide_number(alg_text)
   local cost = decide_numbers[A[arg + 4]] or decide_number(A[arg + 4])
   local single = not (alg == 2 or not alg or alg < 1 or alg > 6 or alg % 1 ~= 0 or not cost
-    or cost < 1 or (flags_text ~= '1' and flags_text ~= '5' and flags_text ~= '0'
-      and flags_text ~= '4'))
+    or cost < 1 or enforced == nil)
   local lean = false
   if single then
     A.alg, A.cost = alg, cost
     A.limit = decide_numbers[A[arg + 1]] or decide_number(A[arg + 1])
     A.period = decide_numbers[A[arg + 2]] or decide_number(A[arg + 2])
     A.burst = decide_numbers[A[arg + 3]] or decide_number(A[arg + 3])
-    A.enforced = flags_text == '1' or flags_text == '5'
+    A.enforced = enforced
     if arg == 3 then -- the lean paths read the words where both drivers put them
       if alg == 1 then
         lean = fixed_window_single
@@ -680,8 +687,8 @@ local function decide_plan(A, arg)
   return lean
 end
 
--- decide_request for the common request: one charge of a hash algorithm, cost >= 1, flags only
--- enforced (1) and quota mode (4), which for a single charge decide nothing more. Same
+-- decide_request for the common request: one charge of a hash algorithm, cost >= 1, flags of
+-- single_flags, which for a single charge of a cost decide nothing more. Same
 -- decisions, reads and writes, in fewer steps: no per-key context, the stored fields compared
 -- as text (equal Lua strings are one object), parsed only where the arithmetic needs them,
 -- and written only where their text changes. Its algorithm's lean path (decide_plan) decides
@@ -718,7 +725,7 @@ local function decide_single(out, base, A, first, arg, commit, now)
       return
     end
   end
-  local alg_text, flags_text, alg, cost = A[arg], A[arg + 5], A.alg, A.cost
+  local alg_text, alg, cost = A[arg], A.alg, A.cost
   local limit_text, period_text = A[arg + 1], A[arg + 2]
   local limit, period, burst = A.limit, A.period, A.burst
   -- t, x, y, p[, z[, l]], not b: every write leaves a hash with both, so a hash with p has b
@@ -793,7 +800,7 @@ local function decide_single(out, base, A, first, arg, commit, now)
   local admitted, charged = 1, 0
   if verdict == 0 then
     charged = cost
-  elseif flags_text == '1' or flags_text == '5' then
+  elseif A.enforced then
     admitted = 0
   end
   if commit and verdict == 0 then
