@@ -57,14 +57,24 @@ local function has_flag(flags, bit)
   return flags % (bit * 2) >= bit
 end
 
--- The numbers of this call's arguments, parsed once each: a batch's charges mostly share their
--- params, and equal Lua strings are one object, so a repeated argument costs a table look-up.
-local decide_numbers = {}
+-- The caches below map a text to its number and a number to its text, which never change, so
+-- a function library keeps them from call to call (its locals outlive its calls; a table
+-- made anew each call cost ~3,000 instructions a decision in inserts and rehashes, measured by
+-- scripts/redis-instructions.py). decide_begin empties one that holds more than CACHE_CAP
+-- entries, which bounds the memory they hold. Under EVALSHA every call starts them afresh.
+local CACHE_CAP = 4096
+
+-- The numbers of the arguments and stored fields, parsed once each: a batch's charges mostly
+-- share their params, and equal Lua strings are one object, so a repeated text costs a table
+-- look-up. decide_numbers_held counts the entries (a miss that parses to nil stores none).
+local decide_numbers, decide_numbers_held = {}, 0
 local function decide_number(s)
   local v = decide_numbers[s]
   if v == nil then
     v = tonumber(s)
-    decide_numbers[s] = v
+    if v ~= nil then
+      decide_numbers[s], decide_numbers_held = v, decide_numbers_held + 1
+    end
   end
   return v
 end
@@ -197,13 +207,13 @@ local function decide_request(out, base, A, first, n, arg, commit, now)
   end
 end
 
--- The text of a count, made once per call and value (counts repeat across a batch's keys).
-local decide_texts = {}
+-- The text of a count, made once per value (counts repeat across keys), kept as decide_numbers.
+local decide_texts, decide_texts_held = {}, 0
 local function decide_text(v)
   local s = decide_texts[v]
   if not s then
     s = int(v)
-    decide_texts[v] = s
+    decide_texts[v], decide_texts_held = s, decide_texts_held + 1
   end
   return s
 end
@@ -516,7 +526,7 @@ local function meter_single(out, base, key, A, commit, now)
       z = decide_numbers[sz]
       if not z then
         z = sz + 0
-        decide_numbers[sz] = z
+        decide_numbers[sz], decide_numbers_held = z, decide_numbers_held + 1
       end
       x, y = sx + 0, sy + 0
       w, f, from = y, z, x
@@ -527,7 +537,7 @@ local function meter_single(out, base, key, A, commit, now)
       y = decide_numbers[sy]
       if not y then
         y = sy + 0
-        decide_numbers[sy] = y
+        decide_numbers[sy], decide_numbers_held = y, decide_numbers_held + 1
       end
       x, z = sx + 0, sz + 0
       w, f, from = x, y, z
@@ -892,9 +902,15 @@ end
 local LATE = 'ERR tollgate: late: the call reached Redis after its deadline; nothing was written'
 local BAD_NOW = 'ERR tollgate: now must be "", whole microseconds in [0, 2^52), or "<" and whole microseconds'
 
--- Starts a call: its keys, and empty caches. The caches above hold values of one call, but a
--- function library's locals outlive its calls, and kept they would grow without bound.
+-- Starts a call: its keys, no values of the last call's `now`, and the caches of texts and
+-- numbers emptied where they hold more than CACHE_CAP entries.
 local function decide_begin(keys)
   exact_begin(keys)
-  decide_numbers, decide_texts, window_period, state_now_value = {}, {}, nil, nil
+  window_period, state_now_value = nil, nil
+  if decide_numbers_held > CACHE_CAP then
+    decide_numbers, decide_numbers_held = {}, 0
+  end
+  if decide_texts_held > CACHE_CAP then
+    decide_texts, decide_texts_held = {}, 0
+  end
 end

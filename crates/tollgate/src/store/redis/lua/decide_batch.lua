@@ -19,13 +19,18 @@
 -- Redis spends about 700 instructions on each argument it hands a script, and about 3,900 on
 -- each table of a reply besides its elements (it looks for six special fields in each), which
 -- together cost more than the deciding. A batch's requests are mostly of one rule, so their
--- words are split once per distinct request text.
+-- words are split once per distinct request text (and kept from call to call).
 
 -- The reply array, kept from call to call (a function library's locals outlive its calls; under
 -- EVALSHA it is made anew each time): a table grows by rehashing, about 1,500 instructions a
 -- decision for a batch's 8 numbers each. Redis reads a reply array up to its first nil, which
 -- each call puts after its last element; the elements past it are a longer batch's, unread.
 local batch_out = {}
+
+-- Each request text's words and plan (decide_plan keeps it in them), split once: both are
+-- functions of the text alone, so they are kept from call to call as decide.lua's caches are,
+-- and emptied past CACHE_CAP texts.
+local words_of, words_held = {}, 0
 
 local function decide_batch(keys, ARGV)
   decide_begin(keys)
@@ -43,7 +48,9 @@ local function decide_batch(keys, ARGV)
     return out
   end
   local gmatch = string.gmatch
-  local words_of = {} -- request text -> its words
+  if words_held > CACHE_CAP then
+    words_of, words_held = {}, 0
+  end
   local base, first = 1, 0
   for r = 2, #ARGV do
     local text = ARGV[r]
@@ -55,7 +62,7 @@ local function decide_batch(keys, ARGV)
         k = k + 1
         A[k] = word
       end
-      words_of[text] = A
+      words_of[text], words_held = A, words_held + 1
     end
     local n = decide_numbers[A[2]] or decide_number(A[2])
     local ok, failure
