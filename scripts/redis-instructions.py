@@ -348,17 +348,28 @@ def key(algorithm, i):
 
 
 def check_reply(reply, batch, algorithm):
-    """Every request of the batch allowed: `[now, 1, 0, ...]` eight integers each."""
-    if not isinstance(reply, list) or len(reply) != 8 * batch:
+    """Every request of the batch allowed: after the call's now, each request's short form
+    `-2, remaining, reset, charged` (its full reply, eight integers, where a retry or a delay
+    rules the short form out)."""
+    if not isinstance(reply, list) or not reply or not isinstance(reply[0], int):
         raise Failure(f"{algorithm}: unexpected batch reply {reply!r:.300}")
+    at = 1
     for r in range(batch):
-        one = reply[8 * r : 8 * r + 8]
-        if one[0] == -1:
-            raise Failure(f"{algorithm}: request {r} failed: {one[1]!r}")
-        if one[1] != 1 or one[2] != 0:
+        if at >= len(reply):
+            raise Failure(f"{algorithm}: the reply ends before request {r}: {reply!r:.300}")
+        if reply[at] == -1:
+            raise Failure(f"{algorithm}: request {r} failed: {reply[at + 1]!r}")
+        if reply[at] == -2:
+            at += 4
+            continue
+        one = reply[at : at + 8]
+        if len(one) != 8 or one[1] != 1 or one[2] != 0:
             raise Failure(
                 f"{algorithm}: request {r} was not allowed ({one}); raise --limit or --keys"
             )
+        at += 8
+    if at != len(reply):
+        raise Failure(f"{algorithm}: {len(reply) - at} numbers past the batch's requests")
 
 
 def measure(server, con, run, deadline):

@@ -991,17 +991,18 @@ fn a_batch_after_a_longer_one_answers_only_its_own() {
             .unwrap()
     };
     let now = BASE + 5_000_000;
-    assert_eq!(fcall(now.to_string(), 5).len(), 5 * 8);
+    // The call's now, then each allowed charge's short form (-2, remaining, reset, charged).
+    assert_eq!(fcall(now.to_string(), 5).len(), 1 + 5 * 4);
     let reply = fcall(now.to_string(), 2);
-    assert_eq!(reply.len(), 2 * 8);
+    assert_eq!(reply.len(), 1 + 2 * 4, "{reply:?}");
     assert_eq!(
-        reply[8 + 3],
-        Value::Int(100 - 7),
+        reply[1 + 4..1 + 4 + 2],
+        [Value::Int(-2), Value::Int(100 - 7)],
         "the seventh charge of the window"
     );
     let late = fcall("<1".to_owned(), 1);
-    assert_eq!(late.len(), 2, "{late:?}");
-    assert_eq!(late[0], Value::Int(-1));
+    assert_eq!(late.len(), 3, "{late:?}");
+    assert_eq!(late[1], Value::Int(-1));
 }
 
 /// The function library keeps each request text's words and plan, and the numbers and texts it
@@ -1044,13 +1045,14 @@ fn the_librarys_caches_stay_bounded() {
                 .arg(&args)
                 .query(&mut redis.con)
                 .unwrap();
-            // Every charge allowed: now, admitted 1, verdict 0, ...
-            assert_eq!(reply.len(), 8 * 100, "{:?}", &reply[..8.min(reply.len())]);
-            assert!(
-                reply
-                    .chunks(8)
-                    .all(|r| r[1..3] == [Value::Int(1), Value::Int(0)])
+            // The call's now, then every charge allowed, in its short form.
+            assert_eq!(
+                reply.len(),
+                1 + 4 * 100,
+                "{:?}",
+                &reply[..9.min(reply.len())]
             );
+            assert!(reply[1..].chunks(4).all(|r| r[0] == Value::Int(-2)));
         }
     };
     let lua_memory = |redis: &mut Redis| -> u64 {

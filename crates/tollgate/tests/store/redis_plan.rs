@@ -145,9 +145,9 @@ async fn an_older_replicas_flagged_charge_takes_the_one_charge_path() {
         let request = String::from_utf8(request).unwrap();
         let reads = reads_of(&redis, name.as_bytes(), async {
             let reply = redis.cli(&["FCALL", &library.function, "1", &key, "", &request]);
-            // now, admitted 1, then verdict 0 (allowed), remaining 999.
+            // The call's now, then the short form of an allowed charge: -2, remaining 999.
             let words: Vec<&str> = reply.lines().collect();
-            assert_eq!(words.get(1..4), Some(&["1", "0", "999"][..]), "{reply}");
+            assert_eq!(words.get(1..3), Some(&["-2", "999"][..]), "{reply}");
         })
         .await;
         assert_eq!(reads, vec![vec!["t", "x", "y", "p"]], "flags {flags}");

@@ -52,19 +52,21 @@
 //!   commit (`1` / `0`), `n` (its charges), then 6 per charge as above. `KEYS` holds the
 //!   requests' keys back to back.
 //!
-//! Reply: one flat array holding, per request in order, its DECIDE reply (`2 + 6 * n`
-//! integers), or `-1` and a message for a request that raised an error (a foreign value at one
-//! of its keys, or the whole batch past its `"<D"`): [`split_batch_reply`]. That request
-//! wrote nothing (all its reads come before its writes), and the requests after it are
-//! decided normally.
+//! Reply: one flat array holding the call's `now_us`, then per request in order its DECIDE
+//! reply (`2 + 6 * n` integers); or `-1` and a message for a request that raised an error (a
+//! foreign value at one of its keys, or the whole batch past its `"<D"`), which wrote nothing
+//! (all its reads come before its writes) while the requests after it are decided normally;
+//! or, for the common answer (one charge, admitted and allowed, no retry, no delay), `-2`,
+//! `remaining`, `reset_after_us`, `charged`, which stands for `now_us, 1, 0, remaining,
+//! reset_after_us, -1, 0, charged`: [`split_batch_reply`].
 //!
 //! On Redis 7 and later the coalescer calls the same code as a function
 //! ([`decide_batch_library`], `FCALL`), with the same arguments and reply; `EVALSHA` of
 //! [`DECIDE_BATCH_SCRIPT`] where functions are refused.
 //!
-//! One argument per request and one array per batch, because Redis's own handling of a
-//! script's arguments and reply arrays cost more than the script's decisions (see
-//! docs/benchmarks.md, "Redis path").
+//! One argument per request, one array per batch and the short form, because Redis's own
+//! handling of a script's arguments and reply arrays cost more than the script's decisions
+//! (see docs/benchmarks.md, "Redis path").
 //!
 //! # REFUND ([`REFUND_SCRIPT`])
 //!
@@ -248,17 +250,37 @@ pub fn batch_request_arg<'a>(
     }
 }
 
-/// Splits a DECIDE_BATCH reply into each request's DECIDE reply, or the message its error
-/// raised; `charges` gives each request's number of charges, in order. `None` when the reply
-/// does not hold exactly that.
+/// Splits a DECIDE_BATCH reply into each request's DECIDE reply (a short form written out in
+/// full), or the message its error raised; `charges` gives each request's number of charges,
+/// in order. `None` when the reply does not hold exactly that.
 pub fn split_batch_reply(
     reply: &[redis::Value],
     charges: impl IntoIterator<Item = usize>,
 ) -> Option<Vec<Result<Vec<i64>, String>>> {
     use redis::Value;
-    let mut rest = reply;
+    let [Value::Int(now), requests @ ..] = reply else {
+        return None;
+    };
+    let mut rest = requests;
     let mut replies = Vec::new();
     for n in charges {
+        if let [Value::Int(-2), short @ ..] = rest {
+            let [
+                Value::Int(remaining),
+                Value::Int(reset),
+                Value::Int(charged),
+                tail @ ..,
+            ] = short
+            else {
+                return None;
+            };
+            if n != 1 {
+                return None;
+            }
+            replies.push(Ok(vec![*now, 1, 0, *remaining, *reset, -1, 0, *charged]));
+            rest = tail;
+            continue;
+        }
         if let [Value::Int(-1), message, tail @ ..] = rest {
             let message = match message {
                 Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
@@ -397,22 +419,31 @@ mod tests {
     fn a_batch_reply_splits_by_request() {
         use redis::Value::{BulkString, Int, SimpleString};
         let ints = |v: &[i64]| v.iter().map(|&i| Int(i)).collect::<Vec<_>>();
-        let mut reply = ints(&[5, 1, 0, 9, 100, -1, 0, 1]);
+        // The call's now, then: a full reply, an error, a request of two charges, a short form.
+        let mut reply = ints(&[7, 5, 1, 0, 9, 100, -1, 0, 1]);
         reply.extend([Int(-1), BulkString(b"WRONGTYPE no".to_vec())]);
         reply.extend(ints(&[5, 0, 1, 0, 100, 100, 0, 0, 0, 0, 0, -1, 0, 0]));
-        let split = split_batch_reply(&reply, [1, 3, 2]).unwrap();
+        reply.extend(ints(&[-2, 41, 250, 3]));
+        let split = split_batch_reply(&reply, [1, 3, 2, 1]).unwrap();
         assert_eq!(split[0], Ok(vec![5, 1, 0, 9, 100, -1, 0, 1]));
         assert_eq!(split[1], Err("WRONGTYPE no".to_owned()));
         assert_eq!(split[2].as_ref().map(Vec::len), Ok(14));
+        assert_eq!(split[3], Ok(vec![7, 1, 0, 41, 250, -1, 0, 3]));
         // Too few, too many, or not integers where numbers belong: not a batch reply.
-        assert!(split_batch_reply(&reply, [1, 3]).is_none());
-        assert!(split_batch_reply(&reply, [1, 3, 3]).is_none());
-        let late = [Int(-1), SimpleString("late".into())];
+        assert!(split_batch_reply(&reply, [1, 3, 2]).is_none());
+        assert!(split_batch_reply(&reply, [1, 3, 2, 1, 1]).is_none());
+        assert!(split_batch_reply(&reply, [1, 3, 3, 1]).is_none());
+        // A short form stands for one charge only, and holds three numbers.
+        assert!(split_batch_reply(&ints(&[7, -2, 41, 250, 3]), [2]).is_none());
+        assert!(split_batch_reply(&ints(&[7, -2, 41, 250]), [1]).is_none());
+        // No now ahead of the requests: not a batch reply.
+        assert!(split_batch_reply(&[], [0; 0]).is_none());
+        let late = [Int(7), Int(-1), SimpleString("late".into())];
         assert_eq!(
             split_batch_reply(&late, [4]).unwrap(),
             vec![Err("late".into())]
         );
-        assert!(split_batch_reply(&[Int(5), SimpleString("x".into())], [0]).is_none());
+        assert!(split_batch_reply(&[Int(7), Int(5), SimpleString("x".into())], [0]).is_none());
     }
 
     #[test]

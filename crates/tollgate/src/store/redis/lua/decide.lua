@@ -23,7 +23,13 @@
 -- then per charge: verdict (0 allowed, 1 denied, 2 cost exceeds capacity), remaining,
 -- reset_after_us, retry_after_us (-1 when none), delay_us, charged (the units an allowed
 -- charge takes, written if the request commits: its cost, or what was left when it charges up
--- to the limit; 0 for a check or a denial). A driver's reply holds its requests' back to back.
+-- to the limit; 0 for a check or a denial). Returns how many numbers it wrote. A driver's
+-- reply holds its requests' back to back.
+--
+-- decide_single(out, base, A, first, arg, commit, now), for a request of one charge, may write
+-- instead the short form of its most common answer (admitted, allowed, no retry, no delay):
+-- -2, remaining, reset_after_us, charged, and return 4 (decide_batch.lua sends it as it is;
+-- decide_one.lua writes it out in full).
 --
 -- Storage: see state.lua (hash layout) and each algorithm's file (fields, sliding-log ZSET).
 
@@ -205,6 +211,7 @@ local function decide_request(out, base, A, first, n, arg, commit, now)
       end
     end
   end
+  return 2 + 6 * n
 end
 
 -- The text of a count, made once per value (counts repeat across keys), kept as decide_numbers.
@@ -248,8 +255,8 @@ local lean_fields, lean_expire = 0, nil
 
 -- decide_single's fixed window (fixed_window.lua's decide and expires, inlined) for the states
 -- it meets most: none, another algorithm's, or a count in the window of `now` or an earlier
--- one; reads t, x, y, p. Returns true, with the reply filled and the writes planned (see
--- lean_fields), or false for any other state (the clock stepped back into the window before
+-- one; reads t, x, y, p. Returns the length of the reply it wrote (4 for the short form, else
+-- 8), with the writes planned (see lean_fields), or false for any other state (the clock stepped back into the window before
 -- the stored one; a field missing or not a number), which decide_single then decides. Raises
 -- nothing, so decide_single calls it without pcall.
 local function fixed_window_single(out, base, key, A, commit, now)
@@ -346,15 +353,19 @@ local function fixed_window_single(out, base, key, A, commit, now)
       lean_expire = window_ms_text
     end
   end
+  if verdict == 0 then
+    out[base], out[base + 1], out[base + 2], out[base + 3] = -2, remaining, reset, charged
+    return 4
+  end
   out[base], out[base + 1], out[base + 2], out[base + 3] = now, admitted, verdict, remaining
   out[base + 4], out[base + 5], out[base + 6], out[base + 7] = reset, retry, 0, charged
-  return true
+  return 8
 end
 
 -- decide_single's sliding window counter (sliding_window_counter.lua's decide and expires,
 -- inlined where the charge is allowed; its decide answers a denial) for the states it meets
 -- most: none, another algorithm's, or counts of the window of `now` or earlier ones; reads t,
--- x, y, p, z. Returns true or false as fixed_window_single does.
+-- x, y, p, z. Returns a length or false as fixed_window_single does.
 local function sliding_window_counter_single(out, base, key, A, commit, now)
   local r = redis.pcall('HMGET', key, 't', 'x', 'y', 'p', 'z')
   local t = r[1]
@@ -426,7 +437,7 @@ local function sliding_window_counter_single(out, base, key, A, commit, now)
     end
     out[base], out[base + 1], out[base + 2], out[base + 3] = now, admitted, verdict, remaining
     out[base + 4], out[base + 5], out[base + 6], out[base + 7] = reset, retry, 0, 0
-    return true
+    return 8
   end
   if commit then
     -- As decide_single writes: the fields whose text changed, then the TTL unless the key
@@ -467,9 +478,9 @@ local function sliding_window_counter_single(out, base, key, A, commit, now)
       lean_expire = counter_ms_text
     end
   end
-  out[base], out[base + 1], out[base + 2], out[base + 3] = now, 1, 0, limit - counted - weighted
-  out[base + 4], out[base + 5], out[base + 6], out[base + 7] = period + to_end, -1, 0, cost
-  return true
+  out[base], out[base + 1], out[base + 2], out[base + 3] =
+    -2, limit - counted - weighted, period + to_end, cost
+  return 4
 end
 
 
@@ -485,7 +496,7 @@ end
 -- decide_single's meters (gcra.lua's, token_bucket.lua's and leaky_bucket.lua's decide on the
 -- meter, inlined where the charge is allowed; the twin answers a denial) for the states they
 -- meet most: none, another algorithm's, or one written under the same limit and period; reads
--- t, x, y, p, z, l. Returns true or false as fixed_window_single does, false for a state
+-- t, x, y, p, z, l. Returns a length or false as fixed_window_single does, false for a state
 -- written under other params (which the twin converts), a remainder carried past the limit or
 -- a state that expires as written. Raises on a field that is not a number (`+ 0` is one
 -- conversion where tonumber makes two), which decide_single's pcall turns into the same
@@ -584,7 +595,7 @@ local function meter_single(out, base, key, A, commit, now)
     end
     out[base], out[base + 1], out[base + 2], out[base + 3] = now, admitted, verdict, remaining
     out[base + 4], out[base + 5], out[base + 6], out[base + 7] = reset, retry, delay, 0
-    return true
+    return 8
   end
   -- The meter's `remaining` of the new backlog: floor((tolerance - backlog) / period).
   local remaining = 0
@@ -651,9 +662,13 @@ local function meter_single(out, base, key, A, commit, now)
       lean_expire = int(ms)
     end
   end
+  if delay == 0 then
+    out[base], out[base + 1], out[base + 2], out[base + 3] = -2, remaining, reset, cost
+    return 4
+  end
   out[base], out[base + 1], out[base + 2], out[base + 3] = now, 1, 0, remaining
   out[base + 4], out[base + 5], out[base + 6], out[base + 7] = reset, -1, delay, cost
-  return true
+  return 8
 end
 
 -- Flags that leave a one-charge request of a cost to decide_single: any sum of enforced (1),
@@ -704,7 +719,8 @@ end
 -- and written only where their text changes. Its algorithm's lean path (decide_plan) decides
 -- the states a key meets most, under pcall, and this writes what it planned; a state the lean
 -- path declines (or cannot read) is decided below, from a fresh read. Any other request, or a
--- key that holds no hash, goes to decide_request (nothing has been written by then).
+-- key that holds no hash, goes to decide_request (nothing has been written by then). Returns
+-- the length of the reply it wrote: 4 for the short form (see decide_request), else 8.
 local function decide_single(out, base, A, first, arg, commit, now)
   local lean = A.lean
   if lean == nil then
@@ -732,7 +748,7 @@ local function decide_single(out, base, A, first, arg, commit, now)
       if lean_expire then
         redis.call('PEXPIREAT', key, lean_expire)
       end
-      return
+      return done
     end
   end
   local alg_text, alg, cost = A[arg], A.alg, A.cost
@@ -873,6 +889,7 @@ local function decide_single(out, base, A, first, arg, commit, now)
   end
   out[base], out[base + 1], out[base + 2], out[base + 3] = now, admitted, verdict, remaining
   out[base + 4], out[base + 5], out[base + 6], out[base + 7] = reset, retry, delay, charged
+  return 8
 end
 
 -- `now` from a driver's argument: whole microseconds (tests); "" for the server's TIME; or "<D"

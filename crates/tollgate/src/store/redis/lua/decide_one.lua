@@ -19,7 +19,11 @@ if late then
 end
 local out = {}
 if #KEYS == 1 then
-  decide_single(out, 1, ARGV, 0, 3, ARGV[1] == '1', now)
+  if decide_single(out, 1, ARGV, 0, 3, ARGV[1] == '1', now) == 4 then
+    -- The short form (see decide_request) written out: DECIDE answers in full.
+    out[1], out[2], out[3], out[4], out[5], out[6], out[7], out[8] =
+      now, 1, 0, out[2], out[3], -1, 0, out[4]
+  end
 else
   decide_request(out, 1, ARGV, 0, #KEYS, 3, ARGV[1] == '1', now)
 end
