@@ -260,14 +260,17 @@ local lean_fields, lean_expire = 0, nil
 -- the stored one; a field missing or not a number), which decide_single then decides. Raises
 -- nothing, so decide_single calls it without pcall.
 local function fixed_window_single(out, base, key, A, commit, now)
-  local r = redis.pcall('HMGET', key, 't', 'x', 'y', 'p')
+  local r = redis_pcall('HMGET', key, 't', 'x', 'y', 'p')
   local t = r[1]
   if r.err or (t and not r[4]) then
     return false
   end
   local alg_text, limit, period, period_text = A[3], A.limit, A.period, A[5]
   local cost = A.cost
-  local window, text = decide_window(now, period)
+  local window, text = window_index, window_text -- decide_window's, inlined where made
+  if period ~= window_period then
+    window, text = decide_window(now, period)
+  end
   local sx, sy = r[2], r[3]
   local stored = t == alg_text
   local same_period = stored and r[4] == period_text
@@ -367,14 +370,17 @@ end
 -- most: none, another algorithm's, or counts of the window of `now` or earlier ones; reads t,
 -- x, y, p, z. Returns a length or false as fixed_window_single does.
 local function sliding_window_counter_single(out, base, key, A, commit, now)
-  local r = redis.pcall('HMGET', key, 't', 'x', 'y', 'p', 'z')
+  local r = redis_pcall('HMGET', key, 't', 'x', 'y', 'p', 'z')
   local t = r[1]
   if r.err or (t and not r[4]) then
     return false
   end
   local alg_text, limit, period, period_text = A[3], A.limit, A.period, A[5]
   local cost = A.cost
-  local window, text = decide_window(now, period)
+  local window, text = window_index, window_text -- decide_window's, inlined where made
+  if period ~= window_period then
+    window, text = decide_window(now, period)
+  end
   local sx, sy, sz = r[2], r[3], r[5]
   local stored = t == alg_text
   local same_period = stored and r[4] == period_text
@@ -507,7 +513,7 @@ end
 -- on the backlog ahead of `at` (now; for the bucket, the later of now and updated, `late`
 -- being added to its durations), capped at the tolerance from when the state was written.
 local function meter_single(out, base, key, A, commit, now)
-  local r = redis.pcall('HMGET', key, 't', 'x', 'y', 'p', 'z', 'l')
+  local r = redis_pcall('HMGET', key, 't', 'x', 'y', 'p', 'z', 'l')
   local t = r[1]
   if r.err or (t and not r[4]) then
     return false
@@ -741,12 +747,12 @@ local function decide_single(out, base, A, first, arg, commit, now)
     if ok and done then
       local n, w = lean_fields, state_write
       if n == 2 then
-        redis.call('HSET', key, w[1], w[2])
+        redis_call('HSET', key, w[1], w[2])
       elseif n > 0 then
-        redis.call('HSET', key, unpack(w, 1, n))
+        redis_call('HSET', key, unpack(w, 1, n))
       end
       if lean_expire then
-        redis.call('PEXPIREAT', key, lean_expire)
+        redis_call('PEXPIREAT', key, lean_expire)
       end
       return done
     end

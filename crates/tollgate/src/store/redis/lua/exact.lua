@@ -13,10 +13,12 @@
 
 -- The call's keys and the standard functions the helpers use, set as each call starts
 -- (`exact_begin`): a function library (decide_batch.lua under FCALL) is loaded with no standard
--- library in reach, and its locals outlive its calls.
-local call_keys, fmod, format, sub
+-- library in reach, and its locals outlive its calls. redis_call and redis_pcall are
+-- redis.call and redis.pcall, for the hot paths (an upvalue is one step, a global's field two).
+local call_keys, fmod, format, sub, redis_call, redis_pcall
 local function exact_begin(keys)
   call_keys, fmod, format, sub = keys, math.fmod, string.format, string.sub
+  redis_call, redis_pcall = redis.call, redis.pcall
 end
 local TWO52 = 4503599627370496
 local TWO53 = 9007199254740992
