@@ -47,7 +47,7 @@ local function sliding_window_log_twin(fmod, format, sub, int, nonneg, div_ceil)
 
   local function last(c)
     if not c.lread then
-      set_last(c, redis.call('ZRANGE', c.key, -1, -1, 'WITHSCORES'))
+      set_last(c, redis.call('ZRANGE', c.key, '-1', '-1', 'WITHSCORES'))
     end
   end
 
@@ -57,7 +57,7 @@ local function sliding_window_log_twin(fmod, format, sub, int, nonneg, div_ceil)
       return
     end
     local r = redis.call('ZRANGEBYSCORE', c.key, '(' .. int(now - period), '+inf',
-      'WITHSCORES', 'LIMIT', 0, 1)
+      'WITHSCORES', 'LIMIT', '0', '1')
     c.fp, c.frank = period, nil
     c.fs, c.fc = parse(r[1])
     c.ft = tonumber(r[2])
@@ -77,7 +77,7 @@ local function sliding_window_log_twin(fmod, format, sub, int, nonneg, div_ceil)
     local lo, hi, t = c.frank, c.frank + w - 1, c.ft
     while lo < hi do
       local mid = hi - (hi - lo - fmod(hi - lo, 2)) / 2 -- rounds up: lo < mid <= hi
-      local r = redis.call('ZRANGE', c.key, mid, mid, 'WITHSCORES')
+      local r = redis.call('ZRANGE', c.key, int(mid), int(mid), 'WITHSCORES')
       if r[1] and tonumber(sub(r[1], 1, 16)) < target then
         lo, t = mid, tonumber(r[2])
       else
@@ -99,7 +99,7 @@ local function sliding_window_log_twin(fmod, format, sub, int, nonneg, div_ceil)
     end
     local by_now = stored -- stored live cost admitted at or before now
     if stored > 0 and c.lt > now then
-      local r = redis.call('ZRANGEBYSCORE', c.key, '(' .. int(now), '+inf', 'LIMIT', 0, 1)
+      local r = redis.call('ZRANGEBYSCORE', c.key, '(' .. int(now), '+inf', 'LIMIT', '0', '1')
       by_now = tonumber(sub(r[1], 1, 16)) - c.fs
     end
     if by_now + t_cost >= need then
@@ -247,9 +247,9 @@ local function sliding_window_log_twin(fmod, format, sub, int, nonneg, div_ceil)
     if c.lt == now then
       c.atnow = redis.call('ZRANGEBYSCORE', c.key, int(now), int(now), 'WITHSCORES')
       c.before = redis.call('ZREVRANGEBYSCORE', c.key, '(' .. int(now), '-inf',
-        'WITHSCORES', 'LIMIT', 0, 1)
+        'WITHSCORES', 'LIMIT', '0', '1')
     else
-      c.rows = redis.call('ZRANGE', c.key, 0, -1, 'WITHSCORES')
+      c.rows = redis.call('ZRANGE', c.key, '0', '-1', 'WITHSCORES')
     end
   end
 
