@@ -14,7 +14,9 @@
 #              round by round;
 #   open loop: with OPEN_RATE, after the closed rounds, ROUNDS more rounds in which each server is
 #              sent OPEN_RATE times its own median closed-loop throughput (`tollgate bench
-#              --rate`): its p50/p99 there, and whether p99 stayed under 1 ms in every round.
+#              --rate`): its p50/p99 there, whether p99 stayed under 1 ms in every round, and
+#              the share of its core the generator used (near 1.0, the tail is the generator's
+#              queue as much as the server's).
 #
 # Usage: scripts/bench-pinned.sh
 # Environment (defaults in brackets):
@@ -112,6 +114,15 @@ fi
 
 # pticks PID: CPU ticks (utime + stime) of process PID so far.
 pticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# children_cpu: sets child_cpu to the user and system CPU time of this shell's finished
+# children so far (`1m2.500s 0m0.300s`), from the `times` builtin, called without a subshell
+# (a subshell's children are its own).
+children_cpu() {
+  local _shell_user _shell_sys user sys
+  times >"$work/times"
+  { read -r _shell_user _shell_sys; read -r user sys; } <"$work/times"
+  child_cpu="$user $sys"
+}
 
 # bench PROTOCOL SERVER DURATION OUT [RATE]: one run of the pinned generator against SERVER
 # (closed loop, or open loop at RATE decisions a second); its JSON report with the server's (and
@@ -130,10 +141,13 @@ bench() {
     r0="$(pticks "${pid[redis_server]}")"
   fi
   s0="$(pticks "${pid[$server]}")"
+  local g0 g1
+  children_cpu; g0="$child_cpu"
   timeout $((run_s + warm_s + 30)) taskset -c "$LOAD_CPU" "$bin" bench \
     --target "$protocol://$(addr "$server" "$protocol")" --domain bench \
     --descriptor 'user=u{key}' --keys "$KEYS" --concurrency "$c" --connections "$k" \
     --duration "$duration" ${rate:+--rate "$rate"} --json >"$work/run.json"
+  children_cpu; g1="$child_cpu"
   s1="$(pticks "${pid[$server]}")"
   local evalsha="null"
   if [ -n "$with_redis" ]; then
@@ -150,9 +164,13 @@ n = max(d["requests"], 1)
 d["load_before"] = float(sys.argv[6])
 d["server_cpu_us"] = round(s / hz * 1e6 / n, 1)
 d["server_core_share"] = round(s / hz / max(d["elapsed_s"], 1e-9), 2)
+import re
+def cpu(times):  # "1m2.500s 0m0.300s": user and system time, in seconds
+    return sum(int(m) * 60 + float(s) for m, s in re.findall(r"(\d+)m([\d.]+)s", times))
+d["generator_core_share"] = round((cpu(sys.argv[8]) - cpu(sys.argv[7])) / max(d["elapsed_s"], 1e-9), 2)
 d["redis_cpu_us"] = round(r / hz * 1e6 / n, 1) if sys.argv[5] != "null" else None
 d["redis_evalsha_usec_per_call"] = None if sys.argv[5] == "null" else float(sys.argv[5])
-print(json.dumps(d))' "$work/run.json" "$hz" $((s1 - s0)) $((r1 - r0)) "$evalsha" "$load" >"$out"
+print(json.dumps(d))' "$work/run.json" "$hz" $((s1 - s0)) $((r1 - r0)) "$evalsha" "$load" "$g0" "$g1" >"$out"
 }
 
 echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit $(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty')"
@@ -267,21 +285,22 @@ print(f"\nLoad average (1 min) before the closed-loop runs: {mr(loads, lambda v:
 errors = sum(load(p, s, r)["errors"] for p in protocols for s in servers for r in range(1, rounds + 1))
 if open_rate:
     print(f"\nOpen loop at {open_rate:g} of each server's median closed-loop throughput:\n")
-    print("| protocol | server | rate sent /s | decisions/s | p50 µs | p99 µs | p99 < 1 ms in every round | server CPU µs/decision | server core share |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| protocol | server | rate sent /s | decisions/s | p50 µs | p99 µs | p99 < 1 ms in every round | server CPU µs/decision | server core share | generator core share |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for p in protocols:
         for s in servers:
             runs = [load(p, s, f"open{r}") for r in range(1, rounds + 1)]
             p99 = [d["latency_us"]["p99"] for d in runs]
             closed = statistics.median(load(p, s, r)["throughput_rps"] for r in range(1, rounds + 1))
-            print("| %s | %s | %d | %s | %s | %s | %s | %s | %s |" % (
+            print("| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s |" % (
                 p, s, max(1, int(closed * open_rate)),
                 mr([d["throughput_rps"] for d in runs], lambda v: f"{v:.0f}"),
                 mr([d["latency_us"]["p50"] for d in runs], lambda v: f"{v:.0f}"),
                 mr(p99, lambda v: f"{v:.0f}"),
                 "yes" if max(p99) < 1000 else "no",
                 mr([d["server_cpu_us"] for d in runs], lambda v: f"{v:.1f}"),
-                mr([d["server_core_share"] for d in runs], lambda v: f"{v:.2f}")))
+                mr([d["server_core_share"] for d in runs], lambda v: f"{v:.2f}"),
+                mr([d["generator_core_share"] for d in runs], lambda v: f"{v:.2f}")))
     loads = [load(p, s, f"open{r}")["load_before"] for p in protocols for s in servers
              for r in range(1, rounds + 1)]
     print(f"\nLoad average (1 min) before the open-loop runs: {mr(loads, lambda v: f'{v:.1f}')}")
