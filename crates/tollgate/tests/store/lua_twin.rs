@@ -136,14 +136,7 @@ impl Redis {
                 .iter()
                 .map(|c| {
                     keys.push(c.key.clone());
-                    [
-                        u64::from(algorithm_code(c.params.algorithm())),
-                        c.params.limit(),
-                        c.params.period_micros(),
-                        c.params.burst(),
-                        c.cost,
-                        c.flags(),
-                    ]
+                    c.script_args()
                 })
                 .collect();
             let mut text = Vec::new();
@@ -268,6 +261,18 @@ impl Charge {
             enforce: true,
             flagged_as_is: false,
         }
+    }
+
+    /// The six numbers DECIDE takes for this charge.
+    fn script_args(&self) -> [u64; 6] {
+        [
+            u64::from(algorithm_code(self.params.algorithm())),
+            self.params.limit(),
+            self.params.period_micros(),
+            self.params.burst(),
+            self.cost,
+            self.flags(),
+        ]
     }
 
     /// DECIDE's flags argument: 1 enforced, plus 2 charging up to the limit, plus 8 if flagged.
@@ -972,15 +977,7 @@ fn a_batch_after_a_longer_one_answers_only_its_own() {
     let charge = [Charge::new(&key, params, 1)];
     let mut fcall = |now: String, requests: usize| -> Vec<Value> {
         let mut text = Vec::new();
-        let args = [[
-            u64::from(algorithm_code(params.algorithm())),
-            params.limit(),
-            params.period_micros(),
-            params.burst(),
-            1,
-            charge[0].flags(),
-        ]];
-        batch_request_arg(&mut text, true, args.iter());
+        batch_request_arg(&mut text, true, [charge[0].script_args()].iter());
         redis::cmd("FCALL")
             .arg(&decide_batch_library().function)
             .arg(requests)
@@ -1025,15 +1022,7 @@ fn the_librarys_caches_stay_bounded() {
                         .unwrap();
                 let charge = Charge::new(&format!("bounded-{}", texts_sent % 500), params, 1);
                 let mut text = Vec::new();
-                let args6 = [[
-                    u64::from(algorithm_code(params.algorithm())),
-                    params.limit(),
-                    params.period_micros(),
-                    params.burst(),
-                    1,
-                    charge.flags(),
-                ]];
-                batch_request_arg(&mut text, true, args6.iter());
+                batch_request_arg(&mut text, true, [charge.script_args()].iter());
                 keys.push(charge.key);
                 args.push(text);
             }
