@@ -20,7 +20,8 @@
 #   ALGORITHMS ["fixed_window sliding_window_counter gcra sliding_window_log token_bucket
 #              leaky_bucket"]  one rule each, 1000 a second, `user` keys
 #   BATCHES ["default 1"]      one server per word: `default` runs serve's coalescing defaults,
-#                              a number N runs `--store-batch N` (0: one DECIDE call per decision)
+#                              a number N runs `--store-batch N` (0: one DECIDE call per decision);
+#                              either with `@K` after it adds `--store-batches-in-flight K`
 #   PROTOCOL [grpc] (grpc or http), ROUNDS [3] (at most 20), DURATION [5s] (at most 60 s),
 #   WARMUP [1s] (one unreported run per pair first; 0s skips), KEYS [10000], CONCURRENCY [64],
 #   CONNECTIONS [2], SERVER_CPU [0], LOAD_CPU [1],
@@ -61,7 +62,9 @@ for a in $ALGORITHMS; do
     *) fail "unknown algorithm '$a'" ;;
   esac
 done
-for b in $BATCHES; do [[ "$b" == default || "$b" =~ ^[0-9]+$ ]] || fail "BATCHES: 'default' or a number, got '$b'"; done
+for b in $BATCHES; do
+  [[ "$b" =~ ^(default|[0-9]+)(@[1-9][0-9]*)?$ ]] || fail "BATCHES: 'default' or a number, optionally with @K after it, got '$b'"
+done
 for v in KEYS CONCURRENCY CONNECTIONS SERVER_CPU LOAD_CPU REDIS_CPU; do
   [[ "${!v}" =~ ^[0-9]+$ ]] || fail "$v must be a number, got '${!v}'"
 done
@@ -89,8 +92,9 @@ declare -A SPID SOUT
 labels=()
 # start_server LABEL BINARY BATCH
 start_server() {
-  local label="$1" binary="$2" batch="$3" extra=()
+  local label="$1" binary="$2" batch="${3%@*}" extra=()
   [ "$batch" = default ] || extra=(--store-batch "$batch")
+  [[ "$3" != *@* ]] || extra+=(--store-batches-in-flight "${3#*@}")
   RUST_LOG=warn taskset -c "$SERVER_CPU" "$binary" serve --config "$TMP/policy.yaml" \
     --store "redis://127.0.0.1:$REDIS_PORT" --store-timeout 100ms "${extra[@]}" \
     --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 \
