@@ -10,6 +10,7 @@ mod clock;
 mod histogram;
 mod keys;
 mod pacer;
+mod timer;
 
 use self::clock::now;
 
@@ -656,7 +657,7 @@ async fn run_plan(plan: Plan, show_progress: bool) -> anyhow::Result<Report> {
         .map(|rate| Arc::new(Schedule::new(start, rate, plan.concurrency)));
     let pacer = schedule.clone().map(|schedule| {
         let tally = tally.clone();
-        tokio::task::spawn_blocking(move || schedule.run(deadline, &tally.stop))
+        tokio::spawn(async move { schedule.run(deadline, &tally.stop).await })
     });
     let workers: Vec<_> = (0..plan.concurrency)
         .map(|i| {
@@ -685,7 +686,10 @@ async fn run_plan(plan: Plan, show_progress: bool) -> anyhow::Result<Report> {
         t.abort();
     }
     if let Some(pacer) = pacer {
-        pacer.await.context("the open-loop pacer failed")?;
+        pacer
+            .await
+            .context("the open-loop pacer failed")?
+            .context("the open-loop pacer's timer failed")?;
     }
     if let Some(e) = failed {
         return Err(e).context("a worker failed");
