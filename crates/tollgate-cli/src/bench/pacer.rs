@@ -24,7 +24,7 @@ const MAX_NAP: Duration = Duration::from_millis(10);
 /// generator its whole core already at 30,000 a second (each request written on its own: one
 /// `writev` and the loopback's receive work each), where this costs it 0.72 of its core, and
 /// at 60,000 its p99 against the bare server was 2.0-2.9 ms where a pacer thread's was 42 ms
-/// (docs/measuring.md, "Open loop").
+/// (docs/benchmarks.md, "Known limits of this machine").
 const MIN_GAP: Duration = Duration::from_micros(100);
 
 #[derive(Debug)]
